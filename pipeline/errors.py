@@ -1,0 +1,119 @@
+"""Errors of the pipeline, each classified so the job knows whether to retry.
+
+    SluiceError
+     ├── PipelineError            a job attempt failed; carries kind, code, message, fix hint
+     │    ├── TransientError      timeouts, connection errors, lost workers: retried with backoff
+     │    ├── PermanentError      unreadable or corrupt input: failed at once, never retried
+     │    └── UserActionError     the operator must act (password, OCR, type, size): failed at once
+     ├── JobCancelled             the operator asked the running job to stop
+     └── LeaseLost                another claim owns the job now; this attempt must stop quietly
+
+``classify`` turns any other exception into a PipelineError.
+"""
+
+from __future__ import annotations
+
+import socket
+import traceback
+
+from storage.models import ErrorKind
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+
+class PipelineError(SluiceError):
+    kind: ErrorKind = ErrorKind.permanent
+
+    def __init__(self, code: str, message: str, hint: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code!r}, {self.message!r})"
+
+
+class TransientError(PipelineError):
+    kind = ErrorKind.transient
+
+
+class PermanentError(PipelineError):
+    kind = ErrorKind.permanent
+
+
+class UserActionError(PipelineError):
+    kind = ErrorKind.user_action_required
+
+
+class JobCancelled(SluiceError):
+    """Raised between batches when the job's cancel_requested flag is set."""
+
+
+class LeaseLost(SluiceError):
+    """Raised when a progress write finds the job claimed by someone else (e.g. the reaper)."""
+
+
+RETRY_HINT = "Sluice retries this by itself; if it keeps failing, check the service named above."
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [TimeoutError, ConnectionError, socket.timeout]
+    try:
+        import redis.exceptions as rex
+
+        types += [rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import httpx
+
+        types += [httpx.TransportError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import sqlalchemy.exc as saexc
+
+        types += [saexc.OperationalError, saexc.DisconnectionError]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSIENT = _transient_types()
+
+
+def classify(exc: BaseException) -> PipelineError:
+    """Map any exception to a classified PipelineError (PipelineErrors pass through)."""
+    if isinstance(exc, PipelineError):
+        if not exc.detail:
+            exc.detail = "".join(traceback.format_exception(exc))[-4000:]
+        return exc
+    detail = "".join(traceback.format_exception(exc))[-4000:]
+    if isinstance(exc, _TRANSIENT) or _looks_like_connection_error(exc):
+        return TransientError(
+            "service_unavailable",
+            f"a service did not answer: {type(exc).__name__}: {str(exc)[:200]}",
+            RETRY_HINT,
+            detail,
+        )
+    # Unknown errors may be passing (resource pressure, a race); retrying them is bounded by
+    # max_attempts, and the traceback is kept for the operator.
+    return TransientError(
+        "internal_error",
+        f"unexpected error: {type(exc).__name__}: {str(exc)[:200]}",
+        "Sluice retries this a few times; if it keeps failing, the detail shows the traceback.",
+        detail,
+    )
+
+
+def _looks_like_connection_error(exc: BaseException) -> bool:
+    # chromadb's HttpClient wraps transport failures in plain exceptions with these words.
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(
+        w in text
+        for w in ("connection refused", "could not connect", "connecterror", "timed out", "timeout")
+    )

@@ -1,0 +1,108 @@
+"""The transactional outbox: rows written with the job, published to the queue afterwards.
+
+Publishing needs the queue; this module takes a ``publish(job_id)`` callable so that storage does
+not import Huey. A failed publish leaves the row unsent; the recovery loop tries again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import func
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from storage.jobs import CLAIMABLE, add_event
+from storage.models import Job, JobStatus, Outbox, utcnow
+
+
+@dataclass
+class DispatchResult:
+    sent: list[int] = field(default_factory=list)
+    skipped: int = 0
+    error: str | None = None
+
+
+def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 1000) -> DispatchResult:
+    """Publish due outbox rows in order; stop at the first publish error (the queue is down)."""
+    result = DispatchResult()
+    with Session(engine) as session:
+        rows = session.exec(
+            select(Outbox, Job.status)
+            .join(Job, Job.id == Outbox.job_id)
+            .where(Outbox.sent_at.is_(None), Outbox.available_at <= utcnow())
+            .order_by(Outbox.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=Outbox)
+        ).all()
+        now = utcnow()
+        for row, status in rows:
+            if status not in CLAIMABLE:
+                row.sent_at = now  # nothing to run any more (cancelled, succeeded...): drop it
+                row.last_error = f"not published: job is {status.value}"
+                result.skipped += 1
+                session.add(row)
+                continue
+            try:
+                publish(row.job_id)
+            except Exception as exc:  # the queue Redis is down: keep the row for later
+                row.publish_attempts += 1
+                row.last_error = f"{type(exc).__name__}: {exc}"[:500]
+                session.add(row)
+                result.error = row.last_error
+                break
+            row.sent_at = utcnow()
+            row.publish_attempts += 1
+            session.add(row)
+            result.sent.append(row.job_id)
+        session.commit()
+    return result
+
+
+def unsent_count(*, session: Session) -> int:
+    return session.exec(select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))).one()
+
+
+def redeliver_stranded(*, session: Session, older_than_seconds: float,
+                       queued_job_ids: Collection[int]) -> list[int]:
+    """Publish again jobs that wait for a message that no longer exists.
+
+    A job is stranded when it is pending or due for retry, its last message was sent more than
+    ``older_than_seconds`` ago, no unsent outbox row is waiting, and its id is in neither the queue
+    nor the schedule (``queued_job_ids``, read from the queue Redis). That happens when the queue
+    Redis lost data or a worker died holding the message before it claimed the job.
+    """
+    now = utcnow()
+    cutoff = now - timedelta(seconds=older_than_seconds)
+    last_sent = (
+        select(Outbox.job_id, func.max(Outbox.sent_at).label("last_sent"),
+               func.count(Outbox.id).filter(Outbox.sent_at.is_(None)).label("unsent"))
+        .group_by(Outbox.job_id)
+        .subquery()
+    )
+    candidates = session.exec(
+        select(Job)
+        .join(last_sent, last_sent.c.job_id == Job.id)
+        .where(
+            Job.status.in_(CLAIMABLE),
+            (Job.next_attempt_at.is_(None)) | (Job.next_attempt_at <= cutoff),
+            last_sent.c.unsent == 0,
+            last_sent.c.last_sent < cutoff,
+        )
+        .limit(1000)
+    ).all()
+    republished = []
+    for job in candidates:
+        if job.id in queued_job_ids:
+            continue
+        session.add(Outbox(job_id=job.id, available_at=now))
+        add_event(session, job, "republished", message="its queue message was lost; published again",
+                  data={"status": job.status.value})
+        republished.append(job.id)
+    session.commit()
+    return republished
+
+
+__all__ = ["DispatchResult", "dispatch", "redeliver_stranded", "unsent_count", "JobStatus"]

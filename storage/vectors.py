@@ -1,0 +1,142 @@
+"""Chroma over HTTP, in every process (an embedded client serves stale results across processes).
+
+Embeddings are always supplied: Chroma's default embedding function would try to download a model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+PAGE = 1000
+
+
+@dataclass(frozen=True)
+class Hit:
+    id: str
+    score: float
+    text: str
+    metadata: dict[str, Any]
+
+
+def chunk_id(sha256: str, pipeline_version: str, position: int) -> str:
+    """Stable id of a chunk: the same document, pipeline version and position give the same id."""
+    return f"{sha256[:32]}-{pipeline_version}-{position:06d}"
+
+
+class VectorStore:
+    def __init__(self, url: str, *, token: str | None = None, auth_header: str = "Authorization") -> None:
+        self.url = url
+        self._token = token
+        self._auth_header = auth_header
+        self._client = None
+        self._collections: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def client(self):
+        if self._client is None:
+            import chromadb
+            from chromadb.config import Settings as ChromaSettings
+
+            parts = urlsplit(self.url)
+            headers = {}
+            if self._token:
+                value = self._token if self._auth_header.lower() != "authorization" else f"Bearer {self._token}"
+                headers[self._auth_header] = value
+            self._client = chromadb.HttpClient(
+                host=parts.hostname,
+                port=parts.port or (443 if parts.scheme == "https" else 80),
+                ssl=parts.scheme == "https",
+                headers=headers or None,
+                settings=ChromaSettings(anonymized_telemetry=False),
+            )
+        return self._client
+
+    def heartbeat(self) -> int:
+        return self.client.heartbeat()
+
+    def collection(self, name: str):
+        with self._lock:
+            coll = self._collections.get(name)
+            if coll is None:
+                coll = self.client.get_or_create_collection(
+                    name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+                )
+                self._collections[name] = coll
+            return coll
+
+    def add(self, name: str, *, ids: Sequence[str], embeddings: np.ndarray, documents: Sequence[str],
+            metadatas: Sequence[dict[str, Any]]) -> None:
+        if not ids:
+            return
+        self.collection(name).add(
+            ids=list(ids), embeddings=np.asarray(embeddings, dtype=np.float32),
+            documents=list(documents), metadatas=list(metadatas),
+        )
+
+    def upsert(self, name: str, *, ids: Sequence[str], embeddings: np.ndarray, documents: Sequence[str],
+               metadatas: Sequence[dict[str, Any]]) -> None:
+        if not ids:
+            return
+        self.collection(name).upsert(
+            ids=list(ids), embeddings=np.asarray(embeddings, dtype=np.float32),
+            documents=list(documents), metadatas=list(metadatas),
+        )
+
+    def ids_where(self, name: str, where: dict[str, Any]) -> list[str]:
+        return [i for page in self.iter_pages(name, where=where, include=[]) for i in page["ids"]]
+
+    def iter_pages(self, name: str, *, where: dict[str, Any] | None = None, include: list[str] | None = None,
+                   page_size: int = PAGE) -> Iterator[dict[str, Any]]:
+        """Walk a collection page by page (bounded memory for audits of any size)."""
+        coll = self.collection(name)
+        offset = 0
+        while True:
+            page = coll.get(where=where, limit=page_size, offset=offset,
+                            include=include if include is not None else ["metadatas"])
+            if not page["ids"]:
+                return
+            yield page
+            if len(page["ids"]) < page_size:
+                return
+            offset += page_size
+
+    def get(self, name: str, ids: Sequence[str], include: list[str] | None = None) -> dict[str, Any]:
+        return self.collection(name).get(ids=list(ids), include=include or ["metadatas"])
+
+    def delete(self, name: str, *, ids: Sequence[str] | None = None, where: dict[str, Any] | None = None) -> None:
+        if ids is not None:
+            ids = list(ids)
+            for start in range(0, len(ids), PAGE):
+                self.collection(name).delete(ids=ids[start:start + PAGE])
+        elif where is not None:
+            self.collection(name).delete(where=where)
+
+    def count(self, name: str) -> int:
+        return self.collection(name).count()
+
+    def query(self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None) -> list[Hit]:
+        coll = self.collection(name)
+        if n <= 0:
+            return []
+        res = coll.query(query_embeddings=[np.asarray(embedding, dtype=np.float32)], n_results=n, where=where,
+                         include=["documents", "metadatas", "distances"])
+        hits = []
+        for i, cid in enumerate(res["ids"][0]):
+            hits.append(Hit(id=cid, score=1.0 - float(res["distances"][0][i]),
+                            text=res["documents"][0][i] or "", metadata=dict(res["metadatas"][0][i] or {})))
+        return hits
+
+    def drop_collection(self, name: str) -> None:
+        with self._lock:
+            self._collections.pop(name, None)
+        try:
+            self.client.delete_collection(name)
+        except Exception:
+            pass
