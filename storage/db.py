@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,8 +72,21 @@ def dispose_engines() -> None:
 
 
 def init_schema(engine: Engine) -> None:
-    """Create missing tables and indexes (safe on a fresh and on an existing database)."""
-    SQLModel.metadata.create_all(engine)
+    """Create missing tables and indexes (safe on a fresh and on an existing database).
+
+    Several processes may start at once on a fresh database; the loser of a create race sees
+    "already exists" and simply checks again.
+    """
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    for attempt in range(10):
+        try:
+            SQLModel.metadata.create_all(engine)
+            break
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            if "exist" not in str(exc).lower() and "duplicate" not in str(exc).lower() or attempt == 9:
+                raise
+            time.sleep(0.05 * (attempt + 1))
     with Session(engine) as session:
         ensure_dataset(session=session, name=DEFAULT_DATASET)
 

@@ -1,0 +1,44 @@
+"""Small helpers shared by tests: waiting for job states, reading jobs and vectors."""
+
+from __future__ import annotations
+
+import time
+
+from sqlmodel import Session, select
+
+from storage.models import Dataset, Job, JobEvent, JobStatus
+
+FINAL = {s.value for s in JobStatus.final()}
+
+
+def job(ctx, job_id: int) -> Job:
+    with Session(ctx.engine) as session:
+        return session.get(Job, job_id)
+
+
+def events(ctx, job_id: int) -> list[JobEvent]:
+    with Session(ctx.engine) as session:
+        return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all())
+
+
+def wait_for(ctx, job_ids, statuses=FINAL, timeout: float = 60.0) -> list[Job]:
+    """Wait until every job is in one of ``statuses``; fail with their states if it takes too long."""
+    statuses = {getattr(s, "value", s) for s in statuses}
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = [job(ctx, i) for i in job_ids]
+        if all(j.status.value in statuses for j in jobs):
+            return jobs
+        if time.monotonic() > deadline:
+            states = {j.id: (j.status.value, j.stage.value, j.done, j.total, j.error_message) for j in jobs}
+            raise AssertionError(f"jobs not in {sorted(statuses)} after {timeout}s: {states}")
+        time.sleep(0.1)
+
+
+def collection(ctx, name: str = "default") -> str:
+    with Session(ctx.engine) as session:
+        return session.exec(select(Dataset).where(Dataset.name == name)).one().collection
+
+
+def ids_of_job(ctx, job_id: int, dataset: str = "default") -> list[str]:
+    return sorted(ctx.vectors.ids_where(collection(ctx, dataset), {"job_id": job_id}))
