@@ -105,13 +105,13 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         return Outcome(job_id, "lost", str(exc))
     except JobCancelled:
         _remove_partial(ctx, job)
-        with Session(ctx.engine) as session:
+        with Session(ctx.engine, expire_on_commit=False) as session:
             done = jobs.acknowledge_cancel(session=session, job_id=job_id, lease=job.lease, worker_id=ctx.worker_id)
         return Outcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
         log.info("job %s attempt %s failed: %s %s", job_id, job.attempt, err.kind.value, err.message)
-        with Session(ctx.engine) as session:
+        with Session(ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
                               message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
                               base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
@@ -124,7 +124,7 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
 
 def _remove_partial(ctx: Context, job: Job) -> None:
     """Delete what this job wrote, unless those vectors are the ones search serves (a reindex)."""
-    with Session(ctx.engine) as session:
+    with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
     if document.active_job_id == job.id:
@@ -210,7 +210,7 @@ def _execute(ctx: Context, job: Job) -> Outcome:
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
 
-    with Session(ctx.engine) as session:
+    with Session(ctx.engine, expire_on_commit=False) as session:
         superseded = jobs.succeed(session=session, job_id=job.id, lease=job.lease, chunk_count=total,
                                   page_count=parsed.page_count, worker_id=ctx.worker_id,
                                   embedded=embedded, cached=cached)
