@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     @classmethod
     def _redis_url(cls, v: str) -> str:
         if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"{v!r} is not a redis:// URL (e.g. redis://:password@127.0.0.1:6390/0)")
+            raise ValueError(f"{redact_url(v)!r} is not a redis:// URL (e.g. redis://:password@127.0.0.1:6390/0)")
         return v
 
     @field_validator("chroma_url")
@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     def _http_url(cls, v: str) -> str:
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{v!r} is not an http(s):// URL (e.g. http://127.0.0.1:8100)")
+            raise ValueError(f"{redact_url(v)!r} is not an http(s):// URL (e.g. http://127.0.0.1:8100)")
         return v.rstrip("/")
 
     @model_validator(mode="after")
@@ -106,6 +106,11 @@ class Settings(BaseSettings):
             if secret is not None and secret.get_secret_value() in ("", "changeme", "change-me"):
                 raise ValueError(f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it")
         return self
+
+    def __repr_args__(self):
+        """repr() and str() show URLs with their passwords masked (SecretStr fields mask themselves)."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name and name.endswith("_url") and isinstance(value, str) else value
 
     # Derived values -------------------------------------------------------------------------
 
