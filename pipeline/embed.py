@@ -115,9 +115,22 @@ class HashEmbedder:
         return out
 
 
-@lru_cache(maxsize=4)
+_load_lock = threading.Lock()
+
+
 def load_embedder(kind: str, model: str, precision: str, threads: int) -> Embedder:
-    """One embedder per process and configuration (the model is never loaded twice)."""
+    """One embedder per process and configuration (the model is never loaded twice).
+
+    Loading is serialised: worker threads asking at once would otherwise load two copies, and
+    transformers switches torch's process-wide default dtype while it loads a bf16 model, which
+    breaks a concurrent load in float32 ("mat1 and mat2 must have the same dtype").
+    """
+    with _load_lock:
+        return _load_embedder(kind, model, precision, threads)
+
+
+@lru_cache(maxsize=4)
+def _load_embedder(kind: str, model: str, precision: str, threads: int) -> Embedder:
     if kind == "hash":
         return HashEmbedder()
     return SentenceTransformerEmbedder(model, precision=precision, threads=threads)

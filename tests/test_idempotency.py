@@ -52,10 +52,11 @@ def wait_for_event(ctx, job_id, kind, timeout=30):
 
 def test_rerun_after_reindex_rewrites_nothing_and_drops_stale_ids(ctx):
     """A re-run of the same version keeps the exact ids; ids beyond the new count are deleted."""
-    from storage.vectors import chunk_id
     from sqlmodel import Session
+
     from storage import jobs
     from storage.models import Document
+    from storage.vectors import chunk_id
 
     r = ingest_bytes(ctx, TEXT.encode(), dataset="default", filename="doc.txt")
     run_job(r.job_id, ctx=ctx)
