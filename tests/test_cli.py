@@ -1,0 +1,84 @@
+"""The `sluice` command: the console's operations from a shell, with --json for scripts."""
+
+import json
+
+from pipeline.cli import main
+from pipeline.runner import run_job
+from tests.helpers import events, job
+
+
+def run(capsys, *args):
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_ingest_jobs_dead_retry_cancel(ctx, capsys, tmp_path, samples):
+    good = tmp_path / "good.txt"
+    good.write_text("Lighthouses guide ships along rocky coasts at night. " * 40)
+    bad = samples / "005-libreoffice-writer-password.pdf"
+    fake = tmp_path / "picture.pdf"
+    fake.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 200)
+
+    code, out, err = run(capsys, "ingest", str(good), str(bad), str(fake), "--dataset", "docs")
+    assert code == 1  # one file was refused up front
+    lines = out.strip().splitlines()
+    assert len(lines) == 3
+    good_id, bad_id = int(lines[0].split("\t")[0]), int(lines[1].split("\t")[0])
+    assert "refused: unsupported file type: the bytes are image/png" in lines[2]
+
+    for job_id in (good_id, bad_id):
+        run_job(job_id, ctx=ctx)
+
+    code, out, _ = run(capsys, "jobs", "--dataset", "docs", "--json")
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert rows[good_id]["status"] == "succeeded" and rows[good_id]["dataset"] == "docs"
+    assert rows[bad_id]["error_kind"] == "user_action_required"
+
+    code, out, _ = run(capsys, "dead", "--json")
+    [group] = json.loads(out)
+    assert (group["kind"], group["code"], group["count"]) == ("user_action_required", "password_protected", 1)
+    assert group["fix_hint"] == "Remove the password and upload the file again."
+    assert [j["id"] for j in group["jobs"]] == [bad_id]
+
+    code, _, err = run(capsys, "retry", str(good_id))
+    assert code == 1 and "already succeeded; retry refused" in err and "reindex" in err
+
+    code, out, _ = run(capsys, "retry", "--dead", "--kind", "user_action_required")
+    assert code == 0 and f"job {bad_id} queued again" in out
+    assert job(ctx, bad_id).status.value == "pending" and job(ctx, bad_id).attempt == 0
+    retried = [e for e in events(ctx, bad_id) if e.kind == "retried"]
+    assert retried and retried[0].actor.startswith("cli:")
+
+    code, out, _ = run(capsys, "cancel", str(bad_id))
+    assert code == 0 and "cancelled before it ran" in out
+    assert job(ctx, bad_id).status.value == "cancelled"
+
+    code, out, _ = run(capsys, "datasets", "--json")
+    docs = next(d for d in json.loads(out) if d["name"] == "docs")
+    assert docs["documents"] == 2 and docs["chunks"] == job(ctx, good_id).chunk_count
+
+    code, out, _ = run(capsys, "search", "lighthouse ships", "--dataset", "docs", "--json")
+    assert json.loads(out)[0]["filename"] == "good.txt"
+
+    code, out, _ = run(capsys, "show", str(bad_id), "--json")
+    shown = json.loads(out)
+    assert [e["kind"] for e in shown["events"]][:3] == ["created", "claimed", "failed"]
+
+
+def test_ingest_wait_fails_when_a_job_fails(ctx, capsys, samples, start_worker):
+    start_worker()
+    code, out, _ = run(capsys, "ingest", str(samples / "001-minimal-document.pdf"),
+                       str(samples / "017-unreadablemetadata.pdf"), "--wait", "--timeout", "120")
+    assert code == 1
+    assert "1/2 succeeded" in out
+    assert "permanent: unreadable PDF" in out
+
+
+def test_bad_setting_is_named(capsys, monkeypatch, sluice_env):
+    from storage.settings import reset_settings_cache
+
+    monkeypatch.setenv("SLUICE_MAX_ATTEMPTS", "zero")
+    reset_settings_cache()
+    code, _, err = run(capsys, "jobs")
+    assert code == 2 and "SLUICE_MAX_ATTEMPTS" in err
