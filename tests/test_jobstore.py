@@ -1,0 +1,396 @@
+"""The job store on SQLite and on PostgreSQL (the `database_url` fixture runs each test on both;
+PostgreSQL when SLUICE_TEST_DATABASE_URL is set, in a database created and dropped per test).
+
+Schema creation on a fresh and on an existing database, every transition of the state machine,
+the outbox, claims that cannot double-claim when threads race, and one end-to-end run with a real
+consumer.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import inspect
+from sqlmodel import Session, SQLModel, func, select
+
+from pipeline.errors import LeaseLost
+from storage import jobs
+from storage.db import (
+    DEFAULT_DATASET,
+    dispose_engines,
+    ensure_dataset,
+    get_engine,
+    init_schema,
+    make_engine,
+)
+from storage.models import (
+    Dataset,
+    Document,
+    ErrorKind,
+    Job,
+    JobEvent,
+    JobStatus,
+    Outbox,
+    Stage,
+    utcnow,
+)
+from storage.outbox import dispatch, redeliver_stranded, unsent_count
+from storage.vectors import chunk_id
+from tests.helpers import events, ids_of_job, wait_for
+
+LEASE = 30.0
+
+
+@pytest.fixture
+def engine(database_url):
+    return get_engine(database_url)
+
+
+def new_job(engine, n: int, *, dataset: str = DEFAULT_DATASET, max_attempts: int = 3) -> int:
+    sha = f"{n:064x}"
+    with Session(engine, expire_on_commit=False) as session:
+        ds = ensure_dataset(session=session, name=dataset)
+        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="application/pdf",
+                       filename=f"doc-{n}.pdf", blob_key=sha)
+        session.add(doc)
+        session.flush()
+        job, created = jobs.create_job(session=session, document=doc, pipeline_version="vtest",
+                                       idempotency_key=f"{ds.id}:{sha}:vtest", max_attempts=max_attempts)
+        session.commit()
+        assert created
+        return job.id
+
+
+def get(engine, job_id: int) -> Job:
+    with Session(engine) as session:
+        return session.get(Job, job_id)
+
+
+def kinds(engine, job_id: int) -> list[str]:
+    with Session(engine) as session:
+        return list(session.exec(select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def claim(engine, job_id: int, worker: str = "w1") -> jobs.ClaimResult:
+    with Session(engine, expire_on_commit=False) as session:
+        return jobs.claim(session=session, job_id=job_id, worker_id=worker, lease_seconds=LEASE)
+
+
+def fail(engine, job_id: int, lease: int, kind: ErrorKind, code: str = "boom") -> Job | None:
+    with Session(engine, expire_on_commit=False) as session:
+        return jobs.fail(session=session, job_id=job_id, lease=lease, kind=kind, code=code,
+                         message=f"{code} happened", hint="do something", detail="trace", worker_id="w1",
+                         base_delay=0.01, max_delay=0.02)
+
+
+def unsent(engine) -> int:
+    with Session(engine) as session:
+        return unsent_count(session=session)
+
+
+def together(target, args_list: list[tuple]) -> tuple[list, list[BaseException]]:
+    """Run ``target(*args)`` in one thread per args, released at the same instant by a barrier."""
+    barrier = threading.Barrier(len(args_list))
+    results: list = []
+    errors: list[BaseException] = []
+
+    def run(*args) -> None:
+        barrier.wait()
+        try:
+            results.append(target(*args))
+        except BaseException as exc:  # collected and asserted by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=args) for args in args_list]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return results, errors
+
+
+# --- schema -------------------------------------------------------------------------------------------
+
+
+def test_schema_on_a_fresh_and_on_an_existing_database(database_url):
+    engine = get_engine(database_url)
+    tables = set(inspect(engine).get_table_names())
+    assert {"dataset", "document", "job", "job_event", "outbox"} <= tables
+    job_id = new_job(engine, 1)
+    # A second process (a new engine) starts on the existing database: nothing lost, nothing doubled.
+    dispose_engines()
+    again = get_engine(database_url)
+    init_schema(again)
+    init_schema(again)
+    with Session(again) as session:
+        assert session.exec(select(func.count()).select_from(Dataset)
+                            .where(Dataset.name == DEFAULT_DATASET)).one() == 1
+        assert session.get(Job, job_id).status == JobStatus.pending
+
+
+def test_several_processes_create_the_schema_at_once(database_url):
+    """Workers and consoles starting together on an empty database all come up."""
+    engines = [make_engine(database_url) for _ in range(4)]
+    try:
+        _, errors = together(init_schema, [(e,) for e in engines])
+        assert errors == []
+        with Session(engines[0]) as session:
+            assert len(session.exec(select(Dataset).where(Dataset.name == DEFAULT_DATASET)).all()) == 1
+        assert set(SQLModel.metadata.tables) <= set(inspect(engines[0]).get_table_names())
+    finally:
+        for e in engines:
+            e.dispose()
+
+
+# --- creation and claims ---------------------------------------------------------------------------------
+
+
+def test_create_writes_job_outbox_and_event_and_is_idempotent(engine):
+    job_id = new_job(engine, 1)
+    job = get(engine, job_id)
+    assert (job.status, job.stage, job.attempt, job.lease, job.version) == (JobStatus.pending, Stage.queued, 0, 0, 0)
+    assert kinds(engine, job_id) == ["created"]
+    assert unsent(engine) == 1
+    with Session(engine, expire_on_commit=False) as session:
+        doc = session.get(Document, job.document_id)
+        same, created = jobs.create_job(session=session, document=doc, pipeline_version="vtest",
+                                        idempotency_key=job.idempotency_key, max_attempts=3)
+        session.commit()
+    assert (same.id, created) == (job_id, False)
+    assert unsent(engine) == 1
+
+
+def test_claim_then_second_delivery_is_a_noop(engine):
+    job_id = new_job(engine, 1)
+    first = claim(engine, job_id)
+    assert first.claimed and first.job.status == JobStatus.running
+    assert (first.job.attempt, first.job.lease, first.job.worker_id) == (1, 1, "w1")
+    second = claim(engine, job_id, "w2")
+    assert not second.claimed and "already running on w1" in second.reason
+    assert kinds(engine, job_id) == ["created", "claimed", "noop"]
+
+
+def test_racing_claims_never_double_claim(engine):
+    """Threads, each with its own connection, claim the same job at the same instant: one wins."""
+    racers = 6
+    for n in range(8):
+        job_id = new_job(engine, 100 + n)
+        results, errors = together(claim, [(engine, job_id, f"w{i}") for i in range(racers)])
+        assert errors == []
+        winners = [r for r in results if r.claimed]
+        assert len(winners) == 1, [r.reason for r in results]
+        job = get(engine, job_id)
+        assert (job.status, job.attempt, job.lease, job.worker_id) == (
+            JobStatus.running, 1, 1, winners[0].job.worker_id)
+        seen = kinds(engine, job_id)
+        assert seen.count("claimed") == 1 and seen.count("noop") == racers - 1
+
+
+# --- the worker's side -------------------------------------------------------------------------------------
+
+
+def test_progress_is_fenced_by_the_lease_and_reports_cancel(engine):
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    with Session(engine) as session:
+        assert jobs.progress(session=session, job_id=job_id, lease=lease, stage=Stage.embedding,
+                             done=3, total=10) is False
+    job = get(engine, job_id)
+    assert (job.stage, job.done, job.total) == (Stage.embedding, 3, 10)
+    with Session(engine) as session, pytest.raises(LeaseLost):
+        jobs.progress(session=session, job_id=job_id, lease=lease + 1, stage=Stage.embedding, done=4, total=10)
+    with Session(engine) as session:
+        assert jobs.heartbeat(session=session, job_id=job_id, lease=lease)
+        assert not jobs.heartbeat(session=session, job_id=job_id, lease=lease + 1)
+        assert jobs.request_cancel(session=session, job_ids=[job_id], actor="op")[0].ok
+        assert jobs.progress(session=session, job_id=job_id, lease=lease, stage=Stage.embedding,
+                             done=5, total=10) is True
+
+
+def test_succeed_makes_the_job_active_and_needs_the_lease(engine):
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    with Session(engine) as session, pytest.raises(LeaseLost):
+        jobs.succeed(session=session, job_id=job_id, lease=lease + 1, chunk_count=4, page_count=2,
+                     worker_id="w1", embedded=4, cached=0)
+    with Session(engine) as session:
+        assert jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=4, page_count=2,
+                            worker_id="w1", embedded=3, cached=1) is None
+    job = get(engine, job_id)
+    assert (job.status, job.stage, job.chunk_count, job.done, job.total) == (JobStatus.succeeded, Stage.done, 4, 4, 4)
+    with Session(engine) as session:
+        assert session.get(Document, job.document_id).active_job_id == job_id
+    assert not claim(engine, job_id).claimed  # a late delivery of a finished job
+
+
+def test_transient_failure_retries_with_backoff_until_the_budget_is_spent(engine):
+    job_id = new_job(engine, 1, max_attempts=2)
+    lease = claim(engine, job_id).job.lease
+    after = fail(engine, job_id, lease, ErrorKind.transient, "service_unavailable")
+    assert after.status == JobStatus.retrying and after.next_attempt_at is not None
+    with Session(engine) as session:
+        due = session.exec(select(Outbox).where(Outbox.job_id == job_id).order_by(Outbox.id.desc())).first()
+    assert due.sent_at is None and due.available_at == after.next_attempt_at
+    again = claim(engine, job_id)  # due within a second: claimable
+    assert again.claimed and again.job.attempt == 2
+    last = fail(engine, job_id, again.job.lease, ErrorKind.transient, "service_unavailable")
+    assert last.status == JobStatus.failed
+    assert last.error_message.startswith("gave up after 2 attempts")
+    assert kinds(engine, job_id) == ["created", "claimed", "attempt_failed", "claimed", "failed"]
+
+
+def test_permanent_failure_is_a_dead_letter_at_once_and_a_stale_lease_changes_nothing(engine):
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    assert fail(engine, job_id, lease + 1, ErrorKind.permanent) is None
+    failed = fail(engine, job_id, lease, ErrorKind.permanent, "unreadable_pdf")
+    assert (failed.status, failed.error_kind, failed.error_code) == (JobStatus.failed, ErrorKind.permanent,
+                                                                     "unreadable_pdf")
+    assert failed.attempt == 1 and failed.finished_at is not None
+
+
+def test_retry_dismiss_and_reindex(engine):
+    job_id = new_job(engine, 1)
+    fail(engine, job_id, claim(engine, job_id).job.lease, ErrorKind.permanent)
+    with Session(engine) as session:
+        assert jobs.dismiss(session=session, job_ids=[job_id], actor="op")[0].ok
+        result = jobs.retry(session=session, job_ids=[job_id], actor="op")[0]
+    assert result.ok, result.message
+    job = get(engine, job_id)
+    assert (job.status, job.attempt, job.error_kind, job.dismissed) == (JobStatus.pending, 0, None, False)
+    lease = claim(engine, job_id).job.lease
+    with Session(engine) as session:
+        jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=1, page_count=1, worker_id="w1",
+                     embedded=1, cached=0)
+        refused = jobs.retry(session=session, job_ids=[job_id], actor="op")[0]
+        assert not refused.ok and "reindex" in refused.message
+        assert jobs.reindex(session=session, job_ids=[job_id], actor="op")[0].ok
+    assert get(engine, job_id).status == JobStatus.pending
+    assert kinds(engine, job_id)[-1] == "reindex_requested"
+
+
+def test_cancel_pending_running_and_acknowledged(engine):
+    pending, running = new_job(engine, 1), new_job(engine, 2)
+    lease = claim(engine, running).job.lease
+    with Session(engine) as session:
+        results = jobs.request_cancel(session=session, job_ids=[pending, running], actor="op")
+    assert all(r.ok for r in results)
+    assert get(engine, pending).status == JobStatus.cancelled
+    assert not claim(engine, pending).claimed
+    assert get(engine, running).cancel_requested
+    with Session(engine, expire_on_commit=False) as session:
+        done = jobs.acknowledge_cancel(session=session, job_id=running, lease=lease, worker_id="w1")
+    assert done.status == JobStatus.cancelled and done.error_code == "cancelled"
+    # A failure reported after a cancel request ends cancelled too, not as a dead letter.
+    third = new_job(engine, 3)
+    lease3 = claim(engine, third).job.lease
+    with Session(engine) as session:
+        jobs.request_cancel(session=session, job_ids=[third], actor="op")
+    assert fail(engine, third, lease3, ErrorKind.transient).status == JobStatus.cancelled
+
+
+def test_reaper_takes_back_only_stale_running_jobs(engine):
+    stale, fresh, waiting = new_job(engine, 1), new_job(engine, 2), new_job(engine, 3)
+    claim(engine, stale)
+    claim(engine, fresh)
+    with Session(engine) as session:
+        job = session.get(Job, stale)
+        job.heartbeat_at = utcnow() - timedelta(seconds=LEASE * 2)
+        session.add(job)
+        session.commit()
+        taken = jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02)
+    assert taken == [stale]
+    reaped = get(engine, stale)
+    assert (reaped.status, reaped.error_code, reaped.error_kind) == (JobStatus.retrying, "worker_lost",
+                                                                     ErrorKind.transient)
+    assert get(engine, fresh).status == JobStatus.running
+    assert get(engine, waiting).status == JobStatus.pending
+    # The lost worker's late writes are refused.
+    with Session(engine) as session, pytest.raises(LeaseLost):
+        jobs.progress(session=session, job_id=stale, lease=1, stage=Stage.parsing, done=1, total=1)
+
+
+# --- the outbox ------------------------------------------------------------------------------------------
+
+
+def test_outbox_publishes_in_order_and_keeps_rows_when_the_queue_is_down(engine):
+    ids = [new_job(engine, n) for n in range(5)]
+
+    def down(job_id: int) -> None:
+        raise ConnectionError("queue Redis refused the connection")
+
+    result = dispatch(engine=engine, publish=down)
+    assert result.sent == [] and "ConnectionError" in result.error
+    assert unsent(engine) == 5
+    sent: list[int] = []
+    assert dispatch(engine=engine, publish=sent.append).sent == ids
+    assert sent == ids and unsent(engine) == 0
+    # A cancelled job's row is dropped, not published.
+    with Session(engine) as session:
+        jobs.request_cancel(session=session, job_ids=[ids[0]], actor="op")
+        jobs.retry(session=session, job_ids=[ids[0]], actor="op")
+        jobs.request_cancel(session=session, job_ids=[ids[0]], actor="op")
+    later: list[int] = []
+    result = dispatch(engine=engine, publish=later.append)
+    assert later == [] and result.skipped == 1
+
+
+def test_concurrent_dispatchers_publish_every_row(engine, database_url):
+    """Several processes dispatch at once (each worker's recovery loop, each upload).
+
+    PostgreSQL locks the rows it publishes (FOR UPDATE SKIP LOCKED): each row goes out once.
+    SQLite has no row locks: a row may go out more than once, which the claim turns into a no-op.
+    """
+    ids = [new_job(engine, n) for n in range(40)]
+    published: list[int] = []
+    lock = threading.Lock()
+
+    def publish(job_id: int) -> None:
+        with lock:
+            published.append(job_id)
+
+    _, errors = together(lambda: dispatch(engine=engine, publish=publish), [()] * 4)
+    assert errors == []
+    assert unsent(engine) == 0
+    assert sorted(set(published)) == ids
+    if not database_url.startswith("sqlite"):
+        assert sorted(published) == ids, "a row was published twice"
+
+
+def test_a_stranded_job_is_published_again(engine):
+    job_id = new_job(engine, 1)
+    dispatch(engine=engine, publish=lambda _id: None)
+    with Session(engine) as session:
+        row = session.exec(select(Outbox).where(Outbox.job_id == job_id)).one()
+        row.sent_at = utcnow() - timedelta(minutes=10)
+        session.add(row)
+        session.commit()
+        assert redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids={job_id}) == []
+        assert redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids=set()) == [job_id]
+    assert unsent(engine) == 1 and kinds(engine, job_id)[-1] == "republished"
+
+
+# --- end to end ------------------------------------------------------------------------------------------
+
+
+def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, samples):
+    """Upload, a real huey_consumer, parse, embed, index: the same code on either database."""
+    from pipeline.ingest import ingest_path
+    from pipeline.tasks import publish
+
+    ctx = make_ctx()
+    assert ctx.engine.dialect.name == ("sqlite" if database_url.startswith("sqlite") else "postgresql")
+    start_worker(workers=2)
+    names = ["001-minimal-document.pdf", "004-pdflatex-4-pages.pdf", "005-libreoffice-writer-password.pdf"]
+    results = [ingest_path(ctx, samples / n, dataset="default", publish=publish) for n in names]
+    assert all(r.accepted and r.published for r in results), results
+    done = wait_for(ctx, [r.job_id for r in results], timeout=120)
+    assert [j.status for j in done] == [JobStatus.succeeded, JobStatus.succeeded, JobStatus.failed]
+    assert (done[2].error_kind, done[2].error_code) == (ErrorKind.user_action_required, "password_protected")
+    for j in done[:2]:
+        with Session(ctx.engine) as session:
+            sha = session.get(Document, j.document_id).sha256
+        assert ids_of_job(ctx, j.id) == [chunk_id(sha, j.pipeline_version, i) for i in range(j.chunk_count)]
+        assert [e.kind for e in events(ctx, j.id)].count("claimed") == 1
