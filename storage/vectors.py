@@ -80,15 +80,6 @@ class VectorStore:
             documents=list(documents), metadatas=list(metadatas),
         )
 
-    def upsert(self, name: str, *, ids: Sequence[str], embeddings: np.ndarray, documents: Sequence[str],
-               metadatas: Sequence[dict[str, Any]]) -> None:
-        if not ids:
-            return
-        self.collection(name).upsert(
-            ids=list(ids), embeddings=np.asarray(embeddings, dtype=np.float32),
-            documents=list(documents), metadatas=list(metadatas),
-        )
-
     def ids_where(self, name: str, where: dict[str, Any]) -> list[str]:
         return [i for page in self.iter_pages(name, where=where, include=[]) for i in page["ids"]]
 
