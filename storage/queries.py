@@ -209,3 +209,48 @@ def job_row(job: Job) -> dict:
         "heartbeat_at": job.heartbeat_at.isoformat() if job.heartbeat_at else None,
     }
 
+
+# --- console read side (additive) -------------------------------------------------------------------
+
+
+def dataset_names(*, session: Session) -> dict[int, str]:
+    return {ds_id: name for ds_id, name in session.exec(select(Dataset.id, Dataset.name)).all()}
+
+
+def dead_letters_in_group(*, session: Session, kind: str, code: str, dataset_id: int | None = None,
+                          limit: int = 200) -> list[Job]:
+    """Undismissed failed jobs of one dead-letter group (kind + error code), latest first.
+
+    ``kind`` / ``code`` ``"unknown"`` match jobs without one, as ``dead_letter_groups`` names them.
+    """
+    stmt = select(Job).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+    stmt = stmt.where(Job.error_kind.is_(None) if kind == "unknown" else Job.error_kind == ErrorKind(kind))
+    stmt = stmt.where(Job.error_code.is_(None) if code == "unknown" else Job.error_code == code)
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return list(session.exec(stmt.order_by(Job.finished_at.desc(), Job.id.desc()).limit(limit)).all())
+
+
+def waiting_ahead(*, session: Session, job: Job) -> int:
+    """Pending jobs created before ``job``: how many wait ahead of it, by the database."""
+    stmt = select(func.count()).select_from(Job).where(
+        Job.status == JobStatus.pending, Job.created_at < job.created_at)
+    return session.exec(stmt).one()
+
+
+def unsent_messages(*, session: Session, job_id: int) -> list:
+    """Outbox rows of a job not yet on the queue (published later by the worker's recovery)."""
+    from storage.models import Outbox
+
+    return list(session.exec(
+        select(Outbox).where(Outbox.job_id == job_id, Outbox.sent_at.is_(None)).order_by(Outbox.id)
+    ).all())
+
+
+def finished_since(*, session: Session, since: datetime, dataset_id: int | None = None) -> int:
+    """Jobs that reached succeeded or failed since ``since`` (the measured drain rate)."""
+    stmt = select(func.count()).select_from(Job).where(
+        Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return session.exec(stmt).one()
