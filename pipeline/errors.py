@@ -58,6 +58,9 @@ class LeaseLost(SluiceError):
 
 
 RETRY_HINT = "Sluice retries this by itself; if it keeps failing, check the service named above."
+AUTH_HINT = ("Check the secret the workers use for that service: SLUICE_CHROMA_TOKEN (and "
+             "SLUICE_CHROMA_AUTH_HEADER), or the password in SLUICE_QUEUE_REDIS_URL, SLUICE_CACHE_REDIS_URL "
+             "or SLUICE_DATABASE_URL; restart the workers. Sluice retries the job by itself.")
 
 
 def _transient_types() -> tuple[type[BaseException], ...]:
@@ -93,6 +96,15 @@ def classify(exc: BaseException) -> PipelineError:
             exc.detail = "".join(traceback.format_exception(exc))[-4000:]
         return exc
     detail = "".join(traceback.format_exception(exc))[-4000:]
+    if _looks_like_auth_error(exc):
+        # A configuration problem, not the document's: every job meets it until the secret is fixed.
+        # Retried like an outage, so jobs go through by themselves once the workers have it right.
+        return TransientError(
+            "auth_failed",
+            f"a service refused Sluice's credentials: {type(exc).__name__}: {str(exc)[:200]}",
+            AUTH_HINT,
+            detail,
+        )
     if isinstance(exc, _TRANSIENT) or _looks_like_connection_error(exc):
         return TransientError(
             "service_unavailable",
@@ -117,3 +129,22 @@ def _looks_like_connection_error(exc: BaseException) -> bool:
         w in text
         for w in ("connection refused", "could not connect", "connecterror", "timed out", "timeout")
     )
+
+
+_AUTH_WORDS = ("unauthorized", "forbidden", "invalid username-password", "wrongpass", "noauth",
+               "authentication required", "password authentication failed", "refused the credentials")
+
+
+def _looks_like_auth_error(exc: BaseException) -> bool:
+    """Redis AuthenticationError, Chroma's 401/403 (raised as a plain ValueError by chromadb),
+    PostgreSQL's "password authentication failed"."""
+    if type(exc).__name__ in ("AuthenticationError", "AuthorizationError", "ChromaAuthError"):
+        return True
+    text = str(exc).lower()
+    return any(w in text for w in _AUTH_WORDS)
+
+
+def is_auth_error(text: str) -> bool:
+    """For errors kept only as text (an outbox row's last_error)."""
+    text = text.lower()
+    return "authenticationerror" in text or any(w in text for w in _AUTH_WORDS)

@@ -17,7 +17,7 @@ from typing import BinaryIO
 from sqlmodel import Session, select
 
 from pipeline.context import Context
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, is_auth_error
 from pipeline.parse import sniff_type
 from storage import jobs
 from storage.blobs import BlobTooLarge
@@ -103,7 +103,10 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
     if publish is not None:
         sent = dispatch(engine=ctx.engine, publish=publish)
         result.published = job.id in sent.sent
-        if sent.error:
+        if sent.error and is_auth_error(sent.error):
+            result.message += (" (the queue Redis refused the password: check SLUICE_QUEUE_REDIS_URL; "
+                               "the job is published as soon as the queue accepts it)")
+        elif sent.error:
             result.message += " (queue unreachable; it is published as soon as the queue is back)"
     return result
 
