@@ -11,9 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import numpy as np
 
 PAGE = 1000
+HTTP_TIMEOUT = 120.0  # seconds for one request to the Chroma server (an add of 2,000 vectors takes < 1 s)
+
+
+class ChromaAuthError(PermissionError):
+    """The Chroma server refused the token (or asked for one): check SLUICE_CHROMA_TOKEN."""
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,12 @@ def chunk_id(sha256: str, pipeline_version: str, position: int) -> str:
 
 
 class VectorStore:
-    def __init__(self, url: str, *, token: str | None = None, auth_header: str = "Authorization") -> None:
+    def __init__(self, url: str, *, token: str | None = None, auth_header: str = "Authorization",
+                 timeout: float = HTTP_TIMEOUT) -> None:
         self.url = url
         self._token = token
         self._auth_header = auth_header
+        self._timeout = timeout
         self._client = None
         self._collections: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -49,13 +57,28 @@ class VectorStore:
             if self._token:
                 value = self._token if self._auth_header.lower() != "authorization" else f"Bearer {self._token}"
                 headers[self._auth_header] = value
-            self._client = chromadb.HttpClient(
+            # chromadb's own HTTP session has no timeout, and creating the client already talks to
+            # the server: a server that accepts but never answers would hang the worker (its
+            # heartbeat thread beating on). Ask once with a timeout, then bound the session too.
+            timeout = httpx.Timeout(self._timeout, connect=min(10.0, self._timeout))
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+            probe = httpx.get(f"{parts.scheme}://{host}:{port}/api/v2/heartbeat",
+                              headers=headers, timeout=timeout)
+            if probe.status_code in (401, 403):
+                raise ChromaAuthError(f"the Chroma server at {self.url} refused the credentials "
+                                      f"(HTTP {probe.status_code})")
+            client = chromadb.HttpClient(
                 host=parts.hostname,
-                port=parts.port or (443 if parts.scheme == "https" else 80),
+                port=port,
                 ssl=parts.scheme == "https",
                 headers=headers or None,
                 settings=ChromaSettings(anonymized_telemetry=False),
             )
+            session = getattr(getattr(client, "_server", None), "_session", None)
+            if isinstance(session, httpx.Client):
+                session.timeout = timeout
+            self._client = client
         return self._client
 
     def heartbeat(self) -> int:
