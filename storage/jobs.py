@@ -477,3 +477,72 @@ def dismiss(*, session: Session, job_ids: Iterable[int], actor: str) -> list[Act
         session.commit()
         results.append(ActionResult(jid, ok, f"job {jid} dismissed" if ok else f"job {jid} changed meanwhile"))
     return results
+
+
+# --- integrity: pipeline versions and delete ---------------------------------------------------------
+
+
+def revive(*, session: Session, job_ids: Iterable[int], actor: str,
+           reason: str = "pipeline version in force again") -> list[ActionResult]:
+    """superseded -> pending: the settings went back to this job's pipeline version, so build it
+    again (its chunks were removed when it was superseded). Search keeps serving the document's
+    active job until this one succeeds and takes over."""
+    results = []
+    for jid, job in _load_many(session, job_ids):
+        if job is None or job.status != JobStatus.superseded:
+            state = "does not exist" if job is None else f"is {job.status.value}"
+            results.append(ActionResult(jid, False, f"job {jid} {state}; only superseded jobs can be revived"))
+            continue
+        ok = _cas(session, job, where=[Job.status == JobStatus.superseded], status=JobStatus.pending,
+                  stage=Stage.queued, done=0, total=0, attempt=0, finished_at=None, next_attempt_at=None,
+                  cancel_requested=False)
+        if ok:
+            add_event(session, job, "revived", actor=actor, from_status=JobStatus.superseded,
+                      to_status=JobStatus.pending, message=reason)
+            _publish(session, job)
+        session.commit()
+        results.append(ActionResult(jid, ok, f"job {jid} queued to build pipeline {job.pipeline_version} again"
+                                    if ok else f"job {jid} changed meanwhile"))
+    return results
+
+
+
+
+def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str = "document deleted",
+                 attempts: int = 5) -> list[ActionResult]:
+    """Every job of a document -> deleted, and the document -> deleted_at, in one transaction.
+
+    Jobs and their events stay (the audit trail); search stops answering the document at once. A
+    running job loses its fence: its worker's next write fails and it stops. The caller removes the
+    vectors and the blob afterwards. A compare-and-set that loses to a worker's write is tried again.
+    """
+    for _ in range(attempts):
+        document = session.get(Document, document_id, populate_existing=True)
+        if document is None:
+            return [ActionResult(0, False, f"document {document_id} does not exist")]
+        rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)
+                            .execution_options(populate_existing=True)).all()
+        now = utcnow()
+        results, lost = [], False
+        for job in rows:
+            if job.status == JobStatus.deleted:
+                results.append(ActionResult(job.id, True, f"job {job.id} was already deleted"))
+                continue
+            before = job.status
+            if not _cas(session, job, status=JobStatus.deleted, cancel_requested=False, worker_id=None,
+                        next_attempt_at=None, finished_at=job.finished_at or now):
+                lost = True
+                break
+            add_event(session, job, "deleted", actor=actor, from_status=before, to_status=JobStatus.deleted,
+                      message=reason, data={"document_id": document_id,
+                                            "was_active": document.active_job_id == job.id})
+            results.append(ActionResult(job.id, True, f"job {job.id} deleted (was {before.value})"))
+        if lost:
+            session.rollback()
+            continue
+        document.deleted_at = document.deleted_at or now
+        document.active_job_id = None
+        session.add(document)
+        session.commit()
+        return results
+    return [ActionResult(0, False, f"document {document_id}: its jobs kept changing; try again")]
