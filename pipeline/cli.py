@@ -9,6 +9,9 @@
     sluice retry JOB_ID... | --dead [--kind KIND]        queue failed jobs again
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice recover                                       one round of recovery (reaper, outbox)
+    sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
+    sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
+    sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
     sluice serve queue|cache|chroma|worker|console       run one of the Procfile's processes
 """
 
@@ -346,6 +349,92 @@ def cmd_serve(args) -> int:
     return 0  # pragma: no cover
 
 
+# --- integrity: reconcile, delete, reindex --all ------------------------------------------------------
+
+
+def cmd_reconcile(args) -> int:
+    from pipeline.reconcile import reconcile
+
+    ctx = _ctx()
+    report = reconcile(ctx, repair=args.repair, actor=f"cli:{os.getenv('USER', 'unknown')}",
+                       dataset=args.dataset, publish=_publish_or_none())
+    if args.json:
+        _print_json(report.to_dict())
+    else:
+        print(report.describe())
+    if report.errors:
+        return 1
+    return 0 if report.clean or args.repair else 1
+
+
+def _publish_or_none():
+    try:
+        return _publish()
+    except Exception:  # the queue settings are unusable here; the workers publish the outbox later
+        return None
+
+
+def cmd_delete(args) -> int:
+    from pipeline.documents import delete_document
+
+    result = delete_document(_ctx(), args.ref, actor=f"cli:{os.getenv('USER', 'unknown')}")
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(result.message, file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
+
+
+def cmd_reindex(args) -> int:
+    from pipeline import reindex
+
+    ctx = _ctx()
+    if args.dry_run:
+        plan = reindex.plan(ctx, dataset=args.dataset)
+        if args.json:
+            _print_json(plan.to_dict())
+        else:
+            print(plan.describe())
+        return 0
+    result = reindex.reindex_all(ctx, dataset=args.dataset, actor=f"cli:{os.getenv('USER', 'unknown')}",
+                                 publish=_publish_or_none())
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
+              + (f", {result.underway} already under way" if result.underway else ""))
+        for r in result.results:
+            if not r.ok:
+                print(r.message, file=sys.stderr)
+        if result.queue_error:
+            print(f"sluice: queue unreachable ({result.queue_error}); the workers publish the jobs later",
+                  file=sys.stderr)
+    return 0 if all(r.ok for r in result.results) else 1
+
+
+def add_integrity_commands(sub) -> None:
+    a = sub.add_parser("reconcile", help="audit the index against the job database (and repair it)")
+    a.add_argument("--repair", action="store_true",
+                   help="delete orphans, fix metadata, queue rebuilds of documents with missing chunks")
+    a.add_argument("--dataset", help="only this dataset")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_reconcile)
+
+    a = sub.add_parser("delete", help="delete a document: its vectors, its blob if unshared, its jobs marked deleted")
+    a.add_argument("ref", metavar="JOB_OR_DOCUMENT_ID",
+                   help="a job id (17) deletes that job's document; doc:42 names the document itself")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_delete)
+
+    a = sub.add_parser("reindex", help="rebuild documents with the pipeline version the settings make now")
+    a.add_argument("--all", action="store_true", required=True,
+                   help="every document whose searchable job is of another pipeline version")
+    a.add_argument("--dataset", help="only this dataset")
+    a.add_argument("--dry-run", action="store_true", help="show documents, about how many chunks, cache hits")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_reindex)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice", description="Durable document ingestion into a vector index.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -410,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--workers", type=int, default=2)
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=cmd_serve)
+
+    add_integrity_commands(sub)
     return p
 
 

@@ -1,0 +1,321 @@
+"""Reconcile against a real Chroma server: problems made behind the system's back are found exactly,
+repaired, and a second run is clean; leftovers of cancelled, failed and crashed runs are orphans."""
+
+import json
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+from sqlmodel import Session, select
+
+from pipeline.cli import main as cli
+from pipeline.ingest import ingest_bytes
+from pipeline.reconcile import reconcile
+from pipeline.runner import run_job
+from storage import jobs
+from storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
+from storage.vectors import chunk_id
+from tests.helpers import collection, events, ids_of_job, job, wait_for
+
+
+def text(topic: str, paragraphs: int = 6) -> bytes:
+    return "".join(f"{topic} note {i}: the {topic} section {i} explains {topic} matters in plain words. " * 6
+                   + "\n\n" for i in range(paragraphs)).encode()
+
+
+def indexed(ctx, topics, dataset="default"):
+    """Upload one text document per topic and run its job here; returns {topic: job}."""
+    out = {}
+    for topic in topics:
+        r = ingest_bytes(ctx, text(topic), dataset=dataset, filename=f"{topic}.txt")
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+        out[topic] = job(ctx, r.job_id)
+    return out
+
+
+def sha_of(ctx, document_id):
+    with Session(ctx.engine) as session:
+        return session.get(Document, document_id).sha256
+
+
+def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(ctx):
+    done = indexed(ctx, ["harbour", "orchard", "glacier"])
+    coll = ctx.vectors.collection(collection(ctx))
+    harbour, orchard, glacier = done["harbour"], done["orchard"], done["glacier"]
+    assert harbour.chunk_count >= 4
+
+    # 1. two of harbour's chunks vanish from Chroma
+    sha = sha_of(ctx, harbour.document_id)
+    gone = [chunk_id(sha, harbour.pipeline_version, p) for p in (1, 3)]
+    coll.delete(ids=gone)
+    # 2. three chunks nobody made
+    foreign = [f"stray-{i}" for i in range(3)]
+    coll.add(ids=foreign, embeddings=np.full((3, 384), 0.05, dtype=np.float32), documents=["stray"] * 3,
+             metadatas=[{"job_id": 99999, "document_id": 99999}] * 3)
+    # 3. one of orchard's chunks claims another document
+    tampered = ids_of_job(ctx, orchard.id)[2]
+    coll.update(ids=[tampered], metadatas=[{"document_id": glacier.document_id}])
+
+    report = reconcile(ctx)
+
+    assert not report.clean and report.problems == 2 + 3 + 1
+    by_doc = {f.document_id: f for f in report.findings}
+    assert set(by_doc) == {harbour.document_id, orchard.document_id, None}
+    h, o, stray = by_doc[harbour.document_id], by_doc[orchard.document_id], by_doc[None]
+    assert (h.missing, h.orphans, h.mismatched) == (2, 0, 0) and sorted(h.missing_ids) == sorted(gone)
+    assert (stray.missing, stray.orphans, stray.mismatched) == (0, 3, 0)
+    assert sorted(stray.orphan_ids) == foreign and list(stray.orphan_sources) == [
+        "foreign: no job of this dataset makes this id"]
+    assert (o.missing, o.orphans, o.mismatched) == (0, 0, 1)
+    assert o.mismatches == [{"id": tampered, "fields": {"document_id": [glacier.document_id, orchard.document_id]}}]
+    assert h.repair == [f"reindex job {harbour.id}: the re-run adds the 2 missing chunk(s) from the embedding cache"]
+    assert job(ctx, harbour.id).status == JobStatus.succeeded  # a dry run changes nothing
+    assert coll.count() == sum(j.chunk_count for j in done.values()) - 2 + 3
+
+    repaired = reconcile(ctx, repair=True, actor="test")
+
+    assert repaired.problems == 6 and not repaired.errors
+    assert repaired.queued == [harbour.id]
+    assert coll.get(ids=foreign)["ids"] == []
+    assert coll.get(ids=[tampered])["metadatas"][0]["document_id"] == orchard.document_id
+    kinds = [e.kind for e in events(ctx, orchard.id)]
+    assert kinds[-1] == "reconcile_repair"
+    rebuild = [e for e in events(ctx, harbour.id) if e.kind == "reindex_requested"]
+    assert len(rebuild) == 1 and "2 chunk(s) missing" in rebuild[0].message and rebuild[0].actor == "test"
+
+    # Repair is idempotent: while the rebuild waits, a second repair queues nothing more.
+    again = reconcile(ctx, repair=True, actor="test")
+    assert again.clean and again.queued == [] and again.datasets[0].in_flight == harbour.chunk_count - 2
+
+    assert run_job(harbour.id, ctx=ctx).result == "succeeded"
+    rebuilt = job(ctx, harbour.id)
+    assert (rebuilt.embedded_count, rebuilt.cached_count) == (0, 2)  # only the missing, from the cache
+    assert len(ids_of_job(ctx, harbour.id)) == harbour.chunk_count
+
+    final = reconcile(ctx)
+    assert final.clean, final.describe()
+    assert final.datasets[0].present == final.datasets[0].expected == sum(j.chunk_count for j in done.values())
+
+
+def test_leftovers_of_failed_and_cancelled_runs_are_orphans_and_repaired(make_ctx, monkeypatch):
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4", SLUICE_MAX_ATTEMPTS="3")
+    keep = indexed(ctx, ["meadow"])["meadow"]
+
+    # A permanent failure after the first batch was written: the failed job's chunks stay behind.
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=permanent")
+    failed = ingest_bytes(ctx, text("quarry"), dataset="default", filename="quarry.txt")
+    assert run_job(failed.job_id, ctx=ctx).result == "failed"
+    # A transient failure, then the operator cancels the job while it waits for its retry.
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=transient")
+    cancelled = ingest_bytes(ctx, text("lagoon"), dataset="default", filename="lagoon.txt")
+    assert run_job(cancelled.job_id, ctx=ctx).result == "retrying"
+    monkeypatch.delenv("SLUICE_FAULTS")
+    with Session(ctx.engine) as session:
+        assert jobs.request_cancel(session=session, job_ids=[cancelled.job_id], actor="test")[0].ok
+    left_failed, left_cancelled = ids_of_job(ctx, failed.job_id), ids_of_job(ctx, cancelled.job_id)
+    assert len(left_failed) == len(left_cancelled) == 4
+
+    report = reconcile(ctx)
+
+    by_doc = {f.document_id: f for f in report.findings}
+    assert set(by_doc) == {failed.document_id, cancelled.document_id}
+    assert by_doc[failed.document_id].orphan_sources == {f"left by failed job {failed.job_id}": 4}
+    assert by_doc[cancelled.document_id].orphan_sources == {f"left by cancelled job {cancelled.job_id}": 4}
+    assert report.missing == report.mismatched == 0
+
+    reconcile(ctx, repair=True, actor="test")
+
+    assert ids_of_job(ctx, failed.job_id) == ids_of_job(ctx, cancelled.job_id) == []
+    assert len(ids_of_job(ctx, keep.id)) == keep.chunk_count
+    note = [e for e in events(ctx, failed.job_id) if e.kind == "reconcile_repair"]
+    assert note and note[0].data == {"orphans_removed": 4}
+    assert reconcile(ctx).clean
+
+
+def test_running_jobs_chunks_are_not_orphans(make_ctx, monkeypatch):
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=transient")
+    r = ingest_bytes(ctx, text("canyon"), dataset="default", filename="canyon.txt")
+    assert run_job(r.job_id, ctx=ctx).result == "retrying"  # 4 chunks written, the retry will reuse them
+    monkeypatch.delenv("SLUICE_FAULTS")
+
+    report = reconcile(ctx, repair=True, actor="test")
+
+    assert report.clean and report.datasets[0].in_flight == 4
+    assert len(ids_of_job(ctx, r.job_id)) == 4
+
+
+def test_superseded_and_beyond_count_leftovers_and_deleted_documents(ctx):
+    done = indexed(ctx, ["river", "summit"])
+    river, summit = done["river"], done["summit"]
+    coll = ctx.vectors.collection(collection(ctx))
+    sha = sha_of(ctx, river.document_id)
+    # A chunk past the end of river's job (an older run made more chunks and the cleanup was lost).
+    beyond = chunk_id(sha, river.pipeline_version, river.chunk_count)
+    coll.add(ids=[beyond], embeddings=np.full((1, 384), 0.1, dtype=np.float32), documents=["old tail"],
+             metadatas=[{"job_id": river.id, "document_id": river.document_id,
+                         "pipeline_version": river.pipeline_version, "position": river.chunk_count}])
+    # Summit's document is deleted in the database only, as if the vector delete had failed.
+    with Session(ctx.engine) as session:
+        assert all(r.ok for r in jobs.mark_deleted(session=session, document_id=summit.document_id, actor="test"))
+
+    report = reconcile(ctx)
+
+    by_doc = {f.document_id: f for f in report.findings}
+    assert by_doc[river.document_id].orphan_ids == [beyond]
+    assert by_doc[river.document_id].orphan_sources == {f"beyond the {river.chunk_count} chunks of job {river.id}": 1}
+    assert by_doc[summit.document_id].orphans == summit.chunk_count
+    assert list(by_doc[summit.document_id].orphan_sources) == [f"of deleted document {summit.document_id}"]
+
+    reconcile(ctx, repair=True, actor="test")
+    assert reconcile(ctx).clean
+    assert coll.count() == river.chunk_count
+
+
+def test_missing_chunks_of_an_older_pipeline_version_get_a_job_of_the_current_one(make_ctx):
+    ctx = make_ctx()
+    old = indexed(ctx, ["delta"])["delta"]
+    coll = ctx.vectors.collection(collection(ctx))
+    coll.delete(ids=ids_of_job(ctx, old.id)[:1])
+    new_ctx = make_ctx(SLUICE_CHUNK_SIZE="400")
+
+    report = reconcile(new_ctx, repair=True, actor="test")
+
+    [queued] = report.queued
+    assert queued != old.id and job(new_ctx, queued).pipeline_version == new_ctx.pipeline_version
+    assert job(new_ctx, old.id).status == JobStatus.succeeded  # still serves search meanwhile
+    assert reconcile(new_ctx, repair=True, actor="test").queued == []  # no second job
+    assert run_job(queued, ctx=new_ctx).result == "succeeded"
+    assert job(new_ctx, old.id).status == JobStatus.superseded
+    assert ids_of_job(new_ctx, old.id) == []
+    assert reconcile(new_ctx).clean
+
+
+def test_cli_reconcile_json_and_exit_codes(ctx, capsys):
+    indexed(ctx, ["tundra"])
+    ctx.vectors.collection(collection(ctx)).add(
+        ids=["x-1"], embeddings=np.full((1, 384), 0.2, dtype=np.float32), documents=["x"], metadatas=[{"a": 1}])
+
+    assert cli(["reconcile", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["orphans"] == 1 and out["repair_plan"]["delete_orphans"] == 1 and not out["clean"]
+
+    assert cli(["reconcile", "--repair"]) == 0
+    assert "x-1" in capsys.readouterr().out
+    assert cli(["reconcile"]) == 0
+    assert "clean" in capsys.readouterr().out
+
+
+def test_periodic_reconcile_signature_repairs(ctx):
+    from pipeline.context import get_context
+
+    indexed(ctx, ["steppe"])
+    ctx.vectors.collection(collection(ctx)).add(
+        ids=["y-1"], embeddings=np.full((1, 384), 0.3, dtype=np.float32), documents=["y"], metadatas=[{"b": 2}])
+    report = reconcile(get_context(), repair=True, actor="periodic reconcile")
+    assert report.orphans == 1 and reconcile(ctx).clean
+
+
+@pytest.mark.slow
+def test_crash_leftovers_are_orphans_and_repaired(ctx, start_worker):
+    """A worker is killed mid-embedding, the operator cancels the stalled job, the reaper ends it:
+    nobody removes what the dead worker wrote. Reconcile does."""
+    from pipeline import recovery
+    from pipeline.tasks import publish
+
+    victim = start_worker(env={"SLUICE_FAULTS": "embed_batch@3=exit", "SLUICE_EMBED_BATCH_SIZE": "4"},
+                          name="victim")
+    r = ingest_bytes(ctx, text("estuary", 10), dataset="default", filename="estuary.txt", publish=publish)
+    deadline = time.monotonic() + 60
+    while victim.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not victim.alive()
+    written = ids_of_job(ctx, r.job_id)
+    assert len(written) == 12
+    with Session(ctx.engine) as session:
+        assert jobs.request_cancel(session=session, job_ids=[r.job_id], actor="test")[0].ok
+    deadline = time.monotonic() + 60
+    while job(ctx, r.job_id).status == JobStatus.running and time.monotonic() < deadline:
+        recovery.run_once(ctx, publish=publish)  # the reaper finds the heartbeat stale
+        time.sleep(0.5)
+    [j] = wait_for(ctx, [r.job_id], timeout=10)
+    assert j.status == JobStatus.cancelled and ids_of_job(ctx, r.job_id) == written
+
+    report = reconcile(ctx)
+    assert report.orphans == 12 and report.findings[0].orphan_sources == {f"left by cancelled job {r.job_id}": 12}
+    reconcile(ctx, repair=True, actor="test")
+    assert ids_of_job(ctx, r.job_id) == [] and reconcile(ctx).clean
+
+
+# --- a large store ----------------------------------------------------------------------------------------
+
+
+def _synthetic_store(ctx, *, documents: int, chunks_each: int, dim: int = 2) -> tuple[str, list[Job]]:
+    """Documents and succeeded jobs in the database, and their chunks in a collection of its own
+    (tiny synthetic vectors: the audit reads ids and metadata only)."""
+    version = ctx.pipeline_version
+    with Session(ctx.engine) as session:
+        ds = Dataset(name="big", collection=f"sluice-big-{time.time_ns()}")
+        session.add(ds)
+        session.commit()
+        session.refresh(ds)
+        made = []
+        for d in range(documents):
+            sha = f"{d:064x}"
+            doc = Document(dataset_id=ds.id, sha256=sha, size=1, media_type="text/plain", filename=f"f{d}.txt",
+                           blob_key=sha)
+            session.add(doc)
+            session.flush()
+            j = Job(document_id=doc.id, dataset_id=ds.id, filename=doc.filename, idempotency_key=f"{ds.id}:{sha}:{version}",
+                    pipeline_version=version, status=JobStatus.succeeded, stage=Stage.done, chunk_count=chunks_each,
+                    finished_at=utcnow(), lease=1)
+            session.add(j)
+            session.flush()
+            doc.active_job_id = j.id
+            made.append((doc.id, sha, j.id))
+        session.commit()
+        name = ds.collection
+        jobs_made = list(session.exec(select(Job).where(Job.dataset_id == ds.id)).all())
+    rng = np.random.default_rng(1)
+    batch = 5000
+    ids, metas = [], []
+    for doc_id, sha, jid in made:
+        for p in range(chunks_each):
+            ids.append(chunk_id(sha, version, p))
+            metas.append({"job_id": jid, "document_id": doc_id, "pipeline_version": version, "position": p})
+            if len(ids) == batch:
+                ctx.vectors.collection(name).add(ids=ids, embeddings=rng.random((batch, dim), dtype=np.float32),
+                                                 metadatas=metas)
+                ids, metas = [], []
+    if ids:
+        ctx.vectors.collection(name).add(ids=ids, embeddings=rng.random((len(ids), dim), dtype=np.float32),
+                                         metadatas=metas)
+    return name, jobs_made
+
+
+@pytest.mark.slow
+def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
+    name, made = _synthetic_store(ctx, documents=200, chunks_each=1000)
+    coll = ctx.vectors.collection(name)
+    assert coll.count() == 200_000
+    # A few problems among them, so the audit has something to find.
+    coll.delete(ids=[chunk_id(f"{7:064x}", ctx.pipeline_version, p) for p in range(10, 15)])
+    coll.add(ids=["alien-1", "alien-2"], embeddings=np.ones((2, 2), dtype=np.float32), metadatas=[{"z": 1}] * 2)
+
+    tracemalloc.start()
+    started = time.perf_counter()
+    report = reconcile(ctx, dataset="big", save=False)
+    seconds = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+
+    [summary] = report.datasets
+    assert summary.chunks == 200_000 - 5 + 2 and summary.expected == 200_000
+    assert (report.missing, report.orphans, report.mismatched) == (5, 2, 0)
+    # Loading all ids with their metadata would take well over 100 MB in Python objects.
+    assert peak < 40 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    with capsys.disabled():
+        print(f"\nreconcile of {summary.chunks:,} chunks in {summary.pages} pages: {seconds:.1f} s, "
+              f"peak traced memory {peak / 1e6:.1f} MB")
+    ctx.vectors.drop_collection(name)
