@@ -37,14 +37,19 @@ def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | Non
                        f"{worker_note}.")
     if status != "pending":
         return None
+    if position is not None and not position.reachable:
+        return "warning", (f"The queue Redis is unreachable ({position.error}); by the database, {ahead} "
+                           "job(s) wait ahead of this one. It is published when the queue answers again.")
     if unsent:
-        err = unsent[-1].get("last_error") or "not tried yet"
-        return "warning", ("Not on the queue yet: publishing it failed "
-                           f"({err}). The worker's recovery publishes it as soon as the queue answers.")
-    if position is None or not position.reachable:
-        err = position.error if position else ""
-        return "warning", (f"The queue Redis is unreachable ({err}); by the database, {ahead} job(s) wait "
-                           f"ahead of this one.")
+        err = unsent[-1].get("last_error")
+        if err:
+            return "warning", (f"Not on the queue yet: publishing it failed ({err}). The worker's recovery "
+                               "publishes it as soon as the queue answers.")
+        return ("warning" if no_workers else "info"), (
+            "Not on the queue yet: its message waits in the outbox until the next dispatch (the worker's "
+            f"recovery runs every few seconds); {worker_note}.")
+    if position is None:
+        return "info", f"{ahead} job(s) wait ahead of this one; {worker_note}."
     if position.position is None:
         return "warning", ("Its queue message is not in the queue (a worker may be taking it right now, or "
                            "the message was lost). The worker's recovery publishes it again after "

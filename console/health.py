@@ -59,10 +59,27 @@ class QueuePosition:
     error: str = ""
 
 
+def queue_order() -> list[int]:
+    """Job ids in the queue, the one that runs next first (huey's ``enqueued_items`` order).
+
+    Read here rather than through ``pipeline.tasks.queued_job_ids``, which is meant for membership
+    and lists the queue in the opposite order.
+    """
+    huey = _tasks().huey
+    ids: list[int] = []
+    for raw in huey.storage.enqueued_items():
+        try:
+            message = huey.serializer.deserialize(raw)
+            ids.extend([int(message.args[0])] if message.args else [])
+        except Exception:  # not one of our messages
+            continue
+    return ids
+
+
 def queue_position(job_id: int) -> QueuePosition:
     """Where a job's message sits in the queue (reads the whole queue list: one Redis call)."""
     try:
-        ids = _tasks().queued_job_ids()
+        ids = queue_order()
     except Exception as exc:
         return QueuePosition(False, error=f"{type(exc).__name__}: {exc}")
     position = ids.index(job_id) + 1 if job_id in ids else None

@@ -34,10 +34,12 @@ def _oidc_operator() -> Operator | None:
 
 
 def _client() -> str:
+    """The key failed sign-ins are counted under: the client address, or one shared key without it."""
     try:
-        return st.context.ip_address or "unknown"
+        ip = st.context.ip_address
     except Exception:
-        return "unknown"
+        ip = None
+    return ip if isinstance(ip, str) and ip else "unknown"
 
 
 def gate(settings: Settings) -> Operator:

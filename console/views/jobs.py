@@ -53,7 +53,7 @@ def show_detail(d: reads.JobDetail) -> None:
         box.caption(r["progress"])
 
     if r["status"] in reads.ACTIVE:
-        position = health.queue_position(job_id) if r["status"] == "pending" and not d.unsent else None
+        position = health.queue_position(job_id) if r["status"] == "pending" else None
         queue = health.queue_state()
         why = diagnose.why_waiting(
             r, position=position, workers=len(queue.workers) if queue.reachable else None, unsent=d.unsent,

@@ -1,0 +1,263 @@
+"""Every console page against a real database seeded with jobs in every state (AppTest, in-process)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlmodel import Session
+
+from storage.models import Job, JobStatus
+from tests.apptest import assert_ok, metric, open_console, texts
+from tests.seed import seed_every_state
+
+
+@pytest.fixture
+def seeded(ctx):
+    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/seed.py)."""
+    return seed_every_state(ctx)
+
+
+def _upload_text(ctx, name: str) -> int:
+    from pipeline.ingest import ingest_bytes
+
+    return ingest_bytes(ctx, f"{name} is a small text file. ".encode() * 50, dataset="default",
+                        filename=name).job_id
+
+
+def test_overview_counts_queue_workers_and_failures(seeded):
+    at = open_console()
+    assert at.title[0].value == "Overview"
+    assert metric(at, "succeeded") == "3"
+    assert metric(at, "failed") == "5"
+    for status in ("pending", "running", "retrying", "cancelled", "superseded"):
+        assert metric(at, status) == "1", status
+    assert metric(at, "Queue depth") == "0"  # nothing was published
+    assert metric(at, "Workers alive") == "0"
+    assert "No worker is alive, and 3 job(s) are waiting" in texts(at)
+    assert metric(at, "Oldest pending job").endswith("ago")
+    assert metric(at, "needs your action") == "3"
+    assert metric(at, "permanent error") == "1"
+    assert metric(at, "transient error") == "1"
+    # five jobs finished in the last minutes: there is a measured rate, hence an estimate
+    assert metric(at, "Queue drains in") not in ("—", "now empty")
+    assert len(at.get("vega_lite_chart")) == 2  # jobs per minute, chunks per minute
+
+
+def test_overview_sees_a_live_worker_and_queued_messages(ctx, start_worker):
+    from pipeline.ingest import ingest_bytes
+    from pipeline.tasks import publish
+
+    start_worker()
+    r = ingest_bytes(ctx, b"alpha beta gamma. " * 100, dataset="default", filename="a.txt", publish=publish)
+    assert r.published
+    at = open_console()
+    assert int(metric(at, "Workers alive")) >= 1
+    assert "No worker is alive" not in texts(at)
+
+
+def test_overview_warns_when_the_queue_redis_is_down(seeded, services):
+    services.queue.stop()
+    try:
+        at = open_console()
+        assert "The queue Redis is unreachable" in texts(at)
+        assert metric(at, "Queue depth") == "unknown"
+        assert metric(at, "Workers alive") == "unknown"
+        at.switch_page("views/jobs.py")
+        at.query_params["job"] = str(seeded["pending"][0])
+        at.run()
+        assert_ok(at)
+        assert "queue Redis is unreachable" in texts(at)
+        at.switch_page("views/system.py").run()
+        assert_ok(at)
+        assert "queue Redis" in texts(at) and "unreachable" in texts(at)
+    finally:
+        services.queue.start()
+
+
+def test_jobs_table_shows_stage_counts_and_a_progress_bar(seeded):
+    at = open_console("jobs")
+    assert "Jobs 1–13 of 13" in texts(at)
+    table = at.dataframe[0].value
+    assert len(table) == 13
+    running = table[table["job"] == seeded["running"][0]].iloc[0]
+    assert running["progress"] == "embedding 320/500 chunks"
+    assert running["stage progress"] == 320 / 500
+    queued = table[table["job"] == seeded["pending"][0]].iloc[0]
+    assert queued["progress"] == "queued"
+    assert queued["stage progress"] != queued["stage progress"]  # NaN: no bar while nothing is counted
+    failed = table[table["job"] == seeded["failed:password_protected"][0]].iloc[0]
+    assert "password-protected" in failed["error"]
+
+
+def test_jobs_filters_sort_and_pagination_are_done_by_the_database(ctx, seeded):
+    from tests.seed import seed_jobs
+
+    seed_jobs(ctx.engine, 120, dataset="default", seed=7)
+    at = open_console("jobs")
+    assert f"of {120 + 13}" in texts(at)
+    at.selectbox(key="rows").set_value(25).run()
+    assert len(at.dataframe[0].value) == 25
+    pager = at.get("pagination")[0]
+    assert pager.proto.num_pages == -(-133 // 25)
+    first_page = set(at.dataframe[0].value["job"])
+    at.session_state["jobs_page"] = 2
+    at.run()
+    assert_ok(at)
+    assert "Jobs 26–50 of 133" in texts(at)
+    assert not first_page & set(at.dataframe[0].value["job"])
+
+    at.multiselect(key="status").set_value(["failed"]).run()
+    table = at.dataframe[0].value
+    with Session(ctx.engine) as session:
+        n_failed = session.query(Job).filter(Job.status == JobStatus.failed).count()
+    assert f"of {n_failed}" in texts(at)
+    assert set(table["status"]) == {"failed"}
+    at.multiselect(key="kind").set_value(["user_action_required"]).run()
+    assert all(e.startswith("user_action_required") for e in at.dataframe[0].value["error"])
+    at.multiselect(key="status").set_value([]).run()
+    at.multiselect(key="kind").set_value([]).run()
+    at.text_input(key="q").set_value("password_protected").run()
+    assert sorted(at.dataframe[0].value["file"]) == ["password_protected-0.pdf", "password_protected-1.pdf"]
+    at.text_input(key="q").set_value("").run()
+    at.selectbox(key="sort").set_value("filename").run()
+    at.toggle(key="desc").set_value(False).run()
+    files = list(at.dataframe[0].value["file"])
+    assert files == sorted(files)
+
+
+def test_failed_job_detail_shows_attempts_error_kind_hint_and_detail(seeded):
+    job_id = seeded["failed:chroma_unreachable"][0]
+    at = open_console("jobs", query={"job": str(job_id)})
+    page = texts(at)
+    assert f"Job {job_id}" in page
+    assert "gave up after 5 attempts: Chroma did not answer" in page
+    assert "transient error" in page and "chroma_unreachable" in page
+    assert "What to do:" in page
+    assert any("Error detail" in e.label for e in at.expander)
+    timeline = at.dataframe[0].value
+    assert [p for p in timeline["phase"] if p.startswith("attempt")] == [f"attempt {i}" for i in range(1, 6)]
+    assert list(timeline["phase"]).count("backoff wait") == 4
+    assert set(timeline["worker"]) >= {"seed-host:4242"}
+    assert at.button(key=f"retry_{job_id}")  # a failed job can be retried
+    assert not [b for b in at.button if b.key and b.key.startswith(("cancel_", "reindex_"))]
+
+
+def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seeded):
+    from pipeline.tasks import publish, queued_job_ids
+    from storage.outbox import dispatch
+
+    pending = seeded["pending"][0]
+    at = open_console("jobs", query={"job": str(pending)})
+    assert "Not on the queue yet: its message waits in the outbox" in texts(at)  # seeded, not published
+
+    later = _upload_text(ctx, "later.txt")
+    dispatch(engine=ctx.engine, publish=publish)  # the pending job first, the later one last
+    at.run()
+    page = texts(at)
+    assert f"Waiting in the queue: position 1 of {len(queued_job_ids())}" in page
+    assert "no worker is alive" in page
+    at.query_params["job"] = str(later)
+    at.run()
+    n = len(queued_job_ids())  # the seeded retrying job's first message went out too
+    assert f"Waiting in the queue: position {n} of {n}" in texts(at)
+
+
+def test_running_and_retrying_jobs_say_what_they_wait_for(seeded):
+    at = open_console("jobs", query={"job": str(seeded["running"][0])})
+    assert "Running on seed-host:4242 (embedding 320/500 chunks)" in texts(at)
+    at.query_params["job"] = str(seeded["retrying"][0])
+    at.run()
+    assert "Retrying: attempt 2 of 5 is due" in texts(at)
+
+
+def test_every_page_can_be_narrowed_to_one_dataset(ctx, seeded):
+    from tests.seed import seed_jobs
+
+    seed_jobs(ctx.engine, 30, dataset="archive", seed=1)
+    at = open_console("jobs")
+    assert "of 43" in texts(at)
+    at.sidebar.selectbox(key="dataset").set_value("archive").run()
+    assert_ok(at)
+    assert "of 30" in texts(at) and "dataset archive" in texts(at)
+    assert "dataset" not in at.dataframe[0].value.columns
+    at.switch_page("views/overview.py").run()
+    assert sum(int(metric(at, s).replace(",", "")) for s in
+               ("pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted")) == 30
+    at.switch_page("views/dead_letters.py").run()
+    assert all(set(df.value["dataset"]) == {"archive"} for df in at.dataframe)
+
+
+def test_a_new_dataset_is_created_from_the_sidebar_and_selected(ctx):
+    at = open_console()
+    at.sidebar.text_input(key="new_dataset_name").set_value("contracts-2024")
+    at.sidebar.button(key="create_dataset").click().run()
+    assert_ok(at)
+    assert at.sidebar.selectbox(key="dataset").value == "contracts-2024"
+    assert "dataset 'contracts-2024' is ready" in texts(at)
+    at.sidebar.text_input(key="new_dataset_name").set_value("../etc")
+    at.sidebar.button(key="create_dataset").click().run()
+    assert "A dataset name is 1 to 64" in texts(at)
+
+
+def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
+    at = open_console("upload")
+    duplicate = b"Seeded document alpha number 0. " + b" ".join(f"alpha0word{j % 37}".encode() for j in range(400)) + b"\n"
+    at.get("file_uploader")[0].set_value([
+        ("notes.md", b"# Notes\n\nSome markdown to index. " * 40, "text/markdown"),
+        ("report-copy.txt", duplicate, "text/plain"),
+        ("photo.pdf", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "application/pdf"),
+    ])
+    at.button[0].click().run()  # the form's Upload button
+    assert_ok(at)
+    page = texts(at)
+    assert "1 new job(s), 1 already uploaded, 1 refused." in page
+    assert "already indexed as job" in page
+    assert "unsupported file type: the bytes are image/png" in page
+    assert "Convert the file to PDF or text" in page
+    links = [p.proto.page for p in at.get("page_link")]
+    assert links  # every accepted file links to its job
+    with Session(ctx.engine) as session:
+        assert session.query(Job).filter(Job.filename == "notes.md").one().status == JobStatus.pending
+        assert session.query(Job).filter(Job.filename == "photo.pdf").count() == 0
+
+    # The duplicate offers a reindex, which asks first.
+    existing = seeded["succeeded"][0]
+    at.button(key="upload_reindex_1").click().run()
+    with Session(ctx.engine) as session:
+        assert session.get(Job, existing).status == JobStatus.succeeded
+    at.button(key="upload_reindex_1:yes").click().run()
+    assert_ok(at)
+    with Session(ctx.engine) as session:
+        assert session.get(Job, existing).status == JobStatus.pending
+
+
+def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx, seeded):
+    at = open_console("search")
+    at.text_input(key="search_query").set_value("alpha0word5 alpha0word6")
+    at.button[0].click().run()
+    assert_ok(at)
+    page = texts(at)
+    assert "report-0.txt" in page and "page 1" in page
+    assert "score" in page
+    assert any("alpha0word5" in t.value for t in at.text)
+    # the superseded run of handbook.txt is never answered, only its newer job
+    at.text_input(key="search_query").set_value("gamma2word1 gamma2word2").run()
+    at.button[0].click().run()
+    links = [p.proto.query_string for p in at.get("page_link")]
+    assert f"job={seeded['superseded'][0]}" not in " ".join(links)
+
+
+def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx):
+    make_ctx(SLUICE_CONSOLE_READONLY_PASSWORD="peek-only-8d1f", SLUICE_CHROMA_TOKEN="tok-secret-4c2a")
+    at = open_console("system")
+    page = texts(at)
+    assert "queue Redis" in page and "cache Redis" in page and "chroma" in page
+    assert page.count(": reachable") == 3
+    assert metric(at, "Precision in force") == "fp32"
+    config = dict(zip(at.dataframe[1].value["variable"], at.dataframe[1].value["value"], strict=True))
+    assert config["SLUICE_CHROMA_TOKEN"] == "set"
+    assert config["SLUICE_CONSOLE_READONLY_PASSWORD"] == "set"
+    assert config["SLUICE_CONSOLE_PASSWORD"] == "not set"
+    versions = dict(zip(at.dataframe[3].value["package"], at.dataframe[3].value["version"], strict=True))
+    assert versions["streamlit"].startswith("1.") and "torch" in versions and "huey" in versions
+    everything = page + "".join(df.value.to_csv() for df in at.dataframe)
+    assert "peek-only-8d1f" not in everything and "tok-secret-4c2a" not in everything
