@@ -90,6 +90,9 @@ class Settings(BaseSettings):
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{redact_url(v)!r} is not an http(s):// URL (e.g. http://127.0.0.1:8100)")
+        if parts.path.strip("/") or parts.query:
+            raise ValueError(f"{redact_url(v)!r} has a path; the Chroma client ignores it: serve Chroma at "
+                             "the root of its host and port (e.g. https://chroma.internal:8443)")
         return v.rstrip("/")
 
     @model_validator(mode="after")
