@@ -217,3 +217,13 @@ def dead_letter_ids(kind: str | None, code: str | None, dataset_id: int | None) 
                 session=session, kind=kind or "unknown", code=code or "unknown", dataset_id=dataset_id,
                 limit=100_000)]
         return queries.dead_letter_ids(session=session, kind=kind, code=code, dataset_id=dataset_id)
+
+
+# --- search ----------------------------------------------------------------------------------------------
+
+
+def search(query: str, dataset: str, k: int) -> list:
+    """The best chunks of one dataset, from each document's active job only (pipeline.search)."""
+    from pipeline.search import search as run_search
+
+    return run_search(ctx(), query=query, dataset=dataset, k=k)

@@ -72,7 +72,8 @@ for g in groups:
     box.dataframe(pd.DataFrame([{
         "job": r["id"], "file": r["filename"], "dataset": r["dataset"], "attempts": r["attempt"],
         "error": r["error_message"], "failed": ui.ago(r["finished_at"]),
-    } for r in rows]), hide_index=True, key=table_key, on_select="rerun", selection_mode="multi-row", height=260,
+    } for r in rows]), hide_index=True, key=table_key, on_select="rerun", selection_mode="multi-row",
+        height=min(280, 35 * (len(rows) + 1) + 3),
         column_config={"job": st.column_config.NumberColumn("job", format="%d", width="small"),
                        "error": st.column_config.TextColumn("error", width="large")})
     if n > LIMIT:

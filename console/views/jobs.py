@@ -41,12 +41,11 @@ def show_detail(d: reads.JobDetail) -> None:
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
 
-    m = box.columns(5)
-    m[0].metric("Stage", r["stage"])
-    m[1].metric("Attempt", f"{r['attempt']} of {r['max_attempts']}")
-    m[2].metric("Dataset", d.dataset)
-    m[3].metric("Pages", r["page_count"] if r["page_count"] is not None else "—")
-    m[4].metric("Chunks", r["chunk_count"] if r["chunk_count"] is not None else "—")
+    facts = [("Stage", r["stage"]), ("Attempt", f"{r['attempt']} of {r['max_attempts']}"), ("Dataset", d.dataset),
+             ("Pages", r["page_count"]), ("Chunks", r["chunk_count"]), ("Worker", r["worker_id"]),
+             ("Created", ui.ago(r["created_at"])), ("Pipeline", r["pipeline_version"])]
+    for col, (label, value) in zip(box.columns(len(facts)), facts, strict=True):
+        col.markdown(f"**{label}**  \n{value if value not in (None, '') else '—'}")
     if r["total"] and r["status"] in reads.ACTIVE:
         box.progress(min(1.0, r["done"] / r["total"]), text=r["progress"])
     elif r["status"] in reads.ACTIVE:
@@ -151,9 +150,12 @@ st.caption(f"Jobs {shown} of {page.total:,} ({live}). Select a row to open the j
 
 # --- the table -----------------------------------------------------------------------------------------------
 def _fraction(r: dict) -> float | None:
+    """A bar only where it means something: the current stage of an active job, or a finished one."""
     if r["status"] == "succeeded":
         return 1.0
-    return r["done"] / r["total"] if r["total"] else None
+    if r["status"] in reads.ACTIVE and r["total"]:
+        return r["done"] / r["total"]
+    return None
 
 
 def _pick(key: str, ids: list[int]) -> None:

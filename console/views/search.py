@@ -3,7 +3,7 @@
 import streamlit as st
 
 from console import reads, ui
-from pipeline.search import UnknownDataset, search
+from pipeline.search import UnknownDataset
 
 sc = ui.scope()
 st.title("Search")
@@ -20,8 +20,8 @@ with st.form("search_form"):
 
 if query.strip():
     try:
-        with st.spinner("Searching..."):
-            hits = search(reads.ctx(), query=query, dataset=dataset, k=int(k))
+        with st.spinner("Searching (the first search loads the embedding model)..."):
+            hits = reads.search(query, dataset, int(k))
     except UnknownDataset as exc:
         st.error(str(exc))
         hits = None

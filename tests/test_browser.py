@@ -1,0 +1,213 @@
+"""End to end in a real browser: Debian's Chromium, driven by Playwright, against the running system.
+
+The console starts as the Procfile starts it (``sluice serve console``) on a free port; the queue and
+cache Redis and Chroma are the test session's; the worker is a real ``huey_consumer``. Through the
+pages only: upload a text PDF and an encrypted one, see the first succeed and the second land in
+dead letters with its fix hint, retry it from there (it fails again, as it must), cancel a running
+job, and search for a phrase of the first.
+
+Screenshots of every page go to ``test-output/screenshots/``. With ``SLUICE_SCREENSHOTS_TO_DOCS=1``
+the jobs and dead-letter pages are also written to ``docs/screenshots/`` for the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from storage.models import Job, JobStatus
+from tests.helpers import events, job, wait_for
+from tests.servers import ManagedProcess, free_port, wait_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "test-output" / "screenshots"
+DOCS_SHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+TIMEOUT_MS = 90_000
+FIRST = "004-pdflatex-4-pages.pdf"
+LOCKED = "005-libreoffice-writer-password.pdf"
+OTHERS = ("007-imagemagick-images.pdf", "011-google-doc-document.pdf", "021-crazyones-pdfa.pdf")  # for fuller pages
+PHRASE = "Huardest gefburn"  # a phrase from 004-pdflatex-4-pages.pdf
+
+
+def _sluice_argv(*args: str) -> list[str]:
+    exe = Path(sys.executable).with_name("sluice")
+    return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "pipeline.cli", *args]
+
+
+@pytest.fixture
+def console(sluice_env, tmp_path):
+    """``sluice serve console`` on a free port, with this test's settings; its base URL."""
+    port = free_port()
+    env = {**os.environ, "SLUICE_CONSOLE_PORT": str(port), "SLUICE_CONSOLE_ADDRESS": "127.0.0.1"}
+    proc = ManagedProcess(_sluice_argv("serve", "console"), log=tmp_path / "console.log", env=env)
+    proc.start()
+    try:
+        wait_port(port, 90)
+    except TimeoutError:
+        proc.stop()
+        raise AssertionError(f"console did not start:\n{proc.output()[-3000:]}") from None
+    yield f"http://127.0.0.1:{port}"
+    proc.stop()
+
+
+@pytest.fixture
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _shoot(page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(800)  # let the last rerun's elements settle before the picture
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def _open(page, url: str, heading: str) -> None:
+    page.goto(url)
+    page.get_by_role("heading", name=heading, exact=True).wait_for(timeout=TIMEOUT_MS)
+
+
+def _text(page, text: str):
+    page.get_by_text(text).first.wait_for(timeout=TIMEOUT_MS)
+
+
+def _job_id(ctx, filename: str) -> int:
+    with Session(ctx.engine) as session:
+        return session.exec(select(Job.id).where(Job.filename == filename)).one()
+
+
+def _slow_text(path: Path) -> Path:
+    """Enough text for a dozen embedding batches at batch size 4 (about a second each, see env)."""
+    lines = [f"Line {i} of the long handbook, about sluice gates, weirs and locks number {i}." for i in range(700)]
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _wait_progress(ctx, job_id: int, done: int, timeout: float = 60) -> None:
+    """Until the running job has written at least ``done`` of its stage counts."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        j = job(ctx, job_id)
+        if j.status == JobStatus.running and j.stage.value == "embedding" and j.done >= done:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not get to embedding {done}: {job(ctx, job_id)}")
+
+
+def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, console, browser, start_worker,
+                                                                          samples, tmp_path):
+    start_worker(env={"SLUICE_FAULTS": "embed_batch=sleep:1", "SLUICE_EMBED_BATCH_SIZE": "4"})
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(TIMEOUT_MS)
+
+    _open(page, console, "Overview")
+    _shoot(page, "overview-empty")
+
+    # Upload a text PDF and an encrypted PDF through the page.
+    _open(page, f"{console}/upload", "Upload")
+    files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in files])
+    page.locator('[data-testid="stFileChip"]').nth(len(files) - 1).wait_for()
+    page.get_by_role("button", name="Upload", exact=True).click()
+    _text(page, f"{len(files)} new job(s), 0 already uploaded, 0 refused.")
+    _shoot(page, "upload")
+    good, locked = _job_id(ctx, FIRST), _job_id(ctx, LOCKED)
+
+    # The first reaches succeeded; the page shows it (the jobs page refreshes by itself).
+    page.get_by_role("link", name=f"Open job {good}").click()
+    page.get_by_role("heading", name=f"Job {good} · 004-pdflatex-4-pages.pdf").wait_for()
+    _text(page, "Indexed:")
+    assert wait_for(ctx, [good], timeout=60)[0].status == JobStatus.succeeded
+
+    # The encrypted one lands in dead letters with its hint.
+    assert wait_for(ctx, [locked], timeout=60)[0].status == JobStatus.failed
+    _open(page, f"{console}/dead_letters", "Dead letters")
+    _text(page, "needs your action · password_protected")
+    _text(page, "Remove the password and upload the file again.")
+    _text(page, "needs your action · no_text_layer")  # 007: images only
+    _shoot(page, "dead-letters")
+
+    # Retry it from the dead-letter page: it runs again and fails again, as it must.
+    page.locator(".st-key-retry_all-user_action_required-password_protected button").click()
+    _text(page, "Retry all 1 job(s) of this group?")
+    page.locator(".st-key-retry_all-user_action_required-password_protected-yes button").click()
+    _text(page, "Retry: 1 job(s)")
+    [again] = wait_for(ctx, [locked], timeout=60)  # pending since the click, failed once more now
+    kinds = [e.kind for e in events(ctx, locked)]
+    assert again.status == JobStatus.failed
+    assert "retried" in kinds and kinds.count("claimed") == 2 and kinds.count("failed") == 2, kinds
+    assert next(e for e in events(ctx, locked) if e.kind == "retried").actor == "console:local"
+
+    # Cancel a running job.
+    _open(page, f"{console}/upload", "Upload")
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
+        str(_slow_text(tmp_path / "long-handbook.txt")))
+    page.locator('[data-testid="stFileChip"]').first.wait_for()
+    page.get_by_role("button", name="Upload", exact=True).click()
+    _text(page, "1 new job(s)")
+    slow = _job_id(ctx, "long-handbook.txt")
+    _wait_progress(ctx, slow, 8)
+    _open(page, f"{console}/jobs", "Jobs")
+    _text(page, "live, every 2 s")
+    _shoot(page, "jobs")
+    page.goto(f"{console}/jobs?job={slow}")
+    _text(page, "chunks")  # the running job's stage counts, e.g. "embedding 8/44 chunks"
+    _shoot(page, "job-running")
+    page.get_by_role("button", name="Cancel job").click()
+    page.get_by_role("button", name="Confirm: Cancel job").click()
+    [stopped] = wait_for(ctx, [slow], timeout=60)
+    assert stopped.status == JobStatus.cancelled, (stopped.status, stopped.error_message)
+    assert any(e.kind == "cancel_requested" and e.actor == "console:local" for e in events(ctx, slow))
+    _text(page, "cancelled at embedding")
+    _shoot(page, "job-cancelled")
+
+    # Search for a phrase of the first document.
+    _open(page, f"{console}/search", "Search")
+    page.get_by_label("Query").fill(PHRASE)
+    page.get_by_role("button", name="Search", exact=True).click()
+    _text(page, "1. 004-pdflatex-4-pages.pdf")
+    _shoot(page, "search")
+
+    _open(page, console, "Overview")
+    _shoot(page, "overview")
+    _open(page, f"{console}/system", "System")
+    _text(page, "reachable")
+    _shoot(page, "system")
+
+    if os.environ.get("SLUICE_SCREENSHOTS_TO_DOCS") == "1":
+        _to_docs(["jobs", "dead-letters"])
+
+
+def _to_docs(names: list[str]) -> None:
+    """Copy screenshots for the README, shrunk to a palette image to keep the repository small."""
+    from PIL import Image
+
+    DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        src, dst = SHOTS / f"{name}.png", DOCS_SHOTS / f"{name}.png"
+        try:
+            with Image.open(src) as im:
+                im.convert("RGB").quantize(colors=128).save(dst, optimize=True)
+        except OSError:
+            shutil.copyfile(src, dst)
