@@ -6,7 +6,7 @@ pages only: upload a text PDF and an encrypted one, see the first succeed and th
 dead letters with its fix hint, retry it from there (it fails again, as it must), cancel a running
 job, and search for a phrase of the first.
 
-Screenshots of every page go to ``test-output/screenshots/``. With ``SLUICE_SCREENSHOTS_TO_DOCS=1``
+Screenshots of every page go to ``test-output/screenshots/``. With ``README_SCREENSHOTS=1``
 the jobs and dead-letter pages are also written to ``docs/screenshots/`` for the README.
 """
 
@@ -195,7 +195,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     _text(page, "reachable")
     _shoot(page, "system")
 
-    if os.environ.get("SLUICE_SCREENSHOTS_TO_DOCS") == "1":
+    if os.environ.get("README_SCREENSHOTS") == "1":
         _to_docs(["jobs", "dead-letters"])
 
 
