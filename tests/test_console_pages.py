@@ -261,3 +261,27 @@ def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx)
     assert versions["streamlit"].startswith("1.") and "torch" in versions and "huey" in versions
     everything = page + "".join(df.value.to_csv() for df in at.dataframe)
     assert "peek-only-8d1f" not in everything and "tok-secret-4c2a" not in everything
+
+
+def test_every_page_and_a_bulk_retry_on_each_job_store(database_url, make_ctx):
+    """The same pages on SQLite and, with SLUICE_TEST_DATABASE_URL set, on PostgreSQL."""
+    from tests.seed import seed_jobs
+
+    ctx = make_ctx()
+    ids = seed_every_state(ctx)
+    seed_jobs(ctx.engine, 200, dataset="archive", seed=3)
+    at = open_console()
+    assert metric(at, "failed") != "0"
+    for page in ("upload", "jobs", "dead_letters", "search", "system"):
+        at.switch_page(f"views/{page}.py").run()
+        assert_ok(at)
+    at.switch_page("views/jobs.py").run()
+    at.text_input(key="q").set_value("protected").run()
+    assert sorted(at.dataframe[0].value["file"]) == ["password_protected-0.pdf", "password_protected-1.pdf"]
+    at.switch_page("views/dead_letters.py").run()
+    at.sidebar.selectbox(key="dataset").set_value("default").run()
+    at.button(key="retry_all:user_action_required:password_protected").click().run()
+    at.button(key="retry_all:user_action_required:password_protected:yes").click().run()
+    assert_ok(at)
+    with Session(ctx.engine) as session:
+        assert {session.get(Job, i).status for i in ids["failed:password_protected"]} == {JobStatus.pending}
