@@ -138,7 +138,7 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
         session.commit()
     message = (f"deleted document {document_id} ({before.filename}, dataset {before.dataset}): "
                f"{len(ids)} chunk(s) removed, {len(newly)} job(s) marked deleted, "
-               f"blob {'removed' if blob_removed else 'kept'}"
+               f"blob {'removed' if blob_removed else 'kept' if shared else 'already gone'}"
                + (f" ({shared} other document(s) use the same bytes)" if shared else ""))
     if before.running:
         message += (f"; job(s) {', '.join(map(str, before.running))} were running and stop at their next "
