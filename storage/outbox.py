@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from sqlalchemy import func
+from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -26,37 +26,54 @@ class DispatchResult:
 
 
 def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 1000) -> DispatchResult:
-    """Publish due outbox rows in order; stop at the first publish error (the queue is down)."""
+    """Publish due outbox rows in order; stop at the first publish error (the queue is down).
+
+    Rows are first marked sent in one conditional UPDATE, so concurrent dispatchers (every worker
+    and console runs one) never publish the same row twice; rows that could not be published are
+    handed back.
+    """
     result = DispatchResult()
+    now = utcnow()
     with Session(engine) as session:
-        rows = session.exec(
-            select(Outbox, Job.status)
+        due = session.exec(
+            select(Outbox.id, Outbox.job_id, Job.status)
             .join(Job, Job.id == Outbox.job_id)
-            .where(Outbox.sent_at.is_(None), Outbox.available_at <= utcnow())
+            .where(Outbox.sent_at.is_(None), Outbox.available_at <= now)
             .order_by(Outbox.id)
             .limit(limit)
-            .with_for_update(skip_locked=True, of=Outbox)
         ).all()
-        now = utcnow()
-        for row, status in rows:
+        if not due:
+            return result
+        claimed = set(session.execute(
+            update(Outbox)
+            .where(Outbox.id.in_([row_id for row_id, _, _ in due]), Outbox.sent_at.is_(None))
+            .values(sent_at=now, publish_attempts=Outbox.publish_attempts + 1)
+            .returning(Outbox.id)
+        ).scalars().all())
+        session.commit()
+        skipped, failed = [], []
+        for row_id, job_id, status in due:
+            if row_id not in claimed:
+                continue  # another dispatcher has it
             if status not in CLAIMABLE:
-                row.sent_at = now  # nothing to run any more (cancelled, succeeded...): drop it
-                row.last_error = f"not published: job is {status.value}"
-                result.skipped += 1
-                session.add(row)
+                skipped.append(row_id)  # nothing to run any more (cancelled, succeeded...)
+                continue
+            if result.error is not None:
+                failed.append(row_id)
                 continue
             try:
-                publish(row.job_id)
-            except Exception as exc:  # the queue Redis is down: keep the row for later
-                row.publish_attempts += 1
-                row.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                session.add(row)
-                result.error = row.last_error
-                break
-            row.sent_at = utcnow()
-            row.publish_attempts += 1
-            session.add(row)
-            result.sent.append(row.job_id)
+                publish(job_id)
+                result.sent.append(job_id)
+            except Exception as exc:  # the queue Redis is down: hand the rest back for later
+                result.error = f"{type(exc).__name__}: {exc}"[:500]
+                failed.append(row_id)
+        if skipped:
+            session.execute(update(Outbox).where(Outbox.id.in_(skipped))
+                            .values(last_error="not published: the job no longer waits to run"))
+            result.skipped = len(skipped)
+        if failed:
+            session.execute(update(Outbox).where(Outbox.id.in_(failed))
+                            .values(sent_at=None, last_error=result.error))
         session.commit()
     return result
 
