@@ -110,7 +110,25 @@ def start_recovery_loop() -> None:
         if _loop_started:
             return
         _loop_started = True
+    _log_to_console()
+    s = get_settings()
+    log.info("worker %s: pipeline %s, embedder %s (%s), secrets set: %s", get_context().worker_id,
+             get_context().pipeline_version, s.embedder, s.embed_precision,
+             ", ".join(k for k, v in s.secrets_status().items() if v) or "none")
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
+
+
+def _log_to_console() -> None:
+    """huey_consumer configures only the huey logger; show Sluice's own records the same way."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s:%(name)s:%(message)s"))
+    level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
+    for name in ("pipeline", "storage", "sluice"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = False
 
 
 def _recovery_loop() -> None:
