@@ -113,6 +113,7 @@ class ReconcileReport:
     repair: bool
     actor: str
     started_at: str
+    scope: str | None = None  # the dataset checked, or None for all
     finished_at: str = ""
     seconds: float = 0.0
     datasets: list[DatasetSummary] = field(default_factory=list)
@@ -156,7 +157,7 @@ class ReconcileReport:
 
     def to_dict(self) -> dict:
         return {
-            "repair": self.repair, "actor": self.actor, "started_at": self.started_at,
+            "repair": self.repair, "actor": self.actor, "scope": self.scope, "started_at": self.started_at,
             "finished_at": self.finished_at, "seconds": self.seconds, "clean": self.clean,
             "chunks": self.chunks, "missing": self.missing, "orphans": self.orphans,
             "mismatched": self.mismatched, "repair_plan": self.repair_plan(),
@@ -545,7 +546,7 @@ def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", data
     the workers' recovery loop publishes them within seconds.
     """
     started = time.monotonic()
-    report = ReconcileReport(repair=repair, actor=actor, started_at=utcnow().isoformat())
+    report = ReconcileReport(repair=repair, actor=actor, started_at=utcnow().isoformat(), scope=dataset)
     with Session(ctx.engine) as session:
         stmt = select(Dataset).order_by(Dataset.name)
         if dataset:

@@ -325,3 +325,57 @@ def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
         print(f"\nreconcile of {summary.chunks:,} chunks in {summary.pages} pages: {seconds:.1f} s, "
               f"peak traced memory {peak / 1e6:.1f} MB")
     ctx.vectors.drop_collection(name)
+
+
+# --- the console panel --------------------------------------------------------------------------------------
+
+
+def test_console_integrity_panel_reports_previews_repairs_deletes_and_reindexes(make_ctx):
+    import streamlit as st
+
+    from tests.apptest import assert_ok, metric, open_console, texts
+
+    st.cache_resource.clear()  # the panel's background runner is per process
+    ctx = make_ctx()
+    done = indexed(ctx, ["harbour", "orchard"])
+    ctx.vectors.collection(collection(ctx)).add(
+        ids=["stray-1"], embeddings=np.full((1, 384), 0.2, dtype=np.float32), documents=["x"], metadatas=[{"a": 1}])
+
+    def settle(at, until):
+        deadline = time.monotonic() + 30
+        while not until(at) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            at.run()
+        assert_ok(at)
+        assert until(at), texts(at)
+
+    at = open_console("integrity")
+    assert "No reconcile has run on this machine yet" in texts(at)
+    at.button(key="reconcile_check").click().run()
+    settle(at, lambda a: any(m.label == "Orphans" for m in a.metric))
+    assert metric(at, "Orphans") == "1" and metric(at, "Missing") == "0"
+    assert "Repair checks again, then deletes **1** orphan chunk(s)" in texts(at)
+
+    at.button(key="reconcile_repair").click().run()
+    at.button(key="reconcile_repair:yes").click().run()
+    settle(at, lambda a: "What repair did" in "".join(e.label for e in a.expander))
+    assert ctx.vectors.collection(collection(ctx)).get(ids=["stray-1"])["ids"] == []
+    at.button(key="reconcile_check").click().run()
+    settle(at, lambda a: "Clean: the index holds exactly" in texts(a))
+
+    harbour = done["harbour"]
+    at.text_input(key="delete_ref").input(str(harbour.id)).run()
+    assert "harbour.txt" in texts(at) and "the file is removed" in texts(at)
+    at.button(key=f"delete_doc:{harbour.document_id}").click().run()
+    at.button(key=f"delete_doc:{harbour.document_id}:yes").click().run()
+    assert_ok(at)
+    assert "deleted document" in texts(at) and job(ctx, harbour.id).status == JobStatus.deleted
+
+    make_ctx(SLUICE_CHUNK_SIZE="400")
+    at.toggle(key="reindex_preview").set_value(True).run()
+    assert_ok(at)
+    assert metric(at, "Documents to rebuild") == "1" and metric(at, "From the embedding cache") == "0"
+    at.button(key="reindex_all").click().run()
+    at.button(key="reindex_all:yes").click().run()
+    assert_ok(at)
+    assert "1 job(s) queued for pipeline" in texts(at)
