@@ -27,7 +27,26 @@ except SettingsError as exc:
     st.error(f"The configuration is invalid, so the console cannot start:\n\n{exc}")
     st.stop()
 
-who = login.gate(settings)
+
+def _pages() -> list:
+    pages = [
+        st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page("views/upload.py", title="Upload", icon=":material/upload_file:"),
+        st.Page("views/jobs.py", title="Jobs", icon=":material/list_alt:"),
+        st.Page("views/dead_letters.py", title="Dead letters", icon=":material/report:"),
+        st.Page("views/search.py", title="Search", icon=":material/search:"),
+        st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
+    ]
+    # --- Pages contributed by other modules go here. --------------------------------------------------------
+    # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
+    # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
+    # The integrity (reconcile) panel joins the navigation once views/integrity.py exists.
+    for folder in ("views", "pages"):
+        if (HERE / folder / "integrity.py").exists():
+            pages.append(st.Page(f"{folder}/integrity.py", title="Integrity", icon=":material/fact_check:"))
+            break
+    # ----------------------------------------------------------------------------------------------------------
+    return pages
 
 
 def _create_dataset() -> None:
@@ -38,6 +57,13 @@ def _create_dataset() -> None:
         st.session_state["new_dataset_name"] = ""
 
 
+who = login.signed_in(settings)
+if who is None:
+    # Register the pages (hidden) before the sign-in form, so a deep link like /jobs?job=7 still opens
+    # that page once the operator has signed in.
+    st.navigation(_pages(), position="hidden")
+    login.sign_in_page(settings)
+
 with st.sidebar:
     names = [d.name for d in reads.datasets()]
     st.selectbox("Dataset", [ui.ALL_DATASETS, *names], key=ui.DATASET_KEY, bind="query-params",
@@ -46,25 +72,7 @@ with st.sidebar:
         st.text_input("Name", key="new_dataset_name", placeholder="e.g. contracts-2024")
         st.button("Create", key="create_dataset", on_click=_create_dataset)
 
-pages = [
-    st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-    st.Page("views/upload.py", title="Upload", icon=":material/upload_file:"),
-    st.Page("views/jobs.py", title="Jobs", icon=":material/list_alt:"),
-    st.Page("views/dead_letters.py", title="Dead letters", icon=":material/report:"),
-    st.Page("views/search.py", title="Search", icon=":material/search:"),
-    st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
-]
-# --- Pages contributed by other modules go here. ------------------------------------------------------------
-# Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall back to
-# its old file-based navigation when the first request after a start is a deep link (e.g. /jobs?job=7).
-# The integrity (reconcile) panel joins the navigation once views/integrity.py exists.
-for folder in ("views", "pages"):
-    if (HERE / folder / "integrity.py").exists():
-        pages.append(st.Page(f"{folder}/integrity.py", title="Integrity", icon=":material/fact_check:"))
-        break
-# ------------------------------------------------------------------------------------------------------------------
-
-navigation = st.navigation(pages)
+navigation = st.navigation(_pages())
 login.sidebar_identity(who, settings)
 ui.show_flashes()
 navigation.run()

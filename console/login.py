@@ -42,8 +42,8 @@ def _client() -> str:
     return ip if isinstance(ip, str) and ip else "unknown"
 
 
-def gate(settings: Settings) -> Operator:
-    """The operator of this session, or the sign-in form and a stop."""
+def signed_in(settings: Settings) -> Operator | None:
+    """The operator of this session, or None while nobody has signed in."""
     if not settings.login_required:
         st.session_state[OPERATOR_KEY] = LOCAL_OPERATOR
         return LOCAL_OPERATOR
@@ -52,7 +52,13 @@ def gate(settings: Settings) -> Operator:
         st.session_state[OPERATOR_KEY] = who
         return who
     st.session_state.pop(OPERATOR_KEY, None)
-    _sign_in_page(settings)
+    return None
+
+
+def sign_in_page(settings: Settings) -> None:
+    """The sign-in form, then a stop: nothing of the console runs before someone signs in."""
+    with st.columns([2, 3])[0]:
+        _sign_in_page(settings)
     st.stop()
 
 

@@ -129,7 +129,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in files])
     page.locator('[data-testid="stFileChip"]').nth(len(files) - 1).wait_for()
-    page.get_by_role("button", name="Upload", exact=True).click()
+    page.get_by_role("button", name="Upload and index").click()
     _text(page, f"{len(files)} new job(s), 0 already uploaded, 0 refused.")
     _shoot(page, "upload")
     good, locked = _job_id(ctx, FIRST), _job_id(ctx, LOCKED)
@@ -164,7 +164,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
         str(_slow_text(tmp_path / "long-handbook.txt")))
     page.locator('[data-testid="stFileChip"]').first.wait_for()
-    page.get_by_role("button", name="Upload", exact=True).click()
+    page.get_by_role("button", name="Upload and index").click()
     _text(page, "1 new job(s)")
     slow = _job_id(ctx, "long-handbook.txt")
     _wait_progress(ctx, slow, 8)

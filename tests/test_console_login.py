@@ -69,12 +69,13 @@ def test_lockout_after_repeated_failures_holds_across_sessions(guarded):
 def test_read_only_operator_sees_everything_but_cannot_act(ctx, guarded, seeded):
     failed = seeded["failed:corrupt_pdf"][0]
     at = open_console()
-    _sign_in(at, READONLY)
-    assert "Signed in as **readonly** (read-only)." in texts(at)
-    at.switch_page("views/jobs.py")
+    at.switch_page("views/jobs.py")  # a deep link to a job, opened before signing in
     at.query_params["job"] = str(failed)
     at.run()
-    assert_ok(at)
+    assert "Sign in to the operator console" in texts(at) and not at.dataframe
+    _sign_in(at, READONLY)
+    assert at.title[0].value == "Jobs"  # the link survives the sign-in
+    assert "Signed in as **readonly** (read-only)." in texts(at)
     assert "signed in read-only" in texts(at)
     assert "the PDF is damaged" in texts(at)
     assert at.button(key=f"retry_{failed}").disabled

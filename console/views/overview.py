@@ -51,9 +51,11 @@ with left:
         st.caption("No job finished in the last hour.")
     else:
         frame = frame.set_index("minute")
-        st.bar_chart(frame[["succeeded", "failed"]], y_label="jobs finished per minute",
+        st.caption("Jobs finished per minute")
+        st.bar_chart(frame[["succeeded", "failed"]], y_label="jobs / min",
                      color=["#2e7d32", "#c62828"], height=220)
-        st.line_chart(frame[["chunks"]], y_label="chunks embedded per minute", height=180)
+        st.caption("Chunks embedded per minute")
+        st.line_chart(frame[["chunks"]], y_label="chunks / min", height=180)
 with right:
     st.subheader("Failures by kind")
     if not ov.failures:

@@ -19,7 +19,7 @@ target = st.selectbox("Into dataset", names, index=names.index(sc.dataset or "de
 with st.form("upload_form", clear_on_submit=True):
     files = st.file_uploader("PDF, text or Markdown files", type=["pdf", "txt", "md", "markdown"],
                              accept_multiple_files=True, disabled=not who.can_act, key="upload_files")
-    submitted = st.form_submit_button("Upload", type="primary", disabled=not who.can_act)
+    submitted = st.form_submit_button("Upload and index", type="primary", disabled=not who.can_act)
 
 if submitted and files:
     results = []
@@ -59,7 +59,7 @@ if results:
             if r["duplicate"]:
                 head.markdown(f"**{r['filename']}** — already uploaded: {r['message']}")
             else:
-                head.markdown(f"**{r['filename']}** — new job {r['job_id']}: {r['message']}")
+                head.markdown(f"**{r['filename']}** — {r['message']}")
             link.page_link(ui.JOBS_PAGE, label=f"Open job {r['job_id']}", query_params={"job": str(r["job_id"])})
             if r["duplicate"] and r["status"] == "succeeded":
                 with head:
