@@ -50,6 +50,10 @@ def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | Non
             f"recovery runs every few seconds); {worker_note}.")
     if position is None:
         return "info", f"{ahead} job(s) wait ahead of this one; {worker_note}."
+    if position.beyond_scan:
+        return ("warning" if no_workers else "info"), (
+            f"Waiting in the queue behind more than {position.scanned:,} other jobs "
+            f"({position.length:,} queued); {worker_note}.")
     if position.position is None:
         return "warning", ("Its queue message is not in the queue (a worker may be taking it right now, or "
                            "the message was lost). The worker's recovery publishes it again after "

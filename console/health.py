@@ -57,9 +57,17 @@ class QueuePosition:
     position: int | None = None  # 1 = runs next
     length: int = 0
     error: str = ""
+    scanned: int = 0  # how many queue entries were looked at (the first QUEUE_SCAN at most)
+
+    @property
+    def beyond_scan(self) -> bool:
+        return self.position is None and self.length > self.scanned
 
 
-def queue_order() -> list[int]:
+QUEUE_SCAN = 10_000
+
+
+def queue_order(limit: int | None = None) -> list[int]:
     """Job ids in the queue, the one that runs next first (huey's ``enqueued_items`` order).
 
     Read here rather than through ``pipeline.tasks.queued_job_ids``, which is meant for membership
@@ -67,7 +75,7 @@ def queue_order() -> list[int]:
     """
     huey = _tasks().huey
     ids: list[int] = []
-    for raw in huey.storage.enqueued_items():
+    for raw in huey.storage.enqueued_items(limit):
         try:
             message = huey.serializer.deserialize(raw)
             ids.extend([int(message.args[0])] if message.args else [])
@@ -77,13 +85,14 @@ def queue_order() -> list[int]:
 
 
 def queue_position(job_id: int) -> QueuePosition:
-    """Where a job's message sits in the queue (reads the whole queue list: one Redis call)."""
+    """Where a job's message sits among the next QUEUE_SCAN queue entries (one Redis read)."""
     try:
-        ids = queue_order()
+        ids = queue_order(QUEUE_SCAN)
+        length = _tasks().huey.pending_count()
     except Exception as exc:
         return QueuePosition(False, error=f"{type(exc).__name__}: {exc}")
     position = ids.index(job_id) + 1 if job_id in ids else None
-    return QueuePosition(True, position=position, length=len(ids))
+    return QueuePosition(True, position=position, length=max(length, len(ids)), scanned=len(ids))
 
 
 @dataclass

@@ -33,15 +33,21 @@ def test_running_job_is_stalled_once_its_heartbeat_is_older_than_the_lease():
 
 def test_pending_job_in_queue_waits_or_stalls_by_the_workers():
     row = _row("pending")
-    at3 = QueuePosition(True, position=3, length=9)
+    at3 = QueuePosition(True, position=3, length=9, scanned=9)
     assert _why(row, position=at3, workers=2) == ("info", "Waiting in the queue: position 3 of 9; 2 worker(s) alive.")
     level, text = _why(row, position=at3, workers=0)
     assert level == "warning" and "no worker is alive" in text
 
 
+def test_pending_job_deep_in_a_long_queue():
+    deep = QueuePosition(True, position=None, length=250_000, scanned=10_000)
+    assert _why(_row("pending"), position=deep, workers=3) == (
+        "info", "Waiting in the queue behind more than 10,000 other jobs (250,000 queued); 3 worker(s) alive.")
+
+
 def test_pending_job_not_on_the_queue_says_why():
     row = _row("pending")
-    level, text = _why(row, position=QueuePosition(True, position=None, length=4))
+    level, text = _why(row, position=QueuePosition(True, position=None, length=4, scanned=4))
     assert level == "warning" and "not in the queue" in text
     level, text = _why(row, position=QueuePosition(True, length=0),
                        unsent=[{"last_error": "ConnectionError: refused"}])

@@ -96,7 +96,8 @@ def show_detail(d: reads.JobDetail) -> None:
     box.dataframe(pd.DataFrame([{
         "phase": p.what,
         "started": p.started.strftime("%Y-%m-%d %H:%M:%S"),
-        "took": ui.duration(p.seconds) if p.ended else f"{ui.duration((now - p.started).total_seconds())} so far",
+        "took": ui.duration(p.seconds) if p.ended else (
+            f"{ui.duration((now - p.started).total_seconds())} so far" if r["status"] in reads.ACTIVE else "—"),
         "worker": p.worker,
         "outcome": p.outcome,
         "stage reached": p.reached,
