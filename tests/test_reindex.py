@@ -17,22 +17,9 @@ from pipeline.runner import run_job
 from pipeline.search import search
 from storage.models import Document, Job, JobStatus
 from tests.helpers import collection, ids_of_job, job, wait_for
+from tests.test_reconcile import indexed, text
 
 TOPICS = ["harbour", "orchard", "glacier", "volcano", "prairie"]
-
-
-def text(topic: str, paragraphs: int = 6) -> bytes:
-    return "".join(f"{topic} note {i}: the {topic} section {i} explains {topic} matters in plain words. " * 6
-                   + "\n\n" for i in range(paragraphs)).encode()
-
-
-def upload_and_run(ctx, topics, dataset="default"):
-    out = {}
-    for topic in topics:
-        r = ingest_bytes(ctx, text(topic), dataset=dataset, filename=f"{topic}.txt")
-        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
-        out[topic] = job(ctx, r.job_id)
-    return out
 
 
 def active_jobs(ctx) -> dict[int, Job]:
@@ -74,7 +61,7 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
     from pipeline.tasks import publish
 
     old_ctx = make_ctx()
-    old = upload_and_run(old_ctx, TOPICS)
+    old = indexed(old_ctx, TOPICS)
     old_total = sum(j.chunk_count for j in old.values())
     ctx = make_ctx(SLUICE_CHUNK_SIZE="400", SLUICE_CHUNK_OVERLAP="50", SLUICE_EMBED_BATCH_SIZE="4")
     assert ctx.pipeline_version != old_ctx.pipeline_version
@@ -117,7 +104,7 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
 
 def test_a_failed_new_version_keeps_the_old_one_searchable_and_is_retried(make_ctx, monkeypatch):
     old_ctx = make_ctx()
-    old = upload_and_run(old_ctx, ["orchard"])["orchard"]
+    old = indexed(old_ctx, ["orchard"])["orchard"]
     ctx = make_ctx(SLUICE_CHUNK_SIZE="400")
     [queued] = reindex.reindex_all(ctx, actor="test").results
     monkeypatch.setenv("SLUICE_FAULTS", "after_parse=permanent")
@@ -138,7 +125,7 @@ def test_a_failed_new_version_keeps_the_old_one_searchable_and_is_retried(make_c
 
 def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(make_ctx):
     first = make_ctx()
-    v1 = upload_and_run(first, ["glacier"])["glacier"]
+    v1 = indexed(first, ["glacier"])["glacier"]
     second = make_ctx(SLUICE_CHUNK_SIZE="400")
     [r] = reindex.reindex_all(second, actor="test").results
     assert run_job(r.job_id, ctx=second).result == "succeeded"
@@ -161,8 +148,8 @@ def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(m
 
 def test_dataset_scope_and_cli(make_ctx, capsys):
     old_ctx = make_ctx()
-    upload_and_run(old_ctx, ["volcano"])
-    upload_and_run(old_ctx, ["prairie"], dataset="other")
+    indexed(old_ctx, ["volcano"])
+    indexed(old_ctx, ["prairie"], dataset="other")
     make_ctx(SLUICE_CHUNK_SIZE="400")
 
     assert cli(["reindex", "--all", "--dataset", "other", "--dry-run", "--json"]) == 0
@@ -176,13 +163,15 @@ def test_dataset_scope_and_cli(make_ctx, capsys):
     assert "1 document(s) to rebuild" in (text_out := capsys.readouterr().out) and "1 more already under way" in text_out
 
 
-def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys):
+def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys, services):
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
+    total = indexed(ctx, ["lagoon"], dataset="elsewhere")["lagoon"].chunk_count  # the same text, run cleanly
+    assert total > 4
+    services.cache.client().flushall()
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=permanent")
-    r = ingest_bytes(ctx, text("lagoon", 10), dataset="default", filename="lagoon.txt")
+    r = ingest_bytes(ctx, text("lagoon"), dataset="default", filename="lagoon.txt")
     assert run_job(r.job_id, ctx=ctx).result == "failed"  # one batch of 4 written, and cached
     monkeypatch.delenv("SLUICE_FAULTS")
-    total = job(ctx, r.job_id).total
 
     p = preview_jobs(ctx, [r.job_id, 424242])
     assert (p.jobs, p.chunks, p.in_index, p.cached, p.to_embed) == (1, total, 4, 0, total - 4)
