@@ -30,7 +30,7 @@ def ingest_and_run(ctx, data, dataset, filename):
     return r
 
 
-def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_goes(ctx, capsys):
+def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_goes(database_url, ctx, capsys):
     a = ingest_and_run(ctx, ALPHA, "default", "alpha.txt")
     b = ingest_and_run(ctx, BETA, "default", "beta.txt")
     a2 = ingest_and_run(ctx, ALPHA, "other", "alpha-copy.txt")  # same bytes, another dataset
@@ -89,7 +89,7 @@ def test_a_pending_job_of_a_deleted_document_never_runs(ctx):
     assert ids_of_job(ctx, r.job_id) == []
 
 
-def test_deleting_a_document_while_its_job_runs_stops_the_job(make_ctx, monkeypatch):
+def test_deleting_a_document_while_its_job_runs_stops_the_job(database_url, make_ctx, monkeypatch):
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.3")
     r = ingest_bytes(ctx, ALPHA * 3, dataset="default", filename="alpha.txt")

@@ -3,6 +3,7 @@ repaired, and a second run is clean; leftovers of cancelled, failed and crashed 
 
 import hashlib
 import json
+import threading
 import time
 import tracemalloc
 
@@ -40,7 +41,7 @@ def sha_of(ctx, document_id):
         return session.get(Document, document_id).sha256
 
 
-def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(ctx):
+def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(database_url, ctx):
     done = indexed(ctx, ["harbour", "orchard", "glacier"])
     coll = ctx.vectors.collection(collection(ctx))
     harbour, orchard, glacier = done["harbour"], done["orchard"], done["glacier"]
@@ -99,7 +100,7 @@ def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(ctx)
     assert final.datasets[0].present == final.datasets[0].expected == sum(j.chunk_count for j in done.values())
 
 
-def test_leftovers_of_failed_and_cancelled_runs_are_orphans_and_repaired(make_ctx, monkeypatch):
+def test_leftovers_of_failed_and_cancelled_runs_are_orphans_and_repaired(database_url, make_ctx, monkeypatch):
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4", SLUICE_MAX_ATTEMPTS="3")
     keep = indexed(ctx, ["meadow"])["meadow"]
 
@@ -145,6 +146,36 @@ def test_running_jobs_chunks_are_not_orphans(make_ctx, monkeypatch):
 
     assert report.clean and report.datasets[0].in_flight == 4
     assert len(ids_of_job(ctx, r.job_id)) == 4
+
+
+def test_repair_running_alongside_new_jobs_never_touches_their_chunks(make_ctx, monkeypatch):
+    """Jobs are created, run and switched while repairs walk the store in tiny pages: no report may
+    call anything missing or orphaned, and nothing the jobs wrote may go."""
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.05")
+    topics = ["ridge", "marsh", "cove", "dune", "fjord", "mesa"]
+    made: list[int] = []
+
+    def produce():
+        for topic in topics:
+            r = ingest_bytes(ctx, text(topic), dataset="default", filename=f"{topic}.txt")
+            made.append(r.job_id)
+            run_job(r.job_id, ctx=ctx)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    reports = []
+    while producer.is_alive() or not reports:
+        reports.append(reconcile(ctx, repair=True, actor="test", page_size=3, save=False))
+    producer.join()
+
+    assert len(reports) > 1
+    assert [(r.missing, r.orphans, r.mismatched, r.queued, r.errors) for r in reports] == [
+        (0, 0, 0, [], [])] * len(reports)
+    for jid in made:
+        j = job(ctx, jid)
+        assert j.status == JobStatus.succeeded and len(ids_of_job(ctx, jid)) == j.chunk_count
+    assert reconcile(ctx).clean
 
 
 def test_superseded_and_beyond_count_leftovers_and_deleted_documents(ctx):

@@ -123,7 +123,7 @@ def test_a_failed_new_version_keeps_the_old_one_searchable_and_is_retried(make_c
     assert {h.job_id for h in search(ctx, query="orchard", dataset="default", k=3)} == {queued.job_id}
 
 
-def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(make_ctx):
+def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(database_url, make_ctx):
     first = make_ctx()
     v1 = indexed(first, ["glacier"])["glacier"]
     second = make_ctx(SLUICE_CHUNK_SIZE="400")
