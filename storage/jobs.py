@@ -10,6 +10,8 @@ the same transaction; transitions that need the job published again write an Out
        │                 │ fail(otherwise) ▶ failed (dead letter) ──retry──▶ pending
        │                 │ cancel_requested ▶ cancelled ──retry──▶ pending
        └── retry ────────┘ reaper: heartbeat older than the lease = transient failure
+    succeeded ──a newer pipeline version of the document succeeds──▶ superseded ──revive──▶ pending
+    any ──mark_deleted (the document is deleted)──▶ deleted ──the same bytes uploaded again──▶ pending
 """
 
 from __future__ import annotations
