@@ -189,7 +189,11 @@ class ReconcileReport:
             for r in f.repair:
                 lines.append(f"      {'done' if self.repair else 'repair would'}: {r}")
         lines += [f"  error: {e}" for e in self.errors]
-        if self.clean:
+        in_flight = sum(d.in_flight for d in self.datasets)
+        if self.clean and in_flight:
+            lines.append(f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
+                         "those jobs finish")
+        elif self.clean:
             lines.append("clean: the index holds exactly what the job database promises")
         elif not self.repair:
             lines.append(f"{self.problems:,} problem(s); `sluice reconcile --repair` fixes them")

@@ -396,7 +396,7 @@ def test_console_integrity_panel_reports_previews_repairs_deletes_and_reindexes(
 
     harbour = done["harbour"]
     at.text_input(key="delete_ref").input(str(harbour.id)).run()
-    assert "harbour.txt" in texts(at) and "the file is removed" in texts(at)
+    assert "harbour.txt" in texts(at) and "removes the file too" in texts(at)
     at.button(key=f"delete_doc:{harbour.document_id}").click().run()
     at.button(key=f"delete_doc:{harbour.document_id}:yes").click().run()
     assert_ok(at)

@@ -70,8 +70,22 @@ left.button("Check now", key="reconcile_check", icon=":material/fact_check:", di
             args=(False,), help="A dry run: reports, changes nothing.")
 if runs.running:
     mid.button("Refresh", key="reconcile_refresh", icon=":material/refresh:")
-    right.info(f"A {runs.label} is running (started {ui.duration(time.time() - runs.started_at)} "
-               "ago). Refresh to see its report.", icon=":material/progress_activity:")
+
+
+@st.fragment(run_every=2 if runs.running else None)
+def _progress() -> None:
+    """While a run is under way, look every 2 s; when it has ended, redraw the page with its report."""
+    if runs.running:
+        st.info(f"A {runs.label} is running (started {ui.duration(time.time() - runs.started_at)} ago); its "
+                "report appears here when it ends.", icon=":material/progress_activity:")
+    elif st.session_state.pop("reconcile_watching", False):
+        st.rerun()
+    if runs.running:
+        st.session_state["reconcile_watching"] = True
+
+
+with right:
+    _progress()
 if runs.error:
     st.error(f"The last reconcile failed: {runs.error}")
 
@@ -93,7 +107,11 @@ else:
                 help="Chunks of queued or running jobs: not judged, never touched.")
     for error in report["errors"]:
         st.error(error)
-    if report["clean"]:
+    in_flight = sum(d["in_flight"] for d in report["datasets"])
+    if report["clean"] and in_flight:
+        st.success(f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) of jobs "
+                   "still queued or running are judged once those jobs finish.")
+    elif report["clean"]:
         st.success("Clean: the index holds exactly what the job database promises.")
     elif report["findings"]:
         st.dataframe(pd.DataFrame([{
@@ -106,7 +124,14 @@ else:
                                 for m in f["mismatches"][:1]),
             ("repair did" if report["repair"] else "repair would"): "; ".join(f["repair"]),
         } for f in report["findings"][:ROWS]]), hide_index=True,
-            column_config={"why": st.column_config.TextColumn(width="large")})
+            column_config={"dataset": st.column_config.TextColumn(width="small"),
+                           "document": st.column_config.TextColumn(width="small"),
+                           "missing": st.column_config.NumberColumn(width="small"),
+                           "orphans": st.column_config.NumberColumn(width="small"),
+                           "mismatched": st.column_config.NumberColumn(width="small"),
+                           "why": st.column_config.TextColumn(width="medium"),
+                           ("repair did" if report["repair"] else "repair would"):
+                               st.column_config.TextColumn(width="large")})
     if report["repair"] and report["actions"]:
         with st.expander(f"What repair did ({len(report['actions'])})", expanded=True):
             st.markdown("\n".join(f"- {a}" for a in report["actions"]))
@@ -154,9 +179,9 @@ if ref:
         box.markdown(f"**{info.filename}** · document {info.document_id} · dataset {info.dataset} · "
                      f"{info.size:,} bytes")
         box.dataframe(pd.DataFrame(info.jobs), hide_index=True)
-        blob = (f"kept: {info.blob_shared_with} other document(s) have the same bytes" if info.blob_shared_with
-                else "removed")
-        box.caption(f"{info.vectors:,} chunk(s) in the index; the file is {blob}."
+        blob = (f"keeps the file: {info.blob_shared_with} other document(s) have the same bytes"
+                if info.blob_shared_with else "removes the file too")
+        box.caption(f"{info.vectors:,} chunk(s) in the index. Deleting removes them and {blob}."
                     + (f" Job(s) {', '.join(map(str, info.running))} are running and stop at their next batch."
                        if info.running else ""))
         if info.deleted:
@@ -205,23 +230,23 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
     plan = _plan(sc.dataset, context.pipeline_version)
     p = plan["preview"]
     about = "≈ " if p["estimated"] else ""
-    c = st.columns(4)
-    c[0].metric("Documents to rebuild", f"{plan['documents']:,}",
-                help=f"{plan['underway']:,} more already have a job of this version under way.")
-    c[1].metric("New chunks", f"{about}{p['chunks']:,}", help=f"{plan['old_chunks']:,} chunks serve them today.")
-    c[2].metric("From the embedding cache", f"{about}{p['cached']:,}", f"{p['cache_hit_rate']:.0%} hit rate",
-                delta_color="off")
-    c[3].metric("To embed", f"{about}{p['to_embed']:,}")
-    if p["estimated"]:
-        st.caption(f"Estimated from {p['sampled']} parsed document(s).")
-    if plan["candidates"]:
+    if not plan["documents"]:
+        st.success(f"Every document is on pipeline {plan['pipeline_version']}"
+                   + (f" or has a job of it under way ({plan['underway']:,})." if plan["underway"] else "."))
+    else:
+        c = st.columns(4)
+        c[0].metric("Documents to rebuild", f"{plan['documents']:,}",
+                    help=f"{plan['underway']:,} more already have a job of this version under way.")
+        c[1].metric("New chunks", f"{about}{p['chunks']:,}", help=f"{plan['old_chunks']:,} chunks serve them today.")
+        c[2].metric("From the embedding cache", f"{about}{p['cached']:,}",
+                    help=f"{p['cache_hit_rate']:.0%} of the chunks to write are in the cache.")
+        c[3].metric("To embed", f"{about}{p['to_embed']:,}")
+        if p["estimated"]:
+            st.caption(f"Estimated from {p['sampled']} parsed document(s).")
         st.dataframe(pd.DataFrame(plan["candidates"][:ROWS]), hide_index=True)
-    if plan["documents"]:
         ui.confirm_button(f"Reindex {plan['documents']:,} document(s)", key="reindex_all", danger=False,
                           disabled=not who.can_act,
                           prompt=f"Queue a job of pipeline {plan['pipeline_version']} for {plan['documents']:,} "
                                  f"document(s) ({about}{p['to_embed']:,} chunks to embed)? Search keeps serving "
                                  "the old version of each until its new job succeeds.",
                           on_confirm=_reindex_all)
-    else:
-        st.success(f"Every document is on pipeline {plan['pipeline_version']}.")
