@@ -92,8 +92,11 @@ def count_work(ctx: Context, *, document: Document, collection: str, pipeline_ve
     return _Count(len(texts), len(texts) - len(todo), ctx.cache.contains_many(todo))
 
 
-def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: int) -> Preview:
-    """Sum the sampled counts and extrapolate them to all jobs."""
+def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: int,
+               scale: float | None = None) -> Preview:
+    """Sum the sampled counts and extrapolate them to all jobs: by ``scale`` when the caller knows
+    a better factor (say, old chunk counts of all documents over those of the sample), else by the
+    number of jobs."""
     p = Preview(jobs=total_jobs, documents=total_documents)
     for c in counts:
         p.sampled += 1
@@ -104,7 +107,7 @@ def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: in
         p.in_index += c.in_index
         p.cached += c.cached
     if p.sampled and total_jobs > p.sampled:
-        factor = total_jobs / p.sampled
+        factor = scale if scale is not None else total_jobs / p.sampled
         p.chunks, p.in_index, p.cached = (round(x * factor) for x in (p.chunks, p.in_index, p.cached))
         p.estimated = True
     p.to_embed = max(0, p.chunks - p.in_index - p.cached)

@@ -159,9 +159,13 @@ def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE) -> R
     counts = (count_work(ctx, document=doc, collection=collections[c.dataset], pipeline_version=ctx.pipeline_version,
                          job_id=c.target_job_id if leases.get(c.target_job_id) else None)
               for c, doc in sampled)
-    preview = accumulate(counts, total_jobs=len(todo), total_documents=len(todo))
+    # Documents differ in size: extrapolate by the chunks they have today, not by their number.
+    old_sampled = sum(c.chunk_count for c, _ in sampled)
+    old_total = sum(c.chunk_count for c in todo)
+    preview = accumulate(counts, total_jobs=len(todo), total_documents=len(todo),
+                         scale=old_total / old_sampled if old_sampled else None)
     return ReindexPlan(pipeline_version=ctx.pipeline_version, documents=len(todo),
-                       underway=len(found) - len(todo), old_chunks=sum(c.chunk_count for c in todo),
+                       underway=len(found) - len(todo), old_chunks=old_total,
                        preview=preview, candidates=found)
 
 

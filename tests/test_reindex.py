@@ -181,3 +181,19 @@ def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys
     out = json.loads(capsys.readouterr().out)
     assert (out["in_index"], out["cached"], out["to_embed"]) == (0, 4, total - 4)
     assert job(ctx, r.job_id).status == JobStatus.failed  # a dry run changes nothing
+
+
+def test_the_preview_extrapolates_a_sample_by_the_size_of_the_documents(make_ctx):
+    old_ctx = make_ctx()
+    for n, topic in enumerate(TOPICS, start=1):
+        r = ingest_bytes(old_ctx, text(topic, paragraphs=3 * n), dataset="default", filename=f"{topic}.txt")
+        assert run_job(r.job_id, ctx=old_ctx).result == "succeeded"
+    ctx = make_ctx(SLUICE_CHUNK_SIZE="400")
+
+    exact = reindex.plan(ctx, sample=100).preview
+    guess = reindex.plan(ctx, sample=2).preview
+
+    assert not exact.estimated and exact.sampled == 5
+    assert guess.estimated and guess.sampled == 2 and guess.jobs == 5
+    assert abs(guess.chunks - exact.chunks) <= 0.2 * exact.chunks  # the two smallest stand for all five
+    assert "estimated from 2 parsed document(s)" in reindex.plan(ctx, sample=2).describe()
