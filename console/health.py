@@ -67,27 +67,10 @@ class QueuePosition:
 QUEUE_SCAN = 10_000
 
 
-def queue_order(limit: int | None = None) -> list[int]:
-    """Job ids in the queue, the one that runs next first (huey's ``enqueued_items`` order).
-
-    Read here rather than through ``pipeline.tasks.queued_job_ids``, which is meant for membership
-    and lists the queue in the opposite order.
-    """
-    huey = _tasks().huey
-    ids: list[int] = []
-    for raw in huey.storage.enqueued_items(limit):
-        try:
-            message = huey.serializer.deserialize(raw)
-            ids.extend([int(message.args[0])] if message.args else [])
-        except Exception:  # not one of our messages
-            continue
-    return ids
-
-
 def queue_position(job_id: int) -> QueuePosition:
     """Where a job's message sits among the next QUEUE_SCAN queue entries (one Redis read)."""
     try:
-        ids = queue_order(QUEUE_SCAN)
+        ids = _tasks().queue_order(QUEUE_SCAN)
         length = _tasks().huey.pending_count()
     except Exception as exc:
         return QueuePosition(False, error=f"{type(exc).__name__}: {exc}")

@@ -44,11 +44,17 @@ def publish(job_id: int) -> None:
     process_job(job_id)
 
 
+def queue_order(limit: int | None = None) -> list[int]:
+    """Job ids in the queue, the one that runs next first (the next ``limit`` at most)."""
+    ids: list[int] = []
+    for raw in huey.storage.enqueued_items(limit):  # huey returns them in the order they will run
+        ids.extend(_job_id(raw))
+    return ids
+
+
 def queued_job_ids() -> list[int]:
     """Job ids waiting in the queue, next first, then those in the schedule."""
-    ids: list[int] = []
-    for raw in reversed(huey.storage.enqueued_items()):  # LPUSH in, BRPOP out: the tail runs next
-        ids.extend(_job_id(raw))
+    ids = queue_order()
     for raw in huey.storage.scheduled_items():
         ids.extend(_job_id(raw))
     return ids
