@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 5000  # chunks per request while walking a collection (larger pages walk faster)
 BATCH = 1000  # ids per confirm / delete / update request
 SAMPLE = 10  # ids kept per document and kind in the report
+GC_EVERY = 5000  # chunks walked between full garbage collections
 SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond this
 REPORT_FILE = "reconcile.json"
 
@@ -300,6 +301,7 @@ class _DatasetAudit:
         for job in first.expected_jobs():
             job.seen = bytearray(job.chunk_count)
             self.summary.expected += job.chunk_count
+        walked = 0
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as spool:
             for page in self.ctx.vectors.iter_pages(self.ds.collection, include=["metadatas"],
                                                     page_size=self.page_size):
@@ -315,10 +317,14 @@ class _DatasetAudit:
                         job.seen[pos] = 1
                         if _wrong_fields(job, pos, meta):
                             spool.write(f"m\t{cid}\n")
+                walked += len(page["ids"])
                 del page
-                # chromadb's client leaves each response in reference cycles (about 0.5 MB per page
-                # of 5,000): without a full collection they pile up until Python's rare gen-2 pass.
-                gc.collect()
+                if walked >= GC_EVERY:
+                    # chromadb's client leaves each response in reference cycles (about 0.5 MB per
+                    # 5,000 chunks): without a full collection they pile up until Python's rare
+                    # gen-2 pass.
+                    gc.collect()
+                    walked = 0
             with Session(self.ctx.engine) as session:
                 fresh = _Snapshot(session, self.ds.id)
             spool.seek(0)

@@ -152,7 +152,7 @@ def test_repair_running_alongside_new_jobs_never_touches_their_chunks(make_ctx, 
     """Jobs are created, run and switched while repairs walk the store in tiny pages: no report may
     call anything missing or orphaned, and nothing the jobs wrote may go."""
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
-    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.05")
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.1")
     topics = ["ridge", "marsh", "cove", "dune", "fjord", "mesa"]
     made: list[int] = []
 
