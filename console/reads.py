@@ -219,6 +219,13 @@ def dead_letter_ids(kind: str | None, code: str | None, dataset_id: int | None) 
         return queries.dead_letter_ids(session=session, kind=kind, code=code, dataset_id=dataset_id)
 
 
+def retry_preview(kind: str | None, code: str | None, dataset_id: int | None) -> str:
+    """What retrying a dead-letter group costs: chunks already indexed, in the cache, to embed."""
+    from pipeline.preview import preview_jobs
+
+    return preview_jobs(ctx(), dead_letter_ids(kind, code, dataset_id)).describe()
+
+
 # --- search ----------------------------------------------------------------------------------------------
 
 

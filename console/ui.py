@@ -136,16 +136,18 @@ def show_flashes() -> None:
         getattr(st, level)(text)
 
 
-def confirm_button(label: str, *, key: str, prompt: str, on_confirm: Callable[[], None],
+def confirm_button(label: str, *, key: str, prompt: str | Callable[[], str], on_confirm: Callable[[], None],
                    disabled: bool = False, help: str | None = None, danger: bool = True) -> None:
-    """A button that asks first: the first click shows the prompt with Confirm / Keep buttons."""
+    """A button that asks first: the first click shows the prompt with Confirm / Keep buttons.
+
+    ``prompt`` may be a callable, for prompts that cost a query (only built once asked)."""
     flag = f"confirm:{key}"
     if not st.session_state.get(flag):
         st.button(label, key=key, disabled=disabled, help=help,
                   on_click=lambda: st.session_state.__setitem__(flag, True))
         return
     box = st.container(border=True)
-    (box.warning if danger else box.info)(prompt)
+    (box.warning if danger else box.info)(prompt() if callable(prompt) else prompt)
     left, right = box.columns(2)
 
     def yes() -> None:

@@ -89,6 +89,8 @@ def test_retry_all_of_a_group_shows_the_count_then_retries_them(ctx, seeded):
     at = open_console("dead_letters")
     at.button(key="retry_all:user_action_required:password_protected").click().run()
     assert "Retry all 2 job(s) of this group?" in texts(at)
+    # The preview says what the retry costs before anything changes.
+    assert "Cost: 2 job(s)" in texts(at) and "to embed" in texts(at)
     assert {_job(ctx, i).status for i in ids} == {JobStatus.failed}
     at.button(key="retry_all:user_action_required:password_protected:yes").click().run()
     assert_ok(at)

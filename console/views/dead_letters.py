@@ -88,8 +88,9 @@ for g in groups:
     with b:
         ui.confirm_button(f"Retry all {n:,}", key=f"retry_all:{kind}:{code}", disabled=not who.can_act,
                           danger=False,
-                          prompt=f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
-                                 "fresh attempt budget.",
+                          prompt=lambda k=kind, c=code, n=n: (
+                              f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
+                              f"fresh attempt budget. Cost: {reads.retry_preview(k, c, sc.dataset_id)}."),
                           on_confirm=lambda k=kind, c=code: _on_group(actions.retry, "Retry", k, c))
     with b:
         ui.confirm_button(f"Dismiss all {n:,}", key=f"dismiss_all:{kind}:{code}", disabled=not who.can_act,
