@@ -50,15 +50,23 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5) -> list[Search
     vector = ctx.embedder.encode([query])[0]
     total = ctx.vectors.count(ds.collection)
     n = min(total, max(20, k * 4))
+    requeried = False
     while True:
         hits = ctx.vectors.query(ds.collection, vector, n=n)
-        job_ids = {int(h.metadata.get("job_id", -1)) for h in hits}
+        doc_ids = {int(h.metadata.get("document_id", -1)) for h in hits}
         with Session(ctx.engine) as session:
-            active = set(session.exec(
-                select(Document.active_job_id).where(Document.active_job_id.in_(job_ids),
-                                                     Document.deleted_at.is_(None))
+            active = dict(session.exec(
+                select(Document.id, Document.active_job_id).where(Document.id.in_(doc_ids),
+                                                                  Document.deleted_at.is_(None))
             ).all())
-        kept = [h for h in hits if int(h.metadata.get("job_id", -1)) in active]
+        kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == int(h.metadata["job_id"])]
+        # A document whose active job switched between the query and this read lost all its hits;
+        # its new chunks were complete before the switch, so one more query finds them.
+        switched = any(active.get(int(h.metadata.get("document_id", -1))) not in (None, int(h.metadata["job_id"]))
+                       for h in hits)
+        if switched and not requeried:
+            requeried = True
+            continue
         if len(kept) >= k or n >= total:
             break
         n = min(total, n * 4)
