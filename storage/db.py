@@ -75,7 +75,7 @@ def init_schema(engine: Engine) -> None:
     """Create missing tables and indexes (safe on a fresh and on an existing database).
 
     Several processes may start at once on a fresh database; the loser of a create race sees
-    "already exists" and simply checks again.
+    "already exists" (or, on SQLite switching to WAL, "database is locked") and checks again.
     """
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
@@ -84,7 +84,8 @@ def init_schema(engine: Engine) -> None:
             SQLModel.metadata.create_all(engine)
             break
         except (OperationalError, ProgrammingError, IntegrityError) as exc:
-            if "exist" not in str(exc).lower() and "duplicate" not in str(exc).lower() or attempt == 9:
+            text = str(exc).lower()
+            if not any(w in text for w in ("exist", "duplicate", "locked")) or attempt == 9:
                 raise
             time.sleep(0.05 * (attempt + 1))
     with Session(engine) as session:
