@@ -102,7 +102,8 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
     result.message = f"queued as job {job.id}"
     if publish is not None:
         sent = dispatch(engine=ctx.engine, publish=publish)
-        result.published = job.id in sent.sent
+        # Another dispatcher (a worker's recovery loop) may have taken the row first and published it.
+        result.published = job.id in sent.sent or sent.error is None
         if sent.error and is_auth_error(sent.error):
             result.message += (" (the queue Redis refused the password: check SLUICE_QUEUE_REDIS_URL; "
                                "the job is published as soon as the queue accepts it)")
