@@ -6,8 +6,8 @@ Embeddings are always supplied: Chroma's default embedding function would try to
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,6 +35,80 @@ def chunk_id(sha256: str, pipeline_version: str, position: int) -> str:
     return f"{sha256[:32]}-{pipeline_version}-{position:06d}"
 
 
+@dataclass(eq=False)
+class Rows:
+    """One caller's rows for an add, and how it went."""
+
+    ids: list[str]
+    embeddings: np.ndarray
+    documents: list[str]
+    metadatas: list[dict[str, Any]]
+    wake: threading.Event = field(default_factory=threading.Event)
+    lead: bool = False
+    done: bool = False
+    error: BaseException | None = None
+
+
+class GroupCommit:
+    """Group commit for the adds of one collection: rows that several threads add at the same
+    moment travel in one request, and each caller returns once its own rows are written.
+
+    Chroma's server pays for a request about what it pays for 25 vectors (measured CPU: 1 vector
+    6 ms, 32 vectors 30 ms, 256 vectors 128 ms). A caller finding no write under way writes its
+    rows at once (a lone caller waits for nobody); callers arriving meanwhile queue, and when the
+    write ends the first of them writes everything queued. When a combined write fails, each
+    caller's rows are tried alone, so every caller gets its own answer.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[Rows] = []
+        self._busy = False
+
+    def submit(self, rows: Rows, write: Callable[[list[Rows]], None]) -> None:
+        with self._lock:
+            self._queue.append(rows)
+            if not self._busy:
+                self._busy = rows.lead = True
+        if not rows.lead:
+            rows.wake.wait()
+        if not rows.done:  # this caller leads: it writes everything queued, its own rows included
+            with self._lock:
+                batch, self._queue = self._queue, []
+            written = False
+            try:
+                self._write(batch, write)
+                written = True
+            finally:
+                for other in batch:
+                    if not written and other.error is None:
+                        other.error = RuntimeError("the combined index write was interrupted")
+                    other.done = True
+                    other.wake.set()
+                with self._lock:
+                    if self._queue:
+                        self._queue[0].lead = True
+                        self._queue[0].wake.set()
+                    else:
+                        self._busy = False
+        if rows.error is not None:
+            raise rows.error
+
+    @staticmethod
+    def _write(batch: list[Rows], write: Callable[[list[Rows]], None]) -> None:
+        try:
+            write(batch)
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+                return
+            for rows in batch:
+                try:
+                    write([rows])
+                except Exception as own:
+                    rows.error = own
+
+
 class VectorStore:
     def __init__(self, url: str, *, token: str | None = None, auth_header: str = "Authorization",
                  timeout: float = HTTP_TIMEOUT) -> None:
@@ -44,6 +118,7 @@ class VectorStore:
         self._timeout = timeout
         self._client = None
         self._collections: dict[str, Any] = {}
+        self._groups: dict[str, GroupCommit] = {}
         self._lock = threading.Lock()
 
     @property
@@ -96,12 +171,17 @@ class VectorStore:
 
     def add(self, name: str, *, ids: Sequence[str], embeddings: np.ndarray, documents: Sequence[str],
             metadatas: Sequence[dict[str, Any]]) -> None:
+        """Add new rows; returns once they are written. Adds that threads of this process make to
+        the same collection at the same moment travel in one request (see ``GroupCommit``)."""
         if not ids:
             return
-        self.collection(name).add(
-            ids=list(ids), embeddings=np.asarray(embeddings, dtype=np.float32),
-            documents=list(documents), metadatas=list(metadatas),
-        )
+        rows = Rows(list(ids), np.asarray(embeddings, dtype=np.float32), list(documents), list(metadatas))
+        with self._lock:
+            group = self._groups.setdefault(name, GroupCommit())
+        coll = self.collection(name)
+        group.submit(rows, lambda batch: coll.add(
+            ids=[i for r in batch for i in r.ids], embeddings=np.concatenate([r.embeddings for r in batch]),
+            documents=[d for r in batch for d in r.documents], metadatas=[m for r in batch for m in r.metadatas]))
 
     def ids_where(self, name: str, where: dict[str, Any]) -> list[str]:
         return [i for page in self.iter_pages(name, where=where, include=[]) for i in page["ids"]]

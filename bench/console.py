@@ -1,0 +1,122 @@
+"""The console at scale: the queries behind the jobs page and the overview, on a database seeded
+with many jobs (bulk inserts through tests/seed.py), on SQLite and, when SLUICE_TEST_DATABASE_URL
+is set, on PostgreSQL.
+
+Each query group runs as the console runs it (storage.queries in one fresh session, the same
+calls as console/reads.py); the figure is p50 and p95 over many repetitions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+DATASETS = ("default", "contracts", "manuals", "research", "support")
+PAGE_SIZE = 50
+
+
+def seed(engine, jobs: int) -> dict[str, int]:
+    from sqlmodel import Session
+
+    from storage.queries import dataset_by_name
+    from tests.seed import seed_jobs
+
+    per = jobs // len(DATASETS)
+    for n, name in enumerate(DATASETS):
+        seed_jobs(engine, per if n else jobs - per * (len(DATASETS) - 1), dataset=name, seed=n)
+    with Session(engine) as session:
+        return {name: dataset_by_name(session=session, name=name).id for name in DATASETS}
+
+
+def query_groups(datasets: dict[str, int], total: int) -> dict[str, Callable]:
+    from storage import queries
+    from storage.models import utcnow
+
+    def page(f, number: int):
+        def run(session):
+            count = queries.count_jobs(session=session, f=f)
+            rows = queries.list_jobs(session=session, f=f, sort="created", descending=True, page=number,
+                                     page_size=PAGE_SIZE)
+            names = queries.dataset_names(session=session)
+            return count, [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in rows]
+        return run
+
+    def overview(session):
+        now = utcnow()
+        return (queries.status_counts(session=session), queries.oldest_waiting(session=session),
+                queries.failures_by_kind(session=session),
+                queries.throughput(session=session, minutes=60, now=now),
+                queries.finished_since(session=session, since=now - timedelta(minutes=15)))
+
+    deep = max(1, (total // PAGE_SIZE) // 2)
+    failed_in_one = queries.JobFilter(dataset_id=datasets["manuals"], statuses=["failed"])
+    return {
+        "jobs page 1": page(queries.JobFilter(), 1),
+        "jobs page, filtered (dataset + failed)": page(failed_in_one, 1),
+        "jobs page, name search": page(queries.JobFilter(name_contains="-0012"), 1),
+        f"jobs page {deep} (deep)": page(queries.JobFilter(), deep),
+        "overview": overview,
+        "dead letters (groups)": lambda s: queries.dead_letter_groups(session=s),
+        "datasets (system page)": lambda s: queries.dataset_summaries(session=s),
+    }
+
+
+def time_queries(engine, groups: dict[str, Callable], *, repeats: int) -> dict[str, dict]:
+    from sqlmodel import Session
+
+    out = {}
+    for name, run in groups.items():
+        samples = []
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            with Session(engine, expire_on_commit=False) as session:
+                run(session)
+            if i:  # the first run warms caches, as a console that is already open has them
+                samples.append((time.perf_counter() - t0) * 1000)
+        samples.sort()
+        out[name] = {"p50": statistics.median(samples), "p95": samples[min(len(samples) - 1, int(0.95 * len(samples)))],
+                     "max": samples[-1], "n": len(samples)}
+    return out
+
+
+def sqlite_figures(workdir: Path, *, jobs: int, repeats: int) -> dict:
+    from storage.db import get_engine
+
+    url = f"sqlite:///{(workdir / f'console-{uuid.uuid4().hex[:6]}.db').resolve()}"
+    engine = get_engine(url)
+    t0 = time.perf_counter()
+    datasets = seed(engine, jobs)
+    seeded = time.perf_counter() - t0
+    return {"seed_seconds": seeded, "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats)}
+
+
+def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
+    """On a throwaway database of the server at ``base_url``; dropped afterwards."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from storage.db import get_engine, normalise_url
+
+    url = make_url(normalise_url(base_url))
+    name = f"sluice_bench_{uuid.uuid4().hex[:10]}"
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    engine = None
+    try:
+        engine = get_engine(url.set(database=name).render_as_string(hide_password=False))
+        t0 = time.perf_counter()
+        datasets = seed(engine, jobs)
+        seeded = time.perf_counter() - t0
+        with engine.connect() as conn:  # autovacuum would analyse soon after a bulk load; do it now
+            conn.exec_driver_sql("ANALYZE")
+        return {"seed_seconds": seeded, "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats)}
+    finally:
+        if engine is not None:
+            engine.dispose()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,82 @@
+"""`bench/run.py --quick` still runs end to end and fills every figure of the table with numbers.
+
+It writes into a temporary file, never into BENCHMARKS.md. No timing is asserted: the machine is
+shared; the bench's own figures are what it reports.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FIGURES = [
+    "raw fp32, 2 single-threaded lanes" if (os.cpu_count() or 1) == 2 else "raw fp32,",
+    "raw limit fp32 (the fastest way)",
+    "raw limit bf16 (the fastest way)",
+    "bf16 / fp32 raw limit",
+    "Sluice pipeline, auto",
+    "Sluice auto / raw limit",
+    "Sluice auto / raw limit fp32",
+    "Sluice pipeline, fp32",
+    "Sluice fp32 / raw limit fp32",
+    "plain script fp32",
+    "recall@1 / recall@10, Sluice auto",
+    "recall@1 / recall@10, Sluice fp32",
+    "Huey no-op tasks/s",
+    "Sluice jobs/s, 2 worker threads",
+    "Sluice jobs/s, 4 worker threads",
+    "re-upload of an indexed file, answer time",
+    "re-uploads: new jobs / chunks embedded / messages queued",
+    "chunks re-embedded after a crash at 90%",
+    "jobs page 1",
+    "jobs page, filtered",
+    "(deep)",
+    "overview",
+    "10-page PDF",
+    "pages / 10 pages",
+]
+PEER = ["LlamaIndex fp32", "LlamaIndex default setup", "Sluice fp32 / LlamaIndex fp32",
+        "Sluice auto / LlamaIndex default", "recall@1 / recall@10, LlamaIndex fp32"]
+NO_PEER = ["Sluice fp32 / plain script fp32"]
+
+
+def rows(markdown: str) -> dict[str, str]:
+    """figure -> value cell, from the table's rows."""
+    out = {}
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and not cells[0].startswith(("**", "---", "figure")):
+            out[cells[0]] = cells[1]
+    return out
+
+
+def test_quick_bench_produces_every_figure(tmp_path):
+    out = tmp_path / "BENCH.md"
+    committed = ROOT / "BENCHMARKS.md"
+    before = committed.read_bytes() if committed.exists() else None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_") or k == "SLUICE_TEST_DATABASE_URL"}
+    proc = subprocess.run([sys.executable, "bench/run.py", "--quick", "--out", str(out),
+                           "--json", str(tmp_path / "raw.json")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (committed.read_bytes() if committed.exists() else None) == before  # the committed table is untouched
+
+    text = out.read_text()
+    assert "CPUs" in text and "Load average" in text and "Versions:" in text
+    table = rows(text)
+    expected = FIGURES + (NO_PEER if "LlamaIndex not run" in text or "Peer: not run" in text else PEER)
+    for figure in expected:
+        found = [value for name, value in table.items() if figure in name]
+        assert found, f"no row for {figure!r} in:\n{text}"
+        assert all(re.search(r"\d", v) and "n/a" not in v for v in found), f"{figure!r} has no number: {found}"
+    if os.environ.get("SLUICE_TEST_DATABASE_URL"):
+        assert "PostgreSQL" in text
