@@ -167,6 +167,15 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
+    if job.pipeline_version != ctx.pipeline_version:
+        # Chunk ids carry the job's version; chunking with other settings would mislabel them.
+        raise UserActionError(
+            "pipeline_version_mismatch",
+            f"this job builds pipeline version {job.pipeline_version}, but this worker's chunking and "
+            f"model settings make {ctx.pipeline_version}",
+            "Give every worker the same SLUICE_CHUNK_* and SLUICE_EMBED* settings as the console, or run "
+            "`sluice reindex --all` to build the version now in force.",
+        )
     path = ctx.blobs.path(document.blob_key)
     if not path.exists():
         raise PermanentError("blob_missing", "the uploaded file is missing from the blob store",
