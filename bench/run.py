@@ -53,9 +53,9 @@ class Plan:
     def make(cls, quick: bool, rounds: int | None) -> Plan:
         if quick:
             return cls(True, rounds or 1, documents=4, pages=3, tiny_jobs=60, noop_tasks=500, dedupe_repeats=10,
-                       crash_pages=40, console_jobs=10_000, console_repeats=10, big_pages=200, memory_runs=1)
+                       crash_pages=104, console_jobs=10_000, console_repeats=10, big_pages=200, memory_runs=1)
         return cls(False, rounds or 3, documents=40, pages=8, tiny_jobs=300, noop_tasks=3000, dedupe_repeats=20,
-                   crash_pages=90, console_jobs=100_000, console_repeats=30, big_pages=2000, memory_runs=3)
+                   crash_pages=104, console_jobs=100_000, console_repeats=30, big_pages=2000, memory_runs=3)
 
 
 def log(message: str) -> None:
@@ -353,7 +353,8 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
     c0 = crash[0]
     t.add(s4, "chunks re-embedded after a crash at 90%", [c["re_embedded"] for c in crash], digits=0,
           target=f"<= {BATCH}", ok=lambda v: v <= BATCH,
-          note=f"{c0['chunks']} chunks in {c0['batches']} batches, worker killed after batch {c0['crash_batch']}; "
+          note=f"{c0['chunks']} chunks in {c0['batches']} batches, worker killed after batch {c0['crash_batch']} "
+               f"({100 * min(c0['chunks'], c0['crash_batch'] * BATCH) / c0['chunks']:.0f}% embedded); "
                f"second attempt embedded {c0['second_embedded']}, {c0['second_cached']} from cache "
                "(hash embedder)")
 

@@ -105,7 +105,12 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
                                          actor="seed")
         session.commit()
     assert created
-    assert run_job(newer.id, ctx=ctx).result == "succeeded"
+    current = ctx.pipeline_version
+    ctx.__dict__["pipeline_version"] = "v-newer"  # run it as a worker of that version would
+    try:
+        assert run_job(newer.id, ctx=ctx).result == "succeeded"
+    finally:
+        ctx.__dict__["pipeline_version"] = current
     add("superseded", old)
     add("succeeded", newer.id)
 

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 FIGURES = [
-    "raw fp32, 2 single-threaded lanes" if (os.cpu_count() or 1) == 2 else "raw fp32,",
+    "raw fp32, the model's own encode per batch",
+    "raw fp32, Sluice's embedder alone",
+    "raw bf16, Sluice's embedder alone",
     "raw limit fp32 (the fastest way)",
     "raw limit bf16 (the fastest way)",
     "bf16 / fp32 raw limit",
