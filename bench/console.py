@@ -2,7 +2,7 @@
 with many jobs (bulk inserts through tests/seed.py), on SQLite and, when SLUICE_TEST_DATABASE_URL
 is set, on PostgreSQL.
 
-Each query group runs as the console runs it (storage.queries in one fresh session, the same
+Each query group runs as the console runs it (sluice.storage.queries in one fresh session, the same
 calls as console/reads.py); the figure is p50 and p95 over many repetitions.
 """
 
@@ -22,7 +22,7 @@ PAGE_SIZE = 50
 def seed(engine, jobs: int) -> dict[str, int]:
     from sqlmodel import Session
 
-    from storage.queries import dataset_by_name
+    from sluice.storage.queries import dataset_by_name
     from tests.seed import seed_jobs
 
     per = jobs // len(DATASETS)
@@ -33,8 +33,8 @@ def seed(engine, jobs: int) -> dict[str, int]:
 
 
 def query_groups(datasets: dict[str, int], total: int) -> dict[str, Callable]:
-    from storage import queries
-    from storage.models import utcnow
+    from sluice.storage import queries
+    from sluice.storage.models import utcnow
 
     def page(f, number: int):
         def run(session):
@@ -84,7 +84,7 @@ def time_queries(engine, groups: dict[str, Callable], *, repeats: int) -> dict[s
 
 
 def sqlite_figures(workdir: Path, *, jobs: int, repeats: int) -> dict:
-    from storage.db import get_engine
+    from sluice.storage.db import get_engine
 
     url = f"sqlite:///{(workdir / f'console-{uuid.uuid4().hex[:6]}.db').resolve()}"
     engine = get_engine(url)
@@ -99,7 +99,7 @@ def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
     import psycopg
     from sqlalchemy.engine import make_url
 
-    from storage.db import get_engine, normalise_url
+    from sluice.storage.db import get_engine, normalise_url
 
     url = make_url(normalise_url(base_url))
     name = f"sluice_bench_{uuid.uuid4().hex[:10]}"

@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
 
 def corpus_chunks(paths: list[Path], *, size: int, overlap: int) -> list[str]:
     """The chunks Sluice makes of these files: the pipeline's own parser and chunker, in order."""
-    from pipeline.chunk import split_text
-    from pipeline.parse import PDF, open_document
+    from sluice.pipeline.chunk import split_text
+    from sluice.pipeline.parse import PDF, open_document
 
     out: list[str] = []
     for path in paths:
@@ -89,7 +89,7 @@ def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overla
     import pymupdf
     from chromadb.config import Settings as ChromaSettings
 
-    from pipeline.chunk import split_text
+    from sluice.pipeline.chunk import split_text
 
     host, port = chroma_url.rsplit("//", 1)[1].split(":")
     client = chromadb.HttpClient(host=host, port=int(port), settings=ChromaSettings(anonymized_telemetry=False))
@@ -116,13 +116,13 @@ def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overla
 
 
 def load_embedder(precision: str):
-    from pipeline.embed import SentenceTransformerEmbedder
+    from sluice.pipeline.embed import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision=precision)
 
 
 def available_cores() -> int:
-    from pipeline.embed import available_cores as cores
+    from sluice.pipeline.embed import available_cores as cores
 
     return cores()
 

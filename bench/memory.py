@@ -13,8 +13,8 @@ from bench.system import Services, peak_rss_mb, wait_final, warm_up
 def worker_peak(svc: Services, path: Path, *, settings: dict[str, str]) -> dict:
     env = svc.configure(f"mem-{uuid.uuid4().hex[:6]}", **settings)
     ctx = svc.context()
-    from pipeline.ingest import ingest_path
-    from pipeline.tasks import publish
+    from sluice.ops.ingest import ingest_path
+    from sluice.pipeline.queue import publish
 
     worker = svc.start_worker(env, "mem", workers=2)
     try:

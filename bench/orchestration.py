@@ -26,10 +26,10 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
     ctx = svc.context()
     from sqlmodel import Session, select
 
-    from pipeline.ingest import ingest_bytes
-    from pipeline.tasks import publish
-    from storage.models import Job
-    from storage.outbox import dispatch
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
+    from sluice.storage.models import Job
+    from sluice.storage.outbox import dispatch
 
     worker = svc.start_worker(env, "orch", workers=workers)
     try:

@@ -22,9 +22,9 @@ def dedupe_answer(ctx, publish, paths: list[Path], *, repeats: int) -> dict:
     """Re-upload already indexed files; milliseconds per answer, and what it cost downstream."""
     from sqlmodel import Session, select
 
-    from pipeline.ingest import ingest_path
-    from pipeline.tasks import queue_depth
-    from storage.models import Job
+    from sluice.ops.ingest import ingest_path
+    from sluice.pipeline.queue import queue_depth
+    from sluice.storage.models import Job
 
     def embedded_total() -> int:
         with Session(ctx.engine) as session:
@@ -54,7 +54,7 @@ def _job_count(ctx) -> int:
     from sqlalchemy import func
     from sqlmodel import Session, select
 
-    from storage.models import Job
+    from sluice.storage.models import Job
 
     with Session(ctx.engine) as session:
         return session.exec(select(func.count()).select_from(Job)).one()
@@ -76,8 +76,8 @@ def crash_at_90(svc: Services, path: Path, *, chunks: int, settings: dict[str, s
     crash_batch = max(1, int(0.9 * batches))  # after batch 9 of 10: 90% of the chunks are embedded
     env = svc.configure(f"crash-{uuid.uuid4().hex[:6]}", **FAST_RECOVERY, **settings)
     ctx = svc.context()
-    from pipeline.ingest import ingest_path
-    from pipeline.tasks import publish
+    from sluice.ops.ingest import ingest_path
+    from sluice.pipeline.queue import publish
 
     doomed = svc.start_worker({**env, "SLUICE_FAULTS": f"embed_batch@{crash_batch}=exit"}, "crash-a", workers=1)
     survivor = None
@@ -94,7 +94,7 @@ def crash_at_90(svc: Services, path: Path, *, chunks: int, settings: dict[str, s
             raise RuntimeError(f"crashed job ended {done.statuses}")
         from sqlmodel import Session
 
-        from storage.models import Job
+        from sluice.storage.models import Job
 
         with Session(ctx.engine) as session:
             job = session.get(Job, result.job_id)

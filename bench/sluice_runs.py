@@ -19,8 +19,8 @@ def ingest_corpus(svc: Services, paths: list[Path], *, name: str, settings: dict
     runs after the jobs finished, with the worker still up (the dedupe figure and recall use it)."""
     env = svc.configure(name, **settings)
     ctx = svc.context()
-    from pipeline.ingest import ingest_path
-    from pipeline.tasks import publish
+    from sluice.ops.ingest import ingest_path
+    from sluice.pipeline.queue import publish
 
     worker = svc.start_worker(env, name, workers=workers)
     try:
@@ -53,7 +53,7 @@ def ingest_corpus(svc: Services, paths: list[Path], *, name: str, settings: dict
         try:
             from sqlmodel import Session
 
-            from storage.queries import datasets
+            from sluice.storage.queries import datasets
 
             with Session(ctx.engine) as session:
                 for ds in datasets(session=session):
@@ -64,7 +64,7 @@ def ingest_corpus(svc: Services, paths: list[Path], *, name: str, settings: dict
 
 def recall_ranks(ctx, facts, *, dataset: str = "bench", k: int = 10) -> list[int | None]:
     """For each known-answer query: rank (0-based) of the first hit containing the fact's name."""
-    from pipeline.search import search
+    from sluice.ops.search import search
 
     ranks: list[int | None] = []
     for fact in facts:

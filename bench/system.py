@@ -88,9 +88,9 @@ class Services:
     def configure(self, name: str, **settings: str) -> dict[str, str]:
         """Point this process at a fresh data directory with these settings; return the environment
         for workers. Queue and cache are flushed: no run profits from an earlier one."""
-        from pipeline.context import set_context
-        from storage.db import dispose_engines
-        from storage.settings import reset_settings_cache
+        from sluice.pipeline.context import set_context
+        from sluice.storage.db import dispose_engines
+        from sluice.storage.settings import reset_settings_cache
 
         for key in [k for k in os.environ if k.startswith("SLUICE_") and k not in KEEP]:
             del os.environ[key]
@@ -104,8 +104,8 @@ class Services:
         return dict(os.environ)
 
     def context(self):
-        from pipeline.context import Context, set_context
-        from storage.settings import get_settings
+        from sluice.pipeline.context import Context, set_context
+        from sluice.storage.settings import get_settings
 
         ctx = Context(get_settings())
         set_context(ctx)
@@ -139,7 +139,7 @@ def wait_final(ctx, job_ids: list[int], *, timeout: float, poll: float = 0.2) ->
     from sqlalchemy import func
     from sqlmodel import Session, select
 
-    from storage.models import Job
+    from sluice.storage.models import Job
 
     deadline = time.monotonic() + timeout
     while True:
@@ -166,7 +166,7 @@ def wait_final(ctx, job_ids: list[int], *, timeout: float, poll: float = 0.2) ->
 
 def warm_up(ctx, publish, *, timeout: float = 300, data: bytes | None = None, filename: str = "warmup.txt") -> None:
     """One small job through the worker before the clock starts: the model is loaded, the kernels warm."""
-    from pipeline.ingest import ingest_bytes
+    from sluice.ops.ingest import ingest_bytes
 
     if data is None:
         data = ("A warm-up document, so that the worker has loaded its model before the measured run. " * 30

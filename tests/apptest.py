@@ -12,7 +12,7 @@ from pathlib import Path
 from streamlit import config as st_config
 from streamlit.testing.v1 import AppTest
 
-APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
+APP = Path(__file__).resolve().parent.parent / "sluice" / "console" / "app.py"
 
 
 def open_console(page: str | None = None, *, query: dict | None = None, timeout: float = 60) -> AppTest:

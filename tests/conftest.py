@@ -67,9 +67,9 @@ FAST_RECOVERY = {
 
 
 def _reset_process_state() -> None:
-    from pipeline.context import set_context
-    from storage.db import dispose_engines
-    from storage.settings import reset_settings_cache
+    from sluice.pipeline.context import set_context
+    from sluice.storage.db import dispose_engines
+    from sluice.storage.settings import reset_settings_cache
 
     reset_settings_cache()
     set_context(None)
@@ -93,8 +93,8 @@ def sluice_env(tmp_path, monkeypatch, services):
 
 @pytest.fixture
 def ctx(sluice_env):
-    from pipeline.context import Context, set_context
-    from storage.settings import get_settings
+    from sluice.pipeline.context import Context, set_context
+    from sluice.storage.settings import get_settings
 
     context = Context(get_settings())
     set_context(context)
@@ -104,8 +104,8 @@ def ctx(sluice_env):
 @pytest.fixture
 def make_ctx(sluice_env, monkeypatch):
     """Build a context after changing settings: make_ctx(SLUICE_CHUNK_SIZE="400")."""
-    from pipeline.context import Context, set_context
-    from storage.settings import get_settings, reset_settings_cache
+    from sluice.pipeline.context import Context, set_context
+    from sluice.storage.settings import get_settings, reset_settings_cache
 
     def build(embedder=None, **env):
         for key, value in env.items():
@@ -156,7 +156,7 @@ def _postgres_database(base_url: str):
         conn.execute(f'CREATE DATABASE "{name}"')
 
     def drop() -> None:
-        from storage.db import dispose_engines
+        from sluice.storage.db import dispose_engines
 
         dispose_engines()
         with psycopg.connect(admin, autocommit=True) as conn:

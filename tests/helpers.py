@@ -6,7 +6,7 @@ import time
 
 from sqlmodel import Session, select
 
-from storage.models import Dataset, Job, JobEvent, JobStatus
+from sluice.storage.models import Dataset, Job, JobEvent, JobStatus
 
 FINAL = {s.value for s in JobStatus.final()}
 

@@ -17,9 +17,9 @@ from sqlalchemy import insert
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from storage import jobs
-from storage.db import ensure_dataset
-from storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Stage, utcnow
+from sluice.storage import jobs
+from sluice.storage.db import ensure_dataset
+from sluice.storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Stage, utcnow
 
 SEED_WORKER = "seed-host:4242"
 
@@ -42,7 +42,7 @@ def _text(label: str, i: int, words: int = 400) -> bytes:
 
 
 def _upload(ctx, name: str, data: bytes, dataset: str) -> int:
-    from pipeline.ingest import ingest_bytes
+    from sluice.ops.ingest import ingest_bytes
 
     r = ingest_bytes(ctx, data, dataset=dataset, filename=name, actor="seed")
     assert r.accepted and not r.duplicate, r
@@ -81,7 +81,7 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
     Labels: succeeded, superseded, pending, running, retrying, cancelled, failed:<code>. Nothing is
     published; no worker is needed (succeeded jobs run in this process through the real runner).
     """
-    from pipeline.runner import run_job
+    from sluice.pipeline.runner import run_job
 
     out: dict[str, list[int]] = {}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from storage.servers import chroma_argv, redis_argv
+from sluice.storage.servers import chroma_argv, redis_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -111,7 +111,7 @@ class ChromaServer(ManagedProcess):
 
 def consumer_argv(workers: int = 2, kind: str = "thread") -> list[str]:
     exe = str(Path(sys.executable).with_name("huey_consumer"))
-    return [exe, "pipeline.tasks.huey", "-k", kind, "-w", str(workers), "-d", "0.05"]
+    return [exe, "sluice.pipeline.tasks.huey", "-k", kind, "-w", str(workers), "-d", "0.05"]
 
 
 class Consumer(ManagedProcess):

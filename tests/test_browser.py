@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
-from storage.models import Job, JobStatus
+from sluice.storage.models import Job, JobStatus
 from tests.helpers import events, job, wait_for
 from tests.servers import ManagedProcess, free_port, wait_port
 
@@ -42,7 +42,7 @@ PHRASE = "Huardest gefburn"  # a phrase from 004-pdflatex-4-pages.pdf
 
 def _sluice_argv(*args: str) -> list[str]:
     exe = Path(sys.executable).with_name("sluice")
-    return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "pipeline.cli", *args]
+    return [str(exe), *args] if exe.exists() else [sys.executable, "-m", "sluice.cli.main", *args]
 
 
 @pytest.fixture

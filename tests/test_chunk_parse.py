@@ -3,9 +3,9 @@
 import pymupdf
 import pytest
 
-from pipeline.chunk import chunk_pages, split_text
-from pipeline.errors import PermanentError, UserActionError
-from pipeline.parse import MARKDOWN, PDF, TEXT, decode_text, open_document, sniff_type
+from sluice.errors import PermanentError, UserActionError
+from sluice.pipeline.chunk import chunk_pages, split_text
+from sluice.pipeline.parse import MARKDOWN, PDF, TEXT, decode_text, open_document, sniff_type
 
 
 def test_split_is_deterministic_bounded_and_overlapping():

@@ -2,8 +2,8 @@
 
 import json
 
-from pipeline.cli import main
-from pipeline.runner import run_job
+from sluice.cli.main import main
+from sluice.pipeline.runner import run_job
 from tests.helpers import events, job
 
 
@@ -76,7 +76,7 @@ def test_ingest_wait_fails_when_a_job_fails(ctx, capsys, samples, start_worker):
 
 
 def test_bad_setting_is_named(capsys, monkeypatch, sluice_env):
-    from storage.settings import reset_settings_cache
+    from sluice.storage.settings import reset_settings_cache
 
     monkeypatch.setenv("SLUICE_MAX_ATTEMPTS", "zero")
     reset_settings_cache()

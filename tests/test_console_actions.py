@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
-from storage.models import Job, JobStatus
+from sluice.storage.models import Job, JobStatus
 from tests.apptest import assert_ok, open_console, select_rows, texts
 from tests.helpers import events
 from tests.seed import seed_every_state
@@ -23,7 +23,7 @@ def _job(ctx, job_id: int) -> Job:
 
 
 def test_retry_from_job_detail_queues_the_job_again(ctx, seeded):
-    from pipeline.tasks import queued_job_ids
+    from sluice.pipeline.queue import queued_job_ids
 
     job_id = seeded["failed:corrupt_pdf"][0]
     at = open_console("jobs", query={"job": str(job_id)})
@@ -127,8 +127,8 @@ def test_retry_selected_and_dismiss_selected(ctx, seeded):
 
 def test_a_retried_dead_letter_fails_again_through_a_real_worker(ctx, start_worker, samples):
     """The encrypted sample PDF: its retry runs for real and lands back in dead letters."""
-    from pipeline.ingest import ingest_path
-    from pipeline.tasks import publish
+    from sluice.ops.ingest import ingest_path
+    from sluice.pipeline.queue import publish
     from tests.helpers import wait_for
 
     start_worker()

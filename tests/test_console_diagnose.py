@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from console.diagnose import why_waiting
-from console.health import QueuePosition
-from console.reads import Overview, phases_of
-from storage.models import utcnow
+from sluice.console.diagnose import why_waiting
+from sluice.ops.health import QueuePosition
+from sluice.ops.reads import Overview, phases_of
+from sluice.storage.models import utcnow
 
 NOW = utcnow()
 

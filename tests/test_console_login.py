@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
-from console import auth
-from storage.models import Job, JobStatus
-from storage.settings import SettingsError, load_settings
+from sluice.console import auth
+from sluice.ops import access
+from sluice.storage.models import Job, JobStatus
+from sluice.storage.settings import SettingsError, load_settings
 from tests.apptest import assert_ok, open_console, texts
 from tests.seed import seed_every_state
 
@@ -93,7 +94,7 @@ def test_read_only_operator_sees_everything_but_cannot_act(ctx, guarded, seeded)
 
 
 def test_action_functions_refuse_a_read_only_operator(ctx, seeded):
-    from console import actions
+    from sluice.ops import actions
 
     viewer = auth.Operator("readonly", "readonly")
     failed, running = seeded["failed:corrupt_pdf"][0], seeded["running"][0]
@@ -139,8 +140,8 @@ def test_passwords_pick_the_role():
 
 def test_console_refuses_to_listen_beyond_loopback_without_a_password():
     with pytest.raises(SettingsError, match="SLUICE_CONSOLE_PASSWORD is not set"):
-        auth.check_bind(load_settings(_env_file=None, console_address="0.0.0.0"))
-    auth.check_bind(load_settings(_env_file=None, console_address="0.0.0.0", console_password=PASSWORD))
+        access.check_bind(load_settings(_env_file=None, console_address="0.0.0.0"))
+    access.check_bind(load_settings(_env_file=None, console_address="0.0.0.0", console_password=PASSWORD))
     assert load_settings(_env_file=None, console_address="0.0.0.0", console_password=PASSWORD).login_required
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
-from storage.models import Job, JobStatus
+from sluice.storage.models import Job, JobStatus
 from tests.apptest import assert_ok, metric, open_console, texts
 from tests.seed import seed_every_state
 
@@ -17,7 +17,7 @@ def seeded(ctx):
 
 
 def _upload_text(ctx, name: str) -> int:
-    from pipeline.ingest import ingest_bytes
+    from sluice.ops.ingest import ingest_bytes
 
     return ingest_bytes(ctx, f"{name} is a small text file. ".encode() * 50, dataset="default",
                         filename=name).job_id
@@ -43,8 +43,8 @@ def test_overview_counts_queue_workers_and_failures(seeded):
 
 
 def test_overview_sees_a_live_worker_and_queued_messages(ctx, start_worker):
-    from pipeline.ingest import ingest_bytes
-    from pipeline.tasks import publish
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
 
     start_worker()
     r = ingest_bytes(ctx, b"alpha beta gamma. " * 100, dataset="default", filename="a.txt", publish=publish)
@@ -142,8 +142,8 @@ def test_failed_job_detail_shows_attempts_error_kind_hint_and_detail(seeded):
 
 
 def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seeded):
-    from pipeline.tasks import publish, queued_job_ids
-    from storage.outbox import dispatch
+    from sluice.pipeline.queue import publish, queued_job_ids
+    from sluice.storage.outbox import dispatch
 
     pending = seeded["pending"][0]
     at = open_console("jobs", query={"job": str(pending)})

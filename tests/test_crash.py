@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from pipeline.ingest import ingest_bytes
-from storage.vectors import chunk_id
+from sluice.ops.ingest import ingest_bytes
+from sluice.storage.vectors import chunk_id
 from tests.helpers import events, ids_of_job, job, wait_for
 
 pytestmark = pytest.mark.slow
@@ -18,7 +18,7 @@ def expected_ids(ctx, r):
     j = job(ctx, r.job_id)
     from sqlmodel import Session
 
-    from storage.models import Document
+    from sluice.storage.models import Document
 
     with Session(ctx.engine) as session:
         sha = session.get(Document, r.document_id).sha256
@@ -36,7 +36,7 @@ def wait_until(predicate, timeout=60, what="condition"):
 
 
 def test_crash_after_indexing_before_success_is_redelivered_without_duplicates(ctx, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     doomed = start_worker(env={"SLUICE_FAULTS": "after_index=exit"}, name="doomed")
     r = ingest_bytes(ctx, LONG, dataset="default", filename="guide.txt", publish=publish)
@@ -57,7 +57,7 @@ def test_crash_after_indexing_before_success_is_redelivered_without_duplicates(c
 
 
 def test_kill9_mid_embedding_then_new_worker_and_reaper_finish_the_job(ctx, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     victim = start_worker(env={"SLUICE_FAULTS": "embed_batch=sleep:0.4", "SLUICE_EMBED_BATCH_SIZE": "8"},
                           name="victim")
@@ -80,7 +80,7 @@ def test_kill9_mid_embedding_then_new_worker_and_reaper_finish_the_job(ctx, star
 
 
 def test_same_job_delivered_twice_at_once_runs_once(ctx, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     slow = {"SLUICE_FAULTS": "embed_batch=sleep:0.2", "SLUICE_EMBED_BATCH_SIZE": "16"}
     start_worker(env=slow, workers=1, name="a")
@@ -103,8 +103,8 @@ def test_same_job_delivered_twice_at_once_runs_once(ctx, start_worker):
 def test_cancel_pending_and_running_jobs_leaves_no_vectors(ctx, start_worker):
     from sqlmodel import Session
 
-    from pipeline.tasks import publish
-    from storage import jobs
+    from sluice.pipeline.queue import publish
+    from sluice.storage import jobs
 
     pending = ingest_bytes(ctx, b"never to be indexed. " * 300, dataset="default", filename="p.txt",
                            publish=publish)

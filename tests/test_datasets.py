@@ -1,8 +1,8 @@
 """Duplicate uploads return the existing job; datasets never leak into each other's search."""
 
-from pipeline.ingest import ingest_bytes
-from pipeline.runner import run_job
-from pipeline.search import search
+from sluice.ops.ingest import ingest_bytes
+from sluice.ops.search import search
+from sluice.pipeline.runner import run_job
 from tests.helpers import collection, job
 
 APPLES = b"Apples grow in orchards. Orchard apples ripen in autumn and are picked by hand.\n" * 20

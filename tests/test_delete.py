@@ -6,13 +6,13 @@ import time
 
 from sqlmodel import Session
 
-from pipeline.cli import main as cli
-from pipeline.documents import delete_document, describe, parse_reference
-from pipeline.ingest import ingest_bytes
-from pipeline.reconcile import reconcile
-from pipeline.runner import run_job
-from pipeline.search import search
-from storage.models import Document, JobStatus
+from sluice.cli.main import main as cli
+from sluice.ops.documents import delete_document, describe, parse_reference
+from sluice.ops.ingest import ingest_bytes
+from sluice.ops.search import search
+from sluice.pipeline.reconcile import reconcile
+from sluice.pipeline.runner import run_job
+from sluice.storage.models import Document, JobStatus
 from tests.helpers import events, ids_of_job, job
 
 ALPHA = b"Albatross migration routes cross the southern ocean every winter season. " * 60

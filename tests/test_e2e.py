@@ -9,7 +9,7 @@ import sys
 import pytest
 from sqlmodel import Session
 
-from storage.queries import JobFilter, list_jobs
+from sluice.storage.queries import JobFilter, list_jobs
 from tests.helpers import collection
 
 pytestmark = pytest.mark.slow
@@ -19,8 +19,8 @@ TEXT_PDFS = ["001-minimal-document.pdf", "004-pdflatex-4-pages.pdf", "011-google
 
 SEARCHER = r"""
 import json, sys
-from pipeline.context import get_context
-from pipeline.search import search
+from sluice.pipeline.context import get_context
+from sluice.ops.search import search
 ctx = get_context()
 ctx.vectors.heartbeat()
 ctx.embedder.encode(["warm up"])
@@ -33,7 +33,7 @@ for line in sys.stdin:
 
 
 def sluice(*args, env):
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "sluice.cli.main", *args], env=env, capture_output=True,
                           text=True, timeout=600)
 
 

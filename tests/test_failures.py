@@ -7,12 +7,12 @@ from datetime import timedelta
 
 from sqlmodel import Session
 
-from pipeline.embed import HashEmbedder
-from pipeline.ingest import ingest_bytes
-from pipeline.runner import run_job
-from storage import jobs
-from storage.jobs import backoff_delay
-from storage.models import Job, JobStatus, utcnow
+from sluice.ops.ingest import ingest_bytes
+from sluice.pipeline.embed import HashEmbedder
+from sluice.pipeline.runner import run_job
+from sluice.storage import jobs
+from sluice.storage.jobs import backoff_delay
+from sluice.storage.models import Job, JobStatus, utcnow
 from tests.helpers import events, ids_of_job, job
 
 LONG = "".join(f"Paragraph {i} explains part {i} of the manual in its own words. " * 12 + "\n\n"
@@ -110,7 +110,7 @@ def test_retry_after_a_failed_index_write_takes_embeddings_from_the_cache(make_c
 
 
 def test_flushing_the_cache_redis_loses_nothing(ctx, services):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     r = ingest_bytes(ctx, LONG, dataset="default", filename="manual.txt", publish=publish)
     queue_key = f"huey.redis.{ctx.settings.queue_name}"

@@ -1,7 +1,7 @@
 """Running the same job twice, directly and through a second queue delivery, changes nothing."""
 
-from pipeline.ingest import ingest_bytes
-from pipeline.runner import run_job
+from sluice.ops.ingest import ingest_bytes
+from sluice.pipeline.runner import run_job
 from tests.helpers import collection, events, ids_of_job, job, wait_for
 
 TEXT = ("Sluice keeps every job's truth. " * 40 + "\n\n") * 30
@@ -25,7 +25,7 @@ def test_second_direct_run_is_a_noop_with_same_ids(ctx):
 
 
 def test_second_queue_delivery_is_a_noop(ctx, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     start_worker()
     r = ingest_bytes(ctx, TEXT.encode(), dataset="default", filename="doc.txt", publish=publish)
@@ -54,9 +54,9 @@ def test_rerun_after_reindex_rewrites_nothing_and_drops_stale_ids(ctx):
     """A re-run of the same version keeps the exact ids; ids beyond the new count are deleted."""
     from sqlmodel import Session
 
-    from storage import jobs
-    from storage.models import Document
-    from storage.vectors import chunk_id
+    from sluice.storage import jobs
+    from sluice.storage.models import Document
+    from sluice.storage.vectors import chunk_id
 
     r = ingest_bytes(ctx, TEXT.encode(), dataset="default", filename="doc.txt")
     run_job(r.job_id, ctx=ctx)

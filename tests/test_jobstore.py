@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import inspect
 from sqlmodel import Session, SQLModel, func, select
 
-from pipeline.errors import LeaseLost
-from storage import jobs
-from storage.db import (
+from sluice.errors import LeaseLost
+from sluice.storage import jobs
+from sluice.storage.db import (
     DEFAULT_DATASET,
     dispose_engines,
     ensure_dataset,
@@ -25,7 +25,7 @@ from storage.db import (
     init_schema,
     make_engine,
 )
-from storage.models import (
+from sluice.storage.models import (
     Dataset,
     Document,
     ErrorKind,
@@ -36,8 +36,8 @@ from storage.models import (
     Stage,
     utcnow,
 )
-from storage.outbox import dispatch, redeliver_stranded, unsent_count
-from storage.vectors import chunk_id
+from sluice.storage.outbox import dispatch, redeliver_stranded, unsent_count
+from sluice.storage.vectors import chunk_id
 from tests.helpers import events, ids_of_job, wait_for
 
 LEASE = 30.0
@@ -375,8 +375,8 @@ def test_a_stranded_job_is_published_again(engine):
 
 def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, samples):
     """Upload, a real huey_consumer, parse, embed, index: the same code on either database."""
-    from pipeline.ingest import ingest_path
-    from pipeline.tasks import publish
+    from sluice.ops.ingest import ingest_path
+    from sluice.pipeline.queue import publish
 
     ctx = make_ctx()
     assert ctx.engine.dialect.name == ("sqlite" if database_url.startswith("sqlite") else "postgresql")

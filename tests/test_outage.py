@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from pipeline.ingest import ingest_bytes
+from sluice.ops.ingest import ingest_bytes
 from tests.helpers import events, ids_of_job, wait_for
 
 
@@ -13,7 +13,7 @@ def doc(i: int) -> bytes:
 
 
 def test_upload_while_queue_is_down_is_published_when_it_returns(ctx, services, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     start_worker()
     services.queue.stop()
@@ -33,7 +33,7 @@ def test_upload_while_queue_is_down_is_published_when_it_returns(ctx, services, 
 @pytest.mark.slow
 def test_queue_redis_lost_mid_flight_with_jobs_queued(ctx, services, start_worker):
     """Stop the queue with jobs queued, bring it back empty: the database republishes them."""
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     results = [ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
                for i in range(8)]

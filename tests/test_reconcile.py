@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from sqlmodel import Session, select
 
-from pipeline.cli import main as cli
-from pipeline.ingest import ingest_bytes
-from pipeline.reconcile import reconcile
-from pipeline.runner import run_job
-from storage import jobs
-from storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
-from storage.vectors import chunk_id
+from sluice.cli.main import main as cli
+from sluice.ops.ingest import ingest_bytes
+from sluice.pipeline.reconcile import reconcile
+from sluice.pipeline.runner import run_job
+from sluice.storage import jobs
+from sluice.storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
+from sluice.storage.vectors import chunk_id
 from tests.helpers import collection, events, ids_of_job, job, wait_for
 
 
@@ -240,7 +240,7 @@ def test_cli_reconcile_json_and_exit_codes(ctx, capsys):
 
 
 def test_periodic_reconcile_signature_repairs(ctx):
-    from pipeline.context import get_context
+    from sluice.pipeline.context import get_context
 
     indexed(ctx, ["steppe"])
     ctx.vectors.collection(collection(ctx)).add(
@@ -253,8 +253,8 @@ def test_periodic_reconcile_signature_repairs(ctx):
 def test_crash_leftovers_are_orphans_and_repaired(ctx, start_worker):
     """A worker is killed mid-embedding, the operator cancels the stalled job, the reaper ends it:
     nobody removes what the dead worker wrote. Reconcile does."""
-    from pipeline import recovery
-    from pipeline.tasks import publish
+    from sluice.pipeline import recovery
+    from sluice.pipeline.queue import publish
 
     victim = start_worker(env={"SLUICE_FAULTS": "embed_batch@3=exit", "SLUICE_EMBED_BATCH_SIZE": "4"},
                           name="victim")

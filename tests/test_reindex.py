@@ -8,14 +8,14 @@ from collections import defaultdict
 
 from sqlmodel import Session, select
 
-from pipeline import reindex
-from pipeline.cli import main as cli
-from pipeline.ingest import ingest_bytes
-from pipeline.preview import preview_jobs
-from pipeline.reconcile import reconcile
-from pipeline.runner import run_job
-from pipeline.search import search
-from storage.models import Document, Job, JobStatus
+from sluice.cli.main import main as cli
+from sluice.ops import reindex
+from sluice.ops.ingest import ingest_bytes
+from sluice.ops.preview import preview_jobs
+from sluice.ops.search import search
+from sluice.pipeline.reconcile import reconcile
+from sluice.pipeline.runner import run_job
+from sluice.storage.models import Document, Job, JobStatus
 from tests.helpers import collection, ids_of_job, job, wait_for
 from tests.test_reconcile import indexed, text
 
@@ -58,7 +58,7 @@ class Searcher(threading.Thread):
 
 
 def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     old_ctx = make_ctx()
     old = indexed(old_ctx, TOPICS)

@@ -2,7 +2,7 @@
 
 import re
 
-from pipeline.ingest import ingest_path
+from sluice.ops.ingest import ingest_path
 from tests.helpers import wait_for
 
 OK = "succeeded"
@@ -27,7 +27,7 @@ def expected_outcome(name: str):
 
 
 def test_every_sample_ends_as_its_table_says(ctx, samples, start_worker):
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     table = (samples / "README.md").read_text()
     assert "005-libreoffice-writer-password.pdf" in table and re.search(r"\b017-", table)

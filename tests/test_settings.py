@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.settings import (
+from sluice.storage.settings import (
     Settings,
     SettingsError,
     get_settings,
@@ -167,7 +167,7 @@ def test_a_refused_configuration_never_echoes_a_secret(clean_env, caplog, bad):
 
 
 def test_cli_refuses_to_start_naming_the_variable(clean_env, capsys):
-    from pipeline.cli import main
+    from sluice.cli.main import main
 
     clean_env.setenv("SLUICE_MAX_CHUNKS", "none")
     assert main(["jobs"]) == 2
@@ -177,7 +177,7 @@ def test_cli_refuses_to_start_naming_the_variable(clean_env, capsys):
 
 def test_console_refuses_to_start_naming_the_variable(clean_env, capsys):
     """`sluice serve console` validates the settings before anything else (no exec happens)."""
-    from pipeline.cli import main
+    from sluice.cli.main import main
 
     clean_env.setenv("SLUICE_CONSOLE_PORT", "eighty")
     assert main(["serve", "console"]) == 2
@@ -185,7 +185,7 @@ def test_console_refuses_to_start_naming_the_variable(clean_env, capsys):
 
 
 def test_worker_refuses_to_start_naming_the_variable(clean_env, tmp_path):
-    """huey_consumer imports pipeline.tasks, which validates the settings: a bad value stops it."""
+    """huey_consumer imports sluice.pipeline.tasks, which validates the settings: a bad value stops it."""
     env = {**os.environ, "SLUICE_CHUNK_SIZE": "7", "SLUICE_CONSOLE_PASSWORD": SECRET}
     consumer = Consumer(env, tmp_path / "worker.log", workers=1)
     consumer.start()

@@ -17,10 +17,10 @@ import pymupdf
 import pytest
 from sqlmodel import Session, func, select
 
-from pipeline.ingest import ingest_bytes, ingest_stream, sanitize_filename
-from pipeline.runner import run_job
-from storage.blobs import CHUNK
-from storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Outbox
+from sluice.ops.ingest import ingest_bytes, ingest_stream, sanitize_filename
+from sluice.pipeline.runner import run_job
+from sluice.storage.blobs import CHUNK
+from sluice.storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Outbox
 from tests.helpers import collection, ids_of_job, job
 
 WORDS = ("sluice gate water channel lock weir basin canal flow level river dam spill mill race").split()

@@ -21,10 +21,10 @@ import pytest
 import redis
 from sqlmodel import Session, select
 
-from pipeline.ingest import ingest_bytes
-from storage.models import Document, JobEvent, JobStatus, Outbox
-from storage.servers import redis_argv
-from storage.vectors import chunk_id
+from sluice.ops.ingest import ingest_bytes
+from sluice.storage.models import Document, JobEvent, JobStatus, Outbox
+from sluice.storage.servers import redis_argv
+from sluice.storage.vectors import chunk_id
 from tests.helpers import collection, wait_for
 from tests.servers import ROOT, Consumer, ManagedProcess, free_port
 
@@ -46,7 +46,7 @@ def small_pdf(n: int) -> bytes:
 
 def test_three_process_consumers_run_each_of_30_jobs_once(database_url, make_ctx, start_worker):
     ctx = make_ctx(SLUICE_CHUNK_SIZE="400", SLUICE_CHUNK_OVERLAP="50", SLUICE_EMBED_BATCH_SIZE="4")
-    from pipeline.tasks import publish
+    from sluice.pipeline.queue import publish
 
     consumers = [start_worker(kind="process", workers=1, name=f"host{i}") for i in range(3)]
     results = [ingest_bytes(ctx, small_pdf(n), dataset="default", filename=f"doc-{n:02d}.pdf", publish=publish)
@@ -81,7 +81,7 @@ PASSWORD = "queue-Secret-4711"
 
 @pytest.fixture
 def locked_queue(tmp_path):
-    """A queue Redis started by storage.servers.redis_argv from a URL that carries a password."""
+    """A queue Redis started by sluice.storage.servers.redis_argv from a URL that carries a password."""
     port = free_port()
     url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
     server = ManagedProcess(redis_argv("queue", url=url, data_dir=tmp_path / "locked"), log=tmp_path / "locked.log")
@@ -101,7 +101,7 @@ def locked_queue(tmp_path):
 
 def cli_ingest(env: dict, path: Path) -> dict:
     """`sluice ingest --json` in its own process (it binds the queue URL of its environment)."""
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "ingest", str(path), "--json"], env=env,
+    done = subprocess.run([sys.executable, "-m", "sluice.cli.main", "ingest", str(path), "--json"], env=env,
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)[0]

@@ -1,0 +1,5 @@
+import sys
+
+from sluice.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""The Sluice operator console: the entry point Streamlit runs (``sluice serve console``).
+
+It checks the settings, signs the operator in, draws the dataset picker, and routes to the pages.
+Pages (views/*.py) are thin: they read through sluice.ops.reads and act through sluice.ops.actions.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+if str(ROOT) not in sys.path:  # `streamlit run sluice/console/app.py` from a checkout puts only console/ on the path
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from sluice.console import login, ui  # noqa: E402
+from sluice.ops import actions, reads  # noqa: E402
+from sluice.pipeline.context import get_context  # noqa: E402
+from sluice.storage.settings import SettingsError  # noqa: E402
+
+st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
+
+try:
+    settings = get_context().settings
+except SettingsError as exc:
+    st.error(f"The configuration is invalid, so the console cannot start:\n\n{exc}")
+    st.stop()
+
+
+def _pages() -> list:
+    pages = [
+        st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page("views/upload.py", title="Upload", icon=":material/upload_file:"),
+        st.Page("views/jobs.py", title="Jobs", icon=":material/list_alt:"),
+        st.Page("views/dead_letters.py", title="Dead letters", icon=":material/report:"),
+        st.Page("views/search.py", title="Search", icon=":material/search:"),
+        st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
+    ]
+    # --- Pages contributed by other modules go here. --------------------------------------------------------
+    # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
+    # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
+    # The integrity (reconcile) panel joins the navigation once views/integrity.py exists.
+    for folder in ("views", "pages"):
+        if (HERE / folder / "integrity.py").exists():
+            pages.append(st.Page(f"{folder}/integrity.py", title="Integrity", icon=":material/fact_check:"))
+            break
+    # ----------------------------------------------------------------------------------------------------------
+    return pages
+
+
+def _create_dataset() -> None:
+    ok, message = actions.create_dataset(who, st.session_state.get("new_dataset_name", ""))
+    ui.flash("success" if ok else "error", message)
+    if ok:
+        st.session_state[ui.DATASET_KEY] = st.session_state["new_dataset_name"].strip()
+        st.session_state["new_dataset_name"] = ""
+
+
+who = login.signed_in(settings)
+if who is None:
+    # Register the pages (hidden) before the sign-in form, so a deep link like /jobs?job=7 still opens
+    # that page once the operator has signed in.
+    st.navigation(_pages(), position="hidden")
+    login.sign_in_page(settings)
+
+with st.sidebar:
+    names = [d.name for d in reads.datasets()]
+    st.selectbox("Dataset", [ui.ALL_DATASETS, *names], key=ui.DATASET_KEY, bind="query-params",
+                 help="Every page shows only this dataset; uploads go into it.")
+    with st.popover("New dataset", disabled=not who.can_act):
+        st.text_input("Name", key="new_dataset_name", placeholder="e.g. contracts-2024")
+        st.button("Create", key="create_dataset", on_click=_create_dataset)
+
+navigation = st.navigation(_pages())
+login.sidebar_identity(who, settings)
+ui.show_flashes()
+navigation.run()

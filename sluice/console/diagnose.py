@@ -1,0 +1,63 @@
+"""Why a job is not moving: waiting its turn, or stalled (no worker, lost message, silent worker).
+
+A pure function over what the pages already read, so that every branch is testable.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sluice.ops.health import QueuePosition
+
+
+def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | None, unsent: list[dict],
+                ahead: int, lease_seconds: float, now: datetime) -> tuple[str, str] | None:
+    """(level, sentence) for an active job, level being info (waiting) or warning (stalled)."""
+    status = row["status"]
+    no_workers = workers == 0
+    worker_note = ("no worker is alive, so nothing will run until one starts (`sluice serve worker`)"
+                   if no_workers else f"{workers} worker(s) alive" if workers is not None
+                   else "worker count unknown (queue unreachable)")
+    if status == "running":
+        beat = datetime.fromisoformat(row["heartbeat_at"]) if row.get("heartbeat_at") else None
+        silent = (now - beat).total_seconds() if beat else None
+        if row.get("cancel_requested"):
+            return "info", "Cancel requested: the worker stops at its next batch and removes what it wrote."
+        if silent is not None and silent > lease_seconds:
+            return "warning", (f"Stalled: worker {row.get('worker_id')} has not reported for {silent:.0f} s "
+                               f"(lease {lease_seconds:.0f} s). The reaper takes the job back and retries it.")
+        return "info", (f"Running on {row.get('worker_id')} ({row['progress']}); last heartbeat "
+                        f"{silent:.0f} s ago." if silent is not None else f"Running on {row.get('worker_id')}.")
+    if status == "retrying":
+        due = datetime.fromisoformat(row["next_attempt_at"]) if row.get("next_attempt_at") else None
+        when = (f"in {(due - now).total_seconds():.0f} s" if due and due > now
+                else "now (waiting for a worker to take it)")
+        level = "warning" if no_workers else "info"
+        return level, (f"Retrying: attempt {row['attempt'] + 1} of {row['max_attempts']} is due {when}; "
+                       f"{worker_note}.")
+    if status != "pending":
+        return None
+    if position is not None and not position.reachable:
+        return "warning", (f"The queue Redis is unreachable ({position.error}); by the database, {ahead} "
+                           "job(s) wait ahead of this one. It is published when the queue answers again.")
+    if unsent:
+        err = unsent[-1].get("last_error")
+        if err:
+            return "warning", (f"Not on the queue yet: publishing it failed ({err}). The worker's recovery "
+                               "publishes it as soon as the queue answers.")
+        return ("warning" if no_workers else "info"), (
+            "Not on the queue yet: its message waits in the outbox until the next dispatch (the worker's "
+            f"recovery runs every few seconds); {worker_note}.")
+    if position is None:
+        return "info", f"{ahead} job(s) wait ahead of this one; {worker_note}."
+    if position.beyond_scan:
+        return ("warning" if no_workers else "info"), (
+            f"Waiting in the queue behind more than {position.scanned:,} other jobs "
+            f"({position.length:,} queued); {worker_note}.")
+    if position.position is None:
+        return "warning", ("Its queue message is not in the queue (a worker may be taking it right now, or "
+                           "the message was lost). The worker's recovery publishes it again after "
+                           "SLUICE_REDELIVER_AFTER_SECONDS.")
+    level = "warning" if no_workers else "info"
+    return level, (f"Waiting in the queue: position {position.position} of {position.length}; "
+                   f"{worker_note}.")

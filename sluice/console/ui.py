@@ -1,0 +1,167 @@
+"""Small pieces the pages share: the dataset scope, status labels, durations, confirmations and the
+messages an action leaves for the next run.
+
+Session state holds UI selections only (the dataset picked, a pending confirmation, the last action's
+message); job records always come fresh from the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import streamlit as st
+
+from sluice.ops.access import LOCAL_OPERATOR, Operator
+from sluice.ops.actions import Outcome
+from sluice.storage.models import utcnow
+
+ALL_DATASETS = "All datasets"
+DATASET_KEY = "dataset"
+OPERATOR_KEY = "sluice_operator"
+FLASH_KEY = "sluice_flash"
+JOBS_PAGE = "views/jobs.py"
+
+STATUS_ICON = {  # Material icons: they come with Streamlit's own font, so every browser draws them
+    "pending": ":material/schedule:", "running": ":material/progress_activity:", "retrying": ":material/replay:",
+    "succeeded": ":material/check_circle:", "failed": ":material/error:", "cancelled": ":material/block:",
+    "superseded": ":material/layers:", "deleted": ":material/delete:",
+}
+STATUS_COLOR = {
+    "pending": "gray", "running": "blue", "retrying": "orange", "succeeded": "green", "failed": "red",
+    "cancelled": "violet", "superseded": "gray", "deleted": "gray",
+}
+STATUS_CELL = {  # background of the status cell in tables
+    "running": "#e3f2fd", "retrying": "#fff3e0", "succeeded": "#e8f5e9", "failed": "#ffebee",
+    "cancelled": "#f3e5f5",
+}
+KIND_LABEL = {
+    "transient": "transient error",
+    "permanent": "permanent error",
+    "user_action_required": "needs your action",
+    "unknown": "unknown error",
+}
+
+
+# --- who and where ---------------------------------------------------------------------------------------
+
+
+def operator() -> Operator:
+    """The signed-in operator (set by the login gate in app.py)."""
+    return st.session_state.get(OPERATOR_KEY) or LOCAL_OPERATOR
+
+
+@dataclass(frozen=True)
+class Scope:
+    dataset_id: int | None
+    dataset: str | None  # None = all datasets
+
+    @property
+    def label(self) -> str:
+        return f"dataset {self.dataset}" if self.dataset else "all datasets"
+
+
+def scope() -> Scope:
+    from sluice.ops import reads
+
+    name = st.session_state.get(DATASET_KEY) or ALL_DATASETS
+    if name == ALL_DATASETS:
+        return Scope(None, None)
+    for ds in reads.datasets():
+        if ds.name == name:
+            return Scope(ds.id, ds.name)
+    return Scope(None, None)
+
+
+# --- words -------------------------------------------------------------------------------------------------
+
+
+def status_badge(status: str, where=st) -> None:
+    where.badge(status, icon=STATUS_ICON.get(status), color=STATUS_COLOR.get(status, "gray"))
+
+
+def status_cell_style(value: str) -> str:
+    color = STATUS_CELL.get(str(value).split(" ")[0])
+    return f"background-color: {color}" if color else ""
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def ago(when: datetime | str | None, now: datetime | None = None) -> str:
+    if when is None:
+        return "—"
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    return duration(((now or utcnow()) - when).total_seconds()) + " ago"
+
+
+def eta(delta: timedelta | None) -> str:
+    return "—" if delta is None else duration(delta.total_seconds())
+
+
+# --- actions: results and confirmations ----------------------------------------------------------------------
+
+
+def flash(level: str, text: str) -> None:
+    st.session_state.setdefault(FLASH_KEY, []).append((level, text))
+
+
+def flash_outcome(outcome: Outcome, verb: str) -> None:
+    if outcome.ok:
+        flash("success", f"{verb}: {outcome.ok} job(s). " + "; ".join(r.message for r in outcome.results if r.ok)[:600])
+    for r in outcome.refused[:10]:
+        flash("error", r.message)
+    if len(outcome.refused) > 10:
+        flash("error", f"... and {len(outcome.refused) - 10} more refused")
+    if outcome.queue_note:
+        flash("warning", outcome.queue_note)
+
+
+def show_flashes() -> None:
+    for level, text in st.session_state.pop(FLASH_KEY, []):
+        getattr(st, level)(text)
+
+
+def confirm_button(label: str, *, key: str, prompt: str | Callable[[], str], on_confirm: Callable[[], None],
+                   disabled: bool = False, help: str | None = None, danger: bool = True) -> None:
+    """A button that asks first: the first click shows the prompt with Confirm / Keep buttons.
+
+    ``prompt`` may be a callable, for prompts that cost a query (only built once asked)."""
+    flag = f"confirm:{key}"
+    if not st.session_state.get(flag):
+        st.button(label, key=key, disabled=disabled, help=help,
+                  on_click=lambda: st.session_state.__setitem__(flag, True))
+        return
+    box = st.container(border=True)
+    (box.warning if danger else box.info)(prompt() if callable(prompt) else prompt)
+    left, right = box.columns(2)
+
+    def yes() -> None:
+        st.session_state.pop(flag, None)
+        on_confirm()
+
+    left.button(f"Confirm: {label}", key=f"{key}:yes", type="primary", disabled=disabled, on_click=yes)
+    right.button("Keep as is", key=f"{key}:no", on_click=lambda: st.session_state.pop(flag, None))
+
+
+def read_only_note(who: Operator) -> None:
+    if not who.can_act:
+        st.info("You are signed in read-only: you see everything, and actions are disabled.", icon=":material/lock:")
+
+
+def scope_caption(sc: Scope) -> None:
+    st.caption(f"Showing {sc.label}. Pick another dataset in the sidebar.")

@@ -1,0 +1,210 @@
+"""Jobs: filtered, sorted, paginated by the database; live while jobs move; detail of one job."""
+
+from functools import partial
+
+import pandas as pd
+import streamlit as st
+from streamlit_autorefresh import st_autorefresh
+
+from sluice.console import diagnose, ui
+from sluice.ops import actions, health, reads
+from sluice.storage.models import ErrorKind, JobStatus, Stage, utcnow
+from sluice.storage.queries import SORTABLE, JobFilter
+
+REFRESH_MS = 2000
+PAGE_KEY = "jobs_page"
+
+who = ui.operator()
+sc = ui.scope()
+st.title("Jobs")
+ui.scope_caption(sc)
+ui.read_only_note(who)
+
+selected = st.query_params.get("job")
+detail = reads.job_detail(int(selected)) if selected and selected.isdigit() else None
+
+
+# --- the detail of one job ----------------------------------------------------------------------------------------
+def _do(action, verb: str, job_id: int) -> None:
+    ui.flash_outcome(action(who, [job_id]), verb)
+
+
+def _close() -> None:
+    st.query_params.pop("job", None)
+
+
+def show_detail(d: reads.JobDetail) -> None:
+    r = d.row
+    job_id = r["id"]
+    box = st.container(border=True)
+    head, close = box.columns([6, 1])
+    head.subheader(f"Job {job_id} · {r['filename']}")
+    close.button("Close", key="close_job", on_click=_close)
+    ui.status_badge(r["status"], box)
+
+    facts = [("Stage", r["stage"]), ("Attempt", f"{r['attempt']} of {r['max_attempts']}"), ("Dataset", d.dataset),
+             ("Pages", r["page_count"]), ("Chunks", r["chunk_count"]), ("Worker", r["worker_id"]),
+             ("Created", ui.ago(r["created_at"])), ("Pipeline", r["pipeline_version"])]
+    for col, (label, value) in zip(box.columns(len(facts)), facts, strict=True):
+        col.markdown(f"**{label}**  \n{value if value not in (None, '') else '—'}")
+    if r["total"] and r["status"] in reads.ACTIVE:
+        box.progress(min(1.0, r["done"] / r["total"]), text=r["progress"])
+    elif r["status"] in reads.ACTIVE:
+        box.caption(r["progress"])
+
+    if r["status"] in reads.ACTIVE:
+        position = health.queue_position(job_id) if r["status"] == "pending" else None
+        queue = health.queue_state()
+        why = diagnose.why_waiting(
+            r, position=position, workers=len(queue.workers) if queue.reachable else None, unsent=d.unsent,
+            ahead=d.waiting_ahead, lease_seconds=reads.ctx().settings.lease_seconds, now=utcnow())
+        if why:
+            getattr(box, why[0])(why[1])
+
+    if r["status"] == "succeeded":
+        done = next((e for e in reversed(d.events) if e["kind"] == "succeeded"), None)
+        box.success(f"Indexed: {done['message'] if done else str(r['chunk_count']) + ' chunks'}; finished "
+                    f"{ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}.")
+    elif r["error_message"]:
+        kind = ui.KIND_LABEL.get(r["error_kind"] or "", r["error_kind"] or "")
+        prefix = f"**{kind}** ({r['error_code']}): " if r["error_kind"] else ""
+        (box.warning if r["status"] in ("cancelled", "retrying") else box.error)(prefix + r["error_message"])
+        if r["fix_hint"]:
+            box.info(f"**What to do:** {r['fix_hint']}", icon=":material/build:")
+        if d.error_detail:
+            with box.expander("Error detail (for developers)"):
+                st.code(d.error_detail, language=None)
+
+    acts = box.container(horizontal=True)
+    can = who.can_act
+    with acts:
+        if r["status"] in ("pending", "retrying", "running") and not r["cancel_requested"]:
+            ui.confirm_button("Cancel job", key=f"cancel_{job_id}", disabled=not can,
+                              prompt=("Stop this job? A running job stops at its next batch and its partial "
+                                      "chunks are removed; it can be retried later."),
+                              on_confirm=lambda: _do(actions.cancel, "Cancel", job_id))
+        if r["status"] in ("failed", "cancelled"):
+            st.button("Retry job", key=f"retry_{job_id}", type="primary", disabled=not can,
+                      on_click=_do, args=(actions.retry, "Retry", job_id))
+        if r["status"] == "succeeded":
+            ui.confirm_button("Reindex", key=f"reindex_{job_id}", disabled=not can, danger=False,
+                              prompt=("Rebuild this document's chunks? Search keeps serving the current "
+                                      "chunks until the new run succeeds."),
+                              on_confirm=lambda: _do(actions.reindex, "Reindex", job_id))
+
+    box.markdown("**Timeline**")
+    now = utcnow()
+    box.dataframe(pd.DataFrame([{
+        "phase": p.what,
+        "started": p.started.strftime("%Y-%m-%d %H:%M:%S"),
+        "took": ui.duration(p.seconds) if p.ended else (
+            f"{ui.duration((now - p.started).total_seconds())} so far" if r["status"] in reads.ACTIVE else "—"),
+        "worker": p.worker,
+        "outcome": p.outcome,
+        "stage reached": p.reached,
+    } for p in d.phases]), hide_index=True)
+    with box.expander(f"All events ({len(d.events)})", expanded=r["status"] not in ("succeeded",)):
+        st.dataframe(pd.DataFrame([{
+            "at": e["at"].strftime("%H:%M:%S.%f")[:-3],
+            "event": e["kind"],
+            "status": f"{e['from'] or ''} → {e['to']}" if e["to"] else "",
+            "stage": e["stage"],
+            "attempt": e["attempt"],
+            "by": e["actor"],
+            "message": e["message"],
+        } for e in d.events]), hide_index=True)
+
+
+if selected:
+    if detail is None:
+        st.warning(f"There is no job {selected}.")
+    else:
+        show_detail(detail)
+
+
+# --- filters ----------------------------------------------------------------------------------------------
+c1, c2, c3, c4 = st.columns([2, 2, 2, 3])
+statuses = c1.multiselect("Status", [s.value for s in JobStatus], key="status", bind="query-params")
+stages = c2.multiselect("Stage", [s.value for s in Stage], key="stage", bind="query-params")
+kinds = c3.multiselect("Error kind", [k.value for k in ErrorKind], key="kind", bind="query-params")
+name = c4.text_input("File name contains", key="q", bind="query-params")
+c5, c6, c7, c8 = st.columns([2, 2, 2, 3])
+sort = c5.selectbox("Sort by", list(SORTABLE), key="sort", bind="query-params")
+descending = c6.toggle("Descending", value=True, key="desc")
+page_size = c7.selectbox("Rows per page", [25, 50, 100], index=1, key="rows")
+paused = c8.toggle("Pause live refresh", key="pause_refresh",
+                   help=f"While any job on this page is active, the page refreshes every {REFRESH_MS / 1000:.0f} s.")
+
+f = JobFilter(dataset_id=sc.dataset_id, statuses=statuses, stages=stages, error_kinds=kinds,
+              name_contains=name.strip())
+page = reads.jobs_page(f, sort=sort, descending=descending, page=st.session_state.get(PAGE_KEY, 1),
+                       page_size=page_size)
+
+active = page.any_active or (detail is not None and detail.row["status"] in reads.ACTIVE)
+if active and not paused:
+    st_autorefresh(interval=REFRESH_MS, key="jobs_autorefresh")
+
+first = (page.page - 1) * page.page_size + 1
+shown = f"{first:,}–{first + len(page.rows) - 1:,}" if page.rows else "0"
+live = "paused" if paused else (f"live, every {REFRESH_MS / 1000:.0f} s" if active else "live once jobs are active")
+st.caption(f"Jobs {shown} of {page.total:,} ({live}). Select a row to open the job.")
+
+
+# --- the table -----------------------------------------------------------------------------------------------
+def _fraction(r: dict) -> float | None:
+    """A bar only where it means something: the current stage of an active job, or a finished one."""
+    if r["status"] == "succeeded":
+        return 1.0
+    if r["status"] in reads.ACTIVE and r["total"]:
+        return r["done"] / r["total"]
+    return None
+
+
+def _pick(key: str, ids: list[int]) -> None:
+    rows = st.session_state[key]["selection"]["rows"]
+    if rows:
+        st.query_params["job"] = str(ids[rows[0]])
+
+
+ids = [r["id"] for r in page.rows]
+table = pd.DataFrame([{
+    "job": r["id"],
+    "status": r["status"] + (" (cancel requested)" if r["cancel_requested"] else ""),
+    "file": r["filename"],
+    "dataset": r["dataset"],
+    "stage progress": _fraction(r),
+    "progress": r["progress"],
+    "attempt": f"{r['attempt']}/{r['max_attempts']}",
+    "error": f"{r['error_kind']}: {r['error_message']}" if r["error_kind"] else (r["error_message"] or ""),
+    "updated": ui.ago(r["updated_at"]),
+} for r in page.rows], columns=["job", "status", "file", "dataset", "stage progress", "progress", "attempt",
+                                "error", "updated"])
+if sc.dataset:
+    table = table.drop(columns=["dataset"])
+table_key = f"jobs_table_{hash(tuple(ids))}"
+st.dataframe(
+    table.style.map(ui.status_cell_style, subset=["status"]), hide_index=True, key=table_key, on_select=partial(_pick, table_key, ids), selection_mode="single-row",
+    placeholder="",
+    column_config={
+        "job": st.column_config.NumberColumn("job", format="%d", width="small"),
+        "stage progress": st.column_config.ProgressColumn(
+            "stage progress", min_value=0.0, max_value=1.0, format="percent",
+            help="Done of total in the current stage (pages while parsing and chunking, chunks while "
+                 "embedding and indexing); empty while queued."),
+        "progress": st.column_config.TextColumn("counts", width="medium",
+                                                help="Stage with its counts, as the worker wrote them."),
+        "file": st.column_config.TextColumn("file", width="medium"),
+        "status": st.column_config.TextColumn("status", width="small"),
+        "error": st.column_config.TextColumn("error", width="large"),
+    },
+)
+if page.pages > 1:
+    if st.session_state.get(PAGE_KEY, 1) > page.pages:
+        st.session_state[PAGE_KEY] = page.pages
+    st.pagination(page.pages, key=PAGE_KEY)
+
+with st.popover("Open a job by id"):
+    wanted = st.number_input("Job id", min_value=1, step=1, value=None, key="open_job_id")
+    if st.button("Open", key="open_job") and wanted:
+        st.query_params["job"] = str(int(wanted))
+        st.rerun()

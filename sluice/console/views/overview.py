@@ -1,0 +1,71 @@
+"""Overview: job counts, the queue, workers, throughput, failures and when the queue will drain."""
+
+import pandas as pd
+import streamlit as st
+
+from sluice.console import ui
+from sluice.ops import health, reads
+
+sc = ui.scope()
+st.title("Overview")
+ui.scope_caption(sc)
+
+ov = reads.overview(sc.dataset_id)
+queue = health.queue_state()
+
+if not queue.reachable:
+    st.warning(f"The queue Redis is unreachable, so queue depth and workers are unknown. Uploads and retries "
+               f"still work: their jobs are published when the queue is back. ({queue.error})", icon=":material/warning:")
+elif not queue.workers and ov.active:
+    st.warning(f"No worker is alive, and {ov.active} job(s) are waiting. Start one with `sluice serve worker`.",
+               icon=":material/warning:")
+
+cols = st.columns(8)
+for col, status in zip(cols, ["pending", "running", "retrying", "succeeded", "failed", "cancelled",
+                              "superseded", "deleted"], strict=True):
+    col.metric(status, f"{ov.counts.get(status, 0):,}")
+
+c1, c2, c3, c4 = st.columns(4)
+c1.metric("Queue depth", f"{queue.depth:,}" if queue.reachable else "unknown",
+          help="Messages in the queue Redis (queued + scheduled retries).")
+if queue.reachable:
+    c1.caption(f"{queue.queued:,} queued, {queue.scheduled:,} scheduled")
+c2.metric("Workers alive", len(queue.workers) if queue.reachable else "unknown",
+          help="Consumer processes whose presence key was refreshed recently.")
+c3.metric("Oldest pending job", ui.ago(ov.oldest_pending) if ov.oldest_pending else "none")
+eta = ov.drain_eta()
+c4.metric("Queue drains in", "now empty" if ov.active == 0 else ui.eta(eta),
+          help=f"Active jobs divided by the jobs finished per minute over the last {ov.rate_window_minutes} min.")
+if ov.active:
+    if eta is None:
+        c4.caption(f"{ov.active:,} active; no job finished in the last {ov.rate_window_minutes} min, "
+                   "so there is no rate to estimate from.")
+    else:
+        c4.caption(f"{ov.active:,} active at {ov.rate_per_minute:.1f} jobs/min "
+                   f"(last {ov.rate_window_minutes} min)")
+
+left, right = st.columns([3, 1])
+with left:
+    st.subheader("Throughput, last hour")
+    frame = pd.DataFrame(ov.throughput)
+    if frame.empty or not (frame["succeeded"].sum() or frame["failed"].sum()):
+        st.caption("No job finished in the last hour.")
+    else:
+        frame = frame.set_index("minute")
+        st.caption("Jobs finished per minute")
+        st.bar_chart(frame[["succeeded", "failed"]], y_label="jobs / min",
+                     color=["#2e7d32", "#c62828"], height=220)
+        st.caption("Chunks embedded per minute")
+        st.line_chart(frame[["chunks"]], y_label="chunks / min", height=180)
+with right:
+    st.subheader("Failures by kind")
+    if not ov.failures:
+        st.caption("No failed jobs.")
+    for kind, n in sorted(ov.failures.items(), key=lambda kv: -kv[1]):
+        st.metric(ui.KIND_LABEL.get(kind, kind), f"{n:,}")
+    if ov.failures:
+        st.page_link("views/dead_letters.py", label="Open dead letters", icon=":material/report:")
+
+if queue.reachable and queue.workers:
+    with st.expander(f"Workers ({len(queue.workers)})"):
+        st.dataframe(pd.DataFrame(queue.workers), hide_index=True)

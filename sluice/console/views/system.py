@@ -1,0 +1,51 @@
+"""System: the configuration in force (secrets only as set / not set), services, versions, datasets."""
+
+import pandas as pd
+import streamlit as st
+
+from sluice.ops import health, reads
+
+context = reads.ctx()
+settings = context.settings
+st.title("System")
+
+st.subheader("Services")
+probes = health.probes(settings)
+for p in probes:
+    (st.success if p.reachable else st.error)(
+        f"**{p.name}** at `{p.address}`: {'reachable' if p.reachable else 'unreachable'} — {p.detail}")
+queue = health.queue_state()
+if queue.reachable:
+    st.caption(f"Queue `{settings.queue_name}`: {queue.queued:,} queued, {queue.scheduled:,} scheduled; "
+               f"{len(queue.workers)} worker(s) alive.")
+
+st.subheader("Pipeline")
+c1, c2, c3, c4 = st.columns(4)
+c1.metric("Pipeline version", context.pipeline_version,
+          help="Changes with the chunker, chunk size, overlap and model; part of every chunk id.")
+c2.metric("Embedder", settings.embedder if settings.embedder == "hash" else settings.embed_model)
+c3.metric("Precision in force", context.precision,
+          help=f"SLUICE_EMBED_PRECISION={settings.embed_precision}; auto picks bf16 where the CPU has it.")
+c4.metric("Batch size", settings.embed_batch_size)
+
+st.subheader("Datasets")
+summaries = reads.dataset_summaries()
+st.dataframe(pd.DataFrame([{
+    "dataset": s["name"], "documents": s["documents"], "chunks": s["chunks"],
+    "jobs": sum(s["jobs"].values()), "collection": s["collection"], "created": s["created_at"][:19],
+} for s in summaries]), hide_index=True)
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Configuration in force")
+    st.caption("From the environment and .env; secrets appear only as set / not set.")
+    config = sorted(settings.public_view().items())
+    st.dataframe(pd.DataFrame(config, columns=["variable", "value"]), hide_index=True,
+                 height=35 * (len(config) + 1) + 3)
+with right:
+    st.subheader("Secrets")
+    st.dataframe(pd.DataFrame([(k, "set" if v else "not set") for k, v in settings.secrets_status().items()],
+                              columns=["secret", "state"]), hide_index=True)
+    st.subheader("Versions")
+    st.dataframe(pd.DataFrame(sorted(health.versions().items()), columns=["package", "version"]),
+                 hide_index=True)

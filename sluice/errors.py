@@ -1,0 +1,162 @@
+"""The exception tree and ErrorKind: the ground floor, imported by every other module.
+
+    SluiceError
+     ├── SettingsError            the configuration is wrong; the message names the variable and the fix
+     ├── PipelineError            a job attempt failed; carries kind, code, message, fix hint
+     │    ├── TransientError      timeouts, connection errors, lost workers: retried with backoff
+     │    ├── PermanentError      unreadable or corrupt input: failed at once, never retried
+     │    └── UserActionError     the operator must act (password, OCR, type, size): failed at once
+     ├── JobCancelled             the operator asked the running job to stop
+     └── LeaseLost                another claim owns the job now; this attempt must stop quietly
+
+``classify`` turns any other exception into a PipelineError.
+"""
+
+from __future__ import annotations
+
+import socket
+import traceback
+from enum import Enum
+
+
+class ErrorKind(str, Enum):
+    """How a failed attempt is classified: whether Sluice retries, and who has to act."""
+
+    transient = "transient"
+    permanent = "permanent"
+    user_action_required = "user_action_required"
+
+
+class SluiceError(Exception):
+    """Base of every error Sluice raises on purpose."""
+
+
+class SettingsError(SluiceError, RuntimeError):
+    """Raised with a message that names the variable that is wrong and how to fix it."""
+
+
+class PipelineError(SluiceError):
+    kind: ErrorKind = ErrorKind.permanent
+
+    def __init__(self, code: str, message: str, hint: str = "", detail: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.detail = detail
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code!r}, {self.message!r})"
+
+
+class TransientError(PipelineError):
+    kind = ErrorKind.transient
+
+
+class PermanentError(PipelineError):
+    kind = ErrorKind.permanent
+
+
+class UserActionError(PipelineError):
+    kind = ErrorKind.user_action_required
+
+
+class JobCancelled(SluiceError):
+    """Raised between batches when the job's cancel_requested flag is set."""
+
+
+class LeaseLost(SluiceError):
+    """Raised when a progress write finds the job claimed by someone else (e.g. the reaper)."""
+
+
+RETRY_HINT = "Sluice retries this by itself; if it keeps failing, check the service named above."
+AUTH_HINT = ("Check the secret the workers use for that service: SLUICE_CHROMA_TOKEN (and "
+             "SLUICE_CHROMA_AUTH_HEADER), or the password in SLUICE_QUEUE_REDIS_URL, SLUICE_CACHE_REDIS_URL "
+             "or SLUICE_DATABASE_URL; restart the workers. Sluice retries the job by itself.")
+
+
+def _transient_types() -> tuple[type[BaseException], ...]:
+    types: list[type[BaseException]] = [TimeoutError, ConnectionError, socket.timeout]
+    try:
+        import redis.exceptions as rex
+
+        types += [rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import httpx
+
+        types += [httpx.TransportError]
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import sqlalchemy.exc as saexc
+
+        types += [saexc.OperationalError, saexc.DisconnectionError]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(types)
+
+
+_TRANSIENT = _transient_types()
+
+
+def classify(exc: BaseException) -> PipelineError:
+    """Map any exception to a classified PipelineError (PipelineErrors pass through)."""
+    if isinstance(exc, PipelineError):
+        if not exc.detail:
+            exc.detail = "".join(traceback.format_exception(exc))[-4000:]
+        return exc
+    detail = "".join(traceback.format_exception(exc))[-4000:]
+    if _looks_like_auth_error(exc):
+        # A configuration problem, not the document's: every job meets it until the secret is fixed.
+        # Retried like an outage, so jobs go through by themselves once the workers have it right.
+        return TransientError(
+            "auth_failed",
+            f"a service refused Sluice's credentials: {type(exc).__name__}: {str(exc)[:200]}",
+            AUTH_HINT,
+            detail,
+        )
+    if isinstance(exc, _TRANSIENT) or _looks_like_connection_error(exc):
+        return TransientError(
+            "service_unavailable",
+            f"a service did not answer: {type(exc).__name__}: {str(exc)[:200]}",
+            RETRY_HINT,
+            detail,
+        )
+    # Unknown errors may be passing (resource pressure, a race); retrying them is bounded by
+    # max_attempts, and the traceback is kept for the operator.
+    return TransientError(
+        "internal_error",
+        f"unexpected error: {type(exc).__name__}: {str(exc)[:200]}",
+        "Sluice retries this a few times; if it keeps failing, the detail shows the traceback.",
+        detail,
+    )
+
+
+def _looks_like_connection_error(exc: BaseException) -> bool:
+    # chromadb's HttpClient wraps transport failures in plain exceptions with these words.
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(
+        w in text
+        for w in ("connection refused", "could not connect", "connecterror", "timed out", "timeout")
+    )
+
+
+_AUTH_WORDS = ("unauthorized", "forbidden", "invalid username-password", "wrongpass", "noauth",
+               "authentication required", "password authentication failed", "refused the credentials")
+
+
+def _looks_like_auth_error(exc: BaseException) -> bool:
+    """Redis AuthenticationError, Chroma's 401/403 (raised as a plain ValueError by chromadb),
+    PostgreSQL's "password authentication failed"."""
+    if type(exc).__name__ in ("AuthenticationError", "AuthorizationError", "ChromaAuthError"):
+        return True
+    text = str(exc).lower()
+    return any(w in text for w in _AUTH_WORDS)
+
+
+def is_auth_error(text: str) -> bool:
+    """For errors kept only as text (an outbox row's last_error)."""
+    text = text.lower()
+    return "authenticationerror" in text or any(w in text for w in _AUTH_WORDS)

@@ -1,0 +1,165 @@
+"""Delete a document: its vectors, its blob when nothing else needs it, and its jobs marked deleted.
+
+The job rows and their events stay, so the audit trail shows who deleted what and when. Blobs are
+content-addressed and shared by every dataset: a blob is removed only when no other live document,
+in any dataset, has the same bytes.
+
+A reference names the document directly (``doc:42``) or by any of its jobs (``17``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+
+from sqlmodel import Session, func, select
+
+from sluice.pipeline.context import Context
+from sluice.storage import jobs
+from sluice.storage.models import Dataset, Document, Job, JobStatus
+
+log = logging.getLogger(__name__)
+
+DOC_PREFIX = "doc:"
+
+
+class UnknownReference(LookupError):
+    """The reference names no job or document; the message says which and how to write one."""
+
+
+@dataclass
+class DocumentInfo:
+    """What a delete would touch (the preview) or touched."""
+
+    document_id: int
+    dataset: str
+    filename: str
+    sha256: str
+    size: int
+    deleted: bool
+    active_job_id: int | None
+    jobs: list[dict] = field(default_factory=list)  # id, status, pipeline_version, chunk_count
+    vectors: int = 0  # chunks of this document in its dataset's collection now
+    blob_shared_with: int = 0  # other live documents (any dataset) with the same bytes
+    running: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DeleteResult:
+    ok: bool
+    message: str
+    document: DocumentInfo | None = None
+    vectors_removed: int = 0
+    blob_removed: bool = False
+    jobs_deleted: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_reference(ref: str | int) -> tuple[str, int]:
+    """``doc:42`` -> ("document", 42); ``17`` -> ("job", 17)."""
+    text = str(ref).strip()
+    kind = "job"
+    if text.lower().startswith(DOC_PREFIX):
+        kind, text = "document", text[len(DOC_PREFIX):]
+    if not text.isdigit():
+        raise UnknownReference(f"{ref!r} is neither a job id (e.g. 17) nor a document id (e.g. doc:42)")
+    return kind, int(text)
+
+
+def resolve(ctx: Context, ref: str | int) -> int:
+    """The document id a reference names."""
+    kind, number = parse_reference(ref)
+    with Session(ctx.engine) as session:
+        if kind == "document":
+            if session.get(Document, number) is None:
+                raise UnknownReference(f"no document {number}")
+            return number
+        job = session.get(Job, number)
+        if job is None:
+            raise UnknownReference(f"no job {number} (write doc:{number} for a document id)")
+        return job.document_id
+
+
+def describe(ctx: Context, document_id: int) -> DocumentInfo:
+    with Session(ctx.engine) as session:
+        doc = session.get(Document, document_id)
+        if doc is None:
+            raise UnknownReference(f"no document {document_id}")
+        ds = session.get(Dataset, doc.dataset_id)
+        rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)).all()
+        shared = _blob_users(session, doc)
+    info = DocumentInfo(
+        document_id=doc.id, dataset=ds.name, filename=doc.filename, sha256=doc.sha256, size=doc.size,
+        deleted=doc.deleted_at is not None, active_job_id=doc.active_job_id,
+        jobs=[{"id": j.id, "status": j.status.value, "pipeline_version": j.pipeline_version,
+               "chunk_count": j.chunk_count} for j in rows],
+        blob_shared_with=shared,
+        running=[j.id for j in rows if j.status == JobStatus.running],
+    )
+    info.vectors = len(_vector_ids(ctx, ds.collection, doc.id, [j.id for j in rows]))
+    return info
+
+
+def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "document deleted") -> DeleteResult:
+    """Delete the document a reference names. Safe to repeat: a second call removes what is left."""
+    try:
+        document_id = resolve(ctx, ref)
+        before = describe(ctx, document_id)
+    except UnknownReference as exc:
+        return DeleteResult(False, str(exc))
+    with Session(ctx.engine) as session:
+        results = jobs.mark_deleted(session=session, document_id=document_id, actor=actor, reason=reason)
+        refused = [r for r in results if not r.ok]
+        if refused:
+            return DeleteResult(False, "; ".join(r.message for r in refused), before)
+        doc = session.get(Document, document_id)
+        collection = session.get(Dataset, doc.dataset_id).collection
+        blob_key, shared = doc.blob_key, _blob_users(session, doc)
+    job_ids = [j["id"] for j in before.jobs]
+    ids = _vector_ids(ctx, collection, document_id, job_ids)
+    ctx.vectors.delete(collection, ids=ids)
+    blob_removed = False
+    if shared == 0:
+        blob_removed = ctx.blobs.delete(blob_key)
+    newly = [j["id"] for j in before.jobs if j["status"] != JobStatus.deleted.value]
+    noted = newly or (job_ids[-1:] if ids or blob_removed else [])
+    with Session(ctx.engine) as session:
+        for jid in noted:
+            jobs.add_event(session, session.get(Job, jid), "vectors_removed", actor=actor,
+                           message=f"document deleted: {len(ids)} chunk(s) removed from the index; blob "
+                                   + ("removed" if blob_removed else
+                                      f"kept ({shared} other document(s) share it)" if shared else "already gone"),
+                           data={"chunks": len(ids), "blob_removed": blob_removed, "blob_shared_with": shared})
+        session.commit()
+    message = (f"deleted document {document_id} ({before.filename}, dataset {before.dataset}): "
+               f"{len(ids)} chunk(s) removed, {len(newly)} job(s) marked deleted, "
+               f"blob {'removed' if blob_removed else 'kept' if shared else 'already gone'}"
+               + (f" ({shared} other document(s) use the same bytes)" if shared else ""))
+    if before.running:
+        message += (f"; job(s) {', '.join(map(str, before.running))} were running and stop at their next "
+                    "batch (`sluice reconcile --repair` removes anything written after this)")
+    log.info("%s by %s", message, actor)
+    return DeleteResult(True, message, before, vectors_removed=len(ids), blob_removed=blob_removed,
+                        jobs_deleted=newly)
+
+
+def _blob_users(session: Session, doc: Document) -> int:
+    """Other live documents, in any dataset, whose bytes are the same blob."""
+    return session.exec(
+        select(func.count()).select_from(Document).where(
+            Document.blob_key == doc.blob_key, Document.id != doc.id, Document.deleted_at.is_(None))
+    ).one()
+
+
+def _vector_ids(ctx: Context, collection: str, document_id: int, job_ids: list[int]) -> list[str]:
+    """Ids of the document's chunks, found by document and by job (a chunk whose metadata names
+    another document is not this document's to delete; reconcile reports it)."""
+    found = set(ctx.vectors.ids_where(collection, {"document_id": document_id}))
+    if job_ids:
+        found.update(ctx.vectors.ids_where(collection, {"job_id": {"$in": job_ids}}))
+    return sorted(found)

@@ -1,0 +1,136 @@
+"""Reachability of the queue Redis, the cache Redis and Chroma, and what the queue holds.
+
+Every probe returns a result instead of raising: a service that is down is something the console
+shows, not a crash. Probes use short timeouts so that a dead service costs the page little.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+
+import redis
+
+from sluice.pipeline import queue
+from sluice.storage.settings import Settings, redact_url
+
+PROBE_TIMEOUT = 1.5
+VERSIONED = ("streamlit", "huey", "chromadb", "sentence-transformers", "torch", "sqlmodel", "redis", "pymupdf")
+
+
+@dataclass
+class QueueState:
+    reachable: bool
+    error: str = ""
+    queued: int = 0
+    scheduled: int = 0
+    workers: list[dict] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return self.queued + self.scheduled
+
+
+def queue_state() -> QueueState:
+    try:
+        depth = queue.queue_depth()
+        workers = queue.workers_alive()
+    except Exception as exc:  # redis.RedisError, or a bad URL
+        return QueueState(False, error=f"{type(exc).__name__}: {exc}")
+    now = time.time()
+    for w in workers:
+        w["seen_seconds_ago"] = round(now - float(w.get("seen", now)), 1)
+    return QueueState(True, queued=depth.get("queued", 0), scheduled=depth.get("scheduled", 0), workers=workers)
+
+
+@dataclass
+class QueuePosition:
+    reachable: bool
+    position: int | None = None  # 1 = runs next
+    length: int = 0
+    error: str = ""
+    scanned: int = 0  # how many queue entries were looked at (the first QUEUE_SCAN at most)
+
+    @property
+    def beyond_scan(self) -> bool:
+        return self.position is None and self.length > self.scanned
+
+
+QUEUE_SCAN = 10_000
+
+
+def queue_position(job_id: int) -> QueuePosition:
+    """Where a job's message sits among the next QUEUE_SCAN queue entries (one Redis read)."""
+    try:
+        ids = queue.queue_order(QUEUE_SCAN)
+        length = queue.get_huey().pending_count()
+    except Exception as exc:
+        return QueuePosition(False, error=f"{type(exc).__name__}: {exc}")
+    position = ids.index(job_id) + 1 if job_id in ids else None
+    return QueuePosition(True, position=position, length=max(length, len(ids)), scanned=len(ids))
+
+
+@dataclass
+class Probe:
+    name: str
+    address: str
+    reachable: bool
+    detail: str
+
+
+def _redis_probe(name: str, url: str) -> Probe:
+    client = redis.Redis.from_url(url, socket_timeout=PROBE_TIMEOUT, socket_connect_timeout=PROBE_TIMEOUT)
+    try:
+        client.ping()
+        info = client.info("server")
+        mem = client.info("memory")
+        detail = (f"redis {info.get('redis_version', '?')}, maxmemory-policy "
+                  f"{mem.get('maxmemory_policy', '?')}, used {mem.get('used_memory_human', '?')}")
+        return Probe(name, redact_url(url), True, detail)
+    except redis.RedisError as exc:
+        return Probe(name, redact_url(url), False, f"{type(exc).__name__}: {exc}")
+    finally:
+        client.close()
+
+
+def _chroma_probe(settings: Settings) -> Probe:
+    import httpx
+
+    headers = {}
+    if settings.chroma_token is not None:
+        token = settings.chroma_token.get_secret_value()
+        header = settings.chroma_auth_header
+        headers[header] = f"Bearer {token}" if header.lower() == "authorization" else token
+    try:
+        r = httpx.get(f"{settings.chroma_url}/api/v2/heartbeat", headers=headers, timeout=PROBE_TIMEOUT)
+        r.raise_for_status()
+        version = ""
+        try:
+            version = httpx.get(f"{settings.chroma_url}/api/v2/version", headers=headers,
+                                timeout=PROBE_TIMEOUT).json()
+        except Exception:
+            pass
+        return Probe("chroma", redact_url(settings.chroma_url), True, f"chroma {version}".strip())
+    except Exception as exc:
+        return Probe("chroma", redact_url(settings.chroma_url), False, f"{type(exc).__name__}: {exc}")
+
+
+def probes(settings: Settings) -> list[Probe]:
+    return [
+        _redis_probe("queue Redis", settings.queue_redis_url),
+        _redis_probe("cache Redis", settings.cache_redis_url),
+        _chroma_probe(settings),
+    ]
+
+
+def versions() -> dict[str, str]:
+    import platform
+
+    out = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out

@@ -1,0 +1,141 @@
+"""Upload: check, store by hash, and write Document + Job + Outbox in one transaction.
+
+Bad input is refused here, before anything is stored: over the size limit, or a type the bytes
+show Sluice cannot read. The display name is sanitised; the blob's path comes from its hash.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import unicodedata
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlmodel import Session, select
+
+from sluice.errors import PipelineError, is_auth_error
+from sluice.pipeline.context import Context
+from sluice.pipeline.parse import sniff_type
+from sluice.storage import jobs
+from sluice.storage.blobs import BlobTooLarge
+from sluice.storage.db import ensure_dataset
+from sluice.storage.models import Document, JobStatus
+from sluice.storage.outbox import dispatch
+
+log = logging.getLogger(__name__)
+
+SNIFF_BYTES = 8192
+MAX_NAME = 200
+
+
+@dataclass
+class IngestResult:
+    filename: str
+    accepted: bool
+    job_id: int | None = None
+    document_id: int | None = None
+    dataset: str = ""
+    duplicate: bool = False
+    status: str = ""
+    published: bool = False
+    error_kind: str | None = None
+    error_code: str | None = None
+    message: str = ""
+    fix_hint: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sanitize_filename(name: str) -> str:
+    """A display name safe to show: no directories, control or bidi-override characters."""
+    name = name.replace("\\", "/").split("/")[-1]
+    cleaned = "".join(
+        ch if unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp") else " " for ch in name
+    )
+    cleaned = " ".join(cleaned.split()).strip(" .")
+    return cleaned[:MAX_NAME] or "unnamed"
+
+
+def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO, actor: str = "system",
+                  publish: Callable[[int], None] | None = None) -> IngestResult:
+    s = ctx.settings
+    display = sanitize_filename(filename)
+    head = stream.read(SNIFF_BYTES)
+    try:
+        media_type = sniff_type(head, display)
+    except PipelineError as err:
+        return IngestResult(display, False, dataset=dataset, error_kind=err.kind.value, error_code=err.code,
+                            message=err.message, fix_hint=err.hint)
+    try:
+        key, size = ctx.blobs.put_stream(_Prepend(head, stream), max_bytes=s.max_upload_bytes)
+    except BlobTooLarge:
+        return IngestResult(
+            display, False, dataset=dataset, error_kind="user_action_required", error_code="too_large",
+            message=f"the file is larger than the upload limit of {s.max_upload_bytes // (1024 * 1024)} MB",
+            fix_hint="Split the file, or raise SLUICE_MAX_UPLOAD_BYTES.",
+        )
+    with Session(ctx.engine, expire_on_commit=False) as session:
+        ds = ensure_dataset(session=session, name=dataset)
+        document = session.exec(
+            select(Document).where(Document.dataset_id == ds.id, Document.sha256 == key)
+        ).first()
+        if document is None:
+            document = Document(dataset_id=ds.id, sha256=key, size=size, media_type=media_type,
+                                filename=display, blob_key=key)
+            session.add(document)
+            session.flush()
+        idem = jobs.idempotency_key(dataset_id=ds.id, sha256=key, pipeline_version=ctx.pipeline_version)
+        job, created = jobs.create_job(session=session, document=document, pipeline_version=ctx.pipeline_version,
+                                       idempotency_key=idem, max_attempts=s.max_attempts, actor=actor)
+        session.commit()
+    result = IngestResult(display, True, job_id=job.id, document_id=document.id, dataset=dataset,
+                          duplicate=not created, status=job.status.value)
+    if not created:
+        result.message = f"already uploaded as job {job.id} ({job.status.value}); not indexed again"
+        if job.status == JobStatus.succeeded:
+            result.message = f"already indexed as job {job.id}; not indexed again"
+        return result
+    result.message = f"queued as job {job.id}"
+    if publish is not None:
+        sent = dispatch(engine=ctx.engine, publish=publish)
+        # Another dispatcher (a worker's recovery loop) may have taken the row first and published it.
+        result.published = job.id in sent.sent or sent.error is None
+        if sent.error and is_auth_error(sent.error):
+            result.message += (" (the queue Redis refused the password: check SLUICE_QUEUE_REDIS_URL; "
+                               "the job is published as soon as the queue accepts it)")
+        elif sent.error:
+            result.message += " (queue unreachable; it is published as soon as the queue is back)"
+    return result
+
+
+def ingest_path(ctx: Context, path: Path, *, dataset: str, actor: str = "cli",
+                publish: Callable[[int], None] | None = None) -> IngestResult:
+    with open(path, "rb") as fh:
+        return ingest_stream(ctx, dataset=dataset, filename=path.name, stream=fh, actor=actor, publish=publish)
+
+
+def ingest_bytes(ctx: Context, data: bytes, *, dataset: str, filename: str, actor: str = "system",
+                 publish: Callable[[int], None] | None = None) -> IngestResult:
+    return ingest_stream(ctx, dataset=dataset, filename=filename, stream=io.BytesIO(data), actor=actor,
+                         publish=publish)
+
+
+class _Prepend(io.RawIOBase):
+    """A stream that yields ``head`` and then the rest of ``stream``."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self.head = head
+        self.stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            return out
+        return self.stream.read(n)

@@ -1,0 +1,136 @@
+"""Previews before bulk work: how many jobs, how many chunks, how many the embedding cache already
+holds, and how many must be embedded. Nothing is changed.
+
+A job's chunks are counted the way the runner makes them: parse the blob, chunk it with the current
+settings, skip the ids the index already holds for that job (a re-run never embeds those again),
+and ask the cache about the rest. Past ``sample`` documents the figures are extrapolated from the
+ones parsed, and the preview says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from sqlmodel import Session
+
+from sluice.pipeline.chunk import split_text
+from sluice.pipeline.context import Context
+from sluice.pipeline.parse import open_document
+from sluice.storage.models import Dataset, Document, Job
+from sluice.storage.vectors import chunk_id
+
+log = logging.getLogger(__name__)
+
+SAMPLE = 200  # documents parsed for one preview; the rest are extrapolated
+
+
+@dataclass
+class Preview:
+    jobs: int = 0
+    documents: int = 0
+    chunks: int = 0  # chunks the jobs will have
+    in_index: int = 0  # already in the vector store for these jobs: not embedded again
+    cached: int = 0  # in the embedding cache: written without the model
+    to_embed: int = 0  # must go through the model
+    unreadable: int = 0  # sampled documents whose blob is gone or cannot be parsed (they will fail)
+    sampled: int = 0  # documents actually parsed
+    estimated: bool = False  # True when figures are extrapolated from the sample
+
+    @property
+    def cache_hit_rate(self) -> float:
+        pending = self.cached + self.to_embed
+        return self.cached / pending if pending else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "cache_hit_rate": round(self.cache_hit_rate, 4)}
+
+    def describe(self) -> str:
+        about = "about " if self.estimated else ""
+        text = (f"{self.jobs} job(s), {about}{self.chunks:,} chunk(s): {about}{self.in_index:,} already in the "
+                f"index, {about}{self.cached:,} in the embedding cache, {about}{self.to_embed:,} to embed")
+        if self.unreadable:
+            text += f"; {self.unreadable} sampled document(s) cannot be read and will fail again"
+        if self.estimated:
+            text += f" (estimated from {self.sampled} parsed document(s))"
+        return text
+
+
+def document_texts(ctx: Context, document: Document) -> list[str]:
+    """The chunk texts the runner would make of this document with the current settings."""
+    s = ctx.settings
+    parsed = open_document(ctx.blobs.path(document.blob_key), media_type=document.media_type,
+                           max_pages=s.max_pages)
+    try:
+        return [piece for _, text in parsed.pages()
+                for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)]
+    finally:
+        parsed.close()
+
+
+@dataclass
+class _Count:
+    chunks: int = 0
+    in_index: int = 0
+    cached: int = 0
+    readable: bool = True
+
+
+def count_work(ctx: Context, *, document: Document, collection: str, pipeline_version: str,
+               job_id: int | None = None) -> _Count:
+    """What running a job of ``pipeline_version`` for ``document`` would do now."""
+    try:
+        texts = document_texts(ctx, document)
+    except Exception as exc:  # missing blob, unreadable file: the job will fail the same way
+        log.info("preview: document %s cannot be read: %s", document.id, exc)
+        return _Count(readable=False)
+    held: set[str] = set()
+    if job_id is not None:
+        held = set(ctx.vectors.ids_where(collection, {"job_id": job_id}))
+    todo = [t for i, t in enumerate(texts) if chunk_id(document.sha256, pipeline_version, i) not in held]
+    return _Count(len(texts), len(texts) - len(todo), ctx.cache.contains_many(todo))
+
+
+def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: int,
+               scale: float | None = None) -> Preview:
+    """Sum the sampled counts and extrapolate them to all jobs: by ``scale`` when the caller knows
+    a better factor (say, old chunk counts of all documents over those of the sample), else by the
+    number of jobs."""
+    p = Preview(jobs=total_jobs, documents=total_documents)
+    for c in counts:
+        p.sampled += 1
+        if not c.readable:
+            p.unreadable += 1
+            continue
+        p.chunks += c.chunks
+        p.in_index += c.in_index
+        p.cached += c.cached
+    if p.sampled and total_jobs > p.sampled:
+        factor = scale if scale is not None else total_jobs / p.sampled
+        p.chunks, p.in_index, p.cached = (round(x * factor) for x in (p.chunks, p.in_index, p.cached))
+        p.estimated = True
+    p.to_embed = max(0, p.chunks - p.in_index - p.cached)
+    return p
+
+
+def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE) -> Preview:
+    """What retrying (or reindexing) these jobs would cost, counted as the runner will do it."""
+    ids = list(dict.fromkeys(int(i) for i in job_ids))
+    found: list[tuple[Job, Document, str]] = []
+    with Session(ctx.engine) as session:
+        collections = {}
+        for jid in ids:
+            job = session.get(Job, jid)
+            if job is None:
+                continue
+            doc = session.get(Document, job.document_id)
+            if job.dataset_id not in collections:
+                collections[job.dataset_id] = session.get(Dataset, job.dataset_id).collection
+            found.append((job, doc, collections[job.dataset_id]))
+    counts = (
+        count_work(ctx, document=doc, collection=coll, pipeline_version=job.pipeline_version,
+                   job_id=job.id if job.lease else None)
+        for job, doc, coll in found[:sample]
+    )
+    return accumulate(counts, total_jobs=len(found), total_documents=len({d.id for _, d, _ in found}))

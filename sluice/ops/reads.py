@@ -1,0 +1,236 @@
+"""What the console pages read: one call per page section, each a short session over sluice.storage.queries.
+
+Pages get plain rows (dicts and small dataclasses), never ORM objects or sessions, and never more
+than one page of jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlmodel import Session
+
+from sluice.pipeline.context import Context, get_context
+from sluice.storage import queries
+from sluice.storage.jobs import get_job
+from sluice.storage.models import JobStatus, utcnow
+
+ACTIVE = tuple(s.value for s in JobStatus.active())
+RATE_WINDOW_MINUTES = 15
+
+
+def ctx() -> Context:
+    return get_context()
+
+
+def _session() -> Session:
+    return Session(ctx().engine, expire_on_commit=False)
+
+
+# --- datasets ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetOption:
+    id: int
+    name: str
+
+
+def datasets() -> list[DatasetOption]:
+    with _session() as session:
+        return [DatasetOption(d.id, d.name) for d in queries.datasets(session=session)]
+
+
+def dataset_summaries() -> list[dict]:
+    with _session() as session:
+        return queries.dataset_summaries(session=session)
+
+
+# --- overview ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Overview:
+    counts: dict[str, int]
+    oldest_pending: datetime | None
+    failures: dict[str, int]
+    throughput: list[dict]
+    finished_recently: int
+    rate_window_minutes: int = RATE_WINDOW_MINUTES
+
+    @property
+    def active(self) -> int:
+        return sum(self.counts.get(s, 0) for s in ACTIVE)
+
+    @property
+    def rate_per_minute(self) -> float:
+        return self.finished_recently / self.rate_window_minutes
+
+    def drain_eta(self) -> timedelta | None:
+        """Time to finish the active jobs at the rate measured over the last minutes, if any."""
+        if self.active == 0:
+            return timedelta(0)
+        if self.rate_per_minute <= 0:
+            return None
+        return timedelta(minutes=self.active / self.rate_per_minute)
+
+
+def overview(dataset_id: int | None) -> Overview:
+    now = utcnow()
+    with _session() as session:
+        return Overview(
+            counts=queries.status_counts(session=session, dataset_id=dataset_id),
+            oldest_pending=queries.oldest_waiting(session=session, dataset_id=dataset_id),
+            failures=queries.failures_by_kind(session=session, dataset_id=dataset_id),
+            throughput=queries.throughput(session=session, minutes=60, dataset_id=dataset_id, now=now),
+            finished_recently=queries.finished_since(
+                session=session, since=now - timedelta(minutes=RATE_WINDOW_MINUTES), dataset_id=dataset_id),
+        )
+
+
+# --- jobs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobsPage:
+    rows: list[dict]
+    total: int
+    page: int
+    page_size: int
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.total // self.page_size))
+
+    @property
+    def any_active(self) -> bool:
+        return any(r["status"] in ACTIVE for r in self.rows)
+
+
+def jobs_page(f: queries.JobFilter, *, sort: str, descending: bool, page: int, page_size: int) -> JobsPage:
+    with _session() as session:
+        total = queries.count_jobs(session=session, f=f)
+        pages = max(1, -(-total // page_size))
+        page = min(max(1, page), pages)
+        jobs = queries.list_jobs(session=session, f=f, sort=sort, descending=descending, page=page,
+                                 page_size=page_size)
+        names = queries.dataset_names(session=session)
+        rows = [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in jobs]
+    return JobsPage(rows, total, page, page_size)
+
+
+@dataclass
+class Phase:
+    """One stretch of a job's life: waiting in the queue, one attempt, or a backoff wait."""
+
+    what: str
+    started: datetime
+    ended: datetime | None
+    worker: str = ""
+    outcome: str = ""
+    reached: str = ""
+
+    @property
+    def seconds(self) -> float | None:
+        return (self.ended - self.started).total_seconds() if self.ended else None
+
+
+@dataclass
+class JobDetail:
+    row: dict
+    dataset: str
+    error_detail: str | None
+    events: list[dict]
+    phases: list[Phase]
+    unsent: list[dict] = field(default_factory=list)
+    waiting_ahead: int = 0
+
+
+END_OF_PHASE = {"succeeded", "attempt_failed", "failed", "cancelled"}
+START_OF_WAIT = {"created", "retried", "reindex_requested", "reuploaded", "attempt_failed"}
+
+
+def phases_of(events: list[dict]) -> list[Phase]:
+    """Queue waits, attempts and backoff waits, from the event log. There are no per-stage events,
+    so what each attempt took is shown with the stage it reached."""
+    phases: list[Phase] = []
+
+    def close(at: datetime, outcome: str = "", reached: str = "") -> None:
+        if phases and phases[-1].ended is None:
+            phases[-1].ended, phases[-1].outcome = at, outcome
+            if phases[-1].what.startswith("attempt"):
+                phases[-1].reached = reached
+
+    for e in events:
+        kind, at = e["kind"], e["at"]
+        if kind == "claimed":
+            close(at, "claimed")
+            phases.append(Phase(f"attempt {e['attempt']}", at, None, worker=e["actor"]))
+        elif kind in END_OF_PHASE:
+            close(at, kind.replace("_", " "), e["stage"] or "")
+        if kind in START_OF_WAIT:
+            close(at)
+            phases.append(Phase("backoff wait" if kind == "attempt_failed" else "waiting in queue", at, None))
+    return phases
+
+
+def job_detail(job_id: int) -> JobDetail | None:
+    with _session() as session:
+        job = get_job(session=session, job_id=job_id)
+        if job is None:
+            return None
+        names = queries.dataset_names(session=session)
+        events = [
+            {"at": e.at, "kind": e.kind, "from": e.from_status, "to": e.to_status, "stage": e.stage,
+             "attempt": e.attempt, "actor": e.actor, "message": e.message, "data": e.data}
+            for e in queries.job_events(session=session, job_id=job_id)
+        ]
+        unsent = [{"since": o.created_at, "attempts": o.publish_attempts, "last_error": o.last_error}
+                  for o in queries.unsent_messages(session=session, job_id=job_id)]
+        ahead = queries.waiting_ahead(session=session, job=job) if job.status == JobStatus.pending else 0
+        return JobDetail(row=queries.job_row(job), dataset=names.get(job.dataset_id, ""),
+                         error_detail=job.error_detail, events=events, phases=phases_of(events),
+                         unsent=unsent, waiting_ahead=ahead)
+
+
+# --- dead letters ----------------------------------------------------------------------------------------
+
+
+def dead_letter_groups(dataset_id: int | None) -> list[dict]:
+    with _session() as session:
+        return queries.dead_letter_groups(session=session, dataset_id=dataset_id)
+
+
+def dead_letters_in_group(kind: str, code: str, dataset_id: int | None, limit: int = 200) -> list[dict]:
+    with _session() as session:
+        names = queries.dataset_names(session=session)
+        return [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")}
+                for j in queries.dead_letters_in_group(session=session, kind=kind, code=code,
+                                                       dataset_id=dataset_id, limit=limit)]
+
+
+def dead_letter_ids(kind: str | None, code: str | None, dataset_id: int | None) -> list[int]:
+    with _session() as session:
+        if kind == "unknown" or code == "unknown":
+            return [j.id for j in queries.dead_letters_in_group(
+                session=session, kind=kind or "unknown", code=code or "unknown", dataset_id=dataset_id,
+                limit=100_000)]
+        return queries.dead_letter_ids(session=session, kind=kind, code=code, dataset_id=dataset_id)
+
+
+def retry_preview(kind: str | None, code: str | None, dataset_id: int | None) -> str:
+    """What retrying a dead-letter group costs: chunks already indexed, in the cache, to embed."""
+    from sluice.ops.preview import preview_jobs
+
+    return preview_jobs(ctx(), dead_letter_ids(kind, code, dataset_id)).describe()
+
+
+# --- search ----------------------------------------------------------------------------------------------
+
+
+def search(query: str, dataset: str, k: int) -> list:
+    """The best chunks of one dataset, from each document's active job only (sluice.ops.search)."""
+    from sluice.ops.search import search as run_search
+
+    return run_search(ctx(), query=query, dataset=dataset, k=k)

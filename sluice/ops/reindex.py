@@ -1,0 +1,174 @@
+"""Switch documents to the pipeline version in force (``sluice reindex --all``).
+
+Changing the chunking or the model changes the pipeline version, and with it every chunk id. For
+each live document whose searchable (active) job was built by another version, a job of the current
+version is created (same idempotency key as an upload: ``{dataset_id}:{sha256}:{version}``) and
+queued. Its chunks are written beside the old ones; search keeps answering from the old job until
+the new one succeeds, then ``sluice.storage.jobs.succeed`` switches the document over in one transaction
+and the runner removes the old version's chunks. A document whose new job fails keeps its old
+version, searchable as before.
+
+Run the workers with the new settings before reindexing: a worker chunks with its own settings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from sqlmodel import Session, select
+
+from sluice.ops.preview import Preview, accumulate, count_work
+from sluice.pipeline.context import Context
+from sluice.storage import jobs
+from sluice.storage.jobs import ActionResult
+from sluice.storage.models import Dataset, Document, Job, JobStatus
+from sluice.storage.outbox import dispatch
+
+log = logging.getLogger(__name__)
+
+SAMPLE = 20  # documents parsed for the preview
+BATCH = 200  # documents per transaction when creating jobs
+
+
+@dataclass
+class Candidate:
+    document_id: int
+    dataset: str
+    filename: str
+    active_job_id: int
+    from_version: str
+    chunk_count: int
+    target_job_id: int | None  # an existing job of the new version, if any
+    target_status: str | None
+    action: str  # create | retry | revive | reindex | underway
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ReindexPlan:
+    pipeline_version: str
+    documents: int  # documents that get a job of the new version now
+    underway: int  # documents whose new-version job is already queued or running
+    old_chunks: int  # chunks search serves for those documents today
+    preview: Preview
+    candidates: list[Candidate] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"pipeline_version": self.pipeline_version, "documents": self.documents, "underway": self.underway,
+                "old_chunks": self.old_chunks, "preview": self.preview.to_dict(),
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+    def describe(self) -> str:
+        if not self.documents:
+            text = f"every document is on pipeline {self.pipeline_version}: nothing to reindex"
+        else:
+            p = self.preview
+            about = "about " if p.estimated else ""
+            text = (f"{self.documents} document(s) to rebuild with pipeline {self.pipeline_version} "
+                    f"({self.old_chunks:,} chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} "
+                    f"in the embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed")
+            if p.unreadable:
+                text += f"; {p.unreadable} sampled document(s) cannot be read"
+            if p.estimated:
+                text += f" (estimated from {p.sampled} parsed document(s))"
+        if self.underway:
+            text += f"; {self.underway} more already under way"
+        return text
+
+
+@dataclass
+class ReindexResult:
+    pipeline_version: str
+    results: list[ActionResult] = field(default_factory=list)
+    underway: int = 0
+    queue_error: str | None = None
+
+    @property
+    def queued(self) -> int:
+        return sum(r.ok for r in self.results)
+
+    def to_dict(self) -> dict:
+        return {"pipeline_version": self.pipeline_version, "queued": self.queued, "underway": self.underway,
+                "refused": [asdict(r) for r in self.results if not r.ok], "queue_error": self.queue_error,
+                "jobs": [r.job_id for r in self.results if r.ok]}
+
+
+def candidates(ctx: Context, *, dataset: str | None = None) -> list[Candidate]:
+    """Live documents whose active, succeeded job is of another pipeline version than ``ctx``'s."""
+    target = ctx.pipeline_version
+    with Session(ctx.engine) as session:
+        stmt = (select(Document, Job, Dataset.name)
+                .join(Job, Job.id == Document.active_job_id)
+                .join(Dataset, Dataset.id == Document.dataset_id)
+                .where(Document.deleted_at.is_(None), Job.status == JobStatus.succeeded,
+                       Job.pipeline_version != target)
+                .order_by(Document.id))
+        if dataset:
+            stmt = stmt.where(Dataset.name == dataset)
+        rows = session.exec(stmt).all()
+        keys = {jobs.idempotency_key(dataset_id=doc.dataset_id, sha256=doc.sha256, pipeline_version=target): doc.id for doc, _, _ in rows}
+        existing = {}
+        key_list = list(keys)
+        for start in range(0, len(key_list), 500):
+            part = key_list[start:start + 500]
+            for jid, key, status in session.exec(select(Job.id, Job.idempotency_key, Job.status)
+                                                 .where(Job.idempotency_key.in_(part))).all():
+                existing[keys[key]] = (jid, JobStatus(status))
+    out = []
+    for doc, job, name in rows:
+        target_id, status = existing.get(doc.id, (None, None))
+        out.append(Candidate(document_id=doc.id, dataset=name, filename=doc.filename, active_job_id=job.id,
+                             from_version=job.pipeline_version, chunk_count=job.chunk_count or 0,
+                             target_job_id=target_id, target_status=status.value if status else None,
+                             action=jobs.ACTION_FOR_STATUS[status]))
+    return out
+
+
+def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE) -> ReindexPlan:
+    """The preview of ``reindex --all``: documents, about how many chunks, how many from the cache."""
+    found = candidates(ctx, dataset=dataset)
+    todo = [c for c in found if c.action != "underway"]
+    with Session(ctx.engine) as session:
+        collections = {d.name: d.collection for d in session.exec(select(Dataset)).all()}
+        sampled = [(c, session.get(Document, c.document_id)) for c in todo[:sample]]
+        leases = {c.target_job_id: session.get(Job, c.target_job_id).lease
+                  for c, _ in sampled if c.target_job_id}
+    counts = (count_work(ctx, document=doc, collection=collections[c.dataset], pipeline_version=ctx.pipeline_version,
+                         job_id=c.target_job_id if leases.get(c.target_job_id) else None)
+              for c, doc in sampled)
+    # Documents differ in size: extrapolate by the chunks they have today, not by their number.
+    old_sampled = sum(c.chunk_count for c, _ in sampled)
+    old_total = sum(c.chunk_count for c in todo)
+    preview = accumulate(counts, total_jobs=len(todo), total_documents=len(todo),
+                         scale=old_total / old_sampled if old_sampled else None)
+    return ReindexPlan(pipeline_version=ctx.pipeline_version, documents=len(todo),
+                       underway=len(found) - len(todo), old_chunks=old_total,
+                       preview=preview, candidates=found)
+
+
+def reindex_all(ctx: Context, *, actor: str, dataset: str | None = None,
+                publish: Callable[[int], None] | None = None) -> ReindexResult:
+    """Queue a job of the current pipeline version for every document still on another version."""
+    reason = f"reindex --all to pipeline {ctx.pipeline_version}"
+    found = candidates(ctx, dataset=dataset)
+    result = ReindexResult(ctx.pipeline_version, underway=sum(c.action == "underway" for c in found))
+    todo = [c.document_id for c in found if c.action != "underway"]
+    for start in range(0, len(todo), BATCH):
+        with Session(ctx.engine) as session:
+            for doc_id in todo[start:start + BATCH]:
+                document = session.get(Document, doc_id)
+                done, _ = jobs.ensure_version_job(session=session, document=document, pipeline_version=ctx.pipeline_version,
+                                                  max_attempts=ctx.settings.max_attempts, actor=actor,
+                                                  reason=reason)
+                result.results.append(done)
+    if publish is not None and result.queued:
+        try:
+            result.queue_error = dispatch(engine=ctx.engine, publish=publish).error
+        except Exception as exc:  # the worker's recovery loop publishes the outbox later
+            result.queue_error = f"{type(exc).__name__}: {exc}"
+    log.info("reindex --all to %s: %d queued, %d under way", ctx.pipeline_version, result.queued, result.underway)
+    return result

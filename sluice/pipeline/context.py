@@ -1,0 +1,104 @@
+"""What one process needs to run jobs: settings, database, blobs, vectors, cache and the embedder.
+
+A Context is built once per process (``get_context``) from the settings; tests build their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from sqlalchemy.engine import Engine
+
+from sluice.pipeline.chunk import CHUNKER_VERSION
+from sluice.pipeline.embed import Embedder, describe, load_embedder, resolve_precision
+from sluice.storage.blobs import BlobStore
+from sluice.storage.cache import EmbeddingCache
+from sluice.storage.db import get_engine
+from sluice.storage.settings import Settings, get_settings
+from sluice.storage.vectors import VectorStore
+
+
+def pipeline_version(settings: Settings) -> str:
+    """Changes whenever chunking or the model changes, and with it every chunk id."""
+    model_id, dim = describe(settings.embedder, settings.embed_model)
+    spec = {
+        "chunker": CHUNKER_VERSION,
+        "size": settings.chunk_size,
+        "overlap": settings.chunk_overlap,
+        "model": model_id,
+        "dim": dim,
+    }
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+    return f"v{digest}"
+
+
+@dataclass
+class Context:
+    settings: Settings
+    embedder_override: Embedder | None = None
+    worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    @cached_property
+    def engine(self) -> Engine:
+        return get_engine(self.settings.resolved_database_url)
+
+    @cached_property
+    def blobs(self) -> BlobStore:
+        return BlobStore(self.settings.blob_dir)
+
+    @cached_property
+    def vectors(self) -> VectorStore:
+        s = self.settings
+        token = s.chroma_token.get_secret_value() if s.chroma_token else None
+        return VectorStore(s.chroma_url, token=token, auth_header=s.chroma_auth_header)
+
+    @property
+    def embedder(self) -> Embedder:
+        if self.embedder_override is not None:
+            return self.embedder_override
+        s = self.settings
+        return load_embedder(s.embedder, s.embed_model, s.embed_precision, s.torch_threads)
+
+    @cached_property
+    def pipeline_version(self) -> str:
+        return pipeline_version(self.settings)
+
+    @cached_property
+    def precision(self) -> str:
+        if self.embedder_override is not None:
+            return self.embedder_override.precision
+        return "fp32" if self.settings.embedder == "hash" else resolve_precision(self.settings.embed_precision)
+
+    @cached_property
+    def cache(self) -> EmbeddingCache:
+        model_id, dim = describe(self.settings.embedder, self.settings.embed_model)
+        if self.embedder_override is not None:
+            model_id, dim = self.embedder_override.model_id, self.embedder_override.dim
+        namespace = f"{model_id}:{self.precision}:{self.pipeline_version}"
+        return EmbeddingCache(self.settings.cache_redis_url, namespace=namespace, dim=dim,
+                              ttl_seconds=self.settings.embed_cache_ttl_seconds)
+
+
+_context: Context | None = None
+_lock = threading.Lock()
+
+
+def get_context() -> Context:
+    global _context
+    with _lock:
+        if _context is None:
+            _context = Context(get_settings())
+        return _context
+
+
+def set_context(ctx: Context | None) -> None:
+    """Install a process-wide context (tests, and the consumer at start)."""
+    global _context
+    with _lock:
+        _context = ctx

@@ -1,0 +1,651 @@
+"""Reconcile: audit each dataset's Chroma collection against what the job database promises, and
+repair it.
+
+Every chunk id says who made it: ``{sha256[:32]}-{pipeline_version}-{position:06d}``, and one job
+per dataset has each (sha256, pipeline version) pair (the idempotency key). So a chunk in the store
+is, for the job its id names:
+
+- **present**: the job serves search for its document (it is the document's active job, finished)
+  and ``position < chunk_count``. Its metadata must name that job, document, version and position,
+  or it is a **metadata mismatch**.
+- **in flight**: the job is pending, running or retrying. A running job's chunks are never touched.
+- an **orphan**: no job of this dataset makes the id (a foreign chunk), the job is cancelled, failed,
+  superseded or deleted, the document was deleted, or the position is beyond the job's chunk count.
+
+Positions of an active job that never showed up are **missing**.
+
+The collection is walked in pages (never all ids in memory): what must be present is a bitmap per
+active job, and orphans and mismatches go to a spool file. Because jobs change while the walk runs,
+every finding is confirmed against a fresh read of the job database (and missing ids by asking the
+store for them directly) before it is reported or repaired.
+
+Repair deletes confirmed orphans, writes the right metadata over mismatched chunks (their vectors
+and texts stay), and gives each document with missing chunks a job that rebuilds them: its active
+job is reindexed (the re-run adds only the missing ids, with embeddings from the cache), or, when
+the settings have moved to another pipeline version since, a job of the current version is queued.
+Each change is a JobEvent on the job concerned and a line in the report. A second run finds
+nothing.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, select
+
+from sluice.pipeline.context import Context
+from sluice.storage import jobs
+from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
+from sluice.storage.outbox import dispatch
+from sluice.storage.vectors import chunk_id
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 5000  # chunks per request while walking a collection (larger pages walk faster)
+BATCH = 1000  # ids per confirm / delete / update request
+SAMPLE = 10  # ids kept per document and kind in the report
+GC_EVERY = 5000  # chunks walked between full garbage collections
+SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond this
+REPORT_FILE = "reconcile.json"
+
+IN_FLIGHT = frozenset(JobStatus.active())
+SERVING = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})  # as an active job
+CHECKED_FIELDS = ("job_id", "document_id", "pipeline_version", "position")
+
+
+# --- the report ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    """Problems of one document (``document_id`` None: chunks no job of the dataset made)."""
+
+    dataset: str
+    document_id: int | None
+    filename: str = ""
+    active_job_id: int | None = None
+    missing: int = 0
+    orphans: int = 0
+    mismatched: int = 0
+    missing_ids: list[str] = field(default_factory=list)
+    orphan_ids: list[str] = field(default_factory=list)
+    mismatches: list[dict] = field(default_factory=list)  # {id, fields: {name: [stored, expected]}}
+    orphan_sources: dict[str, int] = field(default_factory=dict)  # why they are orphans -> count
+    repair: list[str] = field(default_factory=list)  # proposed (dry run) or done (repair)
+
+    @property
+    def problems(self) -> int:
+        return self.missing + self.orphans + self.mismatched
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "problems": self.problems}
+
+
+@dataclass
+class DatasetSummary:
+    name: str
+    collection: str
+    chunks: int = 0  # chunks in the collection when walked
+    present: int = 0  # expected chunks found
+    expected: int = 0  # chunks the active jobs promise
+    missing: int = 0
+    orphans: int = 0
+    mismatched: int = 0
+    in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
+    pages: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ReconcileReport:
+    repair: bool
+    actor: str
+    started_at: str
+    scope: str | None = None  # the dataset checked, or None for all
+    finished_at: str = ""
+    seconds: float = 0.0
+    datasets: list[DatasetSummary] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)  # what repair did, in order
+    errors: list[str] = field(default_factory=list)
+    queued: list[int] = field(default_factory=list)  # jobs repair queued to rebuild missing chunks
+
+    @property
+    def missing(self) -> int:
+        return sum(d.missing for d in self.datasets)
+
+    @property
+    def orphans(self) -> int:
+        return sum(d.orphans for d in self.datasets)
+
+    @property
+    def mismatched(self) -> int:
+        return sum(d.mismatched for d in self.datasets)
+
+    @property
+    def problems(self) -> int:
+        return self.missing + self.orphans + self.mismatched
+
+    @property
+    def clean(self) -> bool:
+        return self.problems == 0 and not self.errors
+
+    @property
+    def chunks(self) -> int:
+        return sum(d.chunks for d in self.datasets)
+
+    def repair_plan(self) -> dict[str, int]:
+        """What a repair would do (the preview the console shows before the button)."""
+        return {
+            "delete_orphans": self.orphans,
+            "fix_metadata": self.mismatched,
+            "rebuild_documents": sum(1 for f in self.findings if f.missing and f.document_id is not None),
+            "missing_chunks": self.missing,
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "repair": self.repair, "actor": self.actor, "scope": self.scope, "started_at": self.started_at,
+            "finished_at": self.finished_at, "seconds": self.seconds, "clean": self.clean,
+            "chunks": self.chunks, "missing": self.missing, "orphans": self.orphans,
+            "mismatched": self.mismatched, "repair_plan": self.repair_plan(),
+            "datasets": [d.to_dict() for d in self.datasets],
+            "findings": [f.to_dict() for f in self.findings],
+            "actions": self.actions, "errors": self.errors, "queued": self.queued,
+        }
+
+    def describe(self) -> str:
+        lines = [f"reconcile{' --repair' if self.repair else ''}: {self.chunks:,} chunk(s) in "
+                 f"{len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"]
+        for d in self.datasets:
+            lines.append(f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
+                         f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
+                         f"mismatch(es), {d.in_flight:,} of jobs in flight")
+        for f in self.findings:
+            who = (f"document {f.document_id} {f.filename}" + (f" (job {f.active_job_id})" if f.active_job_id else "")
+                   if f.document_id is not None else "no document (foreign chunks)")
+            parts = []
+            if f.missing:
+                parts.append(f"{f.missing} missing, e.g. {', '.join(f.missing_ids[:3])}")
+            if f.orphans:
+                parts.append(f"{f.orphans} orphan(s): " + "; ".join(f"{n} {why}" for why, n in f.orphan_sources.items()))
+            if f.mismatched:
+                m = f.mismatches[0]
+                parts.append(f"{f.mismatched} metadata mismatch(es), e.g. {m['id']} "
+                             + ", ".join(f"{k}={v[0]!r} (should be {v[1]!r})" for k, v in m["fields"].items()))
+            lines.append(f"  [{f.dataset}] {who}: " + "; ".join(parts))
+            for r in f.repair:
+                lines.append(f"      {'done' if self.repair else 'repair would'}: {r}")
+        lines += [f"  error: {e}" for e in self.errors]
+        in_flight = sum(d.in_flight for d in self.datasets)
+        if self.clean and in_flight:
+            lines.append(f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
+                         "those jobs finish")
+        elif self.clean:
+            lines.append("clean: the index holds exactly what the job database promises")
+        elif not self.repair:
+            lines.append(f"{self.problems:,} problem(s); `sluice reconcile --repair` fixes them")
+        return "\n".join(lines)
+
+
+# --- what the job database promises -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Job:
+    id: int
+    status: JobStatus
+    document_id: int
+    version: str
+    chunk_count: int | None
+    live: bool  # its document is not deleted
+    active: bool  # the job whose chunks search serves for its document
+    seen: bytearray | None = None  # positions found in the store, for expected jobs
+
+    @property
+    def expected(self) -> bool:
+        return self.active and self.status in SERVING and self.chunk_count is not None
+
+
+class _Snapshot:
+    """One dataset's jobs, found by the prefix of the chunk ids they make."""
+
+    def __init__(self, session: Session, dataset_id: int) -> None:
+        self.by_prefix: dict[str, _Job] = {}
+        self.documents: dict[int, tuple[str, int | None]] = {}  # id -> (filename, active job)
+        stmt = (select(Job.id, Job.status, Job.document_id, Job.pipeline_version, Job.chunk_count,
+                       Document.sha256, Document.filename, Document.active_job_id, Document.deleted_at)
+                .join(Document, Document.id == Job.document_id)
+                .where(Job.dataset_id == dataset_id))
+        for jid, status, doc_id, version, count, sha, filename, active_id, deleted_at in session.exec(stmt):
+            live = deleted_at is None
+            self.documents[doc_id] = (filename, active_id if live else None)
+            self.by_prefix[_prefix(sha, version)] = _Job(jid, JobStatus(status), doc_id, version, count, live,
+                                                         live and active_id == jid)
+
+    def expected_jobs(self) -> Iterator[_Job]:
+        return (j for j in self.by_prefix.values() if j.expected)
+
+
+def _prefix(sha256: str, version: str) -> str:
+    return chunk_id(sha256, version, 0)[:-6]
+
+
+def _split(cid: str) -> tuple[str, int] | None:
+    prefix, sep, pos = cid.rpartition("-")
+    if not sep or not pos.isdigit() or f"{int(pos):06d}" != pos:
+        return None
+    return prefix + "-", int(pos)
+
+
+def _classify(snap: _Snapshot, cid: str) -> tuple[str, _Job | None, int, str]:
+    """(kind, job, position, why) with kind present | in_flight | orphan."""
+    parts = _split(cid)
+    job = snap.by_prefix.get(parts[0]) if parts else None
+    if job is None:
+        return "orphan", None, -1, "foreign: no job of this dataset makes this id"
+    pos = parts[1]
+    if job.status in IN_FLIGHT:
+        return "in_flight", job, pos, ""
+    if not job.live:
+        return "orphan", job, pos, f"of deleted document {job.document_id}"
+    if not job.active:
+        return "orphan", job, pos, f"left by {job.status.value} job {job.id}"
+    if job.chunk_count is None:  # an active job without a count never happens; judge nothing
+        return "in_flight", job, pos, ""
+    if pos >= job.chunk_count:
+        return "orphan", job, pos, f"beyond the {job.chunk_count} chunks of job {job.id}"
+    return "present", job, pos, ""
+
+
+def _wrong_fields(job: _Job, pos: int, meta: dict | None) -> dict[str, list]:
+    meta = meta or {}
+    want = {"job_id": job.id, "document_id": job.document_id, "pipeline_version": job.version, "position": pos}
+    return {k: [meta.get(k), v] for k, v in want.items() if meta.get(k) != v}
+
+
+# --- the audit ---------------------------------------------------------------------------------------
+
+
+class _DatasetAudit:
+    def __init__(self, ctx: Context, ds: Dataset, report: ReconcileReport, *, repair: bool, actor: str,
+                 page_size: int) -> None:
+        self.ctx, self.ds, self.report, self.repair, self.actor = ctx, ds, report, repair, actor
+        self.page_size = page_size
+        self.summary = DatasetSummary(ds.name, ds.collection)
+        self.findings: dict[int | None, Finding] = {}
+        self.events: dict[int, list[str]] = {}  # job id -> repair notes for its JobEvent
+        self.event_data: dict[int, Counter] = {}
+        self.late_mismatches: list[str] = []  # found while confirming missing ids
+        self.deleted: Counter = Counter()  # document id (None: foreign) -> orphans deleted
+        self.fixed: Counter = Counter()  # document id -> chunks whose metadata was rewritten
+
+    # walking ------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        with Session(self.ctx.engine) as session:
+            first = _Snapshot(session, self.ds.id)
+        for job in first.expected_jobs():
+            job.seen = bytearray(job.chunk_count)
+            self.summary.expected += job.chunk_count
+        walked = 0
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as spool:
+            for page in self.ctx.vectors.iter_pages(self.ds.collection, include=["metadatas"],
+                                                    page_size=self.page_size):
+                self.summary.pages += 1
+                for cid, meta in zip(page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True):
+                    self.summary.chunks += 1
+                    kind, job, pos, _ = _classify(first, cid)
+                    if kind == "in_flight":
+                        self.summary.in_flight += 1
+                    elif kind == "orphan":
+                        spool.write(f"o\t{cid}\n")
+                    else:
+                        job.seen[pos] = 1
+                        if _wrong_fields(job, pos, meta):
+                            spool.write(f"m\t{cid}\n")
+                walked += len(page["ids"])
+                del page
+                if walked >= GC_EVERY:
+                    # chromadb's client leaves each response in reference cycles (about 0.5 MB per
+                    # 5,000 chunks): without a full collection they pile up until Python's rare
+                    # gen-2 pass.
+                    gc.collect()
+                    walked = 0
+            with Session(self.ctx.engine) as session:
+                fresh = _Snapshot(session, self.ds.id)
+            spool.seek(0)
+            self._confirm_spooled(fresh, spool)
+        self._confirm_missing(first, fresh)
+        for start in range(0, len(self.late_mismatches), BATCH):
+            self._mismatches(fresh, self.late_mismatches[start:start + BATCH])
+        self._summarise_repairs()
+        if self.repair:
+            self._write_events()
+        self.report.datasets.append(self.summary)
+        self.report.findings.extend(sorted(self.findings.values(),
+                                           key=lambda f: (f.document_id is None, f.document_id or 0)))
+
+    def _finding(self, snap: _Snapshot, document_id: int | None) -> Finding:
+        f = self.findings.get(document_id)
+        if f is None:
+            filename, active = snap.documents.get(document_id, ("", None)) if document_id else ("", None)
+            f = self.findings[document_id] = Finding(self.ds.name, document_id, filename, active)
+        return f
+
+    def _note(self, job_id: int, text: str, **counts: int) -> None:
+        self.events.setdefault(job_id, []).append(text)
+        self.event_data.setdefault(job_id, Counter()).update(counts)
+
+    # orphans and mismatches ---------------------------------------------------------------------------------
+
+    def _confirm_spooled(self, fresh: _Snapshot, spool) -> None:
+        orphans: list[str] = []
+        mismatched: list[str] = []
+        for line in spool:
+            tag, cid = line.rstrip("\n").split("\t", 1)
+            (orphans if tag == "o" else mismatched).append(cid)
+            if len(orphans) >= BATCH:
+                self._orphans(fresh, orphans)
+                orphans = []
+            if len(mismatched) >= BATCH:
+                self._mismatches(fresh, mismatched)
+                mismatched = []
+        self._orphans(fresh, orphans)
+        self._mismatches(fresh, mismatched)
+
+    def _orphans(self, fresh: _Snapshot, ids: list[str]) -> None:
+        doomed: list[str] = []
+        per_job: Counter = Counter()
+        per_doc: Counter = Counter()
+        for cid in ids:
+            kind, job, _, why = _classify(fresh, cid)
+            if kind != "orphan":
+                continue  # its job started or came back while we walked: not an orphan any more
+            doomed.append(cid)
+            f = self._finding(fresh, job.document_id if job else None)
+            f.orphans += 1
+            f.orphan_sources[why] = f.orphan_sources.get(why, 0) + 1
+            if len(f.orphan_ids) < SAMPLE:
+                f.orphan_ids.append(cid)
+            per_doc[f.document_id] += 1
+            if job is not None:
+                per_job[job.id] += 1
+        self.summary.orphans += len(doomed)
+        if not doomed:
+            return
+        if self.repair:
+            try:
+                self.ctx.vectors.delete(self.ds.collection, ids=doomed)
+            except Exception as exc:
+                self.report.errors.append(f"{self.ds.name}: deleting {len(doomed)} orphan(s) failed: {exc}")
+                return
+            for jid, n in per_job.items():
+                self._note(jid, f"removed {n} orphan chunk(s)", orphans_removed=n)
+            self.deleted.update(per_doc)
+
+    def _mismatches(self, fresh: _Snapshot, ids: list[str]) -> None:
+        if not ids:
+            return
+        got = self.ctx.vectors.get(self.ds.collection, ids, include=["metadatas"])
+        fix_ids, fix_metas = [], []
+        per_job: Counter = Counter()
+        per_doc: Counter = Counter()
+        for cid, meta in zip(got["ids"], got["metadatas"], strict=True):
+            kind, job, pos, _ = _classify(fresh, cid)
+            if kind != "present":
+                continue  # an orphan now (the orphan pass of the next run takes it) or in flight
+            wrong = _wrong_fields(job, pos, meta)
+            if not wrong:
+                continue
+            f = self._finding(fresh, job.document_id)
+            f.mismatched += 1
+            if len(f.mismatches) < SAMPLE:
+                f.mismatches.append({"id": cid, "fields": wrong})
+            self.summary.mismatched += 1
+            fix_ids.append(cid)
+            fix_metas.append({**(meta or {}), **{k: v[1] for k, v in wrong.items()}})
+            per_job[job.id] += 1
+            per_doc[job.document_id] += 1
+        if self.repair and fix_ids:
+            try:
+                # Only the metadata changes: the vector and text of the id are the job's own.
+                self.ctx.vectors.collection(self.ds.collection).update(ids=fix_ids, metadatas=fix_metas)
+            except Exception as exc:
+                self.report.errors.append(f"{self.ds.name}: fixing metadata of {len(fix_ids)} chunk(s) failed: {exc}")
+                return
+            for jid, n in per_job.items():
+                self._note(jid, f"rewrote the metadata of {n} chunk(s)", metadata_fixed=n)
+            self.fixed.update(per_doc)
+
+    # missing ----------------------------------------------------------------------------------------------
+
+    def _confirm_missing(self, first: _Snapshot, fresh: _Snapshot) -> None:
+        for prefix, job in first.by_prefix.items():
+            if job.seen is None:
+                continue
+            self.summary.present += job.chunk_count - job.seen.count(0)
+            if not job.seen.count(0):
+                continue
+            now = fresh.by_prefix.get(prefix)
+            if now is None or not now.expected or now.id != job.id or now.chunk_count != job.chunk_count:
+                self.summary.expected -= job.chunk_count  # it changed while we walked: not judged this time
+                self.summary.present -= job.chunk_count - job.seen.count(0)
+                continue
+            missing = self._really_missing(prefix, job)
+            if not missing:
+                continue
+            f = self._finding(fresh, job.document_id)
+            f.missing += len(missing)
+            f.missing_ids = missing[:SAMPLE]
+            self.summary.missing += len(missing)
+            self._rebuild(f, now, len(missing))
+
+    def _really_missing(self, prefix: str, job: _Job) -> list[str]:
+        """Missing positions, asked of the store directly (a walk racing with writes can skip ids)."""
+        out: list[str] = []
+        batch: list[str] = []
+
+        def check() -> None:
+            got = self.ctx.vectors.get(self.ds.collection, batch, include=["metadatas"])
+            found = dict(zip(got["ids"], got["metadatas"], strict=True))
+            for cid in batch:
+                if cid not in found:
+                    out.append(cid)
+                elif _wrong_fields(job, _split(cid)[1], found[cid]):
+                    self.late_mismatches.append(cid)
+            batch.clear()
+
+        for pos in range(job.chunk_count):
+            if not job.seen[pos]:
+                batch.append(f"{prefix}{pos:06d}")
+                if len(batch) >= BATCH:
+                    check()
+        if batch:
+            check()
+        present_late = job.seen.count(0) - len(out)
+        self.summary.present += present_late
+        return out
+
+    def _rebuild(self, f: Finding, job: _Job, missing: int) -> None:
+        if job.version == self.ctx.pipeline_version:
+            verb = "reindex" if job.status == JobStatus.succeeded else "retry"
+            plan = f"{verb} job {job.id}: the re-run adds the {missing} missing chunk(s) from the embedding cache"
+        else:
+            plan = (f"queue a job of pipeline {self.ctx.pipeline_version} (job {job.id} was built by "
+                    f"{job.version}, which the settings no longer make)")
+        if not self.repair:
+            f.repair.append(plan)
+            return
+        reason = f"reconcile: {missing} chunk(s) missing from the index"
+        with Session(self.ctx.engine) as session:
+            if job.version == self.ctx.pipeline_version:
+                fn = jobs.reindex if job.status == JobStatus.succeeded else jobs.retry
+                [result] = fn(session=session, job_ids=[job.id], actor=self.actor, reason=reason)
+                queued = result.ok
+            else:
+                document = session.get(Document, job.document_id)
+                result, queued = jobs.ensure_version_job(
+                    session=session, document=document, pipeline_version=self.ctx.pipeline_version,
+                    max_attempts=self.ctx.settings.max_attempts,
+                    actor=self.actor, reason=reason)
+        f.repair.append(result.message)
+        self.report.actions.append(f"[{self.ds.name}] document {job.document_id}: {result.message}")
+        if queued:
+            self.report.queued.append(result.job_id)
+        if not result.ok:
+            self.report.errors.append(f"[{self.ds.name}] document {job.document_id}: {result.message}")
+
+    # what repair did (or would do) ------------------------------------------------------------------------------
+
+    def _summarise_repairs(self) -> None:
+        for doc_id, f in self.findings.items():
+            lines = []
+            if self.repair:
+                if self.deleted[doc_id]:
+                    lines.append(f"deleted {self.deleted[doc_id]} orphan chunk(s): {', '.join(f.orphan_ids[:3])}"
+                                 + (" ..." if self.deleted[doc_id] > 3 else ""))
+                if self.fixed[doc_id]:
+                    lines.append(f"rewrote the metadata of {self.fixed[doc_id]} chunk(s)")
+            else:
+                if f.orphans:
+                    lines.append(f"delete {f.orphans} orphan chunk(s)")
+                if f.mismatched:
+                    lines.append(f"rewrite the metadata of {f.mismatched} chunk(s) to name their job, document, "
+                                 "pipeline version and position")
+            f.repair[:0] = lines
+            who = f"document {doc_id}" if doc_id is not None else "foreign chunks"
+            if self.repair:
+                self.report.actions.extend(f"[{self.ds.name}] {who}: {line}" for line in lines)
+
+    # events ---------------------------------------------------------------------------------------------------
+
+    def _write_events(self) -> None:
+        if not self.events:
+            return
+        with Session(self.ctx.engine) as session:
+            for jid, notes in self.events.items():
+                job = session.get(Job, jid)
+                if job is None:
+                    continue
+                text = "reconcile " + "; ".join(notes)
+                jobs.add_event(session, job, "reconcile_repair", actor=self.actor, message=text,
+                               data=dict(self.event_data.get(jid, {})))
+            session.commit()
+
+
+def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", dataset: str | None = None,
+              publish: Callable[[int], None] | None = None, page_size: int = PAGE_SIZE,
+              save: bool = True) -> ReconcileReport:
+    """Audit (and with ``repair`` fix) every dataset, or the one named; returns the report.
+
+    Jobs that repair queues are written to the outbox; ``publish`` dispatches them now, otherwise
+    the workers' recovery loop publishes them within seconds.
+    """
+    started = time.monotonic()
+    report = ReconcileReport(repair=repair, actor=actor, started_at=utcnow().isoformat(), scope=dataset)
+    with Session(ctx.engine) as session:
+        stmt = select(Dataset).order_by(Dataset.name)
+        if dataset:
+            stmt = stmt.where(Dataset.name == dataset)
+        datasets = list(session.exec(stmt).all())
+    if dataset and not datasets:
+        report.errors.append(f"no dataset named {dataset!r}")
+    for ds in datasets:
+        try:
+            _DatasetAudit(ctx, ds, report, repair=repair, actor=actor, page_size=page_size).run()
+        except Exception as exc:  # one unreachable collection must not hide the others
+            log.exception("reconcile of dataset %s failed", ds.name)
+            report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")
+    if repair and publish is not None and report.queued:
+        try:
+            sent = dispatch(engine=ctx.engine, publish=publish)
+            if sent.error:
+                report.errors.append(f"queue unreachable ({sent.error}); the workers publish the jobs later")
+        except Exception as exc:
+            report.errors.append(f"queue unreachable ({exc}); the workers publish the jobs later")
+    report.seconds = round(time.monotonic() - started, 3)
+    report.finished_at = utcnow().isoformat()
+    log.info("reconcile (repair=%s, by %s): %d chunks, %d missing, %d orphans, %d mismatched in %.1fs",
+             repair, actor, report.chunks, report.missing, report.orphans, report.mismatched, report.seconds)
+    if save:
+        save_report(ctx, report)
+    return report
+
+
+# --- the last report, for the console ------------------------------------------------------------------------
+
+
+def report_path(ctx: Context) -> Path:
+    return Path(ctx.settings.data_dir) / "reports" / REPORT_FILE
+
+
+def save_report(ctx: Context, report: ReconcileReport) -> None:
+    path = report_path(ctx)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(report.to_dict(), default=str))
+        os.replace(tmp, path)
+    except OSError as exc:  # the report is a convenience; the JobEvents hold what repair did
+        log.warning("could not save the reconcile report to %s: %s", path, exc)
+
+
+def last_report(ctx: Context) -> dict[str, Any] | None:
+    """The last report any process on this machine saved (CLI, periodic task, console), or None."""
+    try:
+        return json.loads(report_path(ctx).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Background:
+    """Runs one reconcile at a time in a thread, for the console (whose script thread must stay
+    quick), and keeps the outcome of the last one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.started_at: float | None = None
+        self.label = ""
+        self.report: dict[str, Any] | None = None
+        self.error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, fn: Callable[[], ReconcileReport], *, label: str) -> bool:
+        """Start ``fn`` unless a run is under way; False when one is."""
+        with self._lock:
+            if self.running:
+                return False
+            self.label, self.started_at, self.error = label, time.time(), None
+            self._thread = threading.Thread(target=self._run, args=(fn,), name="sluice-reconcile", daemon=True)
+            self._thread.start()
+            return True
+
+    def _run(self, fn: Callable[[], ReconcileReport]) -> None:
+        try:
+            self.report = fn().to_dict()
+        except Exception as exc:
+            log.exception("reconcile in the background failed")
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def wait(self, timeout: float | None = None) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)

@@ -1,0 +1,105 @@
+"""The tasks and the periodic recovery on the Huey instance. The consumer imports this module:
+
+    huey_consumer sluice.pipeline.tasks.huey -k thread -w 2
+
+Tasks are thin: they take a job id and call a plain function. Queue messages carry only the id;
+the job database says what to do with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+import redis
+from huey import crontab
+
+from sluice.pipeline import recovery
+from sluice.pipeline.context import get_context
+from sluice.pipeline.queue import get_huey, publish, queued_job_ids, worker_key
+from sluice.pipeline.runner import run_job
+from sluice.storage.settings import get_settings
+
+log = logging.getLogger("sluice.tasks")
+
+huey = get_huey()
+
+
+@huey.task(name="sluice.process_job")
+def process_job(job_id: int) -> None:
+    run_job(int(job_id), ctx=get_context())
+
+
+def recover_once() -> recovery.RecoveryReport:
+    return recovery.run_once(get_context(), publish=publish, queued_job_ids=queued_job_ids)
+
+
+@huey.periodic_task(crontab(minute="*"), name="sluice.recover")
+def recover() -> None:
+    """Every minute, also when the sub-minute loop below is not running."""
+    recover_once()
+
+
+@huey.periodic_task(crontab(minute="*"), name="sluice.reconcile")
+def periodic_reconcile() -> None:
+    minutes = get_settings().reconcile_interval_minutes
+    if minutes and int(time.time() // 60) % minutes == 0:
+        from sluice.pipeline import reconcile
+
+        reconcile.reconcile(get_context(), repair=True, actor="periodic reconcile")
+
+
+_loop_started = False
+_loop_lock = threading.Lock()
+
+
+@huey.on_startup()
+def start_recovery_loop() -> None:
+    """One loop per consumer process: recovery every few seconds and a presence key for the console."""
+    global _loop_started
+    with _loop_lock:
+        if _loop_started:
+            return
+        _loop_started = True
+    _log_to_console()
+    s = get_settings()
+    log.info("worker %s: pipeline %s, embedder %s (%s), secrets set: %s", get_context().worker_id,
+             get_context().pipeline_version, s.embedder, s.embed_precision,
+             ", ".join(k for k, v in s.secrets_status().items() if v) or "none")
+    threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
+
+
+def _log_to_console() -> None:
+    """huey_consumer configures only the huey logger; show Sluice's own records the same way."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s:%(name)s:%(message)s"))
+    level = os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper()
+    for name in ("pipeline", "storage", "sluice"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = False
+
+
+def _recovery_loop() -> None:
+    ctx = get_context()
+    interval = ctx.settings.recovery_interval_seconds
+    me = {"id": ctx.worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    while True:
+        try:
+            huey.storage.conn.set(f"{worker_key()}:{ctx.worker_id}", json.dumps({**me, "seen": time.time()}),
+                                  ex=max(15, int(interval * 3)))
+        except redis.RedisError as exc:
+            log.warning("queue Redis unreachable: %s", exc)
+        try:
+            report = recover_once()
+            if report.anything:
+                log.info("recovery: %s", report)
+        except Exception as exc:  # never let the loop die; the next round tries again
+            log.warning("recovery round failed: %s", exc)
+        time.sleep(interval)

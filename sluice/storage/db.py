@@ -1,0 +1,116 @@
+"""Engine and sessions for the job database (SQLite in WAL mode, or PostgreSQL via psycopg 3)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, make_url
+from sqlmodel import Session, SQLModel, create_engine, select
+
+from sluice.storage.models import Dataset
+
+DEFAULT_DATASET = "default"
+
+_engines: dict[str, Engine] = {}
+_lock = threading.Lock()
+
+
+def normalise_url(url: str) -> str:
+    """Let people write postgresql:// and still get psycopg 3."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=30000")  # first: switching to WAL itself may wait for a lock
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    url = normalise_url(url)
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=10, max_overflow=20
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+    else:
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return engine
+
+
+def get_engine(url: str) -> Engine:
+    """One engine per URL per process, with the schema in place."""
+    url = normalise_url(url)
+    with _lock:
+        engine = _engines.get(url)
+        if engine is None:
+            engine = make_engine(url)
+            init_schema(engine)
+            _engines[url] = engine
+        return engine
+
+
+def dispose_engines() -> None:
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+
+
+def init_schema(engine: Engine) -> None:
+    """Create missing tables and indexes (safe on a fresh and on an existing database).
+
+    Several processes may start at once on a fresh database; the loser of a create race sees
+    "already exists" (or, on SQLite switching to WAL, "database is locked") and checks again.
+    """
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    for attempt in range(10):
+        try:
+            SQLModel.metadata.create_all(engine)
+            break
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            text = str(exc).lower()
+            if not any(w in text for w in ("exist", "duplicate", "locked")) or attempt == 9:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    with Session(engine) as session:
+        ensure_dataset(session=session, name=DEFAULT_DATASET)
+
+
+def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dataset:
+    dataset = session.exec(select(Dataset).where(Dataset.name == name)).first()
+    if dataset is not None:
+        return dataset
+    dataset = Dataset(name=name, description=description, collection=f"sluice-{uuid.uuid4().hex[:16]}")
+    session.add(dataset)
+    try:
+        session.commit()
+    except Exception:  # another process created it at the same moment
+        session.rollback()
+        dataset = session.exec(select(Dataset).where(Dataset.name == name)).first()
+        if dataset is None:
+            raise
+        return dataset
+    session.refresh(dataset)
+    return dataset
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as session:
+        yield session

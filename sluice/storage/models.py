@@ -1,0 +1,162 @@
+"""SQLModel tables: datasets, documents, jobs, their events, and the outbox.
+
+The job database is the source of truth for every job; Redis only carries job ids.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+from sluice.errors import ErrorKind
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class JobStatus(str, Enum):
+    pending = "pending"
+    running = "running"
+    retrying = "retrying"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+    superseded = "superseded"  # a newer pipeline version of the document took over search
+    deleted = "deleted"
+
+    @classmethod
+    def active(cls) -> tuple[JobStatus, ...]:
+        return (cls.pending, cls.running, cls.retrying)
+
+    @classmethod
+    def final(cls) -> tuple[JobStatus, ...]:
+        return (cls.succeeded, cls.failed, cls.cancelled, cls.superseded, cls.deleted)
+
+
+class Stage(str, Enum):
+    queued = "queued"
+    parsing = "parsing"
+    chunking = "chunking"
+    embedding = "embedding"
+    indexing = "indexing"
+    done = "done"
+
+
+STAGE_UNITS = {
+    Stage.parsing: "pages",
+    Stage.chunking: "pages",
+    Stage.embedding: "chunks",
+    Stage.indexing: "chunks",
+}
+
+
+class Dataset(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True, max_length=64)
+    description: str = ""
+    # Chroma collection of this dataset; unique per row so instances can share one Chroma server.
+    collection: str = Field(unique=True, max_length=80)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Document(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("dataset_id", "sha256", name="uq_document_dataset_sha"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    dataset_id: int = Field(foreign_key="dataset.id", index=True)
+    sha256: str = Field(max_length=64, index=True)
+    size: int
+    media_type: str = Field(max_length=100)
+    filename: str = Field(max_length=255)
+    blob_key: str = Field(max_length=80)
+    created_at: datetime = Field(default_factory=utcnow)
+    # The job whose chunks search serves for this document (switches only when a new job succeeds).
+    active_job_id: int | None = Field(default=None, index=True)
+    deleted_at: datetime | None = None
+
+
+class Job(SQLModel, table=True):
+    __table_args__ = (
+        Index("ix_job_dataset_status_created", "dataset_id", "status", "created_at"),
+        Index("ix_job_status_created", "status", "created_at"),
+        Index("ix_job_status_heartbeat", "status", "heartbeat_at"),
+        Index("ix_job_dataset_created", "dataset_id", "created_at"),
+        Index("ix_job_error_kind_status", "error_kind", "status"),
+        Index("ix_job_stage_status", "stage", "status"),
+        Index("ix_job_finished", "finished_at"),
+        # Sorted pages of the jobs table (ORDER BY created_at/updated_at, id) walk these, even deep ones.
+        Index("ix_job_created_id", "created_at", "id"),
+        Index("ix_job_updated_id", "updated_at", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    document_id: int = Field(foreign_key="document.id", index=True)
+    dataset_id: int = Field(foreign_key="dataset.id")
+    filename: str = Field(max_length=255, index=True)
+    idempotency_key: str = Field(max_length=200, unique=True)
+    pipeline_version: str = Field(max_length=40)
+
+    status: JobStatus = Field(default=JobStatus.pending, max_length=20)
+    stage: Stage = Field(default=Stage.queued, max_length=20)
+    done: int = 0
+    total: int = 0
+
+    attempt: int = 0  # attempts used of the current budget (reset by a manual retry)
+    max_attempts: int = 5
+    lease: int = 0  # fencing token: bumped by every claim, never reset
+    version: int = 0  # compare-and-set column: bumped by every update
+
+    next_attempt_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    worker_id: str | None = Field(default=None, max_length=120)
+    cancel_requested: bool = False
+    dismissed: bool = False
+
+    error_kind: ErrorKind | None = Field(default=None, max_length=30)
+    error_code: str | None = Field(default=None, max_length=60)
+    error_message: str | None = Field(default=None, sa_column=Column(Text))
+    fix_hint: str | None = Field(default=None, sa_column=Column(Text))
+    error_detail: str | None = Field(default=None, sa_column=Column(Text))
+
+    page_count: int | None = None
+    chunk_count: int | None = None
+    embedded_count: int = 0  # chunks the model actually encoded in the last attempt
+    cached_count: int = 0  # chunks served by the embedding cache in the last attempt
+
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class JobEvent(SQLModel, table=True):
+    __tablename__ = "job_event"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    at: datetime = Field(default_factory=utcnow)
+    kind: str = Field(max_length=40)
+    from_status: str | None = Field(default=None, max_length=20)
+    to_status: str | None = Field(default=None, max_length=20)
+    stage: str | None = Field(default=None, max_length=20)
+    attempt: int | None = None
+    actor: str = Field(default="system", max_length=120)
+    message: str = Field(default="", sa_column=Column(Text))
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+
+
+class Outbox(SQLModel, table=True):
+    __table_args__ = (Index("ix_outbox_pending", "sent_at", "available_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="job.id", index=True)
+    created_at: datetime = Field(default_factory=utcnow)
+    available_at: datetime = Field(default_factory=utcnow)
+    sent_at: datetime | None = None
+    publish_attempts: int = 0
+    last_error: str | None = Field(default=None, max_length=500)

@@ -1,0 +1,125 @@
+"""The transactional outbox: rows written with the job, published to the queue afterwards.
+
+Publishing needs the queue; this module takes a ``publish(job_id)`` callable so that storage does
+not import Huey. A failed publish leaves the row unsent; the recovery loop tries again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import func, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from sluice.storage.jobs import CLAIMABLE, add_event
+from sluice.storage.models import Job, JobStatus, Outbox, utcnow
+
+
+@dataclass
+class DispatchResult:
+    sent: list[int] = field(default_factory=list)
+    skipped: int = 0
+    error: str | None = None
+
+
+def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 1000) -> DispatchResult:
+    """Publish due outbox rows in order; stop at the first publish error (the queue is down).
+
+    Rows are first marked sent in one conditional UPDATE, so concurrent dispatchers (every worker
+    and console runs one) never publish the same row twice; rows that could not be published are
+    handed back.
+    """
+    result = DispatchResult()
+    now = utcnow()
+    with Session(engine) as session:
+        due = session.exec(
+            select(Outbox.id, Outbox.job_id, Job.status)
+            .join(Job, Job.id == Outbox.job_id)
+            .where(Outbox.sent_at.is_(None), Outbox.available_at <= now)
+            .order_by(Outbox.id)
+            .limit(limit)
+        ).all()
+        if not due:
+            return result
+        claimed = set(session.execute(
+            update(Outbox)
+            .where(Outbox.id.in_([row_id for row_id, _, _ in due]), Outbox.sent_at.is_(None))
+            .values(sent_at=now, publish_attempts=Outbox.publish_attempts + 1)
+            .returning(Outbox.id)
+        ).scalars().all())
+        session.commit()
+        skipped, failed = [], []
+        for row_id, job_id, status in due:
+            if row_id not in claimed:
+                continue  # another dispatcher has it
+            if status not in CLAIMABLE:
+                skipped.append(row_id)  # nothing to run any more (cancelled, succeeded...)
+                continue
+            if result.error is not None:
+                failed.append(row_id)
+                continue
+            try:
+                publish(job_id)
+                result.sent.append(job_id)
+            except Exception as exc:  # the queue Redis is down: hand the rest back for later
+                result.error = f"{type(exc).__name__}: {exc}"[:500]
+                failed.append(row_id)
+        if skipped:
+            session.execute(update(Outbox).where(Outbox.id.in_(skipped))
+                            .values(last_error="not published: the job no longer waits to run"))
+            result.skipped = len(skipped)
+        if failed:
+            session.execute(update(Outbox).where(Outbox.id.in_(failed))
+                            .values(sent_at=None, last_error=result.error))
+        session.commit()
+    return result
+
+
+def unsent_count(*, session: Session) -> int:
+    return session.exec(select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))).one()
+
+
+def redeliver_stranded(*, session: Session, older_than_seconds: float,
+                       queued_job_ids: Collection[int]) -> list[int]:
+    """Publish again jobs that wait for a message that no longer exists.
+
+    A job is stranded when it is pending or due for retry, its last message was sent more than
+    ``older_than_seconds`` ago, no unsent outbox row is waiting, and its id is in neither the queue
+    nor the schedule (``queued_job_ids``, read from the queue Redis). That happens when the queue
+    Redis lost data or a worker died holding the message before it claimed the job.
+    """
+    now = utcnow()
+    cutoff = now - timedelta(seconds=older_than_seconds)
+    last_sent = (
+        select(Outbox.job_id, func.max(Outbox.sent_at).label("last_sent"),
+               func.count(Outbox.id).filter(Outbox.sent_at.is_(None)).label("unsent"))
+        .group_by(Outbox.job_id)
+        .subquery()
+    )
+    candidates = session.exec(
+        select(Job)
+        .join(last_sent, last_sent.c.job_id == Job.id)
+        .where(
+            Job.status.in_(CLAIMABLE),
+            (Job.next_attempt_at.is_(None)) | (Job.next_attempt_at <= cutoff),
+            last_sent.c.unsent == 0,
+            last_sent.c.last_sent < cutoff,
+        )
+        .limit(1000)
+    ).all()
+    republished = []
+    for job in candidates:
+        if job.id in queued_job_ids:
+            continue
+        session.add(Outbox(job_id=job.id, available_at=now))
+        add_event(session, job, "republished", message="its queue message was lost; published again",
+                  data={"status": job.status.value})
+        republished.append(job.id)
+    session.commit()
+    return republished
+
+
+__all__ = ["DispatchResult", "dispatch", "redeliver_stranded", "unsent_count", "JobStatus"]

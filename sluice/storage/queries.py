@@ -1,0 +1,265 @@
+"""Read-side queries for the console and the CLI. The database filters, sorts and pages; callers
+never load all jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func
+from sqlmodel import Session, select
+
+from sluice.storage.jobs import describe_progress
+from sluice.storage.models import (
+    Dataset,
+    Document,
+    ErrorKind,
+    Job,
+    JobEvent,
+    JobStatus,
+    Stage,
+    utcnow,
+)
+
+SORTABLE = {
+    "created": Job.created_at,
+    "updated": Job.updated_at,
+    "finished": Job.finished_at,
+    "id": Job.id,
+    "filename": Job.filename,
+    "status": Job.status,
+}
+
+
+@dataclass
+class JobFilter:
+    dataset_id: int | None = None
+    statuses: list[str] = field(default_factory=list)
+    stages: list[str] = field(default_factory=list)
+    error_kinds: list[str] = field(default_factory=list)
+    name_contains: str = ""
+    include_dismissed: bool = True
+
+
+def _apply(stmt, f: JobFilter):
+    if f.dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == f.dataset_id)
+    if f.statuses:
+        stmt = stmt.where(Job.status.in_([JobStatus(s) for s in f.statuses]))
+    if f.stages:
+        stmt = stmt.where(Job.stage.in_([Stage(s) for s in f.stages]))
+    if f.error_kinds:
+        stmt = stmt.where(Job.error_kind.in_([ErrorKind(k) for k in f.error_kinds]))
+    if f.name_contains:
+        pattern = "%" + f.name_contains.replace("%", r"\%").replace("_", r"\_") + "%"
+        stmt = stmt.where(Job.filename.ilike(pattern, escape="\\"))
+    if not f.include_dismissed:
+        stmt = stmt.where(Job.dismissed.is_(False))
+    return stmt
+
+
+def list_jobs(*, session: Session, f: JobFilter | None = None, sort: str = "created", descending: bool = True,
+              page: int = 1, page_size: int = 50) -> list[Job]:
+    f = f or JobFilter()
+    column = SORTABLE.get(sort, Job.created_at)
+    order = [column.desc(), Job.id.desc()] if descending else [column.asc(), Job.id.asc()]
+    stmt = _apply(select(Job), f).order_by(*order).offset(max(0, page - 1) * page_size).limit(page_size)
+    return list(session.exec(stmt).all())
+
+
+def count_jobs(*, session: Session, f: JobFilter | None = None) -> int:
+    return session.exec(_apply(select(func.count()).select_from(Job), f or JobFilter())).one()
+
+
+def status_counts(*, session: Session, dataset_id: int | None = None) -> dict[str, int]:
+    stmt = select(Job.status, func.count()).group_by(Job.status)
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    counts = {s.value: 0 for s in JobStatus}
+    for status, n in session.exec(stmt).all():
+        counts[JobStatus(status).value] = n
+    return counts
+
+
+def datasets(*, session: Session) -> list[Dataset]:
+    return list(session.exec(select(Dataset).order_by(Dataset.name)).all())
+
+
+def dataset_by_name(*, session: Session, name: str) -> Dataset | None:
+    return session.exec(select(Dataset).where(Dataset.name == name)).first()
+
+
+def dataset_summaries(*, session: Session) -> list[dict]:
+    docs = dict(session.exec(
+        select(Document.dataset_id, func.count()).where(Document.deleted_at.is_(None)).group_by(Document.dataset_id)
+    ).all())
+    chunks = dict(session.exec(
+        select(Job.dataset_id, func.coalesce(func.sum(Job.chunk_count), 0))
+        .where(Job.status == JobStatus.succeeded).group_by(Job.dataset_id)
+    ).all())
+    jobs_by = {}
+    for ds_id, status, n in session.exec(select(Job.dataset_id, Job.status, func.count())
+                                         .group_by(Job.dataset_id, Job.status)).all():
+        jobs_by.setdefault(ds_id, {})[JobStatus(status).value] = n
+    return [
+        {"name": ds.name, "id": ds.id, "documents": int(docs.get(ds.id, 0)), "chunks": int(chunks.get(ds.id, 0)),
+         "jobs": jobs_by.get(ds.id, {}), "collection": ds.collection, "created_at": ds.created_at.isoformat()}
+        for ds in datasets(session=session)
+    ]
+
+
+def job_events(*, session: Session, job_id: int) -> list[JobEvent]:
+    return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all())
+
+
+def dead_letters(*, session: Session, dataset_id: int | None = None, kind: str | None = None,
+                 include_dismissed: bool = False, limit: int = 500) -> list[Job]:
+    f = JobFilter(dataset_id=dataset_id, statuses=["failed"], error_kinds=[kind] if kind else [],
+                  include_dismissed=include_dismissed)
+    return list_jobs(session=session, f=f, sort="finished", page_size=limit)
+
+
+def dead_letter_groups(*, session: Session, dataset_id: int | None = None) -> list[dict]:
+    """Failed, undismissed jobs grouped by kind and reason (error code), with counts and a hint."""
+    stmt = (
+        select(Job.error_kind, Job.error_code, func.count(), func.min(Job.fix_hint), func.max(Job.finished_at))
+        .where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+        .group_by(Job.error_kind, Job.error_code)
+        .order_by(func.count().desc())
+    )
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return [
+        {"kind": ErrorKind(k).value if k else "unknown", "code": code or "unknown", "count": n,
+         "fix_hint": hint or "", "latest": latest}
+        for k, code, n, hint, latest in session.exec(stmt).all()
+    ]
+
+
+def dead_letter_ids(*, session: Session, kind: str | None = None, code: str | None = None,
+                    dataset_id: int | None = None) -> list[int]:
+    stmt = select(Job.id).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+    if kind:
+        stmt = stmt.where(Job.error_kind == ErrorKind(kind))
+    if code:
+        stmt = stmt.where(Job.error_code == code)
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return list(session.exec(stmt.order_by(Job.id)).all())
+
+
+def oldest_waiting(*, session: Session, dataset_id: int | None = None) -> datetime | None:
+    stmt = select(func.min(Job.created_at)).where(Job.status == JobStatus.pending)
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return session.exec(stmt).one()
+
+
+def throughput(*, session: Session, minutes: int = 60, dataset_id: int | None = None,
+               now: datetime | None = None) -> list[dict]:
+    """Jobs finished and chunks embedded per minute over the last ``minutes``."""
+    now = now or utcnow()
+    since = now - timedelta(minutes=minutes)
+    stmt = select(Job.finished_at, Job.status, Job.chunk_count).where(
+        Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    buckets: dict[datetime, dict] = {}
+    for i in range(minutes + 1):
+        t = (since + timedelta(minutes=i)).replace(second=0, microsecond=0)
+        buckets[t] = {"minute": t, "succeeded": 0, "failed": 0, "chunks": 0}
+    for finished, status, chunks in session.exec(stmt).all():
+        b = buckets.get(finished.replace(second=0, microsecond=0))
+        if b is None:
+            continue
+        if JobStatus(status) == JobStatus.succeeded:
+            b["succeeded"] += 1
+            b["chunks"] += chunks or 0
+        else:
+            b["failed"] += 1
+    return list(buckets.values())
+
+
+def failures_by_kind(*, session: Session, dataset_id: int | None = None) -> dict[str, int]:
+    stmt = (select(Job.error_kind, func.count()).where(Job.status == JobStatus.failed)
+            .group_by(Job.error_kind))
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return {(ErrorKind(k).value if k else "unknown"): n for k, n in session.exec(stmt).all()}
+
+
+def job_row(job: Job) -> dict:
+    """The public shape of a job (CLI --json, console tables)."""
+    return {
+        "id": job.id,
+        "dataset_id": job.dataset_id,
+        "document_id": job.document_id,
+        "filename": job.filename,
+        "status": JobStatus(job.status).value,
+        "stage": Stage(job.stage).value,
+        "done": job.done,
+        "total": job.total,
+        "progress": describe_progress(job.stage, job.done, job.total),
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "error_kind": ErrorKind(job.error_kind).value if job.error_kind else None,
+        "error_code": job.error_code,
+        "error_message": job.error_message,
+        "fix_hint": job.fix_hint,
+        "cancel_requested": job.cancel_requested,
+        "chunk_count": job.chunk_count,
+        "page_count": job.page_count,
+        "pipeline_version": job.pipeline_version,
+        "worker_id": job.worker_id,
+        "created_at": job.created_at.isoformat() if job.created_at else None,
+        "updated_at": job.updated_at.isoformat() if job.updated_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "next_attempt_at": job.next_attempt_at.isoformat() if job.next_attempt_at else None,
+        "heartbeat_at": job.heartbeat_at.isoformat() if job.heartbeat_at else None,
+    }
+
+
+# --- console read side (additive) -------------------------------------------------------------------
+
+
+def dataset_names(*, session: Session) -> dict[int, str]:
+    return {ds_id: name for ds_id, name in session.exec(select(Dataset.id, Dataset.name)).all()}
+
+
+def dead_letters_in_group(*, session: Session, kind: str, code: str, dataset_id: int | None = None,
+                          limit: int = 200) -> list[Job]:
+    """Undismissed failed jobs of one dead-letter group (kind + error code), latest first.
+
+    ``kind`` / ``code`` ``"unknown"`` match jobs without one, as ``dead_letter_groups`` names them.
+    """
+    stmt = select(Job).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+    stmt = stmt.where(Job.error_kind.is_(None) if kind == "unknown" else Job.error_kind == ErrorKind(kind))
+    stmt = stmt.where(Job.error_code.is_(None) if code == "unknown" else Job.error_code == code)
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return list(session.exec(stmt.order_by(Job.finished_at.desc(), Job.id.desc()).limit(limit)).all())
+
+
+def waiting_ahead(*, session: Session, job: Job) -> int:
+    """Pending jobs created before ``job``: how many wait ahead of it, by the database."""
+    stmt = select(func.count()).select_from(Job).where(
+        Job.status == JobStatus.pending, Job.created_at < job.created_at)
+    return session.exec(stmt).one()
+
+
+def unsent_messages(*, session: Session, job_id: int) -> list:
+    """Outbox rows of a job not yet on the queue (published later by the worker's recovery)."""
+    from sluice.storage.models import Outbox
+
+    return list(session.exec(
+        select(Outbox).where(Outbox.job_id == job_id, Outbox.sent_at.is_(None)).order_by(Outbox.id)
+    ).all())
+
+
+def finished_since(*, session: Session, since: datetime, dataset_id: int | None = None) -> int:
+    """Jobs that reached succeeded or failed since ``since`` (the measured drain rate)."""
+    stmt = select(func.count()).select_from(Job).where(
+        Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return session.exec(stmt).one()

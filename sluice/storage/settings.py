@@ -1,0 +1,202 @@
+"""The one settings object. Every process builds it at start and asks it for everything.
+
+Variables are prefixed ``SLUICE_`` and may also come from a ``.env`` file in the working
+directory. ``.env.example`` lists them all with safe examples.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sluice.errors import SettingsError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SLUICE_", env_file=".env", extra="ignore", validate_default=True
+    )
+
+    # Where every piece of local state lives: job database, blobs, Chroma directory, Redis files.
+    data_dir: Path = Path("var")
+    # SQLAlchemy URL of the job database; empty means SQLite at $SLUICE_DATA_DIR/sluice.db.
+    database_url: str = ""
+    queue_redis_url: str = "redis://127.0.0.1:6390/0"
+    cache_redis_url: str = "redis://127.0.0.1:6391/0"
+    # Name of the Huey queue (its Redis keys are huey.redis.<name> etc.).
+    queue_name: str = "sluice"
+    chroma_url: str = "http://127.0.0.1:8100"
+    chroma_token: SecretStr | None = None
+    chroma_auth_header: str = "Authorization"
+
+    # Embedding
+    embedder: Literal["sentence-transformers", "hash"] = "sentence-transformers"
+    embed_model: str = "all-MiniLM-L6-v2"
+    embed_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    embed_batch_size: int = Field(32, ge=1, le=1024)
+    torch_threads: int = Field(0, ge=0, description="0 = one per CPU core")
+    embed_cache_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
+
+    # Chunking (part of the pipeline version)
+    chunk_size: int = Field(800, ge=100, le=8000)
+    chunk_overlap: int = Field(100, ge=0)
+
+    # Retries and recovery
+    max_attempts: int = Field(5, ge=1, le=50)
+    retry_base_seconds: float = Field(2.0, gt=0)
+    retry_max_seconds: float = Field(300.0, gt=0)
+    lease_seconds: float = Field(60.0, gt=0)
+    heartbeat_seconds: float = Field(5.0, gt=0)
+    recovery_interval_seconds: float = Field(5.0, gt=0)
+    redeliver_after_seconds: float = Field(60.0, gt=0)
+    reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
+
+    # Limits against oversized input and PDF bombs
+    max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1)
+    max_pages: int = Field(5000, ge=1)
+    max_chunks: int = Field(50000, ge=1)
+    stage_timeout_seconds: float = Field(900.0, gt=0)
+
+    # Console
+    console_address: str = "127.0.0.1"
+    console_port: int = 8501
+    console_password: SecretStr | None = None
+    console_readonly_password: SecretStr | None = None
+    login_max_failures: int = Field(5, ge=1)
+    login_lockout_seconds: float = Field(30.0, ge=0)
+
+    @field_validator("queue_redis_url", "cache_redis_url")
+    @classmethod
+    def _redis_url(cls, v: str) -> str:
+        if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"{redact_url(v)!r} is not a redis:// URL (e.g. redis://:password@127.0.0.1:6390/0)")
+        return v
+
+    @field_validator("chroma_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{redact_url(v)!r} is not an http(s):// URL (e.g. http://127.0.0.1:8100)")
+        if parts.path.strip("/") or parts.query:
+            raise ValueError(f"{redact_url(v)!r} has a path; the Chroma client ignores it: serve Chroma at "
+                             "the root of its host and port (e.g. https://chroma.internal:8443)")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError("SLUICE_CHUNK_OVERLAP must be smaller than SLUICE_CHUNK_SIZE")
+        if self.queue_redis_url == self.cache_redis_url:
+            raise ValueError(
+                "SLUICE_QUEUE_REDIS_URL and SLUICE_CACHE_REDIS_URL must differ: the queue needs "
+                "noeviction and persistence, the cache evicts"
+            )
+        for name in ("console_password", "console_readonly_password", "chroma_token"):
+            secret = getattr(self, name)
+            if secret is not None and secret.get_secret_value() in ("", "changeme", "change-me"):
+                raise ValueError(f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it")
+        return self
+
+    def __repr_args__(self):
+        """repr() and str() show URLs with their passwords masked (SecretStr fields mask themselves)."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name and name.endswith("_url") and isinstance(value, str) else value
+
+    # Derived values -------------------------------------------------------------------------
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'sluice.db').resolve()}"
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.data_dir / "blobs"
+
+    @property
+    def chroma_dir(self) -> Path:
+        return self.data_dir / "chroma"
+
+    @property
+    def console_is_loopback(self) -> bool:
+        return self.console_address in LOOPBACK_HOSTS
+
+    @property
+    def login_required(self) -> bool:
+        return self.console_password is not None or not self.console_is_loopback
+
+    def secrets_status(self) -> dict[str, bool]:
+        """Which secrets are set, never their values (for logs and the System page)."""
+        return {
+            "SLUICE_CONSOLE_PASSWORD": self.console_password is not None,
+            "SLUICE_CONSOLE_READONLY_PASSWORD": self.console_readonly_password is not None,
+            "SLUICE_CHROMA_TOKEN": self.chroma_token is not None,
+            "queue Redis password": bool(urlsplit(self.queue_redis_url).password),
+            "cache Redis password": bool(urlsplit(self.cache_redis_url).password),
+            "database password": bool(urlsplit(self.database_url).password) if self.database_url else False,
+        }
+
+    def public_view(self) -> dict[str, str]:
+        """Configuration in force, with secrets shown only as set / not set."""
+        out: dict[str, str] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            key = f"SLUICE_{name.upper()}"
+            if isinstance(value, SecretStr) or name.endswith(("password", "token")):
+                out[key] = "set" if value else "not set"
+            elif name.endswith("_url"):
+                out[key] = redact_url(str(value)) if value else ""
+            else:
+                out[key] = str(value)
+        return out
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url
+
+
+def load_settings(**overrides) -> Settings:
+    """Build and validate settings; turn validation errors into one clear message.
+
+    Values come from the environment, then from the file named by SLUICE_ENV_FILE (default .env).
+    """
+    import os
+
+    overrides.setdefault("_env_file", os.environ.get("SLUICE_ENV_FILE", ".env") or None)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) if err["loc"] else ""
+            var = f"SLUICE_{loc.upper()}" if loc else "settings"
+            lines.append(f"{var}: {err['msg']}")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    settings = load_settings()
+    log.info(
+        "settings loaded; secrets set: %s",
+        ", ".join(k for k, v in settings.secrets_status().items() if v) or "none",
+    )
+    return settings
+
+
+def reset_settings_cache() -> None:
+    get_settings.cache_clear()
