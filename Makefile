@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast lint bench bench-quick browser clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick browser clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -31,6 +31,10 @@ browser:
 ## test: set up, then the whole suite (slow real-model, crash and browser tests included)
 test: setup browser
 	$(BIN)/python -m pytest
+
+## test-unit: the tests that need no server (job store on a temp SQLite file, queries, pure stages): seconds
+test-unit: setup
+	$(BIN)/python -m pytest -m "not servers and not slow and not browser"
 
 ## test-fast: everything but the slow and browser tests
 test-fast: setup

@@ -1,0 +1,7 @@
+"""The benchmark (``make bench``). Its processes run offline: no model or tokenizer download, ever."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

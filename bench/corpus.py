@@ -21,43 +21,9 @@ SAMPLE_TEXT_PDFS = ("001", "002", "003", "004", "006", "009", "011", "014", "021
 _SYLLABLES = ("var", "nol", "dre", "kas", "tim", "bel", "quo", "rin", "sol", "mar", "fen", "lux", "ord",
               "pel", "tav", "gri", "hem", "zor", "wil", "cad", "bro", "nes", "yal", "ost", "dun", "vel")
 
-TOPICS = {
-    "water utility": {
-        "things": ("pumping station", "reservoir", "treatment plant", "intake tower", "pressure zone"),
-        "verbs": ("lifts", "treats", "stores", "delivers", "filters"),
-        "units": ("cubic metres of water", "megalitres", "litres of raw water"),
-        "words": ("turbidity", "chlorination", "main replacement", "leakage", "aquifer recharge", "metering",
-                  "backflow prevention", "sludge handling", "catchment protection", "hydrant flushing"),
-    },
-    "rail maintenance": {
-        "things": ("signal box", "rail depot", "viaduct", "junction", "tamping unit"),
-        "verbs": ("handles", "inspects", "services", "routes", "repairs"),
-        "units": ("train movements", "axles", "sleepers", "track kilometres"),
-        "words": ("ballast cleaning", "rail grinding", "axle counters", "overhead line", "track geometry",
-                  "possession planning", "points heating", "rolling stock", "interlocking", "speed restriction"),
-    },
-    "hospital operations": {
-        "things": ("outpatient clinic", "sterilisation unit", "imaging suite", "pharmacy hub", "trauma ward"),
-        "verbs": ("sees", "processes", "scans", "dispenses", "admits"),
-        "units": ("patients", "instrument trays", "prescriptions", "referrals"),
-        "words": ("triage", "bed occupancy", "discharge planning", "infection control", "theatre scheduling",
-                  "staff rostering", "waiting lists", "clinical audit", "medication safety", "patient transport"),
-    },
-    "software platform": {
-        "things": ("message broker", "billing service", "search cluster", "deployment pipeline", "cache tier"),
-        "verbs": ("routes", "bills", "indexes", "ships", "serves"),
-        "units": ("requests", "invoices", "documents", "releases"),
-        "words": ("latency budgets", "on-call rotation", "incident review", "capacity planning", "feature flags",
-                  "schema migration", "error budgets", "blue-green deploys", "rate limiting", "observability"),
-    },
-    "grain logistics": {
-        "things": ("grain terminal", "drying plant", "silo complex", "barge landing", "weighbridge"),
-        "verbs": ("loads", "dries", "stores", "ships", "weighs"),
-        "units": ("tonnes of wheat", "tonnes of barley", "truckloads", "containers"),
-        "words": ("moisture content", "fumigation", "harvest peaks", "quality grading", "rail sidings",
-                  "storage losses", "export permits", "dust control", "conveyor wear", "contract growers"),
-    },
-}
+# Invented report topics: the things, verbs, units and vocabulary each generated report draws from.
+TOPICS = {name: {k: tuple(v) for k, v in spec.items()}
+          for name, spec in json.loads((Path(__file__).with_name("topics.json")).read_text()).items()}
 
 _OPENERS = (
     "During the reporting period", "Across the network", "In the second half of the year", "Compared with the plan",

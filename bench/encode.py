@@ -14,19 +14,10 @@ The spec names what to run; the answer is one JSON object on the last line of st
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def corpus_chunks(paths: list[Path], *, size: int, overlap: int) -> list[str]:

@@ -14,19 +14,10 @@ through LlamaIndex's own retriever.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import uuid
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # SentenceSplitter counts tokens (tiktoken); 180 tokens with 22 overlap make chunks of about the
 # size of Sluice's 800 characters with 100 overlap on this corpus.

@@ -58,27 +58,28 @@ class Table:
         self.rows.append(Row(section, figure, text, target, met, note))
         return s
 
-    def text(self) -> str:
-        width = max(len(r.figure) for r in self.rows)
-        lines, section = [], None
-        for r in self.rows:
-            if r.section != section:
-                section = r.section
-                lines.append(f"\n{section}")
-            mark = {True: "met", False: "MISSED", None: ""}[r.met]
-            lines.append(f"  {r.figure:<{width}}  {r.value:<28} {r.target:<14} {mark}")
-        return "\n".join(lines)
-
-    def markdown(self) -> str:
-        out = ["| figure | median [min-max] | target | | notes |", "| --- | --- | --- | --- | --- |"]
+    def _sections(self):
+        """(heading, None) before each new section, then (None, row) for each of its rows."""
         section = None
         for r in self.rows:
             if r.section != section:
                 section = r.section
-                out.append(f"| **{section}** | | | | |")
-            mark = {True: "met", False: "**missed**", None: ""}[r.met]
-            out.append(f"| {r.figure} | {r.value} | {r.target} | {mark} | {r.note} |")
-        return "\n".join(out)
+                yield section, None
+            yield None, r
+
+    def text(self) -> str:
+        width = max(len(r.figure) for r in self.rows)
+        marks = {True: "met", False: "MISSED", None: ""}
+        return "\n".join(f"\n{heading}" if r is None else
+                         f"  {r.figure:<{width}}  {r.value:<28} {r.target:<14} {marks[r.met]}"
+                         for heading, r in self._sections())
+
+    def markdown(self) -> str:
+        marks = {True: "met", False: "**missed**", None: ""}
+        head = ["| figure | median [min-max] | target | | notes |", "| --- | --- | --- | --- | --- |"]
+        return "\n".join(head + [f"| **{heading}** | | | | |" if r is None else
+                                 f"| {r.figure} | {r.value} | {r.target} | {marks[r.met]} | {r.note} |"
+                                 for heading, r in self._sections()])
 
 
 def cpu_model() -> str:

@@ -76,19 +76,35 @@ def _reset_process_state() -> None:
     dispose_engines()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that need the session's Redis and Chroma servers are marked ``servers``: ``-m "not
+    servers"`` runs the rest (job store, queries, pure stages) without starting any."""
+    for item in items:
+        if "services" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.servers)
+
+
 @pytest.fixture
-def sluice_env(tmp_path, monkeypatch, services):
-    """Per-test settings in the environment (inherited by subprocesses); returns that env."""
-    if not services.queue.alive():
-        services.queue.start()
+def store_env(tmp_path, monkeypatch):
+    """Per-test settings for tests that need no server: their own data directory (and SQLite file)."""
     values = {"SLUICE_DATA_DIR": str(tmp_path / "data"), **FAST_RECOVERY}
     for key, value in values.items():
         monkeypatch.setenv(key, value)
+    _reset_process_state()
+    yield dict(os.environ)
+    _reset_process_state()
+
+
+@pytest.fixture
+def sluice_env(store_env, services):
+    """Per-test settings in the environment (inherited by subprocesses), with the session's servers
+    emptied for this test; returns that env."""
+    if not services.queue.alive():
+        services.queue.start()
     services.queue.client().flushall()
     services.cache.client().flushall()
     _reset_process_state()
     yield dict(os.environ)
-    _reset_process_state()
 
 
 @pytest.fixture
@@ -166,7 +182,7 @@ def _postgres_database(base_url: str):
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request, sluice_env, monkeypatch, tmp_path):
+def database_url(request, store_env, monkeypatch, tmp_path):
     """The job-store tests run on SQLite, and on PostgreSQL when SLUICE_TEST_DATABASE_URL is set."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'jobs.db'}"

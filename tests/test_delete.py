@@ -7,7 +7,7 @@ import time
 from sqlmodel import Session
 
 from sluice.cli.main import main as cli
-from sluice.ops.documents import delete_document, describe, parse_reference
+from sluice.ops.documents import delete_document, document_info, parse_reference
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
 from sluice.pipeline.reconcile import reconcile
@@ -35,7 +35,7 @@ def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_
     b = ingest_and_run(ctx, BETA, "default", "beta.txt")
     a2 = ingest_and_run(ctx, ALPHA, "other", "alpha-copy.txt")  # same bytes, another dataset
     blob = ctx.blobs.path(document(ctx, a.document_id).blob_key)
-    preview = describe(ctx, a.document_id)
+    preview = document_info(ctx, a.document_id)
     assert preview.blob_shared_with == 1 and preview.vectors == job(ctx, a.job_id).chunk_count > 0
 
     result = delete_document(ctx, f"doc:{a.document_id}", actor="test")

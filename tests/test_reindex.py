@@ -177,7 +177,7 @@ def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys
     assert (p.jobs, p.chunks, p.in_index, p.cached, p.to_embed) == (1, total, 4, 0, total - 4)
 
     ctx.vectors.delete(collection(ctx), ids=ids_of_job(ctx, r.job_id))  # the index lost them, the cache did not
-    assert cli(["retry", "--dry-run", str(r.job_id)]) == 0
+    assert cli(["retry", "--dry-run", "--json", str(r.job_id)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["in_index"], out["cached"], out["to_embed"]) == (0, 4, total - 4)
     assert job(ctx, r.job_id).status == JobStatus.failed  # a dry run changes nothing

@@ -17,38 +17,30 @@ if str(ROOT) not in sys.path:  # `streamlit run sluice/console/app.py` from a ch
 import streamlit as st  # noqa: E402
 
 from sluice.console import login, ui  # noqa: E402
+from sluice.errors import SettingsError  # noqa: E402
 from sluice.ops import actions, reads  # noqa: E402
-from sluice.pipeline.context import get_context  # noqa: E402
-from sluice.storage.settings import SettingsError  # noqa: E402
 
 st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
 
 try:
-    settings = get_context().settings
+    settings = reads.ctx().settings
 except SettingsError as exc:
     st.error(f"The configuration is invalid, so the console cannot start:\n\n{exc}")
     st.stop()
 
 
 def _pages() -> list:
-    pages = [
+    # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
+    # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
+    return [
         st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
         st.Page("views/upload.py", title="Upload", icon=":material/upload_file:"),
         st.Page("views/jobs.py", title="Jobs", icon=":material/list_alt:"),
         st.Page("views/dead_letters.py", title="Dead letters", icon=":material/report:"),
         st.Page("views/search.py", title="Search", icon=":material/search:"),
         st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
+        st.Page("views/integrity.py", title="Integrity", icon=":material/fact_check:"),
     ]
-    # --- Pages contributed by other modules go here. --------------------------------------------------------
-    # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
-    # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
-    # The integrity (reconcile) panel joins the navigation once views/integrity.py exists.
-    for folder in ("views", "pages"):
-        if (HERE / folder / "integrity.py").exists():
-            pages.append(st.Page(f"{folder}/integrity.py", title="Integrity", icon=":material/fact_check:"))
-            break
-    # ----------------------------------------------------------------------------------------------------------
-    return pages
 
 
 def _create_dataset() -> None:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import streamlit as st
 
 from sluice.ops.access import LOCAL_OPERATOR, Operator
-from sluice.ops.actions import Outcome
+from sluice.ops.actions import ActionReport
 from sluice.storage.models import utcnow
 
 ALL_DATASETS = "All datasets"
@@ -120,7 +120,7 @@ def flash(level: str, text: str) -> None:
     st.session_state.setdefault(FLASH_KEY, []).append((level, text))
 
 
-def flash_outcome(outcome: Outcome, verb: str) -> None:
+def flash_outcome(outcome: ActionReport, verb: str) -> None:
     if outcome.ok:
         flash("success", f"{verb}: {outcome.ok} job(s). " + "; ".join(r.message for r in outcome.results if r.ok)[:600])
     for r in outcome.refused[:10]:

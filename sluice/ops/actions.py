@@ -1,9 +1,10 @@
-"""What an operator can do from the console, each a thin wrapper over sluice.storage.jobs or sluice.ops.ingest.
+"""Everything an operator can change, once, for both front ends (the console and the ``sluice`` command).
 
-Every function takes the signed-in ``Operator`` and refuses a read-only one before touching anything.
-Transitions that queue work write an outbox row in their own transaction; afterwards the outbox is
-dispatched once here. When the queue Redis is down that dispatch fails quietly and the worker's
-recovery loop publishes the rows when the queue is back, so an action never fails for that reason.
+Every function takes the acting ``Operator`` and refuses a read-only one before touching anything
+(one check: ``sluice.ops.access.require_operator``); the operator's ``actor`` names them in every job
+event. Transitions that queue work write an outbox row in their own transaction and the action then
+publishes the outbox once; when the queue is unreachable the action still succeeds and says so in
+the words of ``sluice.pipeline.queue.queue_note``.
 """
 
 from __future__ import annotations
@@ -11,24 +12,30 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 from sqlmodel import Session
 
+from sluice.ops import documents
+from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.ingest import IngestResult, ingest_stream
-from sluice.ops.reads import ctx
+from sluice.ops.reads import ctx, dead_letter_ids
+from sluice.pipeline import reconcile as reconciling
+from sluice.pipeline.queue import dispatch_now, publish
+from sluice.pipeline.reconcile_report import ReconcileReport
 from sluice.storage import jobs
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
-from sluice.storage.outbox import dispatch
+from sluice.storage.models import utcnow
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 
 
 @dataclass
-class Outcome:
-    """What the page shows after an action: one line per job, and whether the queue took them."""
+class ActionReport:
+    """What one action did: a line per job, and a note when the queue did not take the work now."""
 
     results: list[ActionResult]
     queue_note: str = ""
@@ -41,54 +48,59 @@ class Outcome:
     def refused(self) -> list[ActionResult]:
         return [r for r in self.results if not r.ok]
 
-
-def _publish() -> Callable[[int], None]:
-    from sluice.pipeline.queue import publish
-
-    return publish
+    @property
+    def all_ok(self) -> bool:
+        return bool(self.results) and not self.refused
 
 
 def dispatch_outbox() -> str:
-    """Publish queued outbox rows now; returns a note for the page when the queue is unreachable."""
-    try:
-        sent = dispatch(engine=ctx().engine, publish=_publish())
-    except Exception as exc:
-        return f"queue unreachable ({type(exc).__name__}); the worker publishes these jobs when it is back"
-    if sent.error:
-        return f"queue unreachable ({sent.error}); the worker publishes these jobs when it is back"
-    return ""
+    """Publish queued outbox rows now; returns the operator's note when the queue did not take them."""
+    return dispatch_now(ctx().engine)[1]
 
 
-def _refuse_all(ids: Iterable[int], exc: ReadOnlyOperator) -> Outcome:
-    return Outcome([ActionResult(i, False, str(exc)) for i in ids])
+def _refused(ids: Iterable[int], exc: ReadOnlyOperator) -> ActionReport:
+    return ActionReport([ActionResult(i, False, str(exc)) for i in ids] or [ActionResult(0, False, str(exc))])
 
 
-def _transition(fn, who: Operator, verb: str, ids: Iterable[int], *, queues_work: bool, **kw) -> Outcome:
+def _transition(fn: Callable[..., list[ActionResult]], who: Operator, verb: str, ids: Iterable[int], *,
+                queues_work: bool, **kw) -> ActionReport:
     ids = [int(i) for i in ids]
     try:
         require_operator(who, verb)
     except ReadOnlyOperator as exc:
-        return _refuse_all(ids, exc)
+        return _refused(ids, exc)
     with Session(ctx().engine) as session:
         results = fn(session=session, job_ids=ids, actor=who.actor, **kw)
     note = dispatch_outbox() if queues_work and any(r.ok for r in results) else ""
-    return Outcome(results, note)
+    return ActionReport(results, note)
 
 
-def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry from the console") -> Outcome:
+# --- jobs --------------------------------------------------------------------------------------------------
+
+
+def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry") -> ActionReport:
     return _transition(jobs.retry, who, "retry jobs", ids, queues_work=True, reason=reason)
 
 
-def cancel(who: Operator, ids: Iterable[int]) -> Outcome:
+def retry_dead(who: Operator, *, kind: str | None = None, code: str | None = None,
+               dataset_id: int | None = None, reason: str = "manual retry") -> ActionReport:
+    """Retry every dead letter of a kind (and reason), in one dataset or all."""
+    return retry(who, dead_letter_ids(kind, code, dataset_id), reason=reason)
+
+
+def cancel(who: Operator, ids: Iterable[int]) -> ActionReport:
     return _transition(jobs.request_cancel, who, "cancel jobs", ids, queues_work=False)
 
 
-def reindex(who: Operator, ids: Iterable[int], reason: str = "reindex from the console") -> Outcome:
+def reindex(who: Operator, ids: Iterable[int], reason: str = "reindex") -> ActionReport:
     return _transition(jobs.reindex, who, "reindex jobs", ids, queues_work=True, reason=reason)
 
 
-def dismiss(who: Operator, ids: Iterable[int]) -> Outcome:
+def dismiss(who: Operator, ids: Iterable[int]) -> ActionReport:
     return _transition(jobs.dismiss, who, "dismiss dead letters", ids, queues_work=False)
+
+
+# --- uploads and datasets ----------------------------------------------------------------------------------
 
 
 def upload(who: Operator, *, dataset: str, filename: str, stream: BinaryIO) -> IngestResult:
@@ -97,12 +109,13 @@ def upload(who: Operator, *, dataset: str, filename: str, stream: BinaryIO) -> I
     except ReadOnlyOperator as exc:
         return IngestResult(filename, False, dataset=dataset, error_code="read_only", message=str(exc),
                             fix_hint="Sign in with the operator password to upload.")
-    try:
-        publish = _publish()
-    except Exception:  # the queue module could not load its settings: upload, publish later
-        publish = None
     return ingest_stream(ctx(), dataset=dataset, filename=filename, stream=stream, actor=who.actor,
                          publish=publish)
+
+
+def upload_path(who: Operator, path: Path, *, dataset: str) -> IngestResult:
+    with open(path, "rb") as fh:
+        return upload(who, dataset=dataset, filename=path.name, stream=fh)
 
 
 def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
@@ -117,3 +130,36 @@ def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
     with Session(ctx().engine) as session:
         ensure_dataset(session=session, name=name)
     return True, f"dataset {name!r} is ready"
+
+
+# --- integrity: delete, reconcile, reindex to the version in force -----------------------------------------
+
+
+def delete_document(who: Operator, ref: str | int) -> documents.DeleteResult:
+    try:
+        require_operator(who, "delete documents")
+    except ReadOnlyOperator as exc:
+        return documents.DeleteResult(False, str(exc))
+    return documents.delete_document(ctx(), ref, actor=who.actor)
+
+
+def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> ReconcileReport:
+    """Audit the index (anyone may look); repair it (operators only)."""
+    if repair:
+        try:
+            require_operator(who, "repair the index")
+        except ReadOnlyOperator as exc:
+            report = ReconcileReport(repair=False, actor=who.actor, started_at=utcnow().isoformat(), scope=dataset)
+            report.errors.append(str(exc))
+            return report
+    return reconciling.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
+
+
+def reindex_all(who: Operator, *, dataset: str | None = None) -> reindexing.ReindexResult:
+    try:
+        require_operator(who, "reindex documents")
+    except ReadOnlyOperator as exc:
+        result = reindexing.ReindexResult(ctx().pipeline_version)
+        result.results.append(ActionResult(0, False, str(exc)))
+        return result
+    return reindexing.reindex_all(ctx(), actor=who.actor, dataset=dataset, publish=publish)

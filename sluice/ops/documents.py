@@ -85,7 +85,7 @@ def resolve(ctx: Context, ref: str | int) -> int:
         return job.document_id
 
 
-def describe(ctx: Context, document_id: int) -> DocumentInfo:
+def document_info(ctx: Context, document_id: int) -> DocumentInfo:
     with Session(ctx.engine) as session:
         doc = session.get(Document, document_id)
         if doc is None:
@@ -109,7 +109,7 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
     """Delete the document a reference names. Safe to repeat: a second call removes what is left."""
     try:
         document_id = resolve(ctx, ref)
-        before = describe(ctx, document_id)
+        before = document_info(ctx, document_id)
     except UnknownReference as exc:
         return DeleteResult(False, str(exc))
     with Session(ctx.engine) as session:

@@ -9,24 +9,25 @@ from __future__ import annotations
 import io
 import logging
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from sqlmodel import Session, select
 
-from sluice.errors import PipelineError, is_auth_error
+from sluice.errors import PipelineError
 from sluice.pipeline.context import Context
 from sluice.pipeline.parse import sniff_type
+from sluice.pipeline.queue import dispatch_now
 from sluice.storage import jobs
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset
 from sluice.storage.models import Document, JobStatus
-from sluice.storage.outbox import dispatch
 
 log = logging.getLogger(__name__)
 
+SUPPORTED_SUFFIXES = {".pdf", ".txt", ".md", ".markdown"}
 SNIFF_BYTES = 8192
 MAX_NAME = 200
 
@@ -101,14 +102,11 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
         return result
     result.message = f"queued as job {job.id}"
     if publish is not None:
-        sent = dispatch(engine=ctx.engine, publish=publish)
+        sent, note = dispatch_now(ctx.engine, via=publish)
         # Another dispatcher (a worker's recovery loop) may have taken the row first and published it.
         result.published = job.id in sent.sent or sent.error is None
-        if sent.error and is_auth_error(sent.error):
-            result.message += (" (the queue Redis refused the password: check SLUICE_QUEUE_REDIS_URL; "
-                               "the job is published as soon as the queue accepts it)")
-        elif sent.error:
-            result.message += " (queue unreachable; it is published as soon as the queue is back)"
+        if note:
+            result.message += f" ({note})"
     return result
 
 
@@ -139,3 +137,19 @@ class _Prepend(io.RawIOBase):
             out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
             return out
         return self.stream.read(n)
+
+
+def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    """Files to ingest from files and folders (folders recursively, supported suffixes only), and
+    the arguments that name nothing."""
+    files: list[Path] = []
+    missing: list[str] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUPPORTED_SUFFIXES))
+        elif p.exists():
+            files.append(p)
+        else:
+            missing.append(str(raw))
+    return files, missing

@@ -11,7 +11,11 @@ from datetime import datetime, timedelta
 
 from sqlmodel import Session
 
+from sluice.ops import reindex
+from sluice.ops.preview import Preview, preview_jobs
+from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
+from sluice.pipeline.reconcile_report import last_report
 from sluice.storage import queries
 from sluice.storage.jobs import get_job
 from sluice.storage.models import JobStatus, utcnow
@@ -40,6 +44,21 @@ class DatasetOption:
 def datasets() -> list[DatasetOption]:
     with _session() as session:
         return [DatasetOption(d.id, d.name) for d in queries.datasets(session=session)]
+
+
+class UnknownDatasetName(LookupError):
+    """A dataset name that no dataset has; the message says where to look."""
+
+
+def dataset_id(name: str | None) -> int | None:
+    """The id of the dataset called ``name`` (None for no name: every dataset)."""
+    if not name:
+        return None
+    with _session() as session:
+        ds = queries.dataset_by_name(session=session, name=name)
+    if ds is None:
+        raise UnknownDatasetName(f"no dataset named {name!r} (see `sluice datasets`)")
+    return ds.id
 
 
 def dataset_summaries() -> list[dict]:
@@ -118,6 +137,14 @@ def jobs_page(f: queries.JobFilter, *, sort: str, descending: bool, page: int, p
         names = queries.dataset_names(session=session)
         rows = [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in jobs]
     return JobsPage(rows, total, page, page_size)
+
+
+def job_rows(ids: list[int]) -> list[dict]:
+    """The public rows of these jobs, in this order (jobs that do not exist are left out)."""
+    with _session() as session:
+        names = queries.dataset_names(session=session)
+        found = [get_job(session=session, job_id=i) for i in ids]
+        return [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in found if j is not None]
 
 
 @dataclass
@@ -221,9 +248,12 @@ def dead_letter_ids(kind: str | None, code: str | None, dataset_id: int | None) 
 
 def retry_preview(kind: str | None, code: str | None, dataset_id: int | None) -> str:
     """What retrying a dead-letter group costs: chunks already indexed, in the cache, to embed."""
-    from sluice.ops.preview import preview_jobs
+    return retry_cost(dead_letter_ids(kind, code, dataset_id)).describe()
 
-    return preview_jobs(ctx(), dead_letter_ids(kind, code, dataset_id)).describe()
+
+def retry_cost(job_ids: list[int]) -> Preview:
+    """What retrying these jobs would embed (chunks indexed already, in the cache, to embed)."""
+    return preview_jobs(ctx(), job_ids)
 
 
 # --- search ----------------------------------------------------------------------------------------------
@@ -231,6 +261,25 @@ def retry_preview(kind: str | None, code: str | None, dataset_id: int | None) ->
 
 def search(query: str, dataset: str, k: int) -> list:
     """The best chunks of one dataset, from each document's active job only (sluice.ops.search)."""
-    from sluice.ops.search import search as run_search
-
     return run_search(ctx(), query=query, dataset=dataset, k=k)
+
+
+# --- integrity ----------------------------------------------------------------------------------------------
+
+
+def document_info(ref: str | int):
+    """The document a job id or ``doc:ID`` names, with its jobs and chunks (UnknownReference if none)."""
+    from sluice.ops.documents import document_info as info
+    from sluice.ops.documents import resolve
+
+    return info(ctx(), resolve(ctx(), ref))
+
+
+def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reindex.ReindexPlan:
+    """What moving every document to the pipeline version in force would do, and cost."""
+    return reindex.plan(ctx(), dataset=dataset, sample=sample)
+
+
+def last_reconcile() -> dict | None:
+    """The last reconcile report any process on this machine saved."""
+    return last_report(ctx())

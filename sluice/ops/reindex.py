@@ -21,10 +21,10 @@ from sqlmodel import Session, select
 
 from sluice.ops.preview import Preview, accumulate, count_work
 from sluice.pipeline.context import Context
+from sluice.pipeline.queue import dispatch_now
 from sluice.storage import jobs
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import Dataset, Document, Job, JobStatus
-from sluice.storage.outbox import dispatch
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +166,6 @@ def reindex_all(ctx: Context, *, actor: str, dataset: str | None = None,
                                                   reason=reason)
                 result.results.append(done)
     if publish is not None and result.queued:
-        try:
-            result.queue_error = dispatch(engine=ctx.engine, publish=publish).error
-        except Exception as exc:  # the worker's recovery loop publishes the outbox later
-            result.queue_error = f"{type(exc).__name__}: {exc}"
+        result.queue_error = dispatch_now(ctx.engine, via=publish)[0].error
     log.info("reindex --all to %s: %d queued, %d under way", ctx.pipeline_version, result.queued, result.underway)
     return result

@@ -16,7 +16,7 @@ from functools import cached_property
 from sqlalchemy.engine import Engine
 
 from sluice.pipeline.chunk import CHUNKER_VERSION
-from sluice.pipeline.embed import Embedder, describe, load_embedder, resolve_precision
+from sluice.pipeline.embed import Embedder, load_embedder, model_identity, resolve_precision
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine
@@ -26,7 +26,7 @@ from sluice.storage.vectors import VectorStore
 
 def pipeline_version(settings: Settings) -> str:
     """Changes whenever chunking or the model changes, and with it every chunk id."""
-    model_id, dim = describe(settings.embedder, settings.embed_model)
+    model_id, dim = model_identity(settings.embedder, settings.embed_model)
     spec = {
         "chunker": CHUNKER_VERSION,
         "size": settings.chunk_size,
@@ -77,7 +77,7 @@ class Context:
 
     @cached_property
     def cache(self) -> EmbeddingCache:
-        model_id, dim = describe(self.settings.embedder, self.settings.embed_model)
+        model_id, dim = model_identity(self.settings.embedder, self.settings.embed_model)
         if self.embedder_override is not None:
             model_id, dim = self.embedder_override.model_id, self.embedder_override.dim
         namespace = f"{model_id}:{self.precision}:{self.pipeline_version}"

@@ -166,7 +166,7 @@ def _load_embedder(kind: str, model: str, precision: str, threads: int) -> Embed
     return SentenceTransformerEmbedder(model, precision=precision, threads=threads)
 
 
-def describe(kind: str, model: str) -> tuple[str, int]:
+def model_identity(kind: str, model: str) -> tuple[str, int]:
     """(model id, dim) without loading the model, for the pipeline version."""
     if kind == "hash":
         return HashEmbedder.model_id, DIM

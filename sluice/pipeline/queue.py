@@ -1,5 +1,10 @@
 """The Huey instance, publishing a job id, and reading what the queue holds.
 
+Transitions that queue work write an outbox row in their own transaction; whoever made them then
+publishes the outbox once (``dispatch_now``). When the queue Redis is down, or refuses the password,
+the action still succeeds: the workers' recovery loop publishes the rows when the queue is back.
+Every front end words that the same way, through ``queue_note``.
+
 Built on first use, not at import: importing this module reads no settings and opens no
 connection, so a console page or a CLI command that never touches the queue never needs it.
 The consumer's entry point is ``sluice.pipeline.tasks.huey``, the same instance.
@@ -7,29 +12,27 @@ The consumer's entry point is ``sluice.pipeline.tasks.huey``, the same instance.
 
 from __future__ import annotations
 
+import functools
 import json
-import threading
+from collections.abc import Callable
 
 import redis
 from huey import RedisHuey
+from sqlalchemy.engine import Engine
 
+from sluice.errors import is_auth_error
+from sluice.storage.outbox import DispatchResult, dispatch
 from sluice.storage.settings import get_settings
 
-_huey: RedisHuey | None = None
-_lock = threading.Lock()
 
-
+@functools.lru_cache(maxsize=1)
 def get_huey() -> RedisHuey:
-    """The process's Huey instance on the queue Redis named by the settings."""
-    global _huey
-    with _lock:
-        if _huey is None:
-            s = get_settings()
-            pool = redis.ConnectionPool.from_url(
-                s.queue_redis_url, socket_connect_timeout=3, socket_timeout=10, health_check_interval=30
-            )
-            _huey = RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool)
-        return _huey
+    """The process's Huey instance on the queue Redis named by the settings (built on first use)."""
+    s = get_settings()
+    pool = redis.ConnectionPool.from_url(
+        s.queue_redis_url, socket_connect_timeout=3, socket_timeout=10, health_check_interval=30
+    )
+    return RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool)
 
 
 def worker_key() -> str:
@@ -42,6 +45,26 @@ def publish(job_id: int) -> None:
     from sluice.pipeline.tasks import process_job  # the task registers itself on the instance
 
     process_job(job_id)
+
+
+def queue_note(error: str | None) -> str:
+    """One sentence for an operator when publishing failed; empty when it did not."""
+    if not error:
+        return ""
+    if is_auth_error(error):
+        return ("the queue Redis refused the password (check SLUICE_QUEUE_REDIS_URL); the jobs are "
+                "published as soon as the queue accepts it")
+    return f"queue unreachable ({error}); the workers publish the jobs as soon as it is back"
+
+
+def dispatch_now(engine: Engine, *, via: Callable[[int], None] | None = None) -> tuple[DispatchResult, str]:
+    """Publish due outbox rows now (through ``via``, the queue by default); returns what was sent and
+    the operator's note (empty when everything went)."""
+    try:
+        result = dispatch(engine=engine, publish=via or publish)
+    except Exception as exc:  # the job database itself hiccuped; the workers publish later
+        result = DispatchResult(error=f"{type(exc).__name__}: {exc}")
+    return result, queue_note(result.error)
 
 
 def queue_order(limit: int | None = None) -> list[int]:
@@ -87,9 +110,3 @@ def workers_alive() -> list[dict]:
                 continue
     return sorted(out, key=lambda w: w.get("id", ""))
 
-
-def reset() -> None:
-    """Forget the instance (tests that point the settings at another queue)."""
-    global _huey
-    with _lock:
-        _huey = None

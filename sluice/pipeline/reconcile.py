@@ -30,25 +30,21 @@ nothing.
 from __future__ import annotations
 
 import gc
-import json
 import logging
-import os
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from sqlmodel import Session, select
 
 from sluice.pipeline.context import Context
+from sluice.pipeline.queue import dispatch_now
+from sluice.pipeline.reconcile_report import DatasetSummary, Finding, ReconcileReport, save_report
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
-from sluice.storage.outbox import dispatch
-from sluice.storage.vectors import chunk_id
+from sluice.storage.vectors import chunk_prefix, split_chunk_id
 
 log = logging.getLogger(__name__)
 
@@ -57,148 +53,10 @@ BATCH = 1000  # ids per confirm / delete / update request
 SAMPLE = 10  # ids kept per document and kind in the report
 GC_EVERY = 5000  # chunks walked between full garbage collections
 SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond this
-REPORT_FILE = "reconcile.json"
 
 IN_FLIGHT = frozenset(JobStatus.active())
 SERVING = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})  # as an active job
 CHECKED_FIELDS = ("job_id", "document_id", "pipeline_version", "position")
-
-
-# --- the report ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Finding:
-    """Problems of one document (``document_id`` None: chunks no job of the dataset made)."""
-
-    dataset: str
-    document_id: int | None
-    filename: str = ""
-    active_job_id: int | None = None
-    missing: int = 0
-    orphans: int = 0
-    mismatched: int = 0
-    missing_ids: list[str] = field(default_factory=list)
-    orphan_ids: list[str] = field(default_factory=list)
-    mismatches: list[dict] = field(default_factory=list)  # {id, fields: {name: [stored, expected]}}
-    orphan_sources: dict[str, int] = field(default_factory=dict)  # why they are orphans -> count
-    repair: list[str] = field(default_factory=list)  # proposed (dry run) or done (repair)
-
-    @property
-    def problems(self) -> int:
-        return self.missing + self.orphans + self.mismatched
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "problems": self.problems}
-
-
-@dataclass
-class DatasetSummary:
-    name: str
-    collection: str
-    chunks: int = 0  # chunks in the collection when walked
-    present: int = 0  # expected chunks found
-    expected: int = 0  # chunks the active jobs promise
-    missing: int = 0
-    orphans: int = 0
-    mismatched: int = 0
-    in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
-    pages: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class ReconcileReport:
-    repair: bool
-    actor: str
-    started_at: str
-    scope: str | None = None  # the dataset checked, or None for all
-    finished_at: str = ""
-    seconds: float = 0.0
-    datasets: list[DatasetSummary] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    actions: list[str] = field(default_factory=list)  # what repair did, in order
-    errors: list[str] = field(default_factory=list)
-    queued: list[int] = field(default_factory=list)  # jobs repair queued to rebuild missing chunks
-
-    @property
-    def missing(self) -> int:
-        return sum(d.missing for d in self.datasets)
-
-    @property
-    def orphans(self) -> int:
-        return sum(d.orphans for d in self.datasets)
-
-    @property
-    def mismatched(self) -> int:
-        return sum(d.mismatched for d in self.datasets)
-
-    @property
-    def problems(self) -> int:
-        return self.missing + self.orphans + self.mismatched
-
-    @property
-    def clean(self) -> bool:
-        return self.problems == 0 and not self.errors
-
-    @property
-    def chunks(self) -> int:
-        return sum(d.chunks for d in self.datasets)
-
-    def repair_plan(self) -> dict[str, int]:
-        """What a repair would do (the preview the console shows before the button)."""
-        return {
-            "delete_orphans": self.orphans,
-            "fix_metadata": self.mismatched,
-            "rebuild_documents": sum(1 for f in self.findings if f.missing and f.document_id is not None),
-            "missing_chunks": self.missing,
-        }
-
-    def to_dict(self) -> dict:
-        return {
-            "repair": self.repair, "actor": self.actor, "scope": self.scope, "started_at": self.started_at,
-            "finished_at": self.finished_at, "seconds": self.seconds, "clean": self.clean,
-            "chunks": self.chunks, "missing": self.missing, "orphans": self.orphans,
-            "mismatched": self.mismatched, "repair_plan": self.repair_plan(),
-            "datasets": [d.to_dict() for d in self.datasets],
-            "findings": [f.to_dict() for f in self.findings],
-            "actions": self.actions, "errors": self.errors, "queued": self.queued,
-        }
-
-    def describe(self) -> str:
-        lines = [f"reconcile{' --repair' if self.repair else ''}: {self.chunks:,} chunk(s) in "
-                 f"{len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"]
-        for d in self.datasets:
-            lines.append(f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
-                         f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
-                         f"mismatch(es), {d.in_flight:,} of jobs in flight")
-        for f in self.findings:
-            who = (f"document {f.document_id} {f.filename}" + (f" (job {f.active_job_id})" if f.active_job_id else "")
-                   if f.document_id is not None else "no document (foreign chunks)")
-            parts = []
-            if f.missing:
-                parts.append(f"{f.missing} missing, e.g. {', '.join(f.missing_ids[:3])}")
-            if f.orphans:
-                parts.append(f"{f.orphans} orphan(s): " + "; ".join(f"{n} {why}" for why, n in f.orphan_sources.items()))
-            if f.mismatched:
-                m = f.mismatches[0]
-                parts.append(f"{f.mismatched} metadata mismatch(es), e.g. {m['id']} "
-                             + ", ".join(f"{k}={v[0]!r} (should be {v[1]!r})" for k, v in m["fields"].items()))
-            lines.append(f"  [{f.dataset}] {who}: " + "; ".join(parts))
-            for r in f.repair:
-                lines.append(f"      {'done' if self.repair else 'repair would'}: {r}")
-        lines += [f"  error: {e}" for e in self.errors]
-        in_flight = sum(d.in_flight for d in self.datasets)
-        if self.clean and in_flight:
-            lines.append(f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
-                         "those jobs finish")
-        elif self.clean:
-            lines.append("clean: the index holds exactly what the job database promises")
-        elif not self.repair:
-            lines.append(f"{self.problems:,} problem(s); `sluice reconcile --repair` fixes them")
-        return "\n".join(lines)
 
 
 # --- what the job database promises -----------------------------------------------------------------
@@ -233,27 +91,16 @@ class _Snapshot:
         for jid, status, doc_id, version, count, sha, filename, active_id, deleted_at in session.exec(stmt):
             live = deleted_at is None
             self.documents[doc_id] = (filename, active_id if live else None)
-            self.by_prefix[_prefix(sha, version)] = _Job(jid, JobStatus(status), doc_id, version, count, live,
+            self.by_prefix[chunk_prefix(sha, version)] = _Job(jid, JobStatus(status), doc_id, version, count, live,
                                                          live and active_id == jid)
 
     def expected_jobs(self) -> Iterator[_Job]:
         return (j for j in self.by_prefix.values() if j.expected)
 
 
-def _prefix(sha256: str, version: str) -> str:
-    return chunk_id(sha256, version, 0)[:-6]
-
-
-def _split(cid: str) -> tuple[str, int] | None:
-    prefix, sep, pos = cid.rpartition("-")
-    if not sep or not pos.isdigit() or f"{int(pos):06d}" != pos:
-        return None
-    return prefix + "-", int(pos)
-
-
 def _classify(snap: _Snapshot, cid: str) -> tuple[str, _Job | None, int, str]:
     """(kind, job, position, why) with kind present | in_flight | orphan."""
-    parts = _split(cid)
+    parts = split_chunk_id(cid)
     job = snap.by_prefix.get(parts[0]) if parts else None
     if job is None:
         return "orphan", None, -1, "foreign: no job of this dataset makes this id"
@@ -465,7 +312,7 @@ class _DatasetAudit:
             for cid in batch:
                 if cid not in found:
                     out.append(cid)
-                elif _wrong_fields(job, _split(cid)[1], found[cid]):
+                elif _wrong_fields(job, split_chunk_id(cid)[1], found[cid]):
                     self.late_mismatches.append(cid)
             batch.clear()
 
@@ -571,12 +418,9 @@ def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", data
             log.exception("reconcile of dataset %s failed", ds.name)
             report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")
     if repair and publish is not None and report.queued:
-        try:
-            sent = dispatch(engine=ctx.engine, publish=publish)
-            if sent.error:
-                report.errors.append(f"queue unreachable ({sent.error}); the workers publish the jobs later")
-        except Exception as exc:
-            report.errors.append(f"queue unreachable ({exc}); the workers publish the jobs later")
+        note = dispatch_now(ctx.engine, via=publish)[1]
+        if note:
+            report.errors.append(note)
     report.seconds = round(time.monotonic() - started, 3)
     report.finished_at = utcnow().isoformat()
     log.info("reconcile (repair=%s, by %s): %d chunks, %d missing, %d orphans, %d mismatched in %.1fs",
@@ -587,65 +431,3 @@ def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", data
 
 
 # --- the last report, for the console ------------------------------------------------------------------------
-
-
-def report_path(ctx: Context) -> Path:
-    return Path(ctx.settings.data_dir) / "reports" / REPORT_FILE
-
-
-def save_report(ctx: Context, report: ReconcileReport) -> None:
-    path = report_path(ctx)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(report.to_dict(), default=str))
-        os.replace(tmp, path)
-    except OSError as exc:  # the report is a convenience; the JobEvents hold what repair did
-        log.warning("could not save the reconcile report to %s: %s", path, exc)
-
-
-def last_report(ctx: Context) -> dict[str, Any] | None:
-    """The last report any process on this machine saved (CLI, periodic task, console), or None."""
-    try:
-        return json.loads(report_path(ctx).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-class Background:
-    """Runs one reconcile at a time in a thread, for the console (whose script thread must stay
-    quick), and keeps the outcome of the last one."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self.started_at: float | None = None
-        self.label = ""
-        self.report: dict[str, Any] | None = None
-        self.error: str | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def start(self, fn: Callable[[], ReconcileReport], *, label: str) -> bool:
-        """Start ``fn`` unless a run is under way; False when one is."""
-        with self._lock:
-            if self.running:
-                return False
-            self.label, self.started_at, self.error = label, time.time(), None
-            self._thread = threading.Thread(target=self._run, args=(fn,), name="sluice-reconcile", daemon=True)
-            self._thread.start()
-            return True
-
-    def _run(self, fn: Callable[[], ReconcileReport]) -> None:
-        try:
-            self.report = fn().to_dict()
-        except Exception as exc:
-            log.exception("reconcile in the background failed")
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    def wait(self, timeout: float | None = None) -> None:
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import event
@@ -108,9 +106,3 @@ def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dat
         return dataset
     session.refresh(dataset)
     return dataset
-
-
-@contextmanager
-def session_scope(engine: Engine) -> Iterator[Session]:
-    with Session(engine, expire_on_commit=False) as session:
-        yield session

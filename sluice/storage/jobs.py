@@ -44,10 +44,6 @@ RETRYABLE = (JobStatus.failed, JobStatus.cancelled)
 CANCELLABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.running)
 
 
-class TransitionRefused(Exception):
-    """An operator action that the job's state does not allow; the message says why."""
-
-
 @dataclass(frozen=True)
 class ClaimResult:
     job: Job | None

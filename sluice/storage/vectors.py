@@ -32,7 +32,20 @@ class Hit:
 
 def chunk_id(sha256: str, pipeline_version: str, position: int) -> str:
     """Stable id of a chunk: the same document, pipeline version and position give the same id."""
-    return f"{sha256[:32]}-{pipeline_version}-{position:06d}"
+    return f"{chunk_prefix(sha256, pipeline_version)}{position:06d}"
+
+
+def chunk_prefix(sha256: str, pipeline_version: str) -> str:
+    """What every chunk id of one document under one pipeline version starts with."""
+    return f"{sha256[:32]}-{pipeline_version}-"
+
+
+def split_chunk_id(cid: str) -> tuple[str, int] | None:
+    """(prefix, position) of a chunk id, or None for an id no Sluice job makes."""
+    prefix, sep, pos = cid.rpartition("-")
+    if not sep or not pos.isdigit() or f"{int(pos):06d}" != pos:
+        return None
+    return prefix + "-", int(pos)
 
 
 @dataclass(eq=False)

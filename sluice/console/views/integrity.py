@@ -8,10 +8,9 @@ import pandas as pd
 import streamlit as st
 
 from sluice.console import ui
-from sluice.ops import actions, reads, reindex
-from sluice.ops.access import ReadOnlyOperator, require_operator
-from sluice.ops.documents import UnknownReference, delete_document, describe, resolve
-from sluice.pipeline.reconcile import Background, last_report, reconcile
+from sluice.console.background import Background
+from sluice.ops import actions, reads
+from sluice.ops.documents import UnknownReference
 
 PREVIEW_SAMPLE = 10  # documents parsed for the reindex preview
 ROWS = 500  # findings and candidates shown
@@ -34,25 +33,19 @@ runs = _runs()
 
 
 def _run_reconcile(repair: bool) -> None:
-    if repair:
-        try:
-            require_operator(who, "repair the index")
-        except ReadOnlyOperator as exc:
-            ui.flash("error", str(exc))
-            return
+    if repair and not who.can_act:
+        ui.flash("error", actions.reconcile(who, repair=True).errors[0])
+        return
 
     def job():
-        report = reconcile(context, repair=repair, actor=who.actor, dataset=sc.dataset)
-        if report.queued:
-            actions.dispatch_outbox()
-        return report
+        return actions.reconcile(who, repair=repair, dataset=sc.dataset)
 
     if not runs.start(job, label="repair" if repair else "check"):
         ui.flash("warning", "A reconcile is already running; its report appears here when it ends.")
 
 
 def _latest() -> dict | None:
-    reports = [r for r in (runs.report, last_report(context)) if r]
+    reports = [r for r in (runs.report, reads.last_reconcile()) if r]
     return max(reports, key=lambda r: r["finished_at"]) if reports else None
 
 
@@ -159,19 +152,14 @@ ref = st.text_input("Job id or doc:ID", key="delete_ref", placeholder="e.g. 17 o
 
 
 def _delete(target: str) -> None:
-    try:
-        require_operator(who, "delete documents")
-    except ReadOnlyOperator as exc:
-        ui.flash("error", str(exc))
-        return
-    result = delete_document(context, target, actor=who.actor)
+    result = actions.delete_document(who, target)
     ui.flash("success" if result.ok else "error", result.message)
     st.session_state["delete_ref"] = ""
 
 
 if ref:
     try:
-        info = describe(context, resolve(context, ref))
+        info = reads.document_info(ref)
     except UnknownReference as exc:
         st.error(str(exc))
     else:
@@ -206,23 +194,18 @@ st.caption(f"The settings make pipeline **{context.pipeline_version}** (chunks o
 
 @st.cache_data(ttl=120, show_spinner="Counting the chunks of a sample of documents...")
 def _plan(dataset: str | None, version: str) -> dict:
-    return reindex.plan(context, dataset=dataset, sample=PREVIEW_SAMPLE).to_dict()
+    return reads.reindex_plan(dataset, sample=PREVIEW_SAMPLE).to_dict()
 
 
 def _reindex_all() -> None:
-    try:
-        require_operator(who, "reindex documents")
-    except ReadOnlyOperator as exc:
-        ui.flash("error", str(exc))
-        return
-    result = reindex.reindex_all(context, actor=who.actor, dataset=sc.dataset)
-    note = actions.dispatch_outbox() if result.queued else ""
-    ui.flash("success", f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
-                        + (f"; {result.underway} already under way" if result.underway else ""))
+    result = actions.reindex_all(who, dataset=sc.dataset)
+    if result.queued:
+        ui.flash("success", f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
+                            + (f"; {result.underway} already under way" if result.underway else ""))
     for r in [r for r in result.results if not r.ok][:10]:
         ui.flash("error", r.message)
-    if note:
-        ui.flash("warning", note)
+    if result.queue_error:
+        ui.flash("warning", actions.queue_note(result.queue_error))
     _plan.clear()
 
 

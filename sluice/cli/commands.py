@@ -1,0 +1,249 @@
+"""The commands of ``sluice``: each parses nothing and decides nothing, it calls ``sluice.ops`` and prints.
+
+Every command acts as ``cli_operator()`` (the OS user, shown as ``cli:NAME`` in job events) through
+the same functions as the console, so both front ends refuse, queue and word things the same way.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from sluice.cli.output import plain, print_json, report, table
+from sluice.ops import actions, reads
+from sluice.ops.access import cli_operator
+from sluice.ops.ingest import expand_paths
+from sluice.storage.models import JobStatus
+from sluice.storage.queries import JobFilter
+
+FINAL = {s.value for s in JobStatus.final()}
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"sluice: {message}", file=sys.stderr)
+    return code
+
+
+def _dataset_id(name: str | None) -> int | None:
+    try:
+        return reads.dataset_id(name)
+    except reads.UnknownDatasetName as exc:
+        raise SystemExit(f"sluice: {exc}") from None
+
+
+# --- uploads -------------------------------------------------------------------------------------------------
+
+
+def ingest(args) -> int:
+    files, missing = expand_paths(args.paths)
+    for raw in missing:
+        print(f"sluice: {raw}: no such file or folder", file=sys.stderr)
+    if not files:
+        return _fail("nothing to ingest", 2)
+    who = cli_operator()
+    results = []
+    for path in files:
+        r = actions.upload_path(who, path, dataset=args.dataset)
+        results.append(r)
+        if not args.json:
+            if r.accepted:
+                print(f"{r.job_id}\t{r.filename}\t{r.message}")
+            else:
+                print(f"-\t{r.filename}\trefused: {r.message}. {r.fix_hint}")
+    refused = any(not r.accepted for r in results)
+    if not args.wait:
+        if args.json:
+            print_json([r.to_dict() for r in results])
+        return 1 if refused else 0
+    ids = [r.job_id for r in results if r.accepted]
+    ok = _wait(ids, timeout=args.timeout, quiet=args.json)
+    if args.json:
+        print_json(reads.job_rows(ids))
+    return 0 if ok and not refused else 1
+
+
+def _wait(ids: Sequence[int], *, timeout: float, quiet: bool) -> bool:
+    deadline = time.monotonic() + timeout
+    last: dict[int, str] = {}
+    while True:
+        rows = reads.job_rows(list(ids))
+        for row in rows:
+            line = f"{row['id']}\t{row['filename']}\t{row['status']}\t{row['progress']}"
+            if row["error_message"] and row["status"] in ("failed", "retrying"):
+                line += f"\t{row['error_kind']}: {row['error_message']}"
+                if row["fix_hint"]:
+                    line += f" ({row['fix_hint']})"
+            if last.get(row["id"]) != line and not quiet:
+                print(line, flush=True)
+            last[row["id"]] = line
+        if all(r["status"] in FINAL for r in rows):
+            if not quiet:
+                n_ok = sum(r["status"] == "succeeded" for r in rows)
+                print(f"{n_ok}/{len(rows)} succeeded", flush=True)
+            return all(r["status"] == "succeeded" for r in rows)
+        if time.monotonic() > deadline:
+            if not quiet:
+                print(f"sluice: gave up waiting after {timeout:.0f}s", file=sys.stderr)
+            return False
+        time.sleep(0.5)
+
+
+# --- reads ---------------------------------------------------------------------------------------------------
+
+
+def jobs(args) -> int:
+    f = JobFilter(dataset_id=_dataset_id(args.dataset), statuses=args.status or [])
+    rows = reads.jobs_page(f, sort="created", descending=True, page=1, page_size=args.limit).rows
+    if args.json:
+        print_json(rows)
+        return 0
+    for r in rows:
+        r["attempts"] = f"{r['attempt']}/{r['max_attempts']}"
+        r["error"] = f"{r['error_kind']}: {r['error_message']}" if r["error_message"] else ""
+    table(rows, [("id", "ID"), ("dataset", "DATASET"), ("filename", "FILE"), ("status", "STATUS"),
+                 ("progress", "PROGRESS"), ("attempts", "ATTEMPTS"), ("error", "ERROR")],
+          empty="no jobs" + (f" in dataset {args.dataset!r}" if args.dataset else ""))
+    return 0
+
+
+def show(args) -> int:
+    detail = reads.job_detail(args.job_id)
+    if detail is None:
+        return _fail(f"no job {args.job_id}")
+    row = {**detail.row, "dataset": detail.dataset, "error_detail": detail.error_detail}
+    events = [{**e, "at": e["at"].isoformat()} for e in detail.events]
+    if args.json:
+        print_json({**row, "events": events})
+        return 0
+    for key in ("id", "dataset", "filename", "status", "progress", "attempt", "error_kind", "error_message",
+                "fix_hint", "chunk_count", "pipeline_version"):
+        print(f"{key:16} {plain(row[key])}")
+    print("events:")
+    table(events, [("at", "AT"), ("kind", "EVENT"), ("actor", "BY"), ("message", "MESSAGE")], empty="  none")
+    return 0
+
+
+def datasets(args) -> int:
+    if args.create:
+        ok, message = actions.create_dataset(cli_operator(), args.create)
+        if not ok:
+            return _fail(message)
+    rows = reads.dataset_summaries()
+    if args.json:
+        print_json(rows)
+        return 0
+    table(rows, [("name", "DATASET"), ("documents", "DOCUMENTS"), ("chunks", "CHUNKS")], empty="no datasets")
+    return 0
+
+
+def search(args) -> int:
+    from sluice.ops.search import UnknownDataset
+
+    try:
+        hits = reads.search(args.query, args.dataset, args.k)
+    except UnknownDataset as exc:
+        return _fail(str(exc))
+    if args.json:
+        print_json([h.to_dict() for h in hits])
+        return 0
+    rows = [{"score": f"{h.score:.3f}", "filename": h.filename, "page": h.page,
+             "text": " ".join(h.text.split())[:120]} for h in hits]
+    table(rows, [("score", "SCORE"), ("filename", "FILE"), ("page", "PAGE"), ("text", "TEXT")],
+          empty=f"no matches in dataset {args.dataset!r}")
+    return 0
+
+
+def dead(args) -> int:
+    ds = _dataset_id(args.dataset)
+    groups = [g for g in reads.dead_letter_groups(ds) if not args.kind or g["kind"] == args.kind]
+    for g in groups:
+        g["jobs"] = reads.dead_letters_in_group(g["kind"], g["code"], ds)
+    if args.json:
+        print_json(groups)
+        return 0
+    if not groups:
+        print("no dead letters")
+    for g in groups:
+        print(f"{g['kind']} / {g['code']}: {g['count']} job(s). {g['fix_hint']}")
+        for j in g["jobs"]:
+            print(f"  {j['id']}\t{j['filename']}\t{j['error_message']}")
+    return 0
+
+
+# --- actions -------------------------------------------------------------------------------------------------
+
+
+def retry(args) -> int:
+    ids = list(args.job_ids)
+    if args.dead:
+        ids += reads.dead_letter_ids(args.kind, None, _dataset_id(args.dataset))
+    if not ids:
+        print("nothing to retry")
+        return 0
+    if args.dry_run:
+        cost = reads.retry_cost(ids)
+        if args.json:
+            print_json(cost.to_dict())
+        else:
+            print(cost.describe())
+        return 0
+    done = actions.retry(cli_operator(), ids, reason=args.reason)
+    return report(done.results, note=done.queue_note)
+
+
+def cancel(args) -> int:
+    done = actions.cancel(cli_operator(), args.job_ids)
+    return report(done.results)
+
+
+def recover(args) -> int:
+    from sluice.pipeline.tasks import recover_once
+
+    result = recover_once()
+    print_json({"reaped": result.reaped, "published": result.published, "republished": result.republished,
+                "publish_error": result.publish_error})
+    return 0
+
+
+def reconcile(args) -> int:
+    result = actions.reconcile(cli_operator(), repair=args.repair, dataset=args.dataset)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(result.describe())
+    if result.errors:
+        return 1
+    return 0 if result.clean or args.repair else 1
+
+
+def delete(args) -> int:
+    result = actions.delete_document(cli_operator(), args.ref)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(result.message, file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
+
+
+def reindex(args) -> int:
+    if args.dry_run:
+        plan = reads.reindex_plan(args.dataset)
+        if args.json:
+            print_json(plan.to_dict())
+        else:
+            print(plan.describe())
+        return 0
+    result = actions.reindex_all(cli_operator(), dataset=args.dataset)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        if result.queued:
+            print(f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
+                  + (f", {result.underway} already under way" if result.underway else ""))
+        for r in result.results:
+            if not r.ok:
+                print(r.message, file=sys.stderr)
+        if result.queue_error:
+            print(f"sluice: {actions.queue_note(result.queue_error)}", file=sys.stderr)
+    return 0 if all(r.ok for r in result.results) else 1

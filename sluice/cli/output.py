@@ -1,0 +1,59 @@
+"""How the ``sluice`` command prints: aligned tables with a header, plain values, stable JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sluice.storage.jobs import ActionResult
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
+
+
+def plain(value: Any) -> str:
+    """A value as a person reads it: no Python None, timestamps to the second in local time."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, datetime):
+        return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        try:
+            return plain(datetime.fromisoformat(value))
+        except ValueError:
+            return value
+    return str(value)
+
+
+def table(rows: Sequence[dict], columns: Sequence[tuple[str, str]], *, empty: str,
+          out=None) -> None:
+    """Rows under a header, columns padded to their widest cell; ``empty`` when there are none."""
+    out = out or sys.stdout
+    if not rows:
+        print(empty, file=out)
+        return
+    cells = [[header for _, header in columns]]
+    cells += [[" ".join(plain(row.get(key)).split()) for key, _ in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(), file=out)
+
+
+def report(results: Iterable[ActionResult], *, note: str = "") -> int:
+    """One line per job (refusals on stderr); exit 0 only when every job went through."""
+    results = list(results)
+    for r in results:
+        print(r.message, file=sys.stdout if r.ok else sys.stderr)
+    if note:
+        print(f"sluice: {note}", file=sys.stderr)
+    return 0 if results and all(r.ok for r in results) else 1

@@ -1,0 +1,37 @@
+"""``sluice serve queue|cache|chroma|worker|console``: what the Procfile runs, each exec'd in place."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from sluice.ops.access import check_bind
+from sluice.storage.servers import chroma_argv, redis_argv
+from sluice.storage.settings import get_settings
+
+CONSOLE_APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
+
+
+def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
+    s = get_settings()
+    if what in ("queue", "cache"):
+        url = s.queue_redis_url if what == "queue" else s.cache_redis_url
+        return redis_argv(what, url=url, data_dir=s.data_dir)
+    if what == "chroma":
+        return chroma_argv(url=s.chroma_url, path=s.chroma_dir)
+    if what == "worker":
+        exe = str(Path(sys.executable).with_name("huey_consumer"))
+        return [exe, "sluice.pipeline.tasks.huey", "-k", kind, "-w", str(workers), "-d", "0.1"]
+    check_bind(s)
+    return [sys.executable, "-m", "streamlit", "run", str(CONSOLE_APP), "--server.address", s.console_address,
+            "--server.port", str(s.console_port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false",
+            "--server.maxUploadSize", str(max(1, s.max_upload_bytes // (1024 * 1024)))]
+
+
+def serve(args) -> int:
+    argv = argv_for(args.what, workers=args.workers, kind=args.kind)
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+    return 0  # pragma: no cover

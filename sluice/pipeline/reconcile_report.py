@@ -1,0 +1,181 @@
+"""What a reconcile found and did: the report model, and where the last one is kept.
+
+The report is plain data (``to_dict`` is what the CLI prints as JSON and the console draws); the
+last report any process on this machine produced is kept as JSON in the data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.pipeline.context import Context
+
+log = logging.getLogger(__name__)
+
+REPORT_FILE = "reconcile.json"
+
+
+@dataclass
+class Finding:
+    """Problems of one document (``document_id`` None: chunks no job of the dataset made)."""
+
+    dataset: str
+    document_id: int | None
+    filename: str = ""
+    active_job_id: int | None = None
+    missing: int = 0
+    orphans: int = 0
+    mismatched: int = 0
+    missing_ids: list[str] = field(default_factory=list)
+    orphan_ids: list[str] = field(default_factory=list)
+    mismatches: list[dict] = field(default_factory=list)  # {id, fields: {name: [stored, expected]}}
+    orphan_sources: dict[str, int] = field(default_factory=dict)  # why they are orphans -> count
+    repair: list[str] = field(default_factory=list)  # proposed (dry run) or done (repair)
+
+    @property
+    def problems(self) -> int:
+        return self.missing + self.orphans + self.mismatched
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "problems": self.problems}
+
+
+@dataclass
+class DatasetSummary:
+    name: str
+    collection: str
+    chunks: int = 0  # chunks in the collection when walked
+    present: int = 0  # expected chunks found
+    expected: int = 0  # chunks the active jobs promise
+    missing: int = 0
+    orphans: int = 0
+    mismatched: int = 0
+    in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
+    pages: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class ReconcileReport:
+    repair: bool
+    actor: str
+    started_at: str
+    scope: str | None = None  # the dataset checked, or None for all
+    finished_at: str = ""
+    seconds: float = 0.0
+    datasets: list[DatasetSummary] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)  # what repair did, in order
+    errors: list[str] = field(default_factory=list)
+    queued: list[int] = field(default_factory=list)  # jobs repair queued to rebuild missing chunks
+
+    @property
+    def missing(self) -> int:
+        return sum(d.missing for d in self.datasets)
+
+    @property
+    def orphans(self) -> int:
+        return sum(d.orphans for d in self.datasets)
+
+    @property
+    def mismatched(self) -> int:
+        return sum(d.mismatched for d in self.datasets)
+
+    @property
+    def problems(self) -> int:
+        return self.missing + self.orphans + self.mismatched
+
+    @property
+    def clean(self) -> bool:
+        return self.problems == 0 and not self.errors
+
+    @property
+    def chunks(self) -> int:
+        return sum(d.chunks for d in self.datasets)
+
+    def repair_plan(self) -> dict[str, int]:
+        """What a repair would do (the preview the console shows before the button)."""
+        return {
+            "delete_orphans": self.orphans,
+            "fix_metadata": self.mismatched,
+            "rebuild_documents": sum(1 for f in self.findings if f.missing and f.document_id is not None),
+            "missing_chunks": self.missing,
+        }
+
+    def to_dict(self) -> dict:
+        return {
+            "repair": self.repair, "actor": self.actor, "scope": self.scope, "started_at": self.started_at,
+            "finished_at": self.finished_at, "seconds": self.seconds, "clean": self.clean,
+            "chunks": self.chunks, "missing": self.missing, "orphans": self.orphans,
+            "mismatched": self.mismatched, "repair_plan": self.repair_plan(),
+            "datasets": [d.to_dict() for d in self.datasets],
+            "findings": [f.to_dict() for f in self.findings],
+            "actions": self.actions, "errors": self.errors, "queued": self.queued,
+        }
+
+    def describe(self) -> str:
+        lines = [f"reconcile{' --repair' if self.repair else ''}: {self.chunks:,} chunk(s) in "
+                 f"{len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"]
+        for d in self.datasets:
+            lines.append(f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
+                         f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
+                         f"mismatch(es), {d.in_flight:,} of jobs in flight")
+        for f in self.findings:
+            who = (f"document {f.document_id} {f.filename}" + (f" (job {f.active_job_id})" if f.active_job_id else "")
+                   if f.document_id is not None else "no document (foreign chunks)")
+            parts = []
+            if f.missing:
+                parts.append(f"{f.missing} missing, e.g. {', '.join(f.missing_ids[:3])}")
+            if f.orphans:
+                parts.append(f"{f.orphans} orphan(s): " + "; ".join(f"{n} {why}" for why, n in f.orphan_sources.items()))
+            if f.mismatched:
+                m = f.mismatches[0]
+                parts.append(f"{f.mismatched} metadata mismatch(es), e.g. {m['id']} "
+                             + ", ".join(f"{k}={v[0]!r} (should be {v[1]!r})" for k, v in m["fields"].items()))
+            lines.append(f"  [{f.dataset}] {who}: " + "; ".join(parts))
+            for r in f.repair:
+                lines.append(f"      {'done' if self.repair else 'repair would'}: {r}")
+        lines += [f"  error: {e}" for e in self.errors]
+        in_flight = sum(d.in_flight for d in self.datasets)
+        if self.clean and in_flight:
+            lines.append(f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
+                         "those jobs finish")
+        elif self.clean:
+            lines.append("clean: the index holds exactly what the job database promises")
+        elif not self.repair:
+            lines.append(f"{self.problems:,} problem(s); `sluice reconcile --repair` fixes them")
+        return "\n".join(lines)
+
+
+# --- the last report ----------------------------------------------------------------------------------
+
+
+def report_path(ctx: Context) -> Path:
+    return Path(ctx.settings.data_dir) / "reports" / REPORT_FILE
+
+
+def save_report(ctx: Context, report: ReconcileReport) -> None:
+    path = report_path(ctx)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(report.to_dict(), default=str))
+        os.replace(tmp, path)
+    except OSError as exc:  # the report is a convenience; the JobEvents hold what repair did
+        log.warning("could not save the reconcile report to %s: %s", path, exc)
+
+
+def last_report(ctx: Context) -> dict[str, Any] | None:
+    """The last report any process on this machine saved (CLI, periodic task, console), or None."""
+    try:
+        return json.loads(report_path(ctx).read_text())
+    except (OSError, ValueError):
+        return None
