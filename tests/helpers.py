@@ -42,3 +42,15 @@ def collection(ctx, name: str = "default") -> str:
 
 def ids_of_job(ctx, job_id: int, dataset: str = "default") -> list[str]:
     return sorted(ctx.vectors.ids_where(collection(ctx, dataset), {"job_id": job_id}))
+
+
+def until(predicate, *, timeout: float, what: str, interval: float = 0.1):
+    """Poll ``predicate`` until it returns something truthy; fail saying ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(interval)

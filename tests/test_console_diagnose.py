@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+import pytest
 
 from sluice.console.diagnose import why_waiting
+from sluice.ops import drain
 from sluice.ops.health import QueuePosition
-from sluice.ops.reads import Overview, phases_of
+from sluice.ops.reads import phases_of
 from sluice.storage.models import utcnow
 
 NOW = utcnow()
@@ -82,9 +85,29 @@ def test_phases_split_the_event_log_into_waits_and_attempts():
     assert running[-1].what == "attempt 1" and running[-1].ended is None
 
 
-def test_drain_estimate_uses_the_measured_rate_or_admits_there_is_none():
-    base = {"oldest_pending": None, "failures": {}, "throughput": []}
-    busy = Overview(counts={"pending": 20, "running": 10}, finished_recently=45, **base)
-    assert busy.rate_per_minute == 3.0 and busy.drain_eta() == timedelta(minutes=10)
-    assert Overview(counts={"pending": 5}, finished_recently=0, **base).drain_eta() is None
-    assert Overview(counts={"succeeded": 5}, finished_recently=0, **base).drain_eta() == timedelta(0)
+def test_drain_estimate_counts_work_left_at_the_busy_rate_not_the_idle_average():
+    # The walkthrough's case: four 150-page jobs (600 chunks each) finished in about 28 s, in a window
+    # that was otherwise idle; four more of the same size are queued. Jobs per minute over the window
+    # said "6.0 min"; the work at the busy rate says about half a minute.
+    t0 = datetime(2026, 1, 1, 12, 0, 0)
+    finished = [(t0 + timedelta(seconds=7 * i), t0 + timedelta(seconds=7 * (i + 1)), 600, 3_000_000)
+                for i in range(4)]
+    active = [("queued", 0, 0, 3_000_000)] * 3 + [("embedding", 300, 600, 3_000_000)]
+    est = drain.estimate(finished=finished, active=active)
+    assert est.busy_seconds == 28 and est.chunks_per_second == pytest.approx(2400 / 28)
+    assert est.remaining_chunks == pytest.approx(3 * 600 + 300)
+    assert est.eta == timedelta(seconds=2100 / (2400 / 28))
+    assert est.confidence == "rough" and "rough estimate" in est.describe()
+
+
+def test_busy_time_is_the_union_of_attempts_that_overlap():
+    t0 = datetime(2026, 1, 1, 12, 0, 0)
+    at = [(t0, t0 + timedelta(seconds=10)), (t0 + timedelta(seconds=5), t0 + timedelta(seconds=12)),
+          (t0 + timedelta(seconds=100), t0 + timedelta(seconds=101))]
+    assert drain.busy_seconds(at) == 13
+
+
+def test_drain_estimate_admits_when_there_is_no_rate():
+    assert drain.estimate(finished=[], active=[("queued", 0, 0, 100)]).eta is None
+    assert "no rate" in drain.estimate(finished=[], active=[("queued", 0, 0, 100)]).describe()
+    assert drain.estimate(finished=[], active=[]).eta == timedelta(0)

@@ -7,6 +7,7 @@ from sqlmodel import Session
 
 from sluice.storage.models import Job, JobStatus
 from tests.apptest import assert_ok, metric, open_console, texts
+from tests.helpers import until
 from tests.seed import seed_every_state
 
 
@@ -44,14 +45,20 @@ def test_overview_counts_queue_workers_and_failures(seeded):
 
 def test_overview_sees_a_live_worker_and_queued_messages(ctx, start_worker):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queue import publish, workers_alive
 
-    start_worker()
+    start_worker(workers=2)
+    # every worker thread counts itself in on start; the presence key says so within a round or two
+    until(lambda: any(w.get("threads") == 2 for w in workers_alive()), timeout=20,
+          what="a presence key that counts both worker threads")
     r = ingest_bytes(ctx, b"alpha beta gamma. " * 100, dataset="default", filename="a.txt", publish=publish)
     assert r.published
     at = open_console()
-    assert int(metric(at, "Workers alive")) >= 1
+    assert metric(at, "Workers alive") == "1"
+    assert "1 process(es), 2 thread(s)" in texts(at)
     assert "No worker is alive" not in texts(at)
+    [fleet] = [d.value for d in at.dataframe if "threads" in d.value.columns]
+    assert fleet["threads"].tolist() == [2] and fleet["up for"][0] != "—"
 
 
 def test_overview_warns_when_the_queue_redis_is_down(seeded, services):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import streamlit as st
 
@@ -107,6 +108,21 @@ def ago(when: datetime | str | None, now: datetime | None = None) -> str:
     if isinstance(when, str):
         when = datetime.fromisoformat(when)
     return duration(((now or utcnow()) - when).total_seconds()) + " ago"
+
+
+def local_time(when: datetime | str | None) -> str:
+    """A moment in the viewer's own time zone (as the browser reports it), to the second."""
+    if when is None:
+        return "—"
+    if isinstance(when, str):
+        when = datetime.fromisoformat(when)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    try:
+        zone = ZoneInfo(st.context.timezone) if st.context.timezone else None
+    except Exception:  # an unknown zone name, or no browser (AppTest): the server's local time
+        zone = None
+    return when.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def eta(delta: timedelta | None) -> str:

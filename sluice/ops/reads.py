@@ -7,11 +7,12 @@ than one page of jobs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlmodel import Session
 
-from sluice.ops import reindex
+from sluice.ops import documents, drain, reindex
+from sluice.ops.drain import DrainEstimate
 from sluice.ops.preview import Preview, preview_jobs
 from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
@@ -21,7 +22,7 @@ from sluice.storage.jobs import get_job
 from sluice.storage.models import JobStatus, utcnow
 
 ACTIVE = tuple(s.value for s in JobStatus.active())
-RATE_WINDOW_MINUTES = 15
+RATE_WINDOW_MINUTES = 60  # the drain rate is measured over this much past work
 
 
 def ctx() -> Context:
@@ -75,24 +76,11 @@ class Overview:
     oldest_pending: datetime | None
     failures: dict[str, int]
     throughput: list[dict]
-    finished_recently: int
-    rate_window_minutes: int = RATE_WINDOW_MINUTES
+    drain: DrainEstimate
 
     @property
     def active(self) -> int:
         return sum(self.counts.get(s, 0) for s in ACTIVE)
-
-    @property
-    def rate_per_minute(self) -> float:
-        return self.finished_recently / self.rate_window_minutes
-
-    def drain_eta(self) -> timedelta | None:
-        """Time to finish the active jobs at the rate measured over the last minutes, if any."""
-        if self.active == 0:
-            return timedelta(0)
-        if self.rate_per_minute <= 0:
-            return None
-        return timedelta(minutes=self.active / self.rate_per_minute)
 
 
 def overview(dataset_id: int | None) -> Overview:
@@ -103,9 +91,44 @@ def overview(dataset_id: int | None) -> Overview:
             oldest_pending=queries.oldest_waiting(session=session, dataset_id=dataset_id),
             failures=queries.failures_by_kind(session=session, dataset_id=dataset_id),
             throughput=queries.throughput(session=session, minutes=60, dataset_id=dataset_id, now=now),
-            finished_recently=queries.finished_since(
-                session=session, since=now - timedelta(minutes=RATE_WINDOW_MINUTES), dataset_id=dataset_id),
+            drain=drain.estimate(
+                finished=queries.recent_attempts(session=session, since=now - timedelta(minutes=RATE_WINDOW_MINUTES),
+                                                 dataset_id=dataset_id),
+                active=queries.remaining_work(session=session, dataset_id=dataset_id)),
         )
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One consumer process as an operator reads it."""
+
+    id: str
+    host: str
+    pid: int | None
+    threads: int | None
+    started: datetime | None
+    seen_seconds_ago: float
+    running: list[str]  # "job 7: embedding 32/120 chunks"
+
+    @property
+    def uptime_seconds(self) -> float | None:
+        return (utcnow() - self.started).total_seconds() if self.started else None
+
+
+def workers(presence: list[dict], dataset_id: int | None = None) -> list[WorkerView]:
+    """Worker processes from their presence keys, each with the jobs it is running now."""
+    with _session() as session:
+        running = queries.running_by_worker(session=session, dataset_id=dataset_id)
+    out = []
+    for w in presence:
+        started = w.get("started")
+        out.append(WorkerView(
+            id=str(w.get("id", "")), host=str(w.get("host", "")), pid=w.get("pid"), threads=w.get("threads"),
+            started=datetime.fromtimestamp(float(started), UTC) if started else None,
+            seen_seconds_ago=float(w.get("seen_seconds_ago", 0.0)),
+            running=[f"job {j.id}: {queries.job_row(j)['progress']}" for j in running.get(str(w.get("id")), [])],
+        ))
+    return out
 
 
 # --- jobs ----------------------------------------------------------------------------------------------
@@ -269,10 +292,7 @@ def search(query: str, dataset: str, k: int) -> list:
 
 def document_info(ref: str | int):
     """The document a job id or ``doc:ID`` names, with its jobs and chunks (UnknownReference if none)."""
-    from sluice.ops.documents import document_info as info
-    from sluice.ops.documents import resolve
-
-    return info(ctx(), resolve(ctx(), ref))
+    return documents.document_info(ctx(), documents.resolve(ctx(), ref))
 
 
 def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reindex.ReindexPlan:

@@ -55,13 +55,15 @@ def periodic_reconcile() -> None:
 
 _loop_started = False
 _loop_lock = threading.Lock()
+_threads = 0  # worker threads of this consumer that have started (huey runs the hook in each)
 
 
 @huey.on_startup()
 def start_recovery_loop() -> None:
     """One loop per consumer process: recovery every few seconds and a presence key for the console."""
-    global _loop_started
+    global _loop_started, _threads
     with _loop_lock:
+        _threads += 1
         if _loop_started:
             return
         _loop_started = True
@@ -92,7 +94,7 @@ def _recovery_loop() -> None:
     me = {"id": ctx.worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     while True:
         try:
-            huey.storage.conn.set(f"{worker_key()}:{ctx.worker_id}", json.dumps({**me, "seen": time.time()}),
+            huey.storage.conn.set(f"{worker_key()}:{ctx.worker_id}", json.dumps({**me, "threads": _threads, "seen": time.time()}),
                                   ex=max(15, int(interval * 3)))
         except redis.RedisError as exc:
             log.warning("queue Redis unreachable: %s", exc)

@@ -256,10 +256,37 @@ def unsent_messages(*, session: Session, job_id: int) -> list:
     ).all())
 
 
-def finished_since(*, session: Session, since: datetime, dataset_id: int | None = None) -> int:
-    """Jobs that reached succeeded or failed since ``since`` (the measured drain rate)."""
-    stmt = select(func.count()).select_from(Job).where(
-        Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
+def recent_attempts(*, session: Session, since: datetime, dataset_id: int | None = None) -> list[tuple]:
+    """(last attempt's start, finish, chunks, document bytes) of jobs that succeeded since ``since``:
+    the work the fleet did while it was busy (the drain estimate's rate)."""
+    last_claim = (select(JobEvent.job_id, func.max(JobEvent.at).label("at"))
+                  .where(JobEvent.kind == "claimed", JobEvent.at >= since - timedelta(days=1))
+                  .group_by(JobEvent.job_id).subquery())
+    stmt = (select(func.coalesce(last_claim.c.at, Job.started_at), Job.finished_at, Job.chunk_count, Document.size)
+            .join(Document, Document.id == Job.document_id)
+            .outerjoin(last_claim, last_claim.c.job_id == Job.id)
+            .where(Job.status == JobStatus.succeeded, Job.finished_at >= since))
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
-    return session.exec(stmt).one()
+    return [tuple(r) for r in session.exec(stmt.limit(5000)).all()]
+
+
+def remaining_work(*, session: Session, dataset_id: int | None = None) -> list[tuple]:
+    """(stage, done, total, document bytes) of every active job: what is left to do."""
+    stmt = (select(Job.stage, Job.done, Job.total, Document.size)
+            .join(Document, Document.id == Job.document_id)
+            .where(Job.status.in_(JobStatus.active())))
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    return [(Stage(st).value, done, total, size) for st, done, total, size in session.exec(stmt).all()]
+
+
+def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dict[str, list[Job]]:
+    """Running jobs grouped by the worker (host:pid) that holds them."""
+    stmt = select(Job).where(Job.status == JobStatus.running).order_by(Job.id)
+    if dataset_id is not None:
+        stmt = stmt.where(Job.dataset_id == dataset_id)
+    out: dict[str, list[Job]] = {}
+    for job in session.exec(stmt).all():
+        out.setdefault(job.worker_id or "", []).append(job)
+    return out

@@ -30,19 +30,20 @@ c1.metric("Queue depth", f"{queue.depth:,}" if queue.reachable else "unknown",
           help="Messages in the queue Redis (queued + scheduled retries).")
 if queue.reachable:
     c1.caption(f"{queue.queued:,} queued, {queue.scheduled:,} scheduled")
-c2.metric("Workers alive", len(queue.workers) if queue.reachable else "unknown",
-          help="Consumer processes whose presence key was refreshed recently.")
+fleet = reads.workers(queue.workers, sc.dataset_id) if queue.reachable else []
+threads = sum(w.threads or 0 for w in fleet)
+c2.metric("Workers alive", len(fleet) if queue.reachable else "unknown",
+          help="Consumer processes whose presence key was refreshed in the last few seconds; each runs "
+               "several worker threads, each thread one job at a time.")
+if fleet:
+    c2.caption(f"{len(fleet)} process(es), {threads} thread(s); {ov.counts.get('running', 0)} job(s) running")
 c3.metric("Oldest pending job", ui.ago(ov.oldest_pending) if ov.oldest_pending else "none")
-eta = ov.drain_eta()
+eta = ov.drain.eta
 c4.metric("Queue drains in", "now empty" if ov.active == 0 else ui.eta(eta),
-          help=f"Active jobs divided by the jobs finished per minute over the last {ov.rate_window_minutes} min.")
+          help="Chunks left (exact for jobs already embedding, estimated from file sizes for the rest) divided "
+               "by the chunks per second the workers reached while busy over the last hour.")
 if ov.active:
-    if eta is None:
-        c4.caption(f"{ov.active:,} active; no job finished in the last {ov.rate_window_minutes} min, "
-                   "so there is no rate to estimate from.")
-    else:
-        c4.caption(f"{ov.active:,} active at {ov.rate_per_minute:.1f} jobs/min "
-                   f"(last {ov.rate_window_minutes} min)")
+    c4.caption(ov.drain.describe())
 
 left, right = st.columns([3, 1])
 with left:
@@ -66,6 +67,10 @@ with right:
     if ov.failures:
         st.page_link("views/dead_letters.py", label="Open dead letters", icon=":material/report:")
 
-if queue.reachable and queue.workers:
-    with st.expander(f"Workers ({len(queue.workers)})"):
-        st.dataframe(pd.DataFrame(queue.workers), hide_index=True)
+if fleet:
+    with st.expander(f"Workers: {len(fleet)} process(es), {threads} thread(s)"):
+        st.dataframe(pd.DataFrame([{
+            "worker": w.id, "host": w.host, "threads": w.threads, "running now": "; ".join(w.running) or "idle",
+            "up for": ui.duration(w.uptime_seconds), "started": ui.local_time(w.started),
+            "last seen": f"{ui.duration(w.seen_seconds_ago)} ago",
+        } for w in fleet]), hide_index=True)
