@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
+from sluice.pipeline.runner import run_job
 from sluice.storage.models import Job, JobStatus
 from tests.apptest import assert_ok, metric, open_console, texts
 from tests.helpers import until
@@ -207,16 +208,21 @@ def test_a_new_dataset_is_created_from_the_sidebar_and_selected(ctx):
 
 def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
     at = open_console("upload")
+    # the browser may not drop any file by its name: every chosen file reaches Sluice and gets a line
+    assert list(at.get("file_uploader")[0].proto.type) == []
     duplicate = b"Seeded document alpha number 0. " + b" ".join(f"alpha0word{j % 37}".encode() for j in range(400)) + b"\n"
     at.get("file_uploader")[0].set_value([
         ("notes.md", b"# Notes\n\nSome markdown to index. " * 40, "text/markdown"),
         ("report-copy.txt", duplicate, "text/plain"),
         ("photo.pdf", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "application/pdf"),
+        ("slides.docx", b"PK\x03\x04" + b"\x00" * 64, "application/octet-stream"),
     ])
     at.button[0].click().run()  # the form's Upload button
     assert_ok(at)
     page = texts(at)
-    assert "1 new job(s), 1 already uploaded, 1 refused." in page
+    assert "4 file(s) chosen: 1 new job(s), 1 already uploaded, 2 refused." in page
+    assert "slides.docx — refused: unsupported file type" in page
+    assert "1 of 2 job(s) finished; following them live." in page  # the duplicate is done already
     assert "already indexed as job" in page
     assert "unsupported file type: the bytes are image/png" in page
     assert "Convert the file to PDF or text" in page
@@ -225,6 +231,12 @@ def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
     with Session(ctx.engine) as session:
         assert session.query(Job).filter(Job.filename == "notes.md").one().status == JobStatus.pending
         assert session.query(Job).filter(Job.filename == "photo.pdf").count() == 0
+        notes = session.query(Job).filter(Job.filename == "notes.md").one().id
+
+    # The result follows its jobs: once the new one has run, the next refresh says so.
+    run_job(notes, ctx=ctx)
+    at.run()
+    assert "2 of 2 job(s) finished." in texts(at)
 
     # The duplicate offers a reindex, which asks first.
     existing = seeded["succeeded"][0]

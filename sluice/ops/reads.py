@@ -22,6 +22,7 @@ from sluice.storage.jobs import get_job
 from sluice.storage.models import JobStatus, utcnow
 
 ACTIVE = tuple(s.value for s in JobStatus.active())
+FINAL = tuple(s.value for s in JobStatus.final())
 RATE_WINDOW_MINUTES = 60  # the drain rate is measured over this much past work
 
 

@@ -1,4 +1,8 @@
-"""Upload: many PDF, .txt and .md files at once; per file a new job, the existing one, or why not."""
+"""Upload: many files at once; per chosen file a line: a new job, the existing one, or why not.
+
+The widget takes any file: what Sluice can read is decided from the bytes on the server, so a file
+it cannot read gets a line saying why instead of vanishing in the browser. The result follows its
+jobs live until they have all finished."""
 
 import streamlit as st
 
@@ -18,8 +22,9 @@ target = st.selectbox("Into dataset", names, index=names.index(sc.dataset or "de
                       help="Defaults to the dataset picked in the sidebar.")
 
 with st.form("upload_form", clear_on_submit=True):
-    files = st.file_uploader("PDF, text or Markdown files", type=["pdf", "txt", "md", "markdown"],
-                             accept_multiple_files=True, disabled=not who.can_act, key="upload_files")
+    files = st.file_uploader("PDF, text or Markdown files", accept_multiple_files=True,
+                             disabled=not who.can_act, key="upload_files",
+                             help="Any file may be chosen; each one gets a line below saying what became of it.")
     submitted = st.form_submit_button("Upload and index", type="primary", disabled=not who.can_act)
 
 if submitted and files:
@@ -43,34 +48,56 @@ def _retry(job_id: int) -> None:
     ui.flash_outcome(actions.retry(who, [job_id]), "Retry")
 
 
-results = st.session_state.get(RESULTS_KEY) or []
-if results:
+LIVE_SECONDS = 2
+
+
+def _results_section(results: list[dict], following: bool) -> None:
+    live = {r["id"]: r for r in reads.job_rows([r["job_id"] for r in results if r["accepted"]])}
     new = sum(1 for r in results if r["accepted"] and not r["duplicate"])
     dup = sum(1 for r in results if r["duplicate"])
     refused = sum(1 for r in results if not r["accepted"])
+    done = sum(1 for j in live.values() if j["status"] in reads.FINAL)
     st.subheader("Last upload")
-    st.caption(f"{new} new job(s), {dup} already uploaded, {refused} refused.")
+    st.caption(f"{len(results)} file(s) chosen: {new} new job(s), {dup} already uploaded, {refused} refused. "
+               f"{done} of {len(live)} job(s) finished"
+               + ("; following them live." if done < len(live) else "."))
     for i, r in enumerate(results):
         with st.container(border=True):
-            head, link = st.columns([4, 1])
+            head, state, link = st.columns([4, 2, 1])
             if not r["accepted"]:
-                head.markdown(f"**{r['filename']}** — refused: {r['message']}")
-                head.caption(f"Fix: {r['fix_hint']}" if r["fix_hint"] else "")
+                head.text(f"{r['filename']} — refused: {r['message']}")
+                if r["fix_hint"]:
+                    head.caption(f"What to do: {r['fix_hint']}")
+                state.badge("refused", icon=ui.STATUS_ICON["failed"], color="red")
                 continue
-            if r["duplicate"]:
-                head.markdown(f"**{r['filename']}** — already uploaded: {r['message']}")
-            else:
-                head.markdown(f"**{r['filename']}** — {r['message']}")
+            job = live.get(r["job_id"], {})
+            status = job.get("status", r["status"])
+            verb = "already uploaded: " if r["duplicate"] else ""
+            head.text(f"{r['filename']} — {verb}{r['message']}")
+            ui.status_badge(status, state)
+            if status in reads.ACTIVE and job:
+                state.caption(job["progress"])
+            elif job.get("error_message") and status == "failed":
+                head.caption(f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: {job['error_message']}")
             link.page_link(ui.JOBS_PAGE, label=f"Open job {r['job_id']}", query_params={"job": str(r["job_id"])})
-            if r["duplicate"] and r["status"] == "succeeded":
+            if r["duplicate"] and status == "succeeded":
                 with head:
                     ui.confirm_button("Reindex", key=f"upload_reindex_{i}", disabled=not who.can_act,
                                       prompt=f"Rebuild the chunks of job {r['job_id']}? Search keeps serving "
                                              "the current chunks until the new run succeeds.",
                                       on_confirm=lambda jid=r["job_id"]: _reindex(jid), danger=False)
-            elif r["duplicate"] and r["status"] in ("failed", "cancelled"):
+            elif r["duplicate"] and status in ("failed", "cancelled"):
                 head.button("Retry it", key=f"upload_retry_{i}", disabled=not who.can_act,
                             on_click=_retry, args=(r["job_id"],))
+    if following and done == len(live):
+        st.rerun()  # the last job finished: draw the page once more, and stop following
+
+
+results = st.session_state.get(RESULTS_KEY) or []
+if results:
+    waiting = reads.job_rows([r["job_id"] for r in results if r["accepted"]])
+    following = any(j["status"] in reads.ACTIVE for j in waiting)
+    st.fragment(_results_section, run_every=LIVE_SECONDS if following else None)(results, following)
 else:
     st.caption("Files are checked before anything is stored: over the size limit, or bytes that are not PDF "
                "or text, are refused with the reason. The same file uploaded again into the same dataset "
