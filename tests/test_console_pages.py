@@ -119,8 +119,11 @@ def test_jobs_filters_sort_and_pagination_are_done_by_the_database(ctx, seeded):
         n_failed = session.query(Job).filter(Job.status == JobStatus.failed).count()
     assert f"of {n_failed}" in texts(at)
     assert set(table["status"]) == {"failed"}
+    # a dead letter says where it stopped and how many attempts it used, never "1/5" as if more came
+    assert all(p.startswith("stopped at ") for p in table["progress"])
+    assert all(a.isdigit() for a in table["attempts"])
     at.multiselect(key="kind").set_value(["user_action_required"]).run()
-    assert all(e.startswith("user_action_required") for e in at.dataframe[0].value["error"])
+    assert all(e.startswith("needs your action: ") for e in at.dataframe[0].value["error"])
     at.multiselect(key="status").set_value([]).run()
     at.multiselect(key="kind").set_value([]).run()
     at.text_input(key="q").set_value("password_protected").run()
@@ -138,7 +141,7 @@ def test_failed_job_detail_shows_attempts_error_kind_hint_and_detail(seeded):
     page = texts(at)
     assert f"Job {job_id}" in page
     assert "gave up after 5 attempts: Chroma did not answer" in page
-    assert "transient error" in page and "chroma_unreachable" in page
+    assert "transient error" in page and "chroma unreachable" in page
     assert "What to do:" in page
     assert any("Error detail" in e.label for e in at.expander)
     timeline = at.dataframe[0].value
@@ -172,6 +175,7 @@ def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seed
 def test_running_and_retrying_jobs_say_what_they_wait_for(seeded):
     at = open_console("jobs", query={"job": str(seeded["running"][0])})
     assert "Running on seed-host:4242 (embedding 320/500 chunks)" in texts(at)
+    assert "**Chunks**  \n500" in texts(at)  # the count the worker reported, not a dash
     at.query_params["job"] = str(seeded["retrying"][0])
     at.run()
     assert "Retrying: attempt 2 of 5 is due" in texts(at)

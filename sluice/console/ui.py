@@ -45,6 +45,31 @@ KIND_LABEL = {
 }
 
 
+def words(code: str | None) -> str:
+    """An error code or enum value as words: no_text_layer -> no text layer."""
+    return (code or "").replace("_", " ")
+
+
+def job_cells(r: dict) -> dict[str, str]:
+    """A job row as the tables say it: in words, and never promising attempts that will not come."""
+    active = r["status"] in ("pending", "running", "retrying")
+    status = "cancelling" if r["cancel_requested"] and active else r["status"]
+    if r["status"] == "succeeded":
+        progress = f"{r['chunk_count'] or 0} chunks"
+    elif active:
+        progress = r["progress"]
+    elif r["status"] in ("failed", "cancelled"):
+        progress = f"stopped at {r['stage']}"
+    else:
+        progress = ""
+    attempts = f"{r['attempt']} of {r['max_attempts']}" if active else str(r["attempt"])
+    error = ""
+    if r["error_message"]:
+        kind = KIND_LABEL.get(r["error_kind"] or "", "")
+        error = f"{kind}: {r['error_message']}" if kind and r["status"] != "cancelled" else r["error_message"]
+    return {"status": status, "progress": progress, "attempts": attempts, "error": error}
+
+
 # --- who and where ---------------------------------------------------------------------------------------
 
 

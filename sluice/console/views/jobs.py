@@ -42,8 +42,13 @@ def show_detail(d: reads.JobDetail) -> None:
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
 
-    facts = [("Stage", r["stage"]), ("Attempt", f"{r['attempt']} of {r['max_attempts']}"), ("Dataset", d.dataset),
-             ("Pages", r["page_count"]), ("Chunks", r["chunk_count"]), ("Worker", r["worker_id"]),
+    cells = ui.job_cells(r)
+    retried = sum(1 for e in d.events if e["kind"] == "retried")
+    attempts = cells["attempts"] + (f" (after {retried} manual retr{'y' if retried == 1 else 'ies'})" if retried else "")
+    pages = r["page_count"] or (r["total"] if r["stage"] in ("parsing", "chunking") else None)
+    chunks = r["chunk_count"] or (r["total"] if r["stage"] in ("embedding", "indexing") else None)
+    facts = [("Stage", cells["progress"] or r["stage"]), ("Attempts", attempts), ("Dataset", d.dataset),
+             ("Pages", pages), ("Chunks", chunks), ("Worker", r["worker_id"]),
              ("Created", ui.ago(r["created_at"])), ("Pipeline", r["pipeline_version"])]
     for col, (label, value) in zip(box.columns(len(facts)), facts, strict=True):
         col.markdown(f"**{label}**  \n{value if value not in (None, '') else '—'}")
@@ -67,7 +72,7 @@ def show_detail(d: reads.JobDetail) -> None:
                     f"{ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}.")
     elif r["error_message"]:
         kind = ui.KIND_LABEL.get(r["error_kind"] or "", r["error_kind"] or "")
-        prefix = f"**{kind}** ({r['error_code']}): " if r["error_kind"] else ""
+        prefix = f"**{kind}** ({ui.words(r['error_code'])}): " if r["error_kind"] else ""
         (box.warning if r["status"] in ("cancelled", "retrying") else box.error)(prefix + r["error_message"])
         if r["fix_hint"]:
             box.info(f"**What to do:** {r['fix_hint']}", icon=":material/build:")
@@ -169,16 +174,14 @@ def _pick(key: str, ids: list[int]) -> None:
 ids = [r["id"] for r in page.rows]
 table = pd.DataFrame([{
     "job": r["id"],
-    "status": r["status"] + (" (cancel requested)" if r["cancel_requested"] else ""),
+    **{k: v for k, v in ui.job_cells(r).items() if k != "error"},
     "file": r["filename"],
     "dataset": r["dataset"],
     "stage progress": _fraction(r),
-    "progress": r["progress"],
-    "attempt": f"{r['attempt']}/{r['max_attempts']}",
-    "error": f"{r['error_kind']}: {r['error_message']}" if r["error_kind"] else (r["error_message"] or ""),
     "updated": ui.ago(r["updated_at"]),
-} for r in page.rows], columns=["job", "status", "file", "dataset", "stage progress", "progress", "attempt",
-                                "error", "updated"])
+    "error": ui.job_cells(r)["error"],
+} for r in page.rows], columns=["job", "status", "file", "dataset", "stage progress", "progress", "attempts",
+                                "updated", "error"])
 if sc.dataset:
     table = table.drop(columns=["dataset"])
 table_key = f"jobs_table_{hash(tuple(ids))}"
@@ -192,9 +195,13 @@ st.dataframe(
             help="Done of total in the current stage (pages while parsing and chunking, chunks while "
                  "embedding and indexing); empty while queued."),
         "progress": st.column_config.TextColumn("counts", width="medium",
-                                                help="Stage with its counts, as the worker wrote them."),
+                                                help="Stage with its counts while active; where it stopped "
+                                                     "once failed or cancelled."),
         "file": st.column_config.TextColumn("file", width="medium"),
         "status": st.column_config.TextColumn("status", width="small"),
+        "attempts": st.column_config.TextColumn("attempts", width="small",
+                                                help="Attempts used; while a job is active, of how many."),
+        "updated": st.column_config.TextColumn("updated", width="small"),
         "error": st.column_config.TextColumn("error", width="large"),
     },
 )
