@@ -59,6 +59,15 @@ def test_pending_job_not_on_the_queue_says_why():
     assert level == "warning" and "12 job(s) wait ahead" in text and "unreachable" in text
 
 
+def test_a_message_just_taken_by_a_worker_is_no_alarm():
+    # right after a retry the worker pops the message before it claims the job: not a lost message
+    row, gone = _row("pending"), QueuePosition(True, position=None, length=0, scanned=0)
+    level, text = _why(row, position=gone, published_at=NOW - timedelta(seconds=1), redeliver_after=60)
+    assert level == "info" and "Handed to a worker 1 s ago" in text
+    level, text = _why(row, position=gone, published_at=NOW - timedelta(seconds=90), redeliver_after=60)
+    assert level == "warning" and "published 90 s ago" in text and "may have been lost" in text
+
+
 def test_retrying_job_says_when_its_next_attempt_is_due():
     row = _row("retrying", next_attempt_at=(NOW + timedelta(seconds=42)).isoformat())
     assert _why(row, workers=1) == ("info", "Retrying: attempt 2 of 5 is due in 42 s; 1 worker(s) alive.")

@@ -11,7 +11,8 @@ from sluice.ops.health import QueuePosition
 
 
 def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | None, unsent: list[dict],
-                ahead: int, lease_seconds: float, now: datetime) -> tuple[str, str] | None:
+                ahead: int, lease_seconds: float, now: datetime, published_at: datetime | None = None,
+                redeliver_after: float = 60.0) -> tuple[str, str] | None:
     """(level, sentence) for an active job, level being info (waiting) or warning (stalled)."""
     status = row["status"]
     no_workers = workers == 0
@@ -55,9 +56,14 @@ def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | Non
             f"Waiting in the queue behind more than {position.scanned:,} other jobs "
             f"({position.length:,} queued); {worker_note}.")
     if position.position is None:
-        return "warning", ("Its queue message is not in the queue (a worker may be taking it right now, or "
-                           "the message was lost). The worker's recovery publishes it again after "
-                           "SLUICE_REDELIVER_AFTER_SECONDS.")
+        since = (now - published_at).total_seconds() if published_at else None
+        if since is not None and since < redeliver_after and not no_workers:
+            # the usual case right after a publish: a worker has taken the message and is claiming the job
+            return "info", (f"Handed to a worker {since:.0f} s ago; it starts in a moment; {worker_note}.")
+        return "warning", ("Its queue message is not in the queue"
+                           + (f" (published {since:.0f} s ago)" if since is not None else "")
+                           + ": it may have been lost. The worker's recovery publishes it again once it has "
+                           f"been missing for {redeliver_after:.0f} s (SLUICE_REDELIVER_AFTER_SECONDS).")
     level = "warning" if no_workers else "info"
     return level, (f"Waiting in the queue: position {position.position} of {position.length}; "
                    f"{worker_note}.")

@@ -196,6 +196,7 @@ class JobDetail:
     phases: list[Phase]
     unsent: list[dict] = field(default_factory=list)
     waiting_ahead: int = 0
+    published_at: datetime | None = None  # when its last queue message went out
 
 
 END_OF_PHASE = {"succeeded", "attempt_failed", "failed", "cancelled"}
@@ -242,7 +243,8 @@ def job_detail(job_id: int) -> JobDetail | None:
         ahead = queries.waiting_ahead(session=session, job=job) if job.status == JobStatus.pending else 0
         return JobDetail(row=queries.job_row(job), dataset=names.get(job.dataset_id, ""),
                          error_detail=job.error_detail, events=events, phases=phases_of(events),
-                         unsent=unsent, waiting_ahead=ahead)
+                         unsent=unsent, waiting_ahead=ahead,
+                         published_at=queries.last_published(session=session, job_id=job_id))
 
 
 # --- dead letters ----------------------------------------------------------------------------------------

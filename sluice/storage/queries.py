@@ -17,6 +17,7 @@ from sluice.storage.models import (
     Job,
     JobEvent,
     JobStatus,
+    Outbox,
     Stage,
     utcnow,
 )
@@ -247,10 +248,13 @@ def waiting_ahead(*, session: Session, job: Job) -> int:
     return session.exec(stmt).one()
 
 
+def last_published(*, session: Session, job_id: int) -> datetime | None:
+    """When the job's last queue message was published (None: never)."""
+    return session.exec(select(func.max(Outbox.sent_at)).where(Outbox.job_id == job_id)).one()
+
+
 def unsent_messages(*, session: Session, job_id: int) -> list:
     """Outbox rows of a job not yet on the queue (published later by the worker's recovery)."""
-    from sluice.storage.models import Outbox
-
     return list(session.exec(
         select(Outbox).where(Outbox.job_id == job_id, Outbox.sent_at.is_(None)).order_by(Outbox.id)
     ).all())
