@@ -152,6 +152,18 @@ def test_failed_job_detail_shows_attempts_error_kind_hint_and_detail(seeded):
     assert not [b for b in at.button if b.key and b.key.startswith(("cancel_", "reindex_"))]
 
 
+def test_a_dead_letter_that_a_retry_cannot_fix_leads_with_what_helps(ctx, seeded):
+    job_id = seeded["failed:password_protected"][0]
+    at = open_console("jobs", query={"job": str(job_id)})
+    assert not [b for b in at.button if b.key == f"retry_{job_id}" and b.proto.type == "primary"]
+    assert any(p.proto.page.endswith("upload") or "upload" in p.proto.label.lower() for p in at.get("page_link"))
+    at.button(key=f"retry_{job_id}").click().run()  # "Retry anyway" asks first, saying what will happen
+    assert "fails the same way" in texts(at) and "Remove the password" in texts(at)
+    at.button(key=f"retry_{job_id}:yes").click().run()
+    assert_ok(at)
+    assert "fails the same way" in texts(at)  # and says it again beside the result
+
+
 def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seeded):
     from sluice.pipeline.queue import publish, queued_job_ids
     from sluice.storage.outbox import dispatch

@@ -189,6 +189,8 @@ def retry(args) -> int:
             print(cost.describe())
         return 0
     done = actions.retry(cli_operator(), ids, reason=args.reason)
+    for warning in done.warnings:
+        print(f"sluice: warning: {warning}", file=sys.stderr)
     return report(done.results, note=done.queue_note)
 
 

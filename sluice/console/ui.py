@@ -163,7 +163,16 @@ def flash(level: str, text: str) -> None:
 
 def flash_outcome(outcome: ActionReport, verb: str) -> None:
     if outcome.ok:
-        flash("success", f"{verb}: {outcome.ok} job(s). " + "; ".join(r.message for r in outcome.results if r.ok)[:600])
+        done = [r for r in outcome.results if r.ok]
+        if len(done) == 1:
+            flash("success", f"{verb}: 1 job(s). {done[0].message}")
+        else:  # one line for many jobs: their ids, not the same sentence again and again
+            ids = ", ".join(str(r.job_id) for r in done[:30]) + (f" and {len(done) - 30} more" if len(done) > 30 else "")
+            flash("success", f"{verb}: {len(done)} job(s): {ids}.")
+    for text in outcome.warnings[:5]:
+        flash("warning", text)
+    if len(outcome.warnings) > 5:
+        flash("warning", f"... and {len(outcome.warnings) - 5} more of the same kind")
     for r in outcome.refused[:10]:
         flash("error", r.message)
     if len(outcome.refused) > 10:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,14 +21,14 @@ from sluice.ops import documents
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.ingest import IngestResult, ingest_stream
-from sluice.ops.reads import ctx, dead_letter_ids
+from sluice.ops.reads import ctx, dead_letter_ids, job_rows
 from sluice.pipeline import reconcile as reconciling
 from sluice.pipeline.queue import dispatch_now, publish
 from sluice.pipeline.reconcile_report import ReconcileReport
 from sluice.storage import jobs
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
-from sluice.storage.models import utcnow
+from sluice.storage.models import ErrorKind, utcnow
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 
@@ -39,6 +39,7 @@ class ActionReport:
 
     results: list[ActionResult]
     queue_note: str = ""
+    warnings: list[str] = field(default_factory=list)  # what the operator should know before hoping
 
     @property
     def ok(self) -> int:
@@ -78,8 +79,23 @@ def _transition(fn: Callable[..., list[ActionResult]], who: Operator, verb: str,
 # --- jobs --------------------------------------------------------------------------------------------------
 
 
+def retry_outlook(row: dict) -> str:
+    """What a retry of this failed job will do, when that is not simply "run again": a permanent or
+    user-action failure comes from the file, so the same bytes fail the same way."""
+    if row["status"] != "failed" or row["error_kind"] not in (ErrorKind.permanent.value,
+                                                               ErrorKind.user_action_required.value):
+        return ""
+    return (f"job {row['id']} ({row['filename']}) failed because {row['error_message']}; a retry runs the "
+            "same file again and fails the same way unless that cause has been fixed outside the file"
+            + (f". What helps: {row['fix_hint']}" if row["fix_hint"] else ""))
+
+
 def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry") -> ActionReport:
-    return _transition(jobs.retry, who, "retry jobs", ids, queues_work=True, reason=reason)
+    ids = [int(i) for i in ids]
+    outlooks = [retry_outlook(r) for r in job_rows(ids)] if who.can_act else []
+    report = _transition(jobs.retry, who, "retry jobs", ids, queues_work=True, reason=reason)
+    report.warnings = [o for o in outlooks if o]
+    return report
 
 
 def retry_dead(who: Operator, *, kind: str | None = None, code: str | None = None,

@@ -208,6 +208,7 @@ def job_row(job: Job) -> dict:
         "error_message": job.error_message,
         "fix_hint": job.fix_hint,
         "cancel_requested": job.cancel_requested,
+        "dismissed": job.dismissed,
         "chunk_count": job.chunk_count,
         "page_count": job.page_count,
         "pipeline_version": job.pipeline_version,

@@ -63,7 +63,7 @@ for g in groups:
     box.caption(f"Latest failure {ui.ago(g['latest'])}.")
     if g["fix_hint"]:
         box.info(f"**What to do:** {g['fix_hint']}", icon=":material/build:")
-    if kind == "user_action_required":
+    if kind in ("user_action_required", "permanent"):
         box.caption("Retrying runs the same bytes again, so it fails again until the cause is fixed; "
                     "usually the fix is a new upload of a corrected file.")
 
@@ -91,7 +91,10 @@ for g in groups:
                           danger=False,
                           prompt=lambda k=kind, c=code, n=n: (
                               f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
-                              f"fresh attempt budget. Cost: {reads.retry_preview(k, c, sc.dataset_id)}."),
+                              f"fresh attempt budget. Cost: {reads.retry_preview(k, c, sc.dataset_id)}."
+                              + (" These failed because of the files themselves: the same bytes will fail "
+                                 "the same way unless the cause has been fixed outside them."
+                                 if k in ("user_action_required", "permanent") else "")),
                           on_confirm=lambda k=kind, c=code: _on_group(actions.retry, "Retry", k, c))
     with b:
         ui.confirm_button(f"Dismiss all {n:,}", key=f"dismiss_all:{kind}:{code}", disabled=not who.can_act,

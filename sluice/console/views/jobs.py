@@ -89,7 +89,17 @@ def show_detail(d: reads.JobDetail) -> None:
                               prompt=("Stop this job? A running job stops at its next batch and its partial "
                                       "chunks are removed; it can be retried later."),
                               on_confirm=lambda: _do(actions.cancel, "Cancel", job_id))
-        if r["status"] in ("failed", "cancelled"):
+        outlook = actions.retry_outlook(r)
+        if outlook:  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
+            st.page_link("views/upload.py", label="Upload a fixed file", icon=":material/upload_file:")
+            ui.confirm_button("Retry anyway", key=f"retry_{job_id}", disabled=not can, danger=False,
+                              prompt=outlook.capitalize() + ". Retry anyway?",
+                              on_confirm=lambda: _do(actions.retry, "Retry", job_id))
+            if not r.get("dismissed"):
+                st.button("Dismiss", key=f"dismiss_{job_id}", disabled=not can,
+                          help="Take it off the dead-letter list; it stays failed, with its history.",
+                          on_click=_do, args=(actions.dismiss, "Dismiss", job_id))
+        elif r["status"] in ("failed", "cancelled"):
             st.button("Retry job", key=f"retry_{job_id}", type="primary", disabled=not can,
                       on_click=_do, args=(actions.retry, "Retry", job_id))
         if r["status"] == "succeeded":
