@@ -44,6 +44,14 @@ def test_overview_counts_queue_workers_and_failures(seeded):
     assert len(at.get("vega_lite_chart")) == 2  # jobs per minute, chunks per minute
 
 
+def test_first_visit_says_what_to_do_first_and_a_bad_dataset_link_says_so(ctx):
+    at = open_console()
+    assert "Nothing here yet. Start by uploading documents" in texts(at)
+    assert any("Upload documents" in p.proto.label for p in at.get("page_link"))
+    at = open_console(query={"dataset": "nosuch"})
+    assert "There is no dataset named 'nosuch'; showing all datasets." in texts(at)
+
+
 def test_overview_sees_a_live_worker_and_queued_messages(ctx, start_worker):
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.queue import publish, workers_alive
@@ -292,7 +300,7 @@ def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx)
     assert config["SLUICE_CHROMA_TOKEN"] == "set"
     assert config["SLUICE_CONSOLE_READONLY_PASSWORD"] == "set"
     assert config["SLUICE_CONSOLE_PASSWORD"] == "not set"
-    versions = dict(zip(at.dataframe[3].value["package"], at.dataframe[3].value["version"], strict=True))
+    versions = dict(zip(at.dataframe[3].value["package (installed here)"], at.dataframe[3].value["version"], strict=True))
     assert versions["streamlit"].startswith("1.") and "torch" in versions and "huey" in versions
     everything = page + "".join(df.value.to_csv() for df in at.dataframe)
     assert "peek-only-8d1f" not in everything and "tok-secret-4c2a" not in everything

@@ -60,6 +60,9 @@ if who is None:
 
 with st.sidebar:
     names = [d.name for d in reads.datasets()]
+    asked = st.query_params.get(ui.DATASET_KEY)
+    if asked and asked not in (ui.ALL_DATASETS, *names):  # a stale or mistyped link: say so, do not guess
+        ui.flash("warning", f"There is no dataset named {asked!r}; showing all datasets.")
     st.selectbox("Dataset", [ui.ALL_DATASETS, *names], key=ui.DATASET_KEY, bind="query-params",
                  help="Every page shows only this dataset; uploads go into it.")
     with st.popover("New dataset", disabled=not who.can_act):

@@ -85,7 +85,7 @@ def _redis_probe(name: str, url: str) -> Probe:
         client.ping()
         info = client.info("server")
         mem = client.info("memory")
-        detail = (f"redis {info.get('redis_version', '?')}, maxmemory-policy "
+        detail = (f"server redis {info.get('redis_version', '?')}, maxmemory-policy "
                   f"{mem.get('maxmemory_policy', '?')}, used {mem.get('used_memory_human', '?')}")
         return Probe(name, redact_url(url), True, detail)
     except redis.RedisError as exc:
@@ -111,7 +111,7 @@ def _chroma_probe(settings: Settings) -> Probe:
                                 timeout=PROBE_TIMEOUT).json()
         except Exception:
             pass
-        return Probe("chroma", redact_url(settings.chroma_url), True, f"chroma {version}".strip())
+        return Probe("chroma", redact_url(settings.chroma_url), True, f"server chroma {version}".strip())
     except Exception as exc:
         return Probe("chroma", redact_url(settings.chroma_url), False, f"{type(exc).__name__}: {exc}")
 

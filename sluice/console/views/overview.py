@@ -13,6 +13,13 @@ ui.scope_caption(sc)
 ov = reads.overview(sc.dataset_id)
 queue = health.queue_state()
 
+if not any(ov.counts.values()):
+    st.info("Nothing here yet. Start by uploading documents: PDF, text or Markdown files go into a dataset "
+            "(a knowledge base; `default` exists already), and each becomes a job that parses, chunks, "
+            "embeds and indexes it. From a shell: `sluice ingest PATH --dataset NAME`.",
+            icon=":material/waving_hand:")
+    st.page_link("views/upload.py", label="Upload documents", icon=":material/upload_file:")
+
 if not queue.reachable:
     st.warning(f"The queue Redis is unreachable, so queue depth and workers are unknown. Uploads and retries "
                f"still work: their jobs are published when the queue is back. ({queue.error})", icon=":material/warning:")

@@ -23,7 +23,9 @@ st.subheader("Pipeline")
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Pipeline version", context.pipeline_version,
           help="Changes with the chunker, chunk size, overlap and model; part of every chunk id.")
-c2.metric("Embedder", settings.embedder if settings.embedder == "hash" else settings.embed_model)
+c2.metric("Embedder", (settings.embedder if settings.embedder == "hash" else settings.embed_model).split("/")[-1],
+          help=f"{settings.embedder}: {settings.embed_model}. It embeds English text; other languages are "
+               "found through the exact words they contain rather than their meaning.")
 c3.metric("Precision in force", context.precision,
           help=f"SLUICE_EMBED_PRECISION={settings.embed_precision}; auto picks bf16 where the CPU has it.")
 c4.metric("Batch size", settings.embed_batch_size)
@@ -47,5 +49,7 @@ with right:
     st.dataframe(pd.DataFrame([(k, "set" if v else "not set") for k, v in settings.secrets_status().items()],
                               columns=["secret", "state"]), hide_index=True)
     st.subheader("Versions")
-    st.dataframe(pd.DataFrame(sorted(health.versions().items()), columns=["package", "version"]),
+    st.caption("Python packages installed in this console's environment (workers should match). The "
+               "servers' own versions are under Services above.")
+    st.dataframe(pd.DataFrame(sorted(health.versions().items()), columns=["package (installed here)", "version"]),
                  hide_index=True)
