@@ -84,3 +84,46 @@ def test_bad_setting_is_named(capsys, monkeypatch, sluice_env):
     reset_settings_cache()
     code, _, err = run(capsys, "jobs")
     assert code == 2 and "SLUICE_MAX_ATTEMPTS" in err
+
+
+def test_ingest_wait_on_a_terminal_draws_one_live_line_with_totals(ctx, sluice_env, tmp_path, start_worker):
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    start_worker()
+    files = []
+    for i in range(3):
+        f = tmp_path / f"note-{i}.txt"
+        f.write_text(f"Harbour pilots board ships number {i} at dawn. " * 60)
+        files.append(str(f))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "ingest", *files, "--wait", "--timeout", "120"],
+                            stdout=slave, stderr=subprocess.PIPE, env=sluice_env)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + 150
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=10) == 0, proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert "\r\x1b[K[" in text  # the line is redrawn in place, not printed once per batch
+    assert "3/3 done (3 succeeded, 0 failed)" in text and "3/3 succeeded" in text
+    assert "\tsucceeded\t" not in text  # no per-job log lines on a terminal

@@ -64,7 +64,11 @@ def ingest(args) -> int:
 
 
 def _wait(ids: Sequence[int], *, timeout: float, quiet: bool) -> bool:
-    deadline = time.monotonic() + timeout
+    """Follow the jobs until all are final. On a terminal: one live line with totals and an estimate;
+    piped: a line per change of a job, for logs. Failures are printed as they happen in both."""
+    live = sys.stdout.isatty() and not quiet
+    started = time.monotonic()
+    deadline = started + timeout
     last: dict[int, str] = {}
     while True:
         rows = reads.job_rows(list(ids))
@@ -75,18 +79,41 @@ def _wait(ids: Sequence[int], *, timeout: float, quiet: bool) -> bool:
                 if row["fix_hint"]:
                     line += f" ({row['fix_hint']})"
             if last.get(row["id"]) != line and not quiet:
-                print(line, flush=True)
+                if not live:
+                    print(line, flush=True)
+                elif row["status"] == "failed":
+                    print(f"\r\033[K{line}", flush=True)
             last[row["id"]] = line
-        if all(r["status"] in FINAL for r in rows):
+        finished = all(r["status"] in FINAL for r in rows)
+        if live:
+            print(f"\r\033[K{_totals(rows, time.monotonic() - started)}", end="" if not finished else "\n",
+                  flush=True)
+        if finished:
             if not quiet:
                 n_ok = sum(r["status"] == "succeeded" for r in rows)
                 print(f"{n_ok}/{len(rows)} succeeded", flush=True)
             return all(r["status"] == "succeeded" for r in rows)
         if time.monotonic() > deadline:
             if not quiet:
-                print(f"sluice: gave up waiting after {timeout:.0f}s", file=sys.stderr)
+                print(f"\nsluice: gave up waiting after {timeout:.0f}s", file=sys.stderr)
             return False
         time.sleep(0.5)
+
+
+def _totals(rows: list[dict], elapsed: float) -> str:
+    """12/40 done (11 succeeded, 1 failed), 3 running: embedding 320/500 chunks; about 1.2 min left"""
+    done = [r for r in rows if r["status"] in FINAL]
+    failed = sum(r["status"] == "failed" for r in done)
+    running = [r for r in rows if r["status"] == "running"]
+    width = 24
+    filled = int(width * len(done) / max(1, len(rows)))
+    text = (f"[{'#' * filled}{'.' * (width - filled)}] {len(done)}/{len(rows)} done "
+            f"({len(done) - failed} succeeded, {failed} failed)")
+    if running:
+        text += f", {len(running)} running: {running[0]['progress']}"
+    if done and len(done) < len(rows):
+        text += f"; about {elapsed / len(done) * (len(rows) - len(done)):.0f} s left"
+    return text
 
 
 # --- reads ---------------------------------------------------------------------------------------------------
