@@ -121,18 +121,29 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     page.set_default_timeout(TIMEOUT_MS)
 
+    # A first visit: the empty Overview says what to do first and leads to the upload page.
     _open(page, console, "Overview")
+    _text(page, "Nothing here yet. Start by uploading documents")
     _shoot(page, "overview-empty")
+    page.get_by_role("link", name="Upload documents").click()
+    page.get_by_role("heading", name="Upload", exact=True).wait_for()
 
-    # Upload a text PDF and an encrypted PDF through the page.
-    _open(page, f"{console}/upload", "Upload")
+    # Upload a text PDF, an encrypted PDF, three more, and a file Sluice cannot read: the browser lets
+    # every file through, and each one gets a line; the result follows its jobs live.
     files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
-    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in files])
-    page.locator('[data-testid="stFileChip"]').nth(len(files) - 1).wait_for()
+    slides = tmp_path / "slides.docx"
+    slides.write_bytes(b"PK\x03\x04" + bytes(200))
+    chosen = [*files, slides]
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in chosen])
+    page.locator('[data-testid="stFileChip"]').nth(len(chosen) - 1).wait_for()
     page.get_by_role("button", name="Upload and index").click()
-    _text(page, f"{len(files)} new job(s), 0 already uploaded, 0 refused.")
+    _text(page, f"{len(chosen)} file(s) chosen: {len(files)} new job(s), 0 already uploaded, 1 refused.")
+    _text(page, "slides.docx — refused: unsupported file type")
+    _text(page, "following them live")
     _shoot(page, "upload")
     good, locked = _job_id(ctx, FIRST), _job_id(ctx, LOCKED)
+    wait_for(ctx, [_job_id(ctx, f.name) for f in files], timeout=90)
+    _text(page, f"{len(files)} of {len(files)} job(s) finished.")  # the page moved on by itself
 
     # The first reaches succeeded; the page shows it (the jobs page refreshes by itself).
     page.get_by_role("link", name=f"Open job {good}").click()
@@ -143,9 +154,9 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     # The encrypted one lands in dead letters with its hint.
     assert wait_for(ctx, [locked], timeout=60)[0].status == JobStatus.failed
     _open(page, f"{console}/dead_letters", "Dead letters")
-    _text(page, "needs your action · password_protected")
+    _text(page, "needs your action · password protected")
     _text(page, "Remove the password and upload the file again.")
-    _text(page, "needs your action · no_text_layer")  # 007: images only
+    _text(page, "needs your action · no text layer")  # 007: images only
     _shoot(page, "dead-letters")
 
     # Retry it from the dead-letter page: it runs again and fails again, as it must.

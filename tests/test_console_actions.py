@@ -25,7 +25,7 @@ def _job(ctx, job_id: int) -> Job:
 def test_retry_from_job_detail_queues_the_job_again(ctx, seeded):
     from sluice.pipeline.queue import queued_job_ids
 
-    job_id = seeded["failed:corrupt_pdf"][0]
+    job_id = seeded["failed:chroma_unreachable"][0]  # transient: a retry is the helpful action
     at = open_console("jobs", query={"job": str(job_id)})
     at.button(key=f"retry_{job_id}").click().run()
     assert_ok(at)
@@ -78,9 +78,9 @@ def test_dead_letters_grouped_with_counts_and_hints(seeded):
     at = open_console("dead_letters")
     page = texts(at)
     assert "5 failed job(s) in 4 group(s)" in page
-    assert "needs your action · password_protected" in page
+    assert "needs your action · password protected" in page
     assert "Remove the password and upload the file again." in page
-    assert "needs your action · no_text_layer" in page and "ocrmypdf" in page
+    assert "needs your action · no text layer" in page and "ocrmypdf" in page
     assert at.button(key="retry_all:user_action_required:password_protected").label == "Retry all 2"
 
 
@@ -95,7 +95,7 @@ def test_retry_all_of_a_group_shows_the_count_then_retries_them(ctx, seeded):
     at.button(key="retry_all:user_action_required:password_protected:yes").click().run()
     assert_ok(at)
     assert {_job(ctx, i).status for i in ids} == {JobStatus.pending}
-    assert "needs your action · password_protected" not in texts(at)
+    assert "needs your action · password protected" not in texts(at)
     assert "3 failed job(s) in 3 group(s)" in texts(at)
 
 
@@ -143,7 +143,7 @@ def test_a_retried_dead_letter_fails_again_through_a_real_worker(ctx, start_work
     kinds = [e.kind for e in events(ctx, r.job_id)]
     assert kinds.count("failed") == 2 and "retried" in kinds and kinds.count("claimed") == 2
     at.run()
-    assert "needs your action · password_protected" in texts(at)
+    assert "needs your action · password protected" in texts(at)
 
 
 def test_actions_work_while_the_queue_redis_is_down(ctx, seeded, services):
@@ -151,7 +151,8 @@ def test_actions_work_while_the_queue_redis_is_down(ctx, seeded, services):
     services.queue.stop()
     try:
         at = open_console("jobs", query={"job": str(job_id)})
-        at.button(key=f"retry_{job_id}").click().run()
+        at.button(key=f"retry_{job_id}").click().run()  # "Retry anyway": it asks first
+        at.button(key=f"retry_{job_id}:yes").click().run()
         assert_ok(at)
         assert _job(ctx, job_id).status == JobStatus.pending
         assert "queue unreachable" in texts(at)

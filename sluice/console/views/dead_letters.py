@@ -58,7 +58,7 @@ for g in groups:
     kind, code, n = g["kind"], g["code"], g["count"]
     box = st.container(border=True)
     head, when = box.columns([4, 1])
-    head.subheader(f"{ui.KIND_LABEL.get(kind, kind)} · {code}")
+    head.subheader(f"{ui.KIND_LABEL.get(kind, kind)} · {ui.words(code)}")
     when.metric("jobs", f"{n:,}")
     box.caption(f"Latest failure {ui.ago(g['latest'])}.")
     if g["fix_hint"]:
