@@ -47,7 +47,7 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5) -> list[Search
     if not query or k <= 0:
         return []
     ds = get_dataset(ctx, dataset)
-    vector = ctx.embedder.encode([query])[0]
+    vector = ctx.query_encoder.encode([query])[0]
     total = ctx.vectors.count(ds.collection)
     n = min(total, max(20, k * 4))
     requeried = False

@@ -12,11 +12,19 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
+from sluice.pipeline import query_encoder
 from sluice.pipeline.chunk import CHUNKER_VERSION
-from sluice.pipeline.embed import Embedder, load_embedder, model_identity, resolve_precision
+from sluice.pipeline.embed import (
+    Embedder,
+    load_embedder,
+    model_identity,
+    model_path,
+    resolve_precision,
+)
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine
@@ -64,6 +72,18 @@ class Context:
             return self.embedder_override
         s = self.settings
         return load_embedder(s.embedder, s.embed_model, s.embed_precision, s.torch_threads)
+
+    @cached_property
+    def query_encoder(self) -> Embedder:
+        """What encodes a search query: the model's ONNX export when the worker has made it (a cold
+        process answers in well under a second), else the embedder itself."""
+        s = self.settings
+        if self.embedder_override is None and s.embedder == "sentence-transformers":
+            model_id, dim = model_identity(s.embedder, s.embed_model)
+            fast = query_encoder.load(Path(model_path(s.embed_model)), s.data_dir, model_id=model_id, dim=dim)
+            if fast is not None:
+                return fast
+        return self.embedder
 
     @cached_property
     def pipeline_version(self) -> str:

@@ -73,6 +73,22 @@ def start_recovery_loop() -> None:
              get_context().pipeline_version, s.embedder, s.embed_precision,
              ", ".join(k for k, v in s.secrets_status().items() if v) or "none")
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
+    if s.embedder == "sentence-transformers":
+        threading.Thread(target=_export_query_encoder, name="sluice-export", daemon=True).start()
+
+
+def _export_query_encoder() -> None:
+    """Once per model and data directory: the ONNX export that makes a cold `sluice search` fast."""
+    from pathlib import Path
+
+    from sluice.pipeline import query_encoder
+    from sluice.pipeline.embed import model_path
+
+    s = get_settings()
+    try:
+        query_encoder.export(Path(model_path(s.embed_model)), s.data_dir)
+    except Exception as exc:  # search keeps working through the full model
+        log.warning("could not export the query encoder: %s", exc)
 
 
 def _log_to_console() -> None:
