@@ -42,6 +42,10 @@ def test_overview_counts_queue_workers_and_failures(seeded):
     # five jobs finished in the last minutes: there is a measured rate, hence an estimate
     assert metric(at, "Queue drains in") not in ("—", "now empty")
     assert len(at.get("vega_lite_chart")) == 2  # jobs per minute, chunks per minute
+    from sluice.ops import reads
+
+    day = reads.overview(None).throughput_day  # the last 24 hours, an hour a bar, from the job rows
+    assert 24 <= len(day) <= 25 and sum(b["succeeded"] for b in day) == 3 and sum(b["failed"] for b in day) == 5
 
 
 def test_first_visit_says_what_to_do_first_and_a_bad_dataset_link_says_so(ctx):

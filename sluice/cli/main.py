@@ -12,7 +12,7 @@
     sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
     sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
     sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
-    sluice serve queue|cache|chroma|worker|console       run one of the Procfile's processes
+    sluice serve queue|cache|chroma|worker|console|metrics  run one of the Procfile's processes
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=commands.recover)
 
     a = sub.add_parser("serve", help="run one of the Procfile's processes")
-    a.add_argument("what", choices=["queue", "cache", "chroma", "worker", "console"])
+    a.add_argument("what", choices=["queue", "cache", "chroma", "worker", "console", "metrics"])
     a.add_argument("--workers", type=int, default=2)
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)

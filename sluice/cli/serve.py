@@ -1,4 +1,5 @@
-"""``sluice serve queue|cache|chroma|worker|console``: what the Procfile runs, each exec'd in place."""
+"""``sluice serve queue|cache|chroma|worker|console|metrics``: what the Procfile runs (each but metrics
+exec'd in place)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
 
 
 def serve(args) -> int:
+    if args.what == "metrics":  # in this process: a small HTTP server over the job database
+        from sluice.ops.metrics import serve as serve_metrics
+
+        s = get_settings()
+        serve_metrics(s.metrics_address, s.metrics_port)
+        return 0
     argv = argv_for(args.what, workers=args.workers, kind=args.kind)
     sys.stdout.flush()
     os.execv(argv[0], argv)

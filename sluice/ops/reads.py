@@ -76,8 +76,9 @@ class Overview:
     counts: dict[str, int]
     oldest_pending: datetime | None
     failures: dict[str, int]
-    throughput: list[dict]
+    throughput: list[dict]  # per minute, last hour
     drain: DrainEstimate
+    throughput_day: list[dict] = field(default_factory=list)  # per hour, last 24 hours
 
     @property
     def active(self) -> int:
@@ -92,6 +93,8 @@ def overview(dataset_id: int | None) -> Overview:
             oldest_pending=queries.oldest_waiting(session=session, dataset_id=dataset_id),
             failures=queries.failures_by_kind(session=session, dataset_id=dataset_id),
             throughput=queries.throughput(session=session, minutes=60, dataset_id=dataset_id, now=now),
+            throughput_day=queries.throughput(session=session, minutes=24 * 60, dataset_id=dataset_id, now=now,
+                                              bucket_minutes=60),
             drain=drain.estimate(
                 finished=queries.recent_attempts(session=session, since=now - timedelta(minutes=RATE_WINDOW_MINUTES),
                                                  dataset_id=dataset_id),
@@ -306,3 +309,32 @@ def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reinde
 def last_reconcile() -> dict | None:
     """The last reconcile report any process on this machine saved."""
     return last_report(ctx())
+
+
+# --- metrics --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class MetricCounts:
+    jobs: dict[tuple[str, str], int]
+    oldest_pending_seconds: float
+    embedded: int
+    cached: int
+
+
+def metric_counts() -> MetricCounts:
+    """What a scrape reports of the job database's current state."""
+    with _session() as session:
+        oldest = queries.oldest_waiting(session=session)
+        embedded, cached = queries.embedding_totals(session=session)
+        return MetricCounts(jobs=queries.jobs_by_dataset_and_status(session=session),
+                            oldest_pending_seconds=(utcnow() - oldest).total_seconds() if oldest else 0.0,
+                            embedded=embedded, cached=cached)
+
+
+def events_after(after_id: int, kinds: tuple[str, ...], limit: int = 10_000) -> list[dict]:
+    """Audit events newer than ``after_id`` (for exporters that follow the log)."""
+    with _session() as session:
+        return [{"id": e.id, "kind": e.kind, "at": e.at, "job_id": e.job_id, "data": e.data or {},
+                 "message": e.message}
+                for e in queries.events_after(session=session, after_id=after_id, kinds=kinds, limit=limit)]

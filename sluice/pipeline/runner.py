@@ -79,6 +79,7 @@ class Reporter:
         self.last = time.monotonic()  # the claim counts as a write
         self.stage_started = self.last
         self.pending: dict | None = None
+        self.seconds: dict[str, float] = {}  # time spent per stage, for the success event (and metrics)
         self.cancel = False
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -86,6 +87,7 @@ class Reporter:
     def update(self, stage: Stage, done: int, total: int, *, force: bool = False, **extra) -> None:
         now = time.monotonic()
         if stage != self.stage:
+            self.seconds[self.stage.value] = self.seconds.get(self.stage.value, 0.0) + now - self.stage_started
             self.stage, self.stage_started = stage, now
         elif now - self.stage_started > self.ctx.settings.stage_timeout_seconds:
             raise PermanentError(
@@ -99,6 +101,13 @@ class Reporter:
             self.flush()
         if self.cancel:
             raise JobCancelled()
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Seconds per stage so far, the current one included."""
+        now = time.monotonic()
+        spent = {**self.seconds}
+        spent[self.stage.value] = spent.get(self.stage.value, 0.0) + now - self.stage_started
+        return {k: round(v, 4) for k, v in spent.items()}
 
     def flush(self) -> bool:
         """Write the held counts, if any; remember a cancel request. False when nothing was held."""
@@ -248,7 +257,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     with Session(ctx.engine, expire_on_commit=False) as session:
         superseded = jobs.succeed(session=session, job_id=job.id, lease=job.lease, chunk_count=total,
                                   page_count=parsed.page_count, worker_id=ctx.worker_id,
-                                  embedded=embedded, cached=cached)
+                                  embedded=embedded, cached=cached, stages=report.stage_seconds())
     if superseded is not None:
         try:
             ctx.vectors.delete(collection, where={"job_id": superseded})

@@ -257,7 +257,7 @@ def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
 
 
 def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page_count: int,
-            worker_id: str, embedded: int, cached: int) -> int | None:
+            worker_id: str, embedded: int, cached: int, stages: dict[str, float] | None = None) -> int | None:
     """running -> succeeded; makes this job the document's searchable one.
 
     Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
@@ -277,7 +277,8 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
     add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
               to_status=JobStatus.succeeded,
               message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
-              data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached})
+              data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
+                    "stages": stages or {}})
     document = session.get(Document, job.document_id, populate_existing=True)
     superseded = None
     if document.active_job_id not in (None, job.id):

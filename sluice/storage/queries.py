@@ -157,20 +157,28 @@ def oldest_waiting(*, session: Session, dataset_id: int | None = None) -> dateti
 
 
 def throughput(*, session: Session, minutes: int = 60, dataset_id: int | None = None,
-               now: datetime | None = None) -> list[dict]:
-    """Jobs finished and chunks embedded per minute over the last ``minutes``."""
+               now: datetime | None = None, bucket_minutes: int = 1) -> list[dict]:
+    """Jobs finished and chunks embedded per bucket over the last ``minutes`` (from the jobs' own
+    finish times: nothing is kept besides the job rows)."""
     now = now or utcnow()
     since = now - timedelta(minutes=minutes)
     stmt = select(Job.finished_at, Job.status, Job.chunk_count).where(
         Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
+    width = timedelta(minutes=bucket_minutes)
+    start = since.replace(second=0, microsecond=0)
+
+    def bucket(t: datetime) -> datetime:
+        return start + width * ((t - start) // width)
+
     buckets: dict[datetime, dict] = {}
-    for i in range(minutes + 1):
-        t = (since + timedelta(minutes=i)).replace(second=0, microsecond=0)
+    t = start
+    while t <= now:
         buckets[t] = {"minute": t, "succeeded": 0, "failed": 0, "chunks": 0}
+        t += width
     for finished, status, chunks in session.exec(stmt).all():
-        b = buckets.get(finished.replace(second=0, microsecond=0))
+        b = buckets.get(bucket(finished))
         if b is None:
             continue
         if JobStatus(status) == JobStatus.succeeded:
@@ -295,3 +303,26 @@ def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dic
     for job in session.exec(stmt).all():
         out.setdefault(job.worker_id or "", []).append(job)
     return out
+
+
+# --- metrics -------------------------------------------------------------------------------------------------
+
+
+def jobs_by_dataset_and_status(*, session: Session) -> dict[tuple[str, str], int]:
+    stmt = (select(Dataset.name, Job.status, func.count()).join(Dataset, Dataset.id == Job.dataset_id)
+            .group_by(Dataset.name, Job.status))
+    return {(name, JobStatus(status).value): n for name, status, n in session.exec(stmt).all()}
+
+
+def embedding_totals(*, session: Session) -> tuple[int, int]:
+    """(chunks the model encoded, chunks the cache served), over the last attempt of every job."""
+    embedded, cached = session.exec(select(func.coalesce(func.sum(Job.embedded_count), 0),
+                                           func.coalesce(func.sum(Job.cached_count), 0))).one()
+    return int(embedded), int(cached)
+
+
+def events_after(*, session: Session, after_id: int, kinds: tuple[str, ...], limit: int) -> list[JobEvent]:
+    """Events of these kinds with an id above ``after_id``, oldest first (a tail of the audit log)."""
+    stmt = (select(JobEvent).where(JobEvent.id > after_id, JobEvent.kind.in_(kinds))
+            .order_by(JobEvent.id).limit(limit))
+    return list(session.exec(stmt).all())

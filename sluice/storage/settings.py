@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     # Console
     console_address: str = "127.0.0.1"
     console_port: int = 8501
+
+    # Prometheus metrics (``sluice serve metrics``)
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=1, le=65535)
     console_password: SecretStr | None = None
     console_readonly_password: SecretStr | None = None
     login_max_failures: int = Field(5, ge=1)

@@ -54,17 +54,21 @@ if ov.active:
 
 left, right = st.columns([3, 1])
 with left:
-    st.subheader("Throughput, last hour")
-    frame = pd.DataFrame(ov.throughput)
+    span = st.segmented_control("Throughput over", ["last hour", "last 24 hours"], default="last hour",
+                                key="throughput_span")
+    day = span == "last 24 hours"
+    unit = "hour" if day else "min"
+    st.subheader(f"Throughput, {span or 'last hour'}")
+    frame = pd.DataFrame(ov.throughput_day if day else ov.throughput)
     if frame.empty or not (frame["succeeded"].sum() or frame["failed"].sum()):
-        st.caption("No job finished in the last hour.")
+        st.caption(f"No job finished in the {span or 'last hour'}.")
     else:
         frame = frame.set_index("minute")
-        st.caption("Jobs finished per minute")
-        st.bar_chart(frame[["succeeded", "failed"]], y_label="jobs / min",
+        st.caption(f"Jobs finished per {unit}: succeeded and failed")
+        st.bar_chart(frame[["succeeded", "failed"]], y_label=f"jobs / {unit}",
                      color=["#2e7d32", "#c62828"], height=220)
-        st.caption("Chunks embedded per minute")
-        st.line_chart(frame[["chunks"]], y_label="chunks / min", height=180)
+        st.caption(f"Chunks embedded per {unit}")
+        st.line_chart(frame[["chunks"]], y_label=f"chunks / {unit}", height=180)
 with right:
     st.subheader("Failures by kind")
     if not ov.failures:
