@@ -158,3 +158,44 @@ def test_actions_work_while_the_queue_redis_is_down(ctx, seeded, services):
         assert "queue unreachable" in texts(at)
     finally:
         services.queue.start()
+
+
+def test_bulk_retry_by_filter_previews_then_acts_with_one_event_per_job(ctx, seeded, capsys):
+    from sluice.cli import main
+
+    ids = sorted(seeded["failed:password_protected"])
+    assert main(["bulk", "retry", "--status", "failed", "--kind", "user_action_required", "--name", "password"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(ids)} job(s) match; {len(ids)} can be retried. Cost:" in out and "nothing changed" in out
+    assert {_job(ctx, i).status for i in ids} == {JobStatus.failed}
+
+    assert main(["bulk", "retry", "--status", "failed", "--kind", "user_action_required", "--name", "password",
+                 "--yes"]) == 0
+    capsys.readouterr()
+    for i in ids:
+        assert _job(ctx, i).status == JobStatus.pending
+        retried = [e for e in events(ctx, i) if e.kind == "retried"]
+        assert len(retried) == 1 and retried[0].message == "bulk retry by filter"
+        assert retried[0].actor.startswith("cli:")
+
+
+def test_bulk_reindex_from_the_jobs_page_acts_on_every_match_not_only_the_page(ctx, seeded):
+    from tests.seed import seed_jobs
+
+    seed_jobs(ctx.engine, 60, dataset="default", seed=3)
+    at = open_console("jobs")
+    at.selectbox(key="rows").set_value(25).run()
+    at.multiselect(key="status").set_value(["succeeded"]).run()
+    with Session(ctx.engine) as session:
+        done = [j.id for j in session.query(Job).filter(Job.status == JobStatus.succeeded)]
+    assert len(done) > 25  # more than one page
+    at.session_state["bulk_action"] = "reindex"
+    at.run()
+    assert f"{len(done)} job(s) match; {len(done)} can be reindexed." in texts(at)
+    at.button(key="bulk_reindex").click().run()
+    assert {_job(ctx, i).status for i in done} == {JobStatus.succeeded}  # it asks first
+    at.button(key="bulk_reindex:yes").click().run()
+    assert_ok(at)
+    assert {_job(ctx, i).status for i in done} == {JobStatus.pending}
+    assert all(events(ctx, i)[-1].kind == "reindex_requested" for i in done)
+    assert f"Reindex: {len(done)} job(s)" in texts(at)

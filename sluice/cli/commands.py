@@ -276,3 +276,21 @@ def reindex(args) -> int:
         if result.queue_error:
             print(f"sluice: {actions.queue_note(result.queue_error)}", file=sys.stderr)
     return 0 if all(r.ok for r in result.results) else 1
+
+
+def bulk(args) -> int:
+    f = JobFilter(dataset_id=_dataset_id(args.dataset), statuses=args.status or [], stages=args.stage or [],
+                  error_kinds=args.kind or [], name_contains=args.name or "")
+    plan = reads.bulk_preview(args.action, f, with_cost=not args.yes)
+    if args.json and not args.yes:
+        print_json({"action": plan.action, "matching": plan.matching, "job_ids": plan.job_ids,
+                    "documents": plan.documents, "cost": plan.cost})
+        return 0
+    if not args.yes:
+        print(plan.describe())
+        print("(nothing changed; add --yes to do it)")
+        return 0
+    done = actions.bulk(cli_operator(), args.action, f)
+    for warning in done.warnings[:5]:
+        print(f"sluice: warning: {warning}", file=sys.stderr)
+    return report(done.results, note=done.queue_note)

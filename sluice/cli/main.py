@@ -8,6 +8,7 @@
     sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
     sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
     sluice cancel JOB_ID...                              cancel pending or running jobs
+    sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
     sluice recover                                       one round of recovery (reaper, outbox)
     sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
     sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
@@ -26,6 +27,8 @@ from collections.abc import Sequence
 from sluice.cli import commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
+
+STATUSES = ["pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted"]
 
 
 def add_integrity_commands(sub) -> None:
@@ -65,8 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("jobs", help="list jobs")
     a.add_argument("--dataset")
-    a.add_argument("--status", action="append", choices=[s for s in
-                   ("pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted")])
+    a.add_argument("--status", action="append", choices=STATUSES)
     a.add_argument("--limit", type=int, default=100)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.jobs)
@@ -103,6 +105,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--dry-run", action="store_true", help="show what a retry would embed, change nothing")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.retry)
+
+    a = sub.add_parser("bulk", help="retry, cancel, reindex or delete every job a filter matches")
+    a.add_argument("action", choices=["retry", "cancel", "reindex", "delete"])
+    a.add_argument("--dataset")
+    a.add_argument("--status", action="append", choices=STATUSES)
+    a.add_argument("--stage", action="append", choices=["queued", "parsing", "chunking", "embedding", "indexing", "done"])
+    a.add_argument("--kind", action="append", choices=["transient", "permanent", "user_action_required"])
+    a.add_argument("--name", help="file name contains this")
+    a.add_argument("--yes", action="store_true", help="do it; without it, only show what it would change and cost")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=commands.bulk)
 
     a = sub.add_parser("cancel", help="cancel pending, retrying or running jobs")
     a.add_argument("job_ids", nargs="+", type=int)

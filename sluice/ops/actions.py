@@ -21,7 +21,7 @@ from sluice.ops import documents
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.ingest import IngestResult, ingest_stream
-from sluice.ops.reads import ctx, dead_letter_ids, job_rows
+from sluice.ops.reads import bulk_preview, ctx, dead_letter_ids, document_ids, job_rows
 from sluice.pipeline import reconcile as reconciling
 from sluice.pipeline.queue import dispatch_now, publish
 from sluice.pipeline.reconcile_report import ReconcileReport
@@ -29,6 +29,7 @@ from sluice.storage import jobs
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import ErrorKind, utcnow
+from sluice.storage.queries import JobFilter
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
 
@@ -179,3 +180,30 @@ def reindex_all(who: Operator, *, dataset: str | None = None) -> reindexing.Rein
         result.results.append(ActionResult(0, False, str(exc)))
         return result
     return reindexing.reindex_all(ctx(), actor=who.actor, dataset=dataset, publish=publish)
+
+
+# --- bulk: every job a filter matches ---------------------------------------------------------------------
+
+
+def bulk(who: Operator, action: str, f: JobFilter, *, reason: str = "") -> ActionReport:
+    """Retry, cancel, reindex or delete every job ``f`` matches that the action applies to; each job
+    gets its own audit event, as if acted on alone."""
+    preview = bulk_preview(action, f, with_cost=False)
+    why = reason or f"bulk {action} by filter"
+    if action == "retry":
+        return retry(who, preview.job_ids, reason=why)
+    if action == "cancel":
+        return cancel(who, preview.job_ids)
+    if action == "reindex":
+        return reindex(who, preview.job_ids, reason=why)
+    if action != "delete":
+        raise ValueError(f"unknown bulk action {action!r}")
+    try:
+        require_operator(who, "delete documents")
+    except ReadOnlyOperator as exc:
+        return _refused(preview.job_ids, exc)
+    results = []
+    for doc_id, job_id in document_ids(preview.job_ids).items():
+        done = documents.delete_document(ctx(), f"doc:{doc_id}", actor=who.actor, reason=why)
+        results.append(ActionResult(job_id, done.ok, done.message))
+    return ActionReport(results)

@@ -338,3 +338,57 @@ def events_after(after_id: int, kinds: tuple[str, ...], limit: int = 10_000) -> 
         return [{"id": e.id, "kind": e.kind, "at": e.at, "job_id": e.job_id, "data": e.data or {},
                  "message": e.message}
                 for e in queries.events_after(session=session, after_id=after_id, kinds=kinds, limit=limit)]
+
+
+# --- bulk actions ----------------------------------------------------------------------------------------------
+
+BULK_APPLIES_TO = {  # which of the matching jobs each bulk action can change
+    "retry": ["failed", "cancelled"],
+    "cancel": ["pending", "retrying", "running"],
+    "reindex": ["succeeded"],
+    "delete": [s.value for s in JobStatus if s != JobStatus.deleted],
+}
+
+
+@dataclass
+class BulkPreview:
+    action: str
+    matching: int  # jobs the filter matches
+    job_ids: list[int]  # those the action applies to
+    documents: int  # distinct documents among them (what delete removes)
+    cost: str = ""  # what retry / reindex would embed; what delete removes
+
+    @property
+    def applicable(self) -> int:
+        return len(self.job_ids)
+
+    def describe(self) -> str:
+        if not self.job_ids:
+            return f"{self.matching:,} job(s) match; none of them can be {_past(self.action)}."
+        text = f"{self.matching:,} job(s) match; {self.applicable:,} can be {_past(self.action)}"
+        return text + (f". {self.cost}" if self.cost else ".")
+
+
+def _past(action: str) -> str:
+    return {"retry": "retried", "cancel": "cancelled", "reindex": "reindexed", "delete": "deleted"}[action]
+
+
+def bulk_preview(action: str, f: queries.JobFilter, *, with_cost: bool = True) -> BulkPreview:
+    """What a bulk action over everything ``f`` matches would change, and cost, before it does."""
+    with _session() as session:
+        matching = queries.count_jobs(session=session, f=f)
+        ids = queries.matching_job_ids(session=session, f=f, statuses=BULK_APPLIES_TO[action])
+        documents = len(queries.document_ids_of_jobs(session=session, job_ids=ids))
+    preview = BulkPreview(action, matching, ids, documents)
+    if with_cost and ids and action in ("retry", "reindex"):
+        preview.cost = "Cost: " + retry_cost(ids).describe()
+    elif action == "delete" and ids:
+        preview.cost = (f"Removes {documents:,} document(s) with their chunks and files; their jobs stay as "
+                        "history, marked deleted")
+    return preview
+
+
+def document_ids(job_ids: list[int]) -> dict[int, int]:
+    """Document id -> the first of ``job_ids`` that belongs to it."""
+    with _session() as session:
+        return queries.document_ids_of_jobs(session=session, job_ids=job_ids)

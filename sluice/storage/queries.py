@@ -68,6 +68,15 @@ def list_jobs(*, session: Session, f: JobFilter | None = None, sort: str = "crea
     return list(session.exec(stmt).all())
 
 
+def matching_job_ids(*, session: Session, f: JobFilter, statuses: list[str] | None = None,
+                     limit: int = 100_000) -> list[int]:
+    """Ids of the jobs a filter matches (narrowed to ``statuses``), oldest first."""
+    stmt = _apply(select(Job.id), f)
+    if statuses is not None:
+        stmt = stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
+    return list(session.exec(stmt.order_by(Job.id).limit(limit)).all())
+
+
 def count_jobs(*, session: Session, f: JobFilter | None = None) -> int:
     return session.exec(_apply(select(func.count()).select_from(Job), f or JobFilter())).one()
 
@@ -326,3 +335,14 @@ def events_after(*, session: Session, after_id: int, kinds: tuple[str, ...], lim
     stmt = (select(JobEvent).where(JobEvent.id > after_id, JobEvent.kind.in_(kinds))
             .order_by(JobEvent.id).limit(limit))
     return list(session.exec(stmt).all())
+
+
+def document_ids_of_jobs(*, session: Session, job_ids: list[int]) -> dict[int, int]:
+    """The distinct documents of these jobs, each with the first of those jobs (in job order)."""
+    found: dict[int, int] = {}
+    for start in range(0, len(job_ids), 1000):
+        part = job_ids[start:start + 1000]
+        for job_id, doc_id in session.exec(select(Job.id, Job.document_id).where(Job.id.in_(part))
+                                           .order_by(Job.id)).all():
+            found.setdefault(doc_id, job_id)
+    return found

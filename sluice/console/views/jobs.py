@@ -221,6 +221,24 @@ if page.pages > 1:
         st.session_state[PAGE_KEY] = page.pages
     st.pagination(page.pages, key=PAGE_KEY)
 
+def _bulk(action: str) -> None:
+    ui.flash_outcome(actions.bulk(who, action, f), {"retry": "Retry", "cancel": "Cancel", "reindex": "Reindex",
+                                                    "delete": "Delete"}[action])
+
+
+with st.expander(f"Act on all {page.total:,} matching job(s)"):
+    st.caption("Retry, cancel, reindex or delete every job the filters above match, not only this page. "
+               "Each job gets its own entry in its history.")
+    bulk_action = st.segmented_control("Action", ["retry", "cancel", "reindex", "delete"], key="bulk_action")
+    if bulk_action:
+        plan = reads.bulk_preview(bulk_action, f, with_cost=st.toggle(
+            "Count the embedding cost (parses a sample of the documents)", key="bulk_cost",
+            disabled=bulk_action not in ("retry", "reindex")))
+        st.info(plan.describe(), icon=":material/preview:")
+        ui.confirm_button(f"{bulk_action.capitalize()} {plan.applicable:,} job(s)", key=f"bulk_{bulk_action}",
+                          disabled=not (who.can_act and plan.applicable), danger=bulk_action in ("cancel", "delete"),
+                          prompt=f"{plan.describe()} Go ahead?", on_confirm=lambda a=bulk_action: _bulk(a))
+
 with st.popover("Open a job by id"):
     wanted = st.number_input("Job id", min_value=1, step=1, value=None, key="open_job_id")
     if st.button("Open", key="open_job") and wanted:
