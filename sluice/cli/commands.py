@@ -294,3 +294,16 @@ def bulk(args) -> int:
     for warning in done.warnings[:5]:
         print(f"sluice: warning: {warning}", file=sys.stderr)
     return report(done.results, note=done.queue_note)
+
+
+def prune(args) -> int:
+    days = args.days if args.days is not None else None
+    if days is None and reads.ctx().settings.retention_days == 0:
+        print("retention is off (SLUICE_RETENTION_DAYS=0); give --days N to prune anyway")
+        return 0
+    result = actions.prune(cli_operator(), dry_run=args.dry_run, days=days)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(result.describe())
+    return 0

@@ -10,6 +10,7 @@
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
     sluice recover                                       one round of recovery (reaper, outbox)
+    sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
     sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
     sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
     sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
@@ -116,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--yes", action="store_true", help="do it; without it, only show what it would change and cost")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.bulk)
+
+    a = sub.add_parser("prune", help="forget old history that retention allows (SLUICE_RETENTION_DAYS)")
+    a.add_argument("--dry-run", action="store_true", help="count what would go, remove nothing")
+    a.add_argument("--days", type=int, help="older than this many days (default: SLUICE_RETENTION_DAYS)")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=commands.prune)
 
     a = sub.add_parser("cancel", help="cancel pending, retrying or running jobs")
     a.add_argument("job_ids", nargs="+", type=int)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,7 +26,7 @@ from sluice.ops.reads import bulk_preview, ctx, dead_letter_ids, document_ids, j
 from sluice.pipeline import reconcile as reconciling
 from sluice.pipeline.queue import dispatch_now, publish
 from sluice.pipeline.reconcile_report import ReconcileReport
-from sluice.storage import jobs
+from sluice.storage import jobs, retention
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import ErrorKind, utcnow
@@ -207,3 +208,16 @@ def bulk(who: Operator, action: str, f: JobFilter, *, reason: str = "") -> Actio
         done = documents.delete_document(ctx(), f"doc:{doc_id}", actor=who.actor, reason=why)
         results.append(ActionResult(job_id, done.ok, done.message))
     return ActionReport(results)
+
+
+# --- retention -------------------------------------------------------------------------------------------------
+
+
+def prune(who: Operator, *, dry_run: bool, days: int | None = None) -> retention.PruneReport:
+    """Forget what retention allows (see sluice.storage.retention); a dry run only counts."""
+    days = ctx().settings.retention_days if days is None else days
+    cutoff = utcnow() - timedelta(days=days)
+    if not dry_run:
+        require_operator(who, "prune the job history")
+    with Session(ctx().engine) as session:
+        return retention.prune(session=session, cutoff=cutoff, dry_run=dry_run)

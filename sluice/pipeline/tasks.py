@@ -53,6 +53,23 @@ def periodic_reconcile() -> None:
         reconcile.reconcile(get_context(), repair=True, actor="periodic reconcile")
 
 
+@huey.periodic_task(crontab(minute="17", hour="3"), name="sluice.prune")
+def periodic_prune() -> None:
+    """Once a day: forget what SLUICE_RETENTION_DAYS allows (idempotent, so every consumer may run it)."""
+    from datetime import timedelta
+
+    from sqlmodel import Session
+
+    from sluice.storage import retention
+    from sluice.storage.models import utcnow
+
+    days = get_settings().retention_days
+    if days:
+        with Session(get_context().engine) as session:
+            report = retention.prune(session=session, cutoff=utcnow() - timedelta(days=days), dry_run=False)
+        log.info("retention: %s", report.describe())
+
+
 _loop_started = False
 _loop_lock = threading.Lock()
 _threads = 0  # worker threads of this consumer that have started (huey runs the hook in each)

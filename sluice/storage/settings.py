@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     recovery_interval_seconds: float = Field(5.0, gt=0)
     redeliver_after_seconds: float = Field(60.0, gt=0)
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
+    retention_days: int = Field(30, ge=0, description="0 = keep everything")
 
     # Limits against oversized input and PDF bombs
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1)

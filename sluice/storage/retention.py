@@ -1,0 +1,93 @@
+"""Retention: what the job database may forget after ``SLUICE_RETENTION_DAYS``.
+
+- A succeeded job finished before the cutoff keeps its row and its last ``succeeded`` event (what it
+  built, from which version, when); the rest of its event history goes.
+- A superseded job (an older pipeline version of a document whose newer job serves search) finished
+  before the cutoff goes entirely, with its events and outbox rows: its chunks were removed when it
+  was superseded.
+- Outbox rows published before the cutoff go (they only ever mattered until sent).
+- Dead letters stay, with their history, until an operator dismisses them; a dismissed one is then
+  treated like a succeeded job: its row and its final ``failed`` event stay.
+- Active, cancelled and deleted jobs are never touched.
+
+``prune(dry_run=True)`` counts without deleting; the same call without it deletes those rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, func, true
+from sqlmodel import Session, select
+
+from sluice.storage.models import Job, JobEvent, JobStatus, Outbox
+
+BATCH = 500
+
+
+@dataclass
+class PruneReport:
+    cutoff: str
+    dry_run: bool
+    events: int = 0  # event rows of old succeeded / dismissed jobs
+    superseded_jobs: int = 0  # superseded job rows, with their events and outbox rows
+    outbox: int = 0  # published outbox rows
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        return (f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
+                f"{self.superseded_jobs:,} superseded job(s) and {self.outbox:,} published outbox row(s); "
+                "dead letters not dismissed are kept")
+
+
+def _kept_history(session: Session, cutoff: datetime) -> list[tuple[int, str]]:
+    """(job id, the kind of its one event to keep) of jobs whose older history may go."""
+    finished = select(Job.id, Job.status).where(Job.finished_at < cutoff, (
+        (Job.status == JobStatus.succeeded) | ((Job.status == JobStatus.failed) & Job.dismissed.is_(True))))
+    return [(jid, "succeeded" if JobStatus(status) == JobStatus.succeeded else "failed")
+            for jid, status in session.exec(finished).all()]
+
+
+def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
+    report = PruneReport(cutoff=cutoff.isoformat(), dry_run=dry_run)
+    # events of old finished jobs, all but the last one of the kind that says how it ended
+    jobs = _kept_history(session, cutoff)
+    for start in range(0, len(jobs), BATCH):
+        part = jobs[start:start + BATCH]
+        ids = [jid for jid, _ in part]
+        ending = dict(part)
+        last = session.exec(select(JobEvent.job_id, JobEvent.kind, func.max(JobEvent.id))
+                            .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("succeeded", "failed")))
+                            .group_by(JobEvent.job_id, JobEvent.kind)).all()
+        keep = [event_id for jid, kind, event_id in last if ending[jid] == kind]
+        condition = JobEvent.job_id.in_(ids) & (JobEvent.id.not_in(keep) if keep else true())
+        if dry_run:
+            report.events += session.exec(select(func.count()).select_from(JobEvent).where(condition)).one()
+        else:
+            report.events += session.execute(delete(JobEvent).where(condition)).rowcount
+            session.commit()
+    # superseded versions, whole
+    superseded = list(session.exec(select(Job.id).where(Job.status == JobStatus.superseded,
+                                                        Job.updated_at < cutoff)).all())
+    report.superseded_jobs = len(superseded)
+    if not dry_run:
+        for start in range(0, len(superseded), BATCH):
+            part = superseded[start:start + BATCH]
+            session.execute(delete(JobEvent).where(JobEvent.job_id.in_(part)))
+            session.execute(delete(Outbox).where(Outbox.job_id.in_(part)))
+            session.execute(delete(Job).where(Job.id.in_(part), Job.status == JobStatus.superseded))
+            session.commit()
+    # outbox rows long since published
+    sent = Outbox.sent_at.is_not(None) & (Outbox.sent_at < cutoff)
+    if superseded and dry_run:  # counted with their jobs above
+        sent = sent & Outbox.job_id.not_in(superseded)
+    if dry_run:
+        report.outbox = session.exec(select(func.count()).select_from(Outbox).where(sent)).one()
+    else:
+        report.outbox = session.execute(delete(Outbox).where(sent)).rowcount
+        session.commit()
+    return report

@@ -1,0 +1,85 @@
+"""Retention on SQLite and PostgreSQL: old history of finished jobs and superseded versions go, dead
+letters stay until dismissed, active jobs are never touched; a dry run counts exactly what goes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+from sqlmodel import Session, func, select
+
+from sluice.storage import jobs, retention
+from sluice.storage.db import ensure_dataset, get_engine
+from sluice.storage.models import Document, Job, JobEvent, JobStatus, Outbox, utcnow
+
+
+def _job(engine, n: int, status: JobStatus, *, days_ago: int, dismissed: bool = False) -> int:
+    sha = f"{n:064x}"
+    with Session(engine, expire_on_commit=False) as session:
+        ds = ensure_dataset(session=session, name="default")
+        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="text/plain", filename=f"d{n}.txt",
+                       blob_key=sha)
+        session.add(doc)
+        session.flush()
+        job, _ = jobs.create_job(session=session, document=doc, pipeline_version="v1",
+                                 idempotency_key=f"{ds.id}:{sha}:v1", max_attempts=3)
+        for kind in ("claimed", "attempt_failed", "claimed", {"succeeded": "succeeded", "failed": "failed"}
+                     .get(status.value, "claimed")):
+            jobs.add_event(session, job, kind, message=kind)
+        session.flush()
+        when = utcnow() - timedelta(days=days_ago)
+        session.execute(update(Job).where(Job.id == job.id).values(
+            status=status, finished_at=when, updated_at=when, dismissed=dismissed))
+        session.execute(update(Outbox).where(Outbox.job_id == job.id).values(sent_at=when))
+        session.commit()
+        return job.id
+
+
+def _events(engine, job_id: int) -> list[str]:
+    with Session(engine) as session:
+        return list(session.exec(select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+
+
+def test_prune_keeps_what_matters_and_a_dry_run_counts_exactly(database_url):
+    engine = get_engine(database_url)
+    old_ok = _job(engine, 1, JobStatus.succeeded, days_ago=40)
+    new_ok = _job(engine, 2, JobStatus.succeeded, days_ago=2)
+    dead = _job(engine, 3, JobStatus.failed, days_ago=40)
+    dismissed = _job(engine, 4, JobStatus.failed, days_ago=40, dismissed=True)
+    superseded = _job(engine, 5, JobStatus.superseded, days_ago=40)
+    running = _job(engine, 6, JobStatus.running, days_ago=40)
+    before = {j: _events(engine, j) for j in (old_ok, new_ok, dead, dismissed, running)}
+    cutoff = utcnow() - timedelta(days=30)
+
+    with Session(engine) as session:
+        dry = retention.prune(session=session, cutoff=cutoff, dry_run=True)
+    assert {j: _events(engine, j) for j in before} == before  # a dry run changes nothing
+    with Session(engine) as session:
+        done = retention.prune(session=session, cutoff=cutoff, dry_run=False)
+    assert (dry.events, dry.superseded_jobs, dry.outbox) == (done.events, done.superseded_jobs, done.outbox)
+    assert done.events == (len(before[old_ok]) - 1) + (len(before[dismissed]) - 1)
+    assert done.superseded_jobs == 1
+
+    assert _events(engine, old_ok) == ["succeeded"]  # what it built stays
+    assert _events(engine, dismissed) == ["failed"]
+    assert _events(engine, new_ok) == before[new_ok]  # younger than the cutoff
+    assert _events(engine, dead) == before[dead]  # a dead letter keeps its history until dismissed
+    assert _events(engine, running) == before[running]  # never an active job
+    with Session(engine) as session:
+        assert session.get(Job, superseded) is None and session.get(Job, old_ok) is not None
+        assert session.exec(select(func.count()).select_from(JobEvent).where(JobEvent.job_id == superseded)).one() == 0
+        assert session.exec(select(func.count()).select_from(Outbox).where(Outbox.sent_at < cutoff)).one() == 0
+    with Session(engine) as session:  # a second run finds nothing more
+        again = retention.prune(session=session, cutoff=cutoff, dry_run=False)
+    assert (again.events, again.superseded_jobs, again.outbox) == (0, 0, 0)
+
+
+def test_cli_prune_dry_run_then_prune(ctx, capsys):
+    from sluice.cli import main
+
+    old = _job(ctx.engine, 9, JobStatus.succeeded, days_ago=40)
+    assert main(["prune", "--dry-run"]) == 0
+    assert "would remove 4 event(s)" in capsys.readouterr().out  # created, claimed, failed attempt, claimed
+    assert len(_events(ctx.engine, old)) == 5
+    assert main(["prune"]) == 0
+    assert "removed 4 event(s)" in capsys.readouterr().out and _events(ctx.engine, old) == ["succeeded"]
