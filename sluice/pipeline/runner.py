@@ -18,7 +18,7 @@ from sluice.errors import JobCancelled, LeaseLost, PermanentError, UserActionErr
 from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import NO_TEXT_HINT, PDF, open_document
+from sluice.pipeline.parse import NO_TEXT_HINT, PDF, ParseLimits, open_document
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
@@ -80,6 +80,7 @@ class Reporter:
         self.stage_started = self.last
         self.pending: dict | None = None
         self.cancel = False
+        self.page_count: int | None = None  # once parsing counted them; a failed job keeps it
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
 
@@ -141,7 +142,8 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         with Session(ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
                               message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
-                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
+                              page_count=report.page_count)
         if after is not None and after.status.value == "cancelled":
             _remove_partial(ctx, job)
         return Outcome(job_id, after.status.value if after else "lost", err.message)
@@ -181,8 +183,11 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         raise PermanentError("blob_missing", "the uploaded file is missing from the blob store",
                              "Upload the file again.")
 
-    # Parsing: one page at a time.
-    parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages)
+    # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
+    parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages,
+                           limits=ParseLimits.from_settings(s), name=document.filename,
+                           waiting=lambda done, total: report.update(Stage.parsing, done, total))
+    report.page_count = parsed.page_count
     pages: list[tuple[int, str]] = []
     chars = 0
     try:
@@ -248,7 +253,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     with Session(ctx.engine, expire_on_commit=False) as session:
         superseded = jobs.succeed(session=session, job_id=job.id, lease=job.lease, chunk_count=total,
                                   page_count=parsed.page_count, worker_id=ctx.worker_id,
-                                  embedded=embedded, cached=cached)
+                                  embedded=embedded, cached=cached, warnings=parsed.warnings)
     if superseded is not None:
         try:
             ctx.vectors.delete(collection, where={"job_id": superseded})

@@ -261,8 +261,9 @@ def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
 
 
 def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page_count: int,
-            worker_id: str, embedded: int, cached: int) -> int | None:
-    """running -> succeeded; makes this job the document's searchable one.
+            worker_id: str, embedded: int, cached: int, warnings: Sequence[str] = ()) -> int | None:
+    """running -> succeeded; makes this job the document's searchable one. Each warning (a page
+    skipped, a file that needed repair) is a ``warning`` event of the job.
 
     Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
     removes), or None.
@@ -281,7 +282,10 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
     add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
               to_status=JobStatus.succeeded,
               message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
-              data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached})
+              data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
+                    "warnings": len(warnings)})
+    for text in warnings:
+        add_event(session, job, "warning", actor=worker_id, message=text)
     document = session.get(Document, job.document_id, populate_existing=True)
     superseded = None
     if document.active_job_id not in (None, job.id):
@@ -301,13 +305,16 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
 
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-         rng: random.Random | None = None) -> Job | None:
-    """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter)."""
+         rng: random.Random | None = None, page_count: int | None = None) -> Job | None:
+    """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
+    ``page_count``, when the attempt got as far as counting pages, is kept on the job."""
     job = get_job(session=session, job_id=job_id)
     if job is None or job.lease != lease or job.status != JobStatus.running:
         return None
     errors = dict(error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
                   error_detail=detail[-8000:] if detail else None)
+    if page_count is not None:
+        errors["page_count"] = page_count
     if job.cancel_requested:
         return _cancelled(session, job, actor=worker_id, **errors)
     now = utcnow()
