@@ -83,8 +83,8 @@ def one_broken_page() -> bytes:
 
 def text_bomb(chars: int) -> bytes:
     """One page whose small compressed content stream shows ``chars`` characters."""
-    run = b"(" + b"A" * 1000 + b") Tj "
-    body = b"BT /F1 1 Tf 0 0 Td " + run * (chars // 1000) + b"ET"
+    run = b"1 0 0 1 20 20 Tm (" + b"A" * 1000 + b") Tj\n"  # each run starts again inside the page
+    body = b"BT /F1 0.2 Tf " + run * (chars // 1000) + b"ET"
     return assemble([b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
                      _page(4), _stream(body, compress=True), _FONT])
 

@@ -17,7 +17,7 @@ from sqlmodel import Session
 
 from sluice.pipeline.chunk import split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import open_document
+from sluice.pipeline.parse import ParseLimits, open_document
 from sluice.storage.models import Dataset, Document, Job
 from sluice.storage.vectors import chunk_id
 
@@ -58,10 +58,11 @@ class Preview:
 
 
 def document_texts(ctx: Context, document: Document) -> list[str]:
-    """The chunk texts the runner would make of this document with the current settings."""
+    """The chunk texts the runner would make of this document with the current settings; parsed
+    in a child process with the workers' limits, never in the calling (console) process."""
     s = ctx.settings
     parsed = open_document(ctx.blobs.path(document.blob_key), media_type=document.media_type,
-                           max_pages=s.max_pages)
+                           max_pages=s.max_pages, limits=ParseLimits.from_settings(s), name=document.filename)
     try:
         return [piece for _, text in parsed.pages()
                 for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)]
