@@ -192,3 +192,22 @@ def cut_in_half() -> bytes:
 def without_header() -> bytes:
     good = text_pdf(["A PDF whose header line was lost still speaks of glaciers and moraines."])
     return good[good.index(b"\n") + 1:]
+
+
+def fonts_lost(*, damaged_end: bool) -> bytes:
+    """Text in an embedded font whose objects are gone, as in the first half of a file cut short:
+    MuPDF then returns glyph ids as control characters. ``damaged_end`` also pads the end, so the
+    file opens only after repair."""
+    doc = pymupdf.open()
+    for i in range(2):
+        page = doc.new_page()
+        page.insert_font(fontname="F0", fontbuffer=pymupdf.Font("cjk").buffer)
+        page.insert_text((72, 72), f"Harbour records of the storm season, page {i + 1}.", fontname="F0", fontsize=11)
+    data = doc.tobytes(garbage=1)
+    font = pymupdf.open(stream=data)[0].get_fonts()[0][0]
+    unicode_map = int(pymupdf.open(stream=data).xref_get_key(font, "ToUnicode")[1].split()[0])
+    for number in (font, unicode_map):  # blank the objects out, keeping every offset
+        start = data.index(b"\n%d 0 obj" % number) + 1
+        end = data.index(b"endobj", start) + len(b"endobj")
+        data = data[:start] + b" " * (end - start) + data[end:]
+    return data + (b"\x00" * 4096 if damaged_end else b"")

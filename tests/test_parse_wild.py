@@ -178,3 +178,12 @@ def test_failure_names_the_file_not_the_blob_and_keeps_the_page_count(ctx):
     j = run(ctx, garbage, "scrambled.pdf")
     assert j.status == JobStatus.failed and j.error_kind.value == "permanent"
     assert "blobs" not in j.error_message and "scrambled.pdf" in j.error_message
+
+
+def test_text_in_lost_fonts_is_not_indexed_as_garbage(tmp_path, ctx):
+    with pytest.raises(UserActionError) as err:
+        read(tmp_path, pdfmaker.fonts_lost(damaged_end=False))
+    assert err.value.code == "undecodable_text" and "OCR" in err.value.hint
+    with pytest.raises(PermanentError) as err:
+        read(tmp_path, pdfmaker.fonts_lost(damaged_end=True))
+    assert err.value.code == "truncated_pdf"

@@ -210,6 +210,7 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     broken: list[int] = []
     lost: list[int] = []  # pages whose content is gone from a repaired (cut) file
     empty: list[int] = []
+    undecodable: list[int] = []  # text in fonts that map no characters (lost or broken ToUnicode)
     number_only: list[int] = []
     has_images = has_drawings = False
     placeholder = False
@@ -220,11 +221,15 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
         number = index + 1
         try:
             page = doc.load_page(index)
-            text = clean_text(page_text(page.get_text("dict", flags=flags, sort=False)))
+            raw = page_text(page.get_text("dict", flags=flags, sort=False))
+            if _undecodable(raw):  # glyph ids, not characters: its fonts map no text
+                (lost if repaired else undecodable).append(number)
+                raw = ""
+            text = clean_text(raw)
             if not text.strip():
                 has_images = has_images or bool(page.get_images(full=False))
                 has_drawings = has_drawings or bool(page.get_cdrawings())
-                if repaired and _contents_lost(doc, page):
+                if repaired and number not in lost and _contents_lost(doc, page):
                     lost.append(number)
         except ValueError as exc:  # "document closed or encrypted"
             raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
@@ -258,14 +263,17 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     if lost:
         lost = sorted(set(lost) | set(empty))  # in a file cut short, empty pages are lost ones too
         raise Refusal("permanent", "truncated_pdf",
-                      f"{req.name} is truncated: {_pages(lost)} of {count} "
-                      f"{'is' if len(lost) == 1 else 'are'} lost",
+                      f"{req.name} is truncated: the content or fonts of {_pages(lost)} of {count} are lost",
                       "The upload or the file is cut short. Upload the complete file again.")
     if _is_xfa(doc) and (placeholder or meaningful_pages == 0):
         raise Refusal("user_action_required", "xfa_form",
                       f"{req.name} is a dynamic XFA form: its content only appears in Adobe's viewers, and the "
                       "file itself holds just a \"Please wait...\" placeholder", XFA_HINT)
     if meaningful_pages == 0:
+        if undecodable:
+            raise Refusal("user_action_required", "undecodable_text",
+                          f"{req.name} has text only in fonts whose characters cannot be decoded "
+                          "(they map glyphs to no letters)", NO_TEXT_HINT)
         if has_images:
             raise Refusal("user_action_required", "no_text_layer",
                           f"{req.name} has no extractable text (scanned images only)", NO_TEXT_HINT)
@@ -278,6 +286,8 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                       "There is nothing to index in this file; check that it is the file you meant.")
     if broken:
         warnings.append(f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})")
+    if undecodable:
+        warnings.append(f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)")
     if number_only:
         warnings.append(f"{_pages(number_only)}: only a page number, skipped")
     if empty:
@@ -286,6 +296,15 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
         warnings.append("the file needed repair to open (damaged or padded end, or a broken cross-reference "
                         "table); every page was read, but check the result against the original")
     yield {"t": "end", "warnings": warnings}
+
+
+_GLYPH_IDS = re.compile(r"[\x00-\x08\x0e-\x1f]")
+
+
+def _undecodable(text: str) -> bool:
+    """Text made of glyph ids: MuPDF returns a font's raw codes when it has no character map."""
+    size = len(text.strip())
+    return size > 0 and len(_GLYPH_IDS.findall(text)) > 0.2 * size
 
 
 def _contents_lost(doc, page) -> bool:

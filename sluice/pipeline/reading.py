@@ -3,7 +3,7 @@
 Content-stream order is what a producer happened to write: a form generator writes both columns
 row by row, a Japanese producer writes vertical text one glyph at a time. Here:
 
-- vertical lines (writing mode 1) are grouped into columns, read top to bottom, columns right to
+- vertical lines (writing mode 1, or a page of upright glyphs stacked one per line) are grouped into columns, read top to bottom, columns right to
   left, and each column becomes one line of text;
 - horizontal lines are cut into columns wherever a vertical gutter runs through a region; lines
   that cross the gutter (a title, a footer, a wide figure caption) cut the region into bands read
@@ -21,6 +21,7 @@ MIN_GUTTER = 9.0  # points of clear space between two columns
 MIN_SIDE_SHARE = 0.15  # each column spans at least this share of the region's width
 MIN_SIDE_LINES = 2
 MAX_DEPTH = 8
+EDGE = 0.5  # points a line may overlap a gutter's edge (edges are compared rounded)
 
 
 @dataclass
@@ -55,6 +56,12 @@ def lines_of(page_dict: dict) -> list[Line]:
 
 def page_text(page_dict: dict) -> str:
     lines = lines_of(page_dict)
+    singles = [ln for ln in lines if ln.horizontal and len(ln.text.strip()) == 1]
+    if len(singles) >= 8 and len(singles) > 0.6 * len(lines):
+        # Vertical writing set as upright glyphs one below the other (Chromium prints
+        # writing-mode: vertical-rl so): one glyph per horizontal line, stacked in columns.
+        for ln in singles:
+            ln.horizontal, ln.vertical = False, True
     horizontal = [ln for ln in lines if ln.horizontal]
     vertical = [ln for ln in lines if ln.vertical]
     other = [ln for ln in lines if not ln.horizontal and not ln.vertical]
@@ -98,8 +105,8 @@ def _segment(lines: list[Line], depth: int) -> list[list[Line]]:
     def close_band() -> None:
         if not band:
             return
-        left = [ln for ln in band if ln.x1 <= g1]
-        right = [ln for ln in band if ln.x1 > g1]
+        left = [ln for ln in band if ln.x1 <= g0 + EDGE]
+        right = [ln for ln in band if ln.x1 > g0 + EDGE]
         if left and right:
             head_l, left, foot_l = _peel(left, right)
             head_r, right, foot_r = _peel(right, left)
@@ -111,7 +118,7 @@ def _segment(lines: list[Line], depth: int) -> list[list[Line]]:
         band.clear()
 
     for ln in sorted(lines, key=lambda ln: (ln.y0, ln.x0)):
-        if ln.x0 < g1 and ln.x1 > g0:  # crosses the gutter: a band of its own
+        if ln.x0 < g1 - EDGE and ln.x1 > g0 + EDGE:  # crosses the gutter: a band of its own
             close_band()
             groups.append([ln])
         else:
@@ -171,8 +178,8 @@ def _find_gutter(lines: list[Line]) -> tuple[float, float] | None:
             i = j + 1
             if hi - lo < MIN_GUTTER or lo <= left_edge or hi >= right_edge:
                 continue
-            left = [ln for ln in lines if ln.x1 <= lo + 0.05]
-            right = [ln for ln in lines if ln.x0 >= hi - 0.05]
+            left = [ln for ln in lines if ln.x1 <= lo + EDGE]
+            right = [ln for ln in lines if ln.x0 >= hi - EDGE]
             if len(left) < MIN_SIDE_LINES or len(right) < MIN_SIDE_LINES:
                 continue
             left_span = max(ln.x1 for ln in left) - min(ln.x0 for ln in left)
