@@ -238,9 +238,11 @@ def reportlab_files(out: Path, made: dict[str, str]) -> None:
 def pymupdf_files(out: Path, made: dict[str, str]) -> None:
     import pymupdf
 
-    from tests.pdfmaker import xfa_form
+    from tests.pdfmaker import two_column_form, xfa_form
 
     (out / "pymupdf-xfa.pdf").write_bytes(xfa_form())
+    (out / "pymupdf-two-column-form.pdf").write_bytes(two_column_form())  # both columns written row by row
+    made["pymupdf-two-column-form.pdf"] = INDEXED
     made["pymupdf-xfa.pdf"] = XFA
     scan = pymupdf.open(out / "gs-scan.pdf")
     scan.save(out / "pymupdf-scan-copy.pdf", garbage=3, deflate=True)
@@ -390,6 +392,51 @@ def evaluate(tree: Path, files: list[Path]) -> dict[str, dict]:
     return {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
 
 
+# Files whose paragraphs are known in reading order: (file, paragraphs).
+ORDERED = {
+    "pymupdf-two-column-form.pdf": None,  # tests.pdfmaker's sentences, left column then right
+    "chromium-two-column.pdf": EN[40:80],
+    "reportlab-two-column.pdf": EN[:90],
+    "libreoffice-two-column.pdf": EN[200:260],
+    "chromium-japanese-vertical.pdf": VERTICAL * 3,
+    "reportlab-vertical-japanese.pdf": VERTICAL * 4,
+}
+
+
+def in_order(text: str, paragraphs: list[str]) -> int:
+    """How many paragraphs a reader meets whole and in order. Line breaks and spaces are ignored
+    in text with spaces between words; CJK text, which has none, must keep a sentence on one line
+    (one character per line is not a sentence a search can find)."""
+    cjk = not any(" " in p for p in paragraphs)
+    flat = text if cjk else "".join(text.split())
+    pos = hits = 0
+    for p in paragraphs:
+        i = flat.find(p if cjk else "".join(p.split()), pos)
+        if i >= 0:
+            hits += 1
+            pos = i + 1
+    return hits
+
+
+def reading_order(out: Path) -> list[str]:
+    import pymupdf
+
+    from sluice.pipeline.parse import PDF, open_document
+    from tests.pdfmaker import SENTENCES_LEFT, SENTENCES_RIGHT
+
+    rows = []
+    for name, paragraphs in ORDERED.items():
+        paragraphs = paragraphs or SENTENCES_LEFT + SENTENCES_RIGHT
+        with pymupdf.open(out / name) as doc:
+            plain = "\n".join(page.get_text() for page in doc)
+            by_sort = "\n".join(page.get_text(sort=True) for page in doc)
+        parsed = open_document(out / name, media_type=PDF, max_pages=5000)
+        ours = "\n".join(text for _, text in parsed.pages())
+        rows.append(f"| {name} | {len(paragraphs)} | {in_order(plain, paragraphs)} | "
+                    f"{in_order(by_sort, paragraphs)} | {in_order(ours, paragraphs)} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, help="where to make the corpus (default: a temporary folder)")
@@ -425,6 +472,9 @@ def main() -> None:
         if r["before"] != r["after"] or r["after"] != r["expected"]:
             print(f"  {name}: made {r['expected']!r}; PyMuPDF {r['pymupdf']!r}; before {r['before']!r}; "
                   f"after {r['after']!r}")
+    print("\nparagraphs read whole and in order:\n")
+    print("| file | paragraphs | PyMuPDF get_text() | get_text(sort=True) | Sluice after |\n|---|---|---|---|---|")
+    print("\n".join(reading_order(out)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     if not args.keep and args.dir is None:
