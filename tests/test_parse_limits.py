@@ -151,3 +151,11 @@ def test_a_preview_never_parses_in_the_calling_process(make_ctx):
         preview = preview_jobs(ctx, [r.job_id])
     assert preview.unreadable == 1
     assert watch.grown_mb < 150, f"the console process grew by {watch.grown_mb:.0f} MB"
+
+
+def test_a_preview_parses_within_its_time_budget_and_extrapolates(make_ctx):
+    ctx = make_ctx()
+    ids = [ingest_bytes(ctx, pdfmaker.text_pdf([f"Document {i} about the ferry timetable and its delays."]),
+                        dataset="default", filename=f"d{i}.pdf").job_id for i in range(3)]
+    preview = preview_jobs(ctx, ids, budget_seconds=0)
+    assert preview.sampled == 1 and preview.estimated and preview.chunks == 3

@@ -344,10 +344,11 @@ def _limit_resources(req: Request) -> None:
 def main(argv: list[str]) -> int:
     req = Request(**json.loads(argv[0]))
     _limit_resources(req)
-    out = sys.stdout
+    out = sys.stdout.buffer
 
     def send(message: dict) -> None:
-        out.write(json.dumps(message, ensure_ascii=False) + "\n")
+        # UTF-8 whatever the locale; a lone surrogate from a broken font becomes "?"
+        out.write(json.dumps(message, ensure_ascii=False).encode("utf-8", "replace") + b"\n")
         out.flush()
 
     try:
