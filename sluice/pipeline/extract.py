@@ -114,6 +114,8 @@ def read(req: Request) -> Iterator[dict]:
 
 
 def _read_text(req: Request) -> Iterator[dict]:
+    if os.path.getsize(req.path) > 4 * req.max_document_chars:  # refused before it is read
+        raise _too_much_text(req)
     with open(req.path, "rb") as fh:
         text = clean_text(decode_text(fh.read()))
     if not text.strip():

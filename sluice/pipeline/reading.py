@@ -21,6 +21,8 @@ MIN_GUTTER = 9.0  # points of clear space between two columns
 MIN_SIDE_SHARE = 0.15  # each column spans at least this share of the region's width
 MIN_SIDE_LINES = 2
 MAX_DEPTH = 8
+MAX_LINES = 2000  # past this (a dense table or map) the producer's order is kept
+MAX_SPANNERS = 4  # lines allowed across a gutter: a title, a footer, a caption
 EDGE = 0.5  # points a line may overlap a gutter's edge (edges are compared rounded)
 
 
@@ -56,7 +58,7 @@ def lines_of(page_dict: dict) -> list[Line]:
 
 def page_text(page_dict: dict) -> str:
     lines = lines_of(page_dict)
-    singles = [ln for ln in lines if ln.horizontal and len(ln.text.strip()) == 1]
+    singles = [ln for ln in lines if ln.horizontal and _is_cjk(ln.text.strip())]
     if len(singles) >= 8 and len(singles) > 0.6 * len(lines):
         # Vertical writing set as upright glyphs one below the other (Chromium prints
         # writing-mode: vertical-rl so): one glyph per horizontal line, stacked in columns.
@@ -76,6 +78,12 @@ def page_text(page_dict: dict) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+def _is_cjk(text: str) -> bool:
+    """One CJK character or full-width mark (a glyph of vertical writing set upright)."""
+    return len(text) == 1 and ("\u3000" <= text <= "\u9fff" or "\uac00" <= text <= "\ud7af"
+                               or "\uf900" <= text <= "\uffef")
+
+
 def _join_groups(groups: list[list[Line]]) -> str:
     """Lines of one block on separate lines; a blank line between blocks and between groups."""
     out: list[str] = []
@@ -93,7 +101,7 @@ def _join_groups(groups: list[list[Line]]) -> str:
 
 def _segment(lines: list[Line], depth: int) -> list[list[Line]]:
     """The lines of a region as groups in reading order."""
-    if len(lines) < 2 * MIN_SIDE_LINES or depth > MAX_DEPTH:
+    if len(lines) < 2 * MIN_SIDE_LINES or len(lines) > MAX_LINES or depth > MAX_DEPTH:
         return [sorted(lines, key=lambda ln: ln.order)]
     gutter = _find_gutter(lines)
     if gutter is None:
@@ -163,7 +171,7 @@ def _find_gutter(lines: list[Line]) -> tuple[float, float] | None:
         while ei < len(ends) and ends[ei] <= edges[i]:
             ei += 1
         crossing.append(si - ei)
-    allowed = max(1, len(lines) // 10)  # spanners: titles, footers, captions
+    allowed = min(MAX_SPANNERS, max(1, len(lines) // 10))
     for limit in range(allowed + 1):
         best: tuple[float, float] | None = None
         i = 0

@@ -303,14 +303,34 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
     return superseded
 
 
+CAS_TRIES = 5  # a worker's own concurrent write (heartbeat, progress) moves the version this often at most
+
+
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
          rng: random.Random | None = None, page_count: int | None = None) -> Job | None:
     """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
-    ``page_count``, when the attempt got as far as counting pages, is kept on the job."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None or job.lease != lease or job.status != JobStatus.running:
-        return None
+    ``page_count``, when the attempt got as far as counting pages, is kept on the job.
+
+    The compare-and-set is tried again when the version moved but the job is still this lease's
+    running job: the attempt's own heartbeat or progress write may land between the read and the
+    write, and must not make the failure disappear (the job would run on until the reaper)."""
+    for _ in range(CAS_TRIES):
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        ended = _fail_once(session, job, lease=lease, kind=kind, code=code, message=message, hint=hint,
+                           detail=detail, worker_id=worker_id, base_delay=base_delay, max_delay=max_delay,
+                           rng=rng, page_count=page_count)
+        if ended is not None:
+            return ended
+        session.rollback()
+    return None
+
+
+def _fail_once(session: Session, job: Job, *, lease: int, kind: ErrorKind, code: str, message: str, hint: str,
+               detail: str, worker_id: str, base_delay: float, max_delay: float, rng: random.Random | None,
+               page_count: int | None) -> Job | None:
     errors = dict(error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
                   error_detail=detail[-8000:] if detail else None)
     if page_count is not None:
@@ -324,7 +344,6 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
         due = now + timedelta(seconds=delay)
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.retrying,
                     next_attempt_at=due, worker_id=None, **errors):
-            session.rollback()
             return None
         data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
         add_event(session, job, "attempt_failed", actor=worker_id, from_status=JobStatus.running,
@@ -336,7 +355,6 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
             errors["error_message"] = f"gave up after {job.attempt} attempts: {message}"
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.failed,
                     finished_at=now, worker_id=None, next_attempt_at=None, **errors):
-            session.rollback()
             return None
         add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
                   to_status=JobStatus.failed, data=data, message=errors["error_message"])
@@ -360,11 +378,16 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
 
 
 def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: str) -> Job | None:
-    """The worker stopped a running job after cancel was requested (vectors already removed)."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None or job.lease != lease or job.status != JobStatus.running:
-        return None
-    return _cancelled(session, job, actor=worker_id)
+    """The worker stopped a running job after cancel was requested (vectors already removed); tried
+    again, like ``fail``, when the attempt's own heartbeat moved the version in between."""
+    for _ in range(CAS_TRIES):
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        done = _cancelled(session, job, actor=worker_id)
+        if done is not None:
+            return done
+    return None
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
