@@ -187,3 +187,8 @@ def test_text_in_lost_fonts_is_not_indexed_as_garbage(tmp_path, ctx):
     with pytest.raises(PermanentError) as err:
         read(tmp_path, pdfmaker.fonts_lost(damaged_end=True))
     assert err.value.code == "truncated_pdf"
+
+
+def test_a_text_file_without_meaningful_text_is_not_a_success(ctx):
+    j = run(ctx, b"  7\n\n - \n", "page-seven.txt")
+    assert (j.status, j.error_code, j.attempt) == (JobStatus.failed, "no_text", 1)

@@ -118,8 +118,9 @@ def _read_text(req: Request) -> Iterator[dict]:
         raise _too_much_text(req)
     with open(req.path, "rb") as fh:
         text = clean_text(decode_text(fh.read()))
-    if not text.strip():
-        raise Refusal("user_action_required", "no_text", "the text file contains only white space",
+    if not meaningful(text):
+        raise Refusal("user_action_required", "no_text",
+                      f"{req.name} holds no meaningful text (only white space, punctuation or a number)",
                       "Upload a file that has text in it.")
     if len(text) > req.max_document_chars:
         raise _too_much_text(req)
@@ -140,7 +141,7 @@ def _too_much_text(req: Request) -> Refusal:
 
 
 def _unreadable(req: Request, why: str) -> Refusal:
-    return Refusal("permanent", "unreadable_pdf", f"{req.name} is not a readable PDF: {why}", DAMAGED_HINT)
+    return Refusal("permanent", "unreadable_pdf", f"unreadable PDF {req.name}: {why}", DAMAGED_HINT)
 
 
 def _pages(numbers: list[int]) -> str:
@@ -233,12 +234,12 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 has_drawings = has_drawings or bool(page.get_cdrawings())
                 if repaired and number not in lost and _contents_lost(doc, page):
                     lost.append(number)
-        except ValueError as exc:  # "document closed or encrypted"
-            raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                          "Remove the password and upload the file again.") from exc
         except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
             if _is_memory_error(exc):
                 raise
+            if isinstance(exc, ValueError) and "encrypted" in str(exc):  # "document closed or encrypted"
+                raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
+                              "Remove the password and upload the file again.") from exc
             broken.append(number)
             first_error = first_error or _plain(exc, req)
             yield {"t": "page", "n": number, "text": ""}
@@ -295,8 +296,8 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     if empty:
         warnings.append(f"{_pages(empty)}: empty, skipped")
     if repaired:
-        warnings.append("the file needed repair to open (damaged or padded end, or a broken cross-reference "
-                        "table); every page was read, but check the result against the original")
+        warnings.append("the file needed repair to open (a damaged or padded end, or a broken cross-reference "
+                        "table); no page content was lost, but check the result against the original")
     yield {"t": "end", "warnings": warnings}
 
 
