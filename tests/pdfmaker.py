@@ -81,12 +81,17 @@ def one_broken_page() -> bytes:
     ])
 
 
-def text_bomb(chars: int) -> bytes:
-    """One page whose small compressed content stream shows ``chars`` characters."""
+def text_bomb(chars: int, *, then: bytes = b"") -> bytes:
+    """One page whose small compressed content stream shows ``chars`` characters; with ``then``,
+    a second, ordinary page that says it."""
     run = b"1 0 0 1 20 20 Tm (" + b"A" * 1000 + b") Tj\n"  # each run starts again inside the page
     body = b"BT /F1 0.2 Tf " + run * (chars // 1000) + b"ET"
-    return assemble([b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-                     _page(4), _stream(body, compress=True), _FONT])
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
+               b"<< /Type /Pages /Kids [3 0 R%s] /Count %d >>" % (b" 6 0 R" if then else b"", 2 if then else 1),
+               _page(4), _stream(body, compress=True), _FONT]
+    if then:
+        objects += [_page(7), _show(then)]
+    return assemble(objects)
 
 
 def xfa_form() -> bytes:

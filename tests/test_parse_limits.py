@@ -96,6 +96,17 @@ def test_text_bomb_fails_once_as_user_action_and_the_worker_keeps_its_memory(mak
     assert _extract_children() == []
 
 
+def test_a_bomb_page_is_skipped_and_the_rest_of_the_document_indexed(make_ctx):
+    ctx = make_ctx(SLUICE_PARSE_MAX_MEMORY_MB="400")
+    data = pdfmaker.text_bomb(BOMB_CHARS, then=b"The second page describes the lighthouse in plain words.")
+    r = ingest_bytes(ctx, data, dataset="default", filename="bomb-and-page.pdf")
+    run_job(r.job_id, ctx=ctx)
+    j = job(ctx, r.job_id)
+    assert (j.status, j.chunk_count, j.page_count) == (JobStatus.succeeded, 1, 2), j.error_message
+    warned = [e.message for e in events(ctx, j.id) if e.kind == "warning"]
+    assert any("page 1" in w and "SLUICE_PARSE_MAX_MEMORY_MB" in w for w in warned), warned
+
+
 def test_text_per_page_is_cut_with_a_warning_and_per_document_refused(make_ctx):
     ctx = make_ctx(SLUICE_PARSE_MAX_PAGE_CHARS="5000")
     r = ingest_bytes(ctx, pdfmaker.text_bomb(20_000), dataset="default", filename="dense.pdf")

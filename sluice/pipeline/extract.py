@@ -17,6 +17,7 @@ starts in about a tenth of a second; the ``Refusal`` it raises becomes a Pipelin
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -215,6 +216,7 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     empty: list[int] = []
     undecodable: list[int] = []  # text in fonts that map no characters (lost or broken ToUnicode)
     number_only: list[int] = []
+    too_big: list[int] = []  # pages that need more memory than the limit to extract (text bombs)
     has_images = has_drawings = False
     placeholder = False
     first_error = ""
@@ -235,8 +237,12 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 if repaired and number not in lost and _contents_lost(doc, page):
                     lost.append(number)
         except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
-            if _is_memory_error(exc):
-                raise
+            if _is_memory_error(exc):  # MuPDF frees what the page took; the next page gets it back
+                page = raw = text = None
+                gc.collect()
+                too_big.append(number)
+                yield {"t": "page", "n": number, "text": ""}
+                continue
             if isinstance(exc, ValueError) and "encrypted" in str(exc):  # "document closed or encrypted"
                 raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
                               "Remove the password and upload the file again.") from exc
@@ -261,6 +267,10 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
         yield {"t": "page", "n": number, "text": text}
 
     warnings: list[str] = []
+    if too_big and meaningful_pages == 0:
+        raise Refusal("user_action_required", "parse_memory_limit",
+                      f"reading {req.name} needs more than {req.max_memory_mb} MB of memory "
+                      f"({_pages(too_big)})", MEMORY_HINT)
     if len(broken) == count:
         raise _unreadable(req, f"no page can be read ({first_error})")
     if lost:
@@ -287,6 +297,11 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                           "re-export the file with its text kept as text.")
         raise Refusal("permanent", "blank_pages", f"{req.name} has no text: every page is blank or holds only a page number",
                       "There is nothing to index in this file; check that it is the file you meant.")
+    if too_big:
+        one = len(too_big) == 1
+        warnings.append(f"{_pages(too_big)} {'needs' if one else 'need'} more memory to extract than "
+                        f"SLUICE_PARSE_MAX_MEMORY_MB ({req.max_memory_mb} MB) allows, and {'was' if one else 'were'} "
+                        "skipped (a text bomb, or an extremely dense page)")
     if broken:
         warnings.append(f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})")
     if undecodable:
