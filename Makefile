@@ -30,7 +30,7 @@ browser:
 
 ## wild-tools: Debian's PDF producers for bench/wild_corpus.py (Chromium, LibreOffice, Ghostscript, qpdf, CJK fonts)
 wild-tools: browser
-	@command -v soffice >/dev/null && command -v gs >/dev/null && command -v qpdf >/dev/null || { apt-get update -qq && \
+	@command -v soffice >/dev/null && command -v gs >/dev/null && command -v qpdf >/dev/null && fc-list | grep -qi "noto sans cjk" || { apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends libreoffice-writer-nogui ghostscript qpdf fonts-noto-cjk fonts-dejavu-core >/dev/null; }
 
 ## wild-corpus: about 60 PDFs from real producers, classed by PyMuPDF alone, Sluice before and Sluice now
