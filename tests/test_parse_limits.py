@@ -170,3 +170,45 @@ def test_a_preview_parses_within_its_time_budget_and_extrapolates(make_ctx):
                         dataset="default", filename=f"d{i}.pdf").job_id for i in range(3)]
     preview = preview_jobs(ctx, ids, budget_seconds=0)
     assert preview.sampled == 1 and preview.estimated and preview.chunks == 3
+
+
+def test_the_extraction_child_dies_with_a_worker_killed_mid_parse(tmp_path):
+    """A worker killed with SIGKILL (OOM killer, kill -9) leaves no extraction running on."""
+    import signal
+    import subprocess
+    import sys
+
+    pdf = tmp_path / "hang.pdf"
+    pdf.write_bytes(pdfmaker.text_pdf(["The page that hangs the reader."]))
+    script = (
+        "import sys, time\n"
+        "from sluice.pipeline.parse import PDF, open_document\n"
+        f"parsed = open_document({str(pdf)!r}, media_type=PDF, max_pages=5)\n"
+        "print(parsed._child.proc.pid, flush=True)\n"
+        "for _ in parsed.pages():\n"
+        "    pass\n"
+    )
+    env = {**os.environ, "SLUICE_FAULTS": "extract_page=sleep:120"}
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+    child = None
+    try:
+        child = int(worker.stdout.readline())
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{child}") and _state(child) != "Z":
+            assert time.monotonic() < deadline, "the extraction child outlived its worker"
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+        if child and _state(child) not in ("gone", "Z"):
+            os.kill(child, signal.SIGKILL)  # only when the test failed: leave nothing behind
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
