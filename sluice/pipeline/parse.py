@@ -148,7 +148,10 @@ class _Child:
                 self.kill()
                 raise _timeout(self.name, self.limits.seconds)
             if self.selector.select(timeout=min(TICK_SECONDS, left)):
-                chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                try:
+                    chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                except BlockingIOError:  # a spurious wake-up
+                    continue
                 if not chunk:
                     raise self._died()
                 self.buffer += chunk
