@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick browser clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick browser wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -27,6 +27,15 @@ run: setup
 ## browser: Debian's Chromium for the end-to-end browser test (never a browser download)
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+## wild-tools: Debian's PDF producers for bench/wild_corpus.py (Chromium, LibreOffice, Ghostscript, qpdf, CJK fonts)
+wild-tools: browser
+	@command -v soffice >/dev/null && command -v gs >/dev/null && command -v qpdf >/dev/null && fc-list | grep -qi "noto sans cjk" || { apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends libreoffice-writer-nogui ghostscript qpdf fonts-noto-cjk fonts-dejavu-core >/dev/null; }
+
+## wild-corpus: about 60 PDFs from real producers, classed by PyMuPDF alone, Sluice before and Sluice now
+wild-corpus: setup wild-tools
+	$(BIN)/python bench/wild_corpus.py
 
 ## test: set up, then the whole suite (slow real-model, crash and browser tests included)
 test: setup browser

@@ -45,12 +45,14 @@ def query_groups(datasets: dict[str, int], total: int) -> dict[str, Callable]:
             return count, [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in rows]
         return run
 
-    def overview(session):
+    def overview(session):  # what sluice.ops.reads.overview asks, in one session as it does
         now = utcnow()
         return (queries.status_counts(session=session), queries.oldest_waiting(session=session),
                 queries.failures_by_kind(session=session),
                 queries.throughput(session=session, minutes=60, now=now),
-                queries.finished_since(session=session, since=now - timedelta(minutes=15)))
+                queries.throughput(session=session, minutes=24 * 60, now=now, bucket_minutes=60),
+                queries.recent_attempts(session=session, since=now - timedelta(minutes=60)),
+                queries.remaining_work(session=session))
 
     deep = max(1, (total // PAGE_SIZE) // 2)
     failed_in_one = queries.JobFilter(dataset_id=datasets["manuals"], statuses=["failed"])

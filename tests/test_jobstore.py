@@ -251,6 +251,38 @@ def test_permanent_failure_is_a_dead_letter_at_once_and_a_stale_lease_changes_no
     assert failed.attempt == 1 and failed.finished_at is not None
 
 
+def test_a_failure_is_recorded_although_its_own_heartbeat_wrote_in_between(engine, monkeypatch):
+    """The worker's heartbeat thread may write progress between fail's read and its compare-and-set
+    (a long parse reports every quarter second): the same lease's write must not lose the failure."""
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    read = jobs.get_job
+    beaten = []
+
+    def read_then_beat(*, session, job_id):
+        job = read(session=session, job_id=job_id)
+        if not beaten:
+            with Session(engine) as other:
+                beaten.append(jobs.progress(session=other, job_id=job_id, lease=lease, stage=Stage.parsing,
+                                            done=1, total=3))
+        return job
+
+    monkeypatch.setattr(jobs, "get_job", read_then_beat)
+    failed = fail(engine, job_id, lease, ErrorKind.permanent, "unreadable_pdf")
+    assert beaten and failed is not None
+    assert (get(engine, job_id).status, get(engine, job_id).error_code) == (JobStatus.failed, "unreadable_pdf")
+
+    # the same for a cancel the worker acknowledges
+    job_id = new_job(engine, 2)
+    lease = claim(engine, job_id).job.lease
+    with Session(engine) as session:
+        jobs.request_cancel(session=session, job_ids=[job_id], actor="test")
+    beaten.clear()
+    with Session(engine) as session:
+        done = jobs.acknowledge_cancel(session=session, job_id=job_id, lease=lease, worker_id="w1")
+    assert beaten and done is not None and get(engine, job_id).status == JobStatus.cancelled
+
+
 def test_retry_dismiss_and_reindex(engine):
     job_id = new_job(engine, 1)
     fail(engine, job_id, claim(engine, job_id).job.lease, ErrorKind.permanent)

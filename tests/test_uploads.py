@@ -240,8 +240,9 @@ def test_a_pdf_over_the_chunk_limit_fails_with_a_hint_and_nothing_indexed(make_c
 
 
 def test_a_stage_over_its_time_limit_fails_classified(make_ctx, monkeypatch):
-    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="0.3", SLUICE_EMBED_BATCH_SIZE="2")
-    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.6")
+    # parsing starts a child process (0.1 s, more on a busy machine): the limit leaves it room
+    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="2", SLUICE_EMBED_BATCH_SIZE="2")
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:2.5")
     failed = _run_refused(ctx, make_pdf(4), "slow.pdf")
     assert (failed.error_kind, failed.error_code) == (ErrorKind.permanent, "stage_timeout")
     assert "embedding took longer than" in failed.error_message

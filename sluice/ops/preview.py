@@ -10,6 +10,7 @@ ones parsed, and the preview says so.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -17,13 +18,14 @@ from sqlmodel import Session
 
 from sluice.pipeline.chunk import split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import open_document
+from sluice.pipeline.parse import ParseLimits, open_document
 from sluice.storage.models import Dataset, Document, Job
 from sluice.storage.vectors import chunk_id
 
 log = logging.getLogger(__name__)
 
 SAMPLE = 200  # documents parsed for one preview; the rest are extrapolated
+BUDGET_SECONDS = 5.0  # parsing stops sampling after this long (each document costs a child process)
 
 
 @dataclass
@@ -58,10 +60,11 @@ class Preview:
 
 
 def document_texts(ctx: Context, document: Document) -> list[str]:
-    """The chunk texts the runner would make of this document with the current settings."""
+    """The chunk texts the runner would make of this document with the current settings; parsed
+    in a child process with the workers' limits, never in the calling (console) process."""
     s = ctx.settings
     parsed = open_document(ctx.blobs.path(document.blob_key), media_type=document.media_type,
-                           max_pages=s.max_pages)
+                           max_pages=s.max_pages, limits=ParseLimits.from_settings(s), name=document.filename)
     try:
         return [piece for _, text in parsed.pages()
                 for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)]
@@ -114,7 +117,8 @@ def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: in
     return p
 
 
-def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE) -> Preview:
+def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE,
+                 budget_seconds: float = BUDGET_SECONDS) -> Preview:
     """What retrying (or reindexing) these jobs would cost, counted as the runner will do it."""
     ids = list(dict.fromkeys(int(i) for i in job_ids))
     found: list[tuple[Job, Document, str]] = []
@@ -128,9 +132,12 @@ def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE) 
             if job.dataset_id not in collections:
                 collections[job.dataset_id] = session.get(Dataset, job.dataset_id).collection
             found.append((job, doc, collections[job.dataset_id]))
-    counts = (
-        count_work(ctx, document=doc, collection=coll, pipeline_version=job.pipeline_version,
-                   job_id=job.id if job.lease else None)
-        for job, doc, coll in found[:sample]
-    )
-    return accumulate(counts, total_jobs=len(found), total_documents=len({d.id for _, d, _ in found}))
+    def counts():
+        deadline = time.monotonic() + budget_seconds
+        for i, (job, doc, coll) in enumerate(found[:sample]):
+            if i and time.monotonic() > deadline:
+                return  # the rest is extrapolated from what was parsed
+            yield count_work(ctx, document=doc, collection=coll, pipeline_version=job.pipeline_version,
+                             job_id=job.id if job.lease else None)
+
+    return accumulate(counts(), total_jobs=len(found), total_documents=len({d.id for _, d, _ in found}))

@@ -10,11 +10,26 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-CHUNKER_VERSION = "recursive-v1"
+CHUNKER_VERSION = "recursive-v2"  # v2: chunks without meaningful text are dropped
 SEPARATORS = ("\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ")
 
 _SPACES = re.compile(r"[ \t\u00a0]+")
 _BLANKS = re.compile(r"\n\s*\n+")
+# A text whose only words are a page number: "7", "- 7 -", "Page 7", "7 / 12", "vii".
+PAGE_NUMBER = re.compile(
+    r"^\W*(?:(?:page|p\.|seite|pagina|página|стр\.?)\s*)?(?:\d{1,5}|[ivxlcdm]{1,7})"
+    r"(?:\s*(?:of|/|de|von|из)\s*(?:\d{1,5}|[ivxlcdm]{1,7}))?\W*$",
+    re.IGNORECASE,
+)
+MIN_MEANINGFUL = 3  # letters or digits a text needs to be worth a chunk (one CJK character is a word)
+
+
+def meaningful(text: str) -> bool:
+    """True when a text holds something worth indexing: more than a page number or punctuation.
+    A one-character chunk matches unrelated searches; it is never made."""
+    if sum(1 for ch in text if ch.isalnum()) < MIN_MEANINGFUL:
+        return False
+    return not PAGE_NUMBER.match(text.strip())
 
 
 @dataclass(frozen=True)
@@ -48,7 +63,7 @@ def split_text(text: str, *, size: int, overlap: int) -> list[str]:
                     end = cut + len(sep)
                     break
         piece = text[start:end].strip()
-        if piece:
+        if piece and meaningful(piece):
             chunks.append(piece)
         if end >= n:
             break

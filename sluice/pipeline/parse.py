@@ -1,43 +1,51 @@
-"""Parsing: detect the type from the bytes, then read text page by page.
+"""Parsing: detect the type from the bytes, then read text page by page, in a child process.
 
-PDFs are read one page at a time with PyMuPDF (never the whole text in one string); .txt and .md
-are decoded robustly. Every way a file can be unusable ends in a classified error.
+Extraction (sluice.pipeline.extract) runs in a child process with an address-space limit, and its
+pages stream back one at a time (never the whole text in one string): a PDF built to exhaust
+memory kills only the child, a MuPDF call that never returns is stopped by the deadline or a
+cancel, and the calling process (a worker, or the console's previews) never parses a document
+itself. Every way a file can be unusable ends in a classified error.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
+import os
 import re
-import unicodedata
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import filetype
 
-from sluice.errors import PermanentError, UserActionError
+from sluice.errors import PermanentError, PipelineError, TransientError, UserActionError
+from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner and tests use them here)
+    MARKDOWN,
+    MEMORY_HINT,
+    NO_TEXT_HINT,
+    PDF,
+    TEXT,
+    TEXT_PAGE_CHARS,
+    Request,
+    clean_text,
+    decode_text,
+)
 
-PDF = "application/pdf"
-TEXT = "text/plain"
-MARKDOWN = "text/markdown"
 SUPPORTED = (PDF, TEXT, MARKDOWN)
-TEXT_PAGE_CHARS = 20_000  # plain text is read in slices of this size, reported as "pages"
-
-NO_TEXT_HINT = "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."
-
-
-def _silence_mupdf() -> None:
-    import pymupdf
-
-    pymupdf.TOOLS.mupdf_display_errors(False)
-    pymupdf.TOOLS.mupdf_display_warnings(False)
-
+TICK_SECONDS = 0.25  # how often a parent waiting for the child checks its deadline and the job's cancel
 
 def sniff_type(head: bytes, filename: str = "") -> str:
     """The media type of a file, from its first bytes; the name only tells .md from .txt."""
     if not head:
         raise PermanentError("empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty.")
-    if head.lstrip(b"\x00\t\r\n ")[:5] == b"%PDF-" or b"%PDF-" in head[:1024]:
+    if _looks_like_pdf(head):
         return PDF
     kind = filetype.guess(head)
     if kind is not None and not kind.mime.startswith("text/"):
@@ -56,6 +64,21 @@ def sniff_type(head: bytes, filename: str = "") -> str:
     )
 
 
+_PDF_OBJECT = re.compile(rb"\d{1,10}[ \t\r\n]+\d{1,5}[ \t\r\n]+obj\b")
+_PDF_COMMENT_OR_SPACE = re.compile(rb"(?:[\x00\t\r\n\f ]|%[^\r\n]*[\r\n])*")
+
+
+def _looks_like_pdf(head: bytes) -> bool:
+    """As PDF readers sniff: a %PDF- header within the first 1 KB, or, when the header line was
+    lost, a file that begins (after blank or comment lines) with an indirect object and holds
+    ``endobj``. Text that merely mentions "1 0 obj" does not begin with one."""
+    if b"%PDF-" in head[:1024]:
+        return True
+    lead = _PDF_COMMENT_OR_SPACE.match(head)
+    start = lead.end() if lead else 0
+    return bool(_PDF_OBJECT.match(head, start)) and b"endobj" in head
+
+
 def _looks_like_text(head: bytes) -> bool:
     if head.startswith((codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         return True
@@ -72,127 +95,172 @@ def _looks_like_text(head: bytes) -> bool:
     return printable / max(1, len(sample)) > 0.95
 
 
-def decode_text(data: bytes) -> str:
-    for bom, enc in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
-        if data.startswith(bom):
-            return data.decode(enc, errors="replace")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    try:
-        from charset_normalizer import from_bytes
+@dataclass(frozen=True)
+class ParseLimits:
+    """Bounds on one extraction; ``from_settings`` reads them from the SLUICE_PARSE_* settings."""
 
-        best = from_bytes(data[:200_000]).best()
-        if best is not None and best.encoding:
-            return data.decode(best.encoding, errors="replace")
-    except ImportError:  # pragma: no cover
-        pass
-    return data.decode("latin-1")
+    max_page_chars: int = 200_000
+    max_document_chars: int = 20_000_000
+    max_memory_mb: int = 1024
+    seconds: float = 900.0
+
+    @classmethod
+    def from_settings(cls, settings) -> ParseLimits:
+        return cls(settings.parse_max_page_chars, settings.parse_max_document_chars,
+                   settings.parse_max_memory_mb, settings.stage_timeout_seconds)
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+Waiting = Callable[[int, int], None]  # called with (pages done, page count) while the child works
 
 
-def clean_text(text: str) -> str:
-    text = unicodedata.normalize("NFC", text)
-    return _CONTROL.sub(" ", text.replace("\r\n", "\n").replace("\r", "\n"))
+def _timeout(name: str, seconds: float) -> PermanentError:
+    return PermanentError("stage_timeout", f"parsing {name} took longer than {seconds:.0f}s",
+                          "The document is too heavy to process in time. Split it, or raise "
+                          "SLUICE_STAGE_TIMEOUT_SECONDS.")
+
+
+class _Child:
+    """One extraction process and the JSON lines it writes."""
+
+    def __init__(self, request: Request, limits: ParseLimits, waiting: Waiting | None) -> None:
+        self.name = request.name
+        self.limits = limits
+        self.waiting = waiting
+        self.deadline = time.monotonic() + limits.seconds
+        self.buffer = b""
+        self.stderr = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the sluice package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.pipeline.extract", json.dumps(asdict(request))],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=env, close_fds=True,
+        )
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def next(self, done: int, total: int) -> dict:
+        """The next message; calls ``waiting`` on every tick, kills the child past its deadline."""
+        while b"\n" not in self.buffer:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise _timeout(self.name, self.limits.seconds)
+            if self.selector.select(timeout=min(TICK_SECONDS, left)):
+                try:
+                    chunk = os.read(self.proc.stdout.fileno(), 1 << 20)
+                except BlockingIOError:  # a spurious wake-up
+                    continue
+                if not chunk:
+                    raise self._died()
+                self.buffer += chunk
+            elif self.waiting is not None:
+                self.waiting(done, total)  # may raise JobCancelled or a stage timeout; close() kills
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return json.loads(line)
+
+    def _died(self) -> PipelineError:
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.returncode
+        self.stderr.seek(0)
+        tail = self.stderr.read()[-4000:].decode("utf-8", "replace")
+        if code == -signal.SIGXCPU:
+            return _timeout(self.name, self.limits.seconds)
+        if "MemoryError" in tail or code == -signal.SIGKILL:
+            return UserActionError("parse_memory_limit",
+                                   f"reading {self.name} needs more than {self.limits.max_memory_mb} MB of memory",
+                                   MEMORY_HINT, detail=tail)
+        if code is not None and code < 0:
+            return PermanentError("parser_crashed",
+                                  f"reading {self.name} crashed the PDF reader ({signal.Signals(-code).name})",
+                                  "The file trips a bug in the PDF reader. Re-export it from its source and "
+                                  "upload again; retrying will not help.", detail=tail)
+        return TransientError("parser_failed", f"the text extraction process stopped with exit code {code}",
+                              "Sluice retries this; if it keeps failing, the detail shows why.", detail=tail)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+
+    def close(self) -> None:
+        self.kill()
+        self.selector.close()
+        self.proc.stdout.close()
+        self.stderr.close()
+
+
+def _refusal(message: dict) -> PipelineError:
+    cls = {"permanent": PermanentError, "user_action_required": UserActionError}.get(message["kind"], TransientError)
+    return cls(message["code"], message["message"], message["hint"])
 
 
 @dataclass
 class ParsedDocument:
-    """An opened document: its page count, and its pages read one at a time."""
+    """An opened document: its page count, and its pages read one at a time from the child."""
 
     media_type: str
     page_count: int
     warnings: list[str] = field(default_factory=list)
-    _pdf: object | None = None
-    _text: str | None = None
+    _child: _Child | None = None
 
     def pages(self) -> Iterator[tuple[int, str]]:
-        """Yield (page number from 1, text) one page at a time."""
-        if self._pdf is not None:
-            for number in range(self.page_count):
-                try:
-                    page = self._pdf.load_page(number)
-                    text = page.get_text()
-                except ValueError as exc:  # "document closed or encrypted"
-                    raise UserActionError("password_protected", "the PDF is password-protected",
-                                          "Remove the password and upload the file again.") from exc
-                except RuntimeError as exc:
-                    raise PermanentError("corrupt_pdf", f"page {number + 1} cannot be read: {exc}",
-                                         "The PDF is damaged. Re-export it from its source and upload again.") from exc
-                yield number + 1, clean_text(text)
-        else:
-            text = self._text or ""
-            for number in range(self.page_count):
-                yield number + 1, text[number * TEXT_PAGE_CHARS:(number + 1) * TEXT_PAGE_CHARS]
+        """Yield (page number from 1, text) one page at a time; raise a classified error when the
+        file turns out unusable (no text, an XFA form, pages lost) after its last page."""
+        child, done = self._child, 0
+        if child is None:
+            return
+        try:
+            while True:
+                message = child.next(done, self.page_count)
+                kind = message["t"]
+                if kind == "page":
+                    done = message["n"]
+                    yield done, message["text"]
+                elif kind == "warn":
+                    self.warnings.append(message["text"])
+                elif kind == "end":
+                    self.warnings.extend(message["warnings"])
+                    return
+                elif kind == "error":
+                    raise _refusal(message)
+        finally:
+            self.close()
 
     def close(self) -> None:
-        if self._pdf is not None:
-            self._pdf.close()
-            self._pdf = None
+        if self._child is not None:
+            self._child.close()
+            self._child = None
 
 
-def open_document(path: Path, *, media_type: str, max_pages: int) -> ParsedDocument:
-    """Open a stored blob as the type detected at upload; classify every way it can be unusable."""
-    if media_type == PDF:
-        return _open_pdf(path, max_pages=max_pages)
-    if media_type in (TEXT, MARKDOWN):
-        text = clean_text(decode_text(path.read_bytes()))
-        if not text.strip():
-            raise UserActionError("no_text", "the text file contains only white space",
-                                  "Upload a file that has text in it.")
-        pages = max(1, -(-len(text) // TEXT_PAGE_CHARS))
-        if pages > max_pages:
-            raise UserActionError("too_many_pages", f"the text is {len(text)} characters, over the page limit",
-                                  "Split the file, or raise SLUICE_MAX_PAGES.")
-        return ParsedDocument(media_type, pages, _text=text)
-    raise UserActionError("unsupported_type", f"unsupported file type {media_type}",
-                          "Sluice indexes PDF, .txt and .md files.")
-
-
-def _open_pdf(path: Path, *, max_pages: int) -> ParsedDocument:
-    import pymupdf
-
-    _silence_mupdf()
+def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseLimits | None = None,
+                  name: str = "the file", waiting: Waiting | None = None) -> ParsedDocument:
+    """Start reading a stored blob as the type detected at upload, in a child process; return once
+    its page count is known. ``name`` stands for the blob in every message (never its path);
+    ``waiting(done, total)`` is called every quarter second while the child works, so a caller
+    can stop it (raise) on a cancel or its own deadline."""
+    limits = limits or ParseLimits()
+    if media_type not in SUPPORTED:
+        raise UserActionError("unsupported_type", f"unsupported file type {media_type}",
+                              "Sluice indexes PDF, .txt and .md files.")
+    request = Request(path=str(path), media_type=media_type, name=name, max_pages=max_pages,
+                      max_page_chars=limits.max_page_chars, max_document_chars=limits.max_document_chars,
+                      max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5)
+    child = _Child(request, limits, waiting)
     try:
-        doc = pymupdf.open(path, filetype="pdf")
-    except pymupdf.EmptyFileError as exc:
-        raise PermanentError("empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty.") from exc
-    except (pymupdf.FileDataError, RuntimeError) as exc:
-        raise PermanentError("unreadable_pdf", f"unreadable PDF: {exc}",
-                             "The file is not a readable PDF. Re-export it from its source and upload again.") from exc
-    warnings = []
-    if doc.needs_pass:
-        doc.close()
-        raise UserActionError("password_protected", "the PDF is password-protected",
-                              "Remove the password and upload the file again.")
-    if doc.is_repaired:
-        tail = _tail(path)
-        if doc.page_count == 0:
-            doc.close()
-            raise PermanentError("unreadable_pdf", "unreadable PDF: it opens as 0 pages even after repair",
-                                 "The file is damaged beyond repair. Re-export it from its source; retrying will not help.")
-        if b"%%EOF" not in tail:
-            doc.close()
-            raise PermanentError("truncated_pdf", "the PDF is truncated: it only opens after repair and pages are lost",
-                                 "The upload or the file is cut short. Upload the complete file again.")
-        warnings.append("the PDF needed repair to open; check the result")
-    if doc.page_count == 0:
-        doc.close()
-        raise PermanentError("no_pages", "the PDF has 0 pages", "The file has no pages; nothing to index.")
-    if doc.page_count > max_pages:
-        count = doc.page_count
-        doc.close()
-        raise UserActionError("too_many_pages", f"the PDF has {count} pages, over the limit of {max_pages}",
-                              "Split the PDF into smaller files, or raise SLUICE_MAX_PAGES.")
-    return ParsedDocument(PDF, doc.page_count, warnings, _pdf=doc)
-
-
-def _tail(path: Path, size: int = 2048) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(0, 2)
-        end = fh.tell()
-        fh.seek(max(0, end - size))
-        return fh.read()
+        message = child.next(0, 0)
+        if message["t"] == "error":
+            raise _refusal(message)
+        if message["t"] != "open":  # pragma: no cover - a protocol error
+            raise TransientError("parser_failed", f"unexpected first message from the extractor: {message['t']}")
+    except BaseException:
+        child.close()
+        raise
+    return ParsedDocument(media_type, message["pages"], list(message["warnings"]), _child=child)

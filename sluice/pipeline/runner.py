@@ -18,7 +18,7 @@ from sluice.errors import JobCancelled, LeaseLost, PermanentError, UserActionErr
 from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import NO_TEXT_HINT, PDF, open_document
+from sluice.pipeline.parse import NO_TEXT_HINT, PDF, ParseLimits, open_document
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
@@ -81,6 +81,7 @@ class Reporter:
         self.pending: dict | None = None
         self.seconds: dict[str, float] = {}  # time spent per stage, for the success event (and metrics)
         self.cancel = False
+        self.page_count: int | None = None  # once parsing counted them; a failed job keeps it
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
 
@@ -150,7 +151,8 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         with Session(ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
                               message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
-                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
+                              page_count=report.page_count)
         if after is not None and after.status.value == "cancelled":
             _remove_partial(ctx, job)
         return Outcome(job_id, after.status.value if after else "lost", err.message)
@@ -190,8 +192,11 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         raise PermanentError("blob_missing", "the uploaded file is missing from the blob store",
                              "Upload the file again.")
 
-    # Parsing: one page at a time.
-    parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages)
+    # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
+    parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages,
+                           limits=ParseLimits.from_settings(s), name=document.filename,
+                           waiting=lambda done, total: report.update(Stage.parsing, done, total))
+    report.page_count = parsed.page_count
     pages: list[tuple[int, str]] = []
     chars = 0
     try:
@@ -257,7 +262,8 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     with Session(ctx.engine, expire_on_commit=False) as session:
         superseded = jobs.succeed(session=session, job_id=job.id, lease=job.lease, chunk_count=total,
                                   page_count=parsed.page_count, worker_id=ctx.worker_id,
-                                  embedded=embedded, cached=cached, stages=report.stage_seconds())
+                                  embedded=embedded, cached=cached, warnings=parsed.warnings,
+                                  stages=report.stage_seconds())
     if superseded is not None:
         try:
             ctx.vectors.delete(collection, where={"job_id": superseded})

@@ -257,8 +257,11 @@ def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
 
 
 def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page_count: int,
-            worker_id: str, embedded: int, cached: int, stages: dict[str, float] | None = None) -> int | None:
-    """running -> succeeded; makes this job the document's searchable one.
+            worker_id: str, embedded: int, cached: int, warnings: Sequence[str] = (),
+            stages: dict[str, float] | None = None) -> int | None:
+    """running -> succeeded; makes this job the document's searchable one. Each warning (a page
+    skipped, a file that needed repair) is a ``warning`` event of the job; ``stages`` (seconds per
+    stage) go into the success event.
 
     Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
     removes), or None.
@@ -278,7 +281,9 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
               to_status=JobStatus.succeeded,
               message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
               data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
-                    "stages": stages or {}})
+                    "warnings": len(warnings), "stages": stages or {}})
+    for text in warnings:
+        add_event(session, job, "warning", actor=worker_id, message=text)
     document = session.get(Document, job.document_id, populate_existing=True)
     superseded = None
     if document.active_job_id not in (None, job.id):
@@ -296,15 +301,38 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
     return superseded
 
 
+CAS_TRIES = 5  # a worker's own concurrent write (heartbeat, progress) moves the version this often at most
+
+
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-         rng: random.Random | None = None) -> Job | None:
-    """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter)."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None or job.lease != lease or job.status != JobStatus.running:
-        return None
+         rng: random.Random | None = None, page_count: int | None = None) -> Job | None:
+    """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
+    ``page_count``, when the attempt got as far as counting pages, is kept on the job.
+
+    The compare-and-set is tried again when the version moved but the job is still this lease's
+    running job: the attempt's own heartbeat or progress write may land between the read and the
+    write, and must not make the failure disappear (the job would run on until the reaper)."""
+    for _ in range(CAS_TRIES):
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        ended = _fail_once(session, job, lease=lease, kind=kind, code=code, message=message, hint=hint,
+                           detail=detail, worker_id=worker_id, base_delay=base_delay, max_delay=max_delay,
+                           rng=rng, page_count=page_count)
+        if ended is not None:
+            return ended
+        session.rollback()
+    return None
+
+
+def _fail_once(session: Session, job: Job, *, lease: int, kind: ErrorKind, code: str, message: str, hint: str,
+               detail: str, worker_id: str, base_delay: float, max_delay: float, rng: random.Random | None,
+               page_count: int | None) -> Job | None:
     errors = dict(error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
                   error_detail=detail[-8000:] if detail else None)
+    if page_count is not None:
+        errors["page_count"] = page_count
     if job.cancel_requested:
         return _cancelled(session, job, actor=worker_id, **errors)
     now = utcnow()
@@ -314,7 +342,6 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
         due = now + timedelta(seconds=delay)
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.retrying,
                     next_attempt_at=due, worker_id=None, **errors):
-            session.rollback()
             return None
         data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
         add_event(session, job, "attempt_failed", actor=worker_id, from_status=JobStatus.running,
@@ -326,7 +353,6 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
             errors["error_message"] = f"gave up after {job.attempt} attempts: {message}"
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.failed,
                     finished_at=now, worker_id=None, next_attempt_at=None, **errors):
-            session.rollback()
             return None
         add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
                   to_status=JobStatus.failed, data=data, message=errors["error_message"])
@@ -350,11 +376,16 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
 
 
 def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: str) -> Job | None:
-    """The worker stopped a running job after cancel was requested (vectors already removed)."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None or job.lease != lease or job.status != JobStatus.running:
-        return None
-    return _cancelled(session, job, actor=worker_id)
+    """The worker stopped a running job after cancel was requested (vectors already removed); tried
+    again, like ``fail``, when the attempt's own heartbeat moved the version in between."""
+    for _ in range(CAS_TRIES):
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        done = _cancelled(session, job, actor=worker_id)
+        if done is not None:
+            return done
+    return None
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,

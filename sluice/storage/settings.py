@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     max_pages: int = Field(5000, ge=1)
     max_chunks: int = Field(50000, ge=1)
     stage_timeout_seconds: float = Field(900.0, gt=0)
+    parse_max_page_chars: int = Field(200_000, ge=1000)
+    parse_max_document_chars: int = Field(20_000_000, ge=1000)
+    parse_max_memory_mb: int = Field(1024, ge=0, description="0 = no address-space limit on the parser")
 
     # Console
     console_address: str = "127.0.0.1"

@@ -1,0 +1,388 @@
+"""Text extraction, run in a child process: ``python -m sluice.pipeline.extract '<json request>'``.
+
+A PDF can be built to exhaust memory (a 122 KB file whose one content stream shows 27 million
+characters) or to keep MuPDF busy forever. So extraction runs in its own process, with an
+address-space limit, and the parent (sluice.pipeline.parse) reads its pages as they come and
+kills it on a deadline or a cancel. The child writes one JSON object per line on stdout:
+
+    {"t": "open", "pages": N, "warnings": [...]}     the file opened; N pages will follow
+    {"t": "page", "n": 3, "text": "..."}             one page, in order from 1
+    {"t": "warn", "text": "..."}                     something the job should say (page skipped, text cut)
+    {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
+    {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
+
+This module imports nothing from Sluice but the reading order and the fault points, so the child
+starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the parent.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import resource
+import sys
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sluice.pipeline import faults
+from sluice.pipeline.chunk import meaningful
+from sluice.pipeline.reading import page_text
+
+PDF = "application/pdf"
+TEXT = "text/plain"
+MARKDOWN = "text/markdown"
+TEXT_PAGE_CHARS = 20_000  # plain text is read in slices of this size, reported as "pages"
+
+NO_TEXT_HINT = "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."
+DAMAGED_HINT = "The PDF is damaged. Re-export it from its source and upload again; retrying will not help."
+MEMORY_HINT = ("The file needs more memory to read than a worker allows; it may be built to exhaust memory. "
+               "Re-export or split it, or raise SLUICE_PARSE_MAX_MEMORY_MB if the file is trusted.")
+XFA_HINT = ("Open the form in Adobe Acrobat or Reader and print it to PDF (or flatten the form), "
+            "then upload that file.")
+
+XFA_PLACEHOLDER = "if this message is not eventually replaced by the proper contents of the document"
+
+
+class Refusal(Exception):
+    """A file that cannot be indexed, classified the way sluice.errors classifies (by kind name)."""
+
+    def __init__(self, kind: str, code: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.kind, self.code, self.message, self.hint = kind, code, message, hint
+
+
+@dataclass
+class Request:
+    path: str
+    media_type: str
+    name: str = "the file"
+    max_pages: int = 5000
+    max_page_chars: int = 200_000
+    max_document_chars: int = 20_000_000
+    max_memory_mb: int = 0  # 0 = no address-space limit
+    cpu_seconds: int = 0  # 0 = no CPU limit
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def clean_text(text: str) -> str:
+    text = unicodedata.normalize("NFC", text)
+    return _CONTROL.sub(" ", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def decode_text(data: bytes) -> str:
+    import codecs
+
+    for bom, enc in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if data.startswith(bom):
+            return data.decode(enc, errors="replace")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    try:
+        from charset_normalizer import from_bytes
+
+        best = from_bytes(data[:200_000]).best()
+        if best is not None and best.encoding:
+            return data.decode(best.encoding, errors="replace")
+    except ImportError:  # pragma: no cover
+        pass
+    return data.decode("latin-1")
+
+
+def _plain(exc: BaseException, req: Request) -> str:
+    """An exception's text with the stored blob path replaced by the file's own name."""
+    text = str(exc)
+    for form in {req.path, os.path.abspath(req.path)}:
+        text = text.replace(form, req.name)
+    return re.sub(r"code=\d+: ", "", text)[:300]
+
+
+def read(req: Request) -> Iterator[dict]:
+    """The messages of the protocol, for any supported type."""
+    if req.media_type == PDF:
+        yield from _read_pdf(req)
+    elif req.media_type in (TEXT, MARKDOWN):
+        yield from _read_text(req)
+    else:
+        raise Refusal("user_action_required", "unsupported_type", f"unsupported file type {req.media_type}",
+                      "Sluice indexes PDF, .txt and .md files.")
+
+
+def _read_text(req: Request) -> Iterator[dict]:
+    if os.path.getsize(req.path) > 4 * req.max_document_chars:  # refused before it is read
+        raise _too_much_text(req)
+    with open(req.path, "rb") as fh:
+        text = clean_text(decode_text(fh.read()))
+    if not meaningful(text):
+        raise Refusal("user_action_required", "no_text",
+                      f"{req.name} holds no meaningful text (only white space, punctuation or a number)",
+                      "Upload a file that has text in it.")
+    if len(text) > req.max_document_chars:
+        raise _too_much_text(req)
+    pages = max(1, -(-len(text) // TEXT_PAGE_CHARS))
+    if pages > req.max_pages:
+        raise Refusal("user_action_required", "too_many_pages", f"the text is {len(text)} characters, over the page limit",
+                      "Split the file, or raise SLUICE_MAX_PAGES.")
+    yield {"t": "open", "pages": pages, "warnings": []}
+    for number in range(pages):
+        yield {"t": "page", "n": number + 1, "text": text[number * TEXT_PAGE_CHARS:(number + 1) * TEXT_PAGE_CHARS]}
+    yield {"t": "end", "warnings": []}
+
+
+def _too_much_text(req: Request) -> Refusal:
+    return Refusal("user_action_required", "too_much_text",
+                   f"{req.name} holds more than {req.max_document_chars:,} characters of text",
+                   "Split the document, or raise SLUICE_PARSE_MAX_DOCUMENT_CHARS.")
+
+
+def _unreadable(req: Request, why: str) -> Refusal:
+    return Refusal("permanent", "unreadable_pdf", f"unreadable PDF {req.name}: {why}", DAMAGED_HINT)
+
+
+def _pages(numbers: list[int]) -> str:
+    """"page 2", "pages 2, 5-7"."""
+    return ("page " if len(numbers) == 1 else "pages ") + _ranges(numbers)
+
+
+def _ranges(numbers: list[int]) -> str:
+    out: list[str] = []
+    for n in numbers:
+        if out and out[-1].split("-")[-1] == str(n - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
+_NO_MEMORY = re.compile(r"alloc\b.*\bfailed|out of memory", re.IGNORECASE)
+
+
+def _is_memory_error(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or bool(_NO_MEMORY.search(str(exc)))
+
+
+def _read_pdf(req: Request) -> Iterator[dict]:
+    # PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed (0.3 s, with numpy);
+    # extraction needs neither, and the child pays its imports once per file.
+    for optional in ("pymupdf.layout", "pymupdf4llm"):
+        sys.modules.setdefault(optional, None)
+    import pymupdf
+
+    pymupdf.TOOLS.mupdf_display_errors(False)
+    pymupdf.TOOLS.mupdf_display_warnings(False)
+    try:
+        doc = pymupdf.open(req.path, filetype="pdf")
+    except pymupdf.EmptyFileError as exc:
+        raise Refusal("permanent", "empty_file", f"{req.name} is empty (0 bytes)",
+                      "Upload the file again; it arrived empty.") from exc
+    except Exception as exc:  # FileDataError, RuntimeError, and MuPDF's plain Exceptions
+        if _is_memory_error(exc):
+            raise
+        raise _unreadable(req, _plain(exc, req)) from exc
+    try:
+        if doc.needs_pass:
+            raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
+                          "Remove the password and upload the file again.")
+        try:
+            count = doc.page_count
+        except Exception as exc:
+            raise _unreadable(req, f"its pages cannot be counted ({_plain(exc, req)})") from exc
+        repaired = bool(doc.is_repaired)
+        if count == 0:
+            why = "it opens as 0 pages even after repair" if repaired else "it has 0 pages"
+            raise _unreadable(req, why)
+        if count > req.max_pages:
+            raise Refusal("user_action_required", "too_many_pages", f"{req.name} has {count} pages, over the limit of {req.max_pages}",
+                          "Split the PDF into smaller files, or raise SLUICE_MAX_PAGES.")
+        yield {"t": "open", "pages": count, "warnings": []}
+        yield from _pdf_pages(doc, req, count, repaired)
+    finally:
+        doc.close()
+
+
+def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
+    import pymupdf
+
+    flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_IMAGES
+    total = 0
+    broken: list[int] = []
+    lost: list[int] = []  # pages whose content is gone from a repaired (cut) file
+    empty: list[int] = []
+    undecodable: list[int] = []  # text in fonts that map no characters (lost or broken ToUnicode)
+    number_only: list[int] = []
+    too_big: list[int] = []  # pages that need more memory than the limit to extract (text bombs)
+    has_images = has_drawings = False
+    placeholder = False
+    first_error = ""
+    meaningful_pages = 0
+    for index in range(count):
+        faults.hit("extract_page")
+        number = index + 1
+        try:
+            page = doc.load_page(index)
+            raw = page_text(page.get_text("dict", flags=flags, sort=False))
+            if _undecodable(raw):  # glyph ids, not characters: its fonts map no text
+                (lost if repaired else undecodable).append(number)
+                raw = ""
+            text = clean_text(raw)
+            if not text.strip():
+                has_images = has_images or bool(page.get_images(full=False))
+                has_drawings = has_drawings or bool(page.get_cdrawings())
+                if repaired and number not in lost and _contents_lost(doc, page):
+                    lost.append(number)
+        except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
+            if _is_memory_error(exc):  # MuPDF frees what the page took; the next page gets it back
+                page = raw = text = None
+                gc.collect()
+                too_big.append(number)
+                yield {"t": "page", "n": number, "text": ""}
+                continue
+            if isinstance(exc, ValueError) and "encrypted" in str(exc):  # "document closed or encrypted"
+                raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
+                              "Remove the password and upload the file again.") from exc
+            broken.append(number)
+            first_error = first_error or _plain(exc, req)
+            yield {"t": "page", "n": number, "text": ""}
+            continue
+        if len(text) > req.max_page_chars:
+            yield {"t": "warn", "text": f"page {number} holds {len(text):,} characters; only the first "
+                                        f"{req.max_page_chars:,} are indexed (SLUICE_PARSE_MAX_PAGE_CHARS)"}
+            text = text[:req.max_page_chars]
+        total += len(text)
+        if total > req.max_document_chars:
+            raise _too_much_text(req)
+        if XFA_PLACEHOLDER in " ".join(text.lower().split()):
+            placeholder = True
+        if not meaningful(text):
+            (number_only if text.strip() else empty).append(number)
+            text = ""
+        else:
+            meaningful_pages += 1
+        yield {"t": "page", "n": number, "text": text}
+
+    warnings: list[str] = []
+    if too_big and meaningful_pages == 0:
+        raise Refusal("user_action_required", "parse_memory_limit",
+                      f"reading {req.name} needs more than {req.max_memory_mb} MB of memory "
+                      f"({_pages(too_big)})", MEMORY_HINT)
+    if len(broken) == count:
+        raise _unreadable(req, f"no page can be read ({first_error})")
+    if lost:
+        lost = sorted(set(lost) | set(empty))  # in a file cut short, empty pages are lost ones too
+        raise Refusal("permanent", "truncated_pdf",
+                      f"{req.name} is truncated: the content or fonts of {_pages(lost)} of {count} are lost",
+                      "The upload or the file is cut short. Upload the complete file again.")
+    if _is_xfa(doc) and (placeholder or meaningful_pages == 0):
+        raise Refusal("user_action_required", "xfa_form",
+                      f"{req.name} is a dynamic XFA form: its content only appears in Adobe's viewers, and the "
+                      "file itself holds just a \"Please wait...\" placeholder", XFA_HINT)
+    if meaningful_pages == 0:
+        if undecodable:
+            raise Refusal("user_action_required", "undecodable_text",
+                          f"{req.name} has text only in fonts whose characters cannot be decoded "
+                          "(they map glyphs to no letters)", NO_TEXT_HINT)
+        if has_images:
+            raise Refusal("user_action_required", "no_text_layer",
+                          f"{req.name} has no extractable text (scanned images only)", NO_TEXT_HINT)
+        if has_drawings:
+            raise Refusal("user_action_required", "no_text_drawings_only",
+                          f"{req.name} has no text and no images: its pages hold only drawings",
+                          "There is nothing to index. If the drawings are lettering turned into outlines, "
+                          "re-export the file with its text kept as text.")
+        raise Refusal("permanent", "blank_pages", f"{req.name} has no text: every page is blank or holds only a page number",
+                      "There is nothing to index in this file; check that it is the file you meant.")
+    if too_big:
+        one = len(too_big) == 1
+        warnings.append(f"{_pages(too_big)} {'needs' if one else 'need'} more memory to extract than "
+                        f"SLUICE_PARSE_MAX_MEMORY_MB ({req.max_memory_mb} MB) allows, and {'was' if one else 'were'} "
+                        "skipped (a text bomb, or an extremely dense page)")
+    if broken:
+        warnings.append(f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})")
+    if undecodable:
+        warnings.append(f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)")
+    if number_only:
+        warnings.append(f"{_pages(number_only)}: only a page number, skipped")
+    if empty:
+        warnings.append(f"{_pages(empty)}: empty, skipped")
+    if repaired:
+        warnings.append("the file needed repair to open (a damaged or padded end, or a broken cross-reference "
+                        "table); no page content was lost, but check the result against the original")
+    yield {"t": "end", "warnings": warnings}
+
+
+_GLYPH_IDS = re.compile(r"[\x00-\x08\x0e-\x1f]")
+
+
+def _undecodable(text: str) -> bool:
+    """Text made of glyph ids: MuPDF returns a font's raw codes when it has no character map."""
+    size = len(text.strip())
+    return size > 0 and len(_GLYPH_IDS.findall(text)) > 0.2 * size
+
+
+def _contents_lost(doc, page) -> bool:
+    """A page of a repaired file whose content streams are missing: the file was cut short."""
+    try:
+        xrefs = page.get_contents()
+        if not xrefs:
+            return doc.xref_get_key(page.xref, "Contents")[0] not in ("null", "")
+        return any(doc.xref_object(x, compressed=True).strip() in ("null", "") for x in xrefs)
+    except Exception:
+        return True
+
+
+def _is_xfa(doc) -> bool:
+    try:
+        kind, _ = doc.xref_get_key(doc.pdf_catalog(), "AcroForm/XFA")
+        return kind not in ("null", "")
+    except Exception:
+        return False
+
+
+def _limit_resources(req: Request) -> None:
+    if req.max_memory_mb > 0:
+        limit = req.max_memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if req.cpu_seconds > 0:
+        resource.setrlimit(resource.RLIMIT_CPU, (req.cpu_seconds, req.cpu_seconds + 5))
+    try:  # die with the parent rather than outlive it (Linux)
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # pragma: no cover - not Linux
+        pass
+
+
+def main(argv: list[str]) -> int:
+    req = Request(**json.loads(argv[0]))
+    _limit_resources(req)
+    out = sys.stdout.buffer
+
+    def send(message: dict) -> None:
+        # UTF-8 whatever the locale; a lone surrogate from a broken font becomes "?"
+        out.write(json.dumps(message, ensure_ascii=False).encode("utf-8", "replace") + b"\n")
+        out.flush()
+
+    try:
+        for message in read(req):
+            send(message)
+    except Refusal as exc:
+        send({"t": "error", "kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint})
+    except BaseException as exc:
+        if _is_memory_error(exc):
+            send({"t": "error", "kind": "user_action_required", "code": "parse_memory_limit",
+                  "message": f"reading {req.name} needs more than {req.max_memory_mb} MB of memory",
+                  "hint": MEMORY_HINT})
+            return 0
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,214 @@
+"""Parsing is bounded: text per page and per document, memory, time, and a cancel stops it.
+
+Extraction runs in a child process; a PDF text bomb (a small compressed stream that shows millions
+of characters) or a MuPDF call that never returns costs the worker neither its memory nor its
+thread, and the console's previews never parse in the console's own process.
+"""
+
+import os
+import threading
+import time
+
+from sqlmodel import Session
+
+from sluice.ops.ingest import ingest_bytes
+from sluice.ops.preview import preview_jobs
+from sluice.pipeline.runner import run_job
+from sluice.storage import jobs
+from sluice.storage.models import JobStatus
+from tests import pdfmaker
+from tests.helpers import events, job
+
+BOMB_CHARS = 6_000_000  # about 670 MB of MuPDF text structures when extracted without a limit
+
+
+class RssWatch(threading.Thread):
+    """Samples this process's resident memory while a block runs; the growth is ``grown_mb``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.start_mb = self.peak_mb = self._rss_mb()
+        self.error: BaseException | None = None
+
+    @staticmethod
+    def _rss_mb() -> float:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def run(self) -> None:
+        try:
+            while not self.stop.wait(0.02):
+                self.peak_mb = max(self.peak_mb, self._rss_mb())
+        except BaseException as exc:  # surfaced by __exit__
+            self.error = exc
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join(timeout=5)
+        if self.error:
+            raise self.error
+
+    @property
+    def grown_mb(self) -> float:
+        return self.peak_mb - self.start_mb
+
+
+def run_in_thread(ctx, job_id):
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("outcome", run_job(job_id, ctx=ctx)), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _extract_children() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                parent = fh.read().rsplit(")", 1)[1].split()[1]
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if parent == me and b"sluice.pipeline.extract" in cmd:
+            found.append(int(pid))
+    return found
+
+
+def test_text_bomb_fails_once_as_user_action_and_the_worker_keeps_its_memory(make_ctx):
+    ctx = make_ctx(SLUICE_PARSE_MAX_MEMORY_MB="400")
+    r = ingest_bytes(ctx, pdfmaker.text_bomb(BOMB_CHARS), dataset="default", filename="bomb.pdf")
+
+    with RssWatch() as watch:
+        run_job(r.job_id, ctx=ctx)
+
+    j = job(ctx, r.job_id)
+    assert (j.status, j.error_kind.value, j.error_code, j.attempt) == (
+        JobStatus.failed, "user_action_required", "parse_memory_limit", 1), j.error_message
+    assert "SLUICE_PARSE_MAX_MEMORY_MB" in j.fix_hint and "bomb.pdf" in j.error_message
+    assert watch.grown_mb < 150, f"the worker grew by {watch.grown_mb:.0f} MB"
+    assert _extract_children() == []
+
+
+def test_a_bomb_page_is_skipped_and_the_rest_of_the_document_indexed(make_ctx):
+    ctx = make_ctx(SLUICE_PARSE_MAX_MEMORY_MB="400")
+    data = pdfmaker.text_bomb(BOMB_CHARS, then=b"The second page describes the lighthouse in plain words.")
+    r = ingest_bytes(ctx, data, dataset="default", filename="bomb-and-page.pdf")
+    run_job(r.job_id, ctx=ctx)
+    j = job(ctx, r.job_id)
+    assert (j.status, j.chunk_count, j.page_count) == (JobStatus.succeeded, 1, 2), j.error_message
+    warned = [e.message for e in events(ctx, j.id) if e.kind == "warning"]
+    assert any("page 1" in w and "SLUICE_PARSE_MAX_MEMORY_MB" in w for w in warned), warned
+
+
+def test_text_per_page_is_cut_with_a_warning_and_per_document_refused(make_ctx):
+    ctx = make_ctx(SLUICE_PARSE_MAX_PAGE_CHARS="5000")
+    r = ingest_bytes(ctx, pdfmaker.text_bomb(20_000), dataset="default", filename="dense.pdf")
+    run_job(r.job_id, ctx=ctx)
+    j = job(ctx, r.job_id)
+    assert j.status == JobStatus.succeeded and j.chunk_count <= 10  # 5,000 characters, not 20,000
+    assert any("SLUICE_PARSE_MAX_PAGE_CHARS" in e.message for e in events(ctx, j.id) if e.kind == "warning")
+
+    ctx = make_ctx(SLUICE_PARSE_MAX_DOCUMENT_CHARS="10000")
+    r = ingest_bytes(ctx, pdfmaker.text_pdf(["Many words about tides and currents. " * 100] * 4),
+                     dataset="default", filename="long.pdf")
+    run_job(r.job_id, ctx=ctx)
+    j = job(ctx, r.job_id)
+    assert (j.status, j.error_code, j.attempt) == (JobStatus.failed, "too_much_text", 1)
+    assert "SLUICE_PARSE_MAX_DOCUMENT_CHARS" in j.fix_hint
+
+
+def test_an_extraction_that_never_returns_is_stopped_by_the_stage_time_limit(make_ctx):
+    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="2", SLUICE_FAULTS="extract_page=sleep:120")
+    r = ingest_bytes(ctx, pdfmaker.text_pdf(["The page that hangs the reader."]), dataset="default",
+                     filename="hang.pdf")
+    started = time.monotonic()
+    thread, _ = run_in_thread(ctx, r.job_id)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the job is still parsing"
+    j = job(ctx, r.job_id)
+    assert (j.status, j.error_code, j.attempt) == (JobStatus.failed, "stage_timeout", 1)
+    assert time.monotonic() - started < 15
+    assert _extract_children() == []
+
+
+def test_cancel_stops_an_extraction_that_never_returns(make_ctx):
+    ctx = make_ctx(SLUICE_FAULTS="extract_page=sleep:120")
+    r = ingest_bytes(ctx, pdfmaker.text_pdf(["The page that hangs the reader."]), dataset="default",
+                     filename="hang.pdf")
+    thread, _ = run_in_thread(ctx, r.job_id)
+    deadline = time.monotonic() + 20
+    while job(ctx, r.job_id).status != JobStatus.running:
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    with Session(ctx.engine) as session:
+        jobs.request_cancel(session=session, job_ids=[r.job_id], actor="test")
+    thread.join(timeout=20)
+    assert not thread.is_alive(), "cancel was ignored"
+    assert job(ctx, r.job_id).status == JobStatus.cancelled
+    assert _extract_children() == []
+
+
+def test_a_preview_never_parses_in_the_calling_process(make_ctx):
+    ctx = make_ctx(SLUICE_PARSE_MAX_MEMORY_MB="400")
+    r = ingest_bytes(ctx, pdfmaker.text_bomb(BOMB_CHARS), dataset="default", filename="bomb.pdf")
+    with RssWatch() as watch:
+        preview = preview_jobs(ctx, [r.job_id])
+    assert preview.unreadable == 1
+    assert watch.grown_mb < 150, f"the console process grew by {watch.grown_mb:.0f} MB"
+
+
+def test_a_preview_parses_within_its_time_budget_and_extrapolates(make_ctx):
+    ctx = make_ctx()
+    ids = [ingest_bytes(ctx, pdfmaker.text_pdf([f"Document {i} about the ferry timetable and its delays."]),
+                        dataset="default", filename=f"d{i}.pdf").job_id for i in range(3)]
+    preview = preview_jobs(ctx, ids, budget_seconds=0)
+    assert preview.sampled == 1 and preview.estimated and preview.chunks == 3
+
+
+def test_the_extraction_child_dies_with_a_worker_killed_mid_parse(tmp_path):
+    """A worker killed with SIGKILL (OOM killer, kill -9) leaves no extraction running on."""
+    import signal
+    import subprocess
+    import sys
+
+    pdf = tmp_path / "hang.pdf"
+    pdf.write_bytes(pdfmaker.text_pdf(["The page that hangs the reader."]))
+    script = (
+        "import sys, time\n"
+        "from sluice.pipeline.parse import PDF, open_document\n"
+        f"parsed = open_document({str(pdf)!r}, media_type=PDF, max_pages=5)\n"
+        "print(parsed._child.proc.pid, flush=True)\n"
+        "for _ in parsed.pages():\n"
+        "    pass\n"
+    )
+    env = {**os.environ, "SLUICE_FAULTS": "extract_page=sleep:120"}
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+    child = None
+    try:
+        child = int(worker.stdout.readline())
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{child}") and _state(child) != "Z":
+            assert time.monotonic() < deadline, "the extraction child outlived its worker"
+            time.sleep(0.05)
+    finally:
+        worker.kill()
+        worker.wait(timeout=10)
+        if child and _state(child) not in ("gone", "Z"):
+            os.kill(child, signal.SIGKILL)  # only when the test failed: leave nothing behind
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
