@@ -13,10 +13,12 @@ import threading
 import redis
 from huey import RedisHuey
 
+from sluice.pipeline.serializer import JsonSerializer
 from sluice.storage.settings import get_settings
 
 _huey: RedisHuey | None = None
 _lock = threading.Lock()
+_READER = JsonSerializer()  # what queue inspection reads entries with, whatever the instance was given
 
 
 def get_huey() -> RedisHuey:
@@ -28,7 +30,9 @@ def get_huey() -> RedisHuey:
             pool = redis.ConnectionPool.from_url(
                 s.queue_redis_url, socket_connect_timeout=3, socket_timeout=10, health_check_interval=30
             )
-            _huey = RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool)
+            # JSON messages: reading the queue never unpickles what someone wrote into Redis.
+            _huey = RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool,
+                              serializer=JsonSerializer())
         return _huey
 
 
@@ -63,8 +67,9 @@ def queued_job_ids() -> list[int]:
 
 
 def _job_id(huey: RedisHuey, raw: bytes) -> list[int]:
+    """The job id of one queue entry; nothing for an entry that is not one of our JSON messages."""
     try:
-        message = huey.serializer.deserialize(raw)
+        message = _READER.deserialize(raw)  # data only, never code
         return [int(message.args[0])] if message.args else []
     except Exception:
         return []
