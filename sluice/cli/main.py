@@ -323,10 +323,12 @@ def cmd_recover(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    from sluice.storage.files import private_dir
     from sluice.storage.servers import chroma_argv, redis_argv
     from sluice.storage.settings import get_settings
 
     s = get_settings()
+    private_dir(s.data_dir)
     if args.what in ("queue", "cache"):
         url = s.queue_redis_url if args.what == "queue" else s.cache_redis_url
         argv = redis_argv(args.what, url=url, data_dir=s.data_dir)
@@ -507,8 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
+    from sluice.storage.files import use_private_umask
     from sluice.storage.settings import SettingsError
 
+    use_private_umask()  # also for the servers `sluice serve` execs: their files are private too
     logging.basicConfig(level=os.getenv("SLUICE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
