@@ -339,6 +339,7 @@ def cmd_serve(args) -> int:
         argv = [exe, "sluice.pipeline.tasks.huey", "-k", args.kind, "-w", str(args.workers), "-d", "0.1"]
     else:  # console
         from sluice.ops.access import check_bind
+        from sluice.ops.gate import allowed_hosts
 
         check_bind(s)
         app = Path(__file__).resolve().parent.parent / "console" / "app.py"
@@ -346,6 +347,7 @@ def cmd_serve(args) -> int:
                 "--server.port", str(s.console_port), "--server.headless", "true",
                 "--browser.gatherUsageStats", "false",
                 "--server.maxUploadSize", str(max(1, s.max_upload_bytes // (1024 * 1024)))]
+        argv += [arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]
     sys.stdout.flush()
     os.execv(argv[0], argv)
     return 0  # pragma: no cover

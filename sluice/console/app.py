@@ -59,12 +59,13 @@ def _create_dataset() -> None:
         st.session_state["new_dataset_name"] = ""
 
 
-who = login.signed_in(settings)
+connection = login.admit(settings)  # a Host or Origin the console is not served at stops here
+who = login.signed_in(settings, connection)
 if who is None:
     # Register the pages (hidden) before the sign-in form, so a deep link like /jobs?job=7 still opens
     # that page once the operator has signed in.
     st.navigation(_pages(), position="hidden")
-    login.sign_in_page(settings)
+    login.sign_in_page(settings, connection)
 
 with st.sidebar:
     names = [d.name for d in reads.datasets()]

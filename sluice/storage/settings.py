@@ -12,11 +12,11 @@ import logging
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.errors import SettingsError
 
@@ -102,6 +102,31 @@ class Settings(BaseSettings):
     console_readonly_password: SecretStr | None = None
     login_max_failures: int = Field(5, ge=1)
     login_lockout_seconds: float = Field(30.0, ge=0)
+    # Host names the console is reached by besides loopback and SLUICE_CONSOLE_ADDRESS (comma-separated;
+    # "*" accepts any, and gives up the DNS-rebinding protection).
+    console_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Proxies whose X-Forwarded-For is believed (comma-separated addresses or networks).
+    console_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # auto: sign-in unless the connection comes straight from this machine and no password is set;
+    # always: sign-in for every connection; off: nobody signs in (an authenticating proxy in front).
+    console_sign_in: Literal["auto", "always", "off"] = "auto"
+
+    @field_validator("console_hosts", "console_trusted_proxies", mode="before")
+    @classmethod
+    def _comma_list(cls, v):
+        if isinstance(v, str):
+            return [item.strip() for item in v.split(",") if item.strip()]
+        return v
+
+    @field_validator("console_trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an address or network (e.g. 127.0.0.1 or 10.0.0.0/24)") from None
+        return v
 
     @field_validator("queue_redis_url", "cache_redis_url")
     @classmethod
@@ -169,9 +194,12 @@ class Settings(BaseSettings):
     def console_is_loopback(self) -> bool:
         return is_loopback(self.console_address)
 
+
     @property
     def login_required(self) -> bool:
-        return self.console_password is not None or not self.console_is_loopback
+        """Whether even a connection straight from this machine signs in (sluice.ops.gate decides)."""
+        return self.console_sign_in == "always" or (self.console_sign_in == "auto"
+                                                    and self.console_password is not None)
 
     def secrets_status(self) -> dict[str, bool]:
         """Which secrets are set, never their values (for logs and the System page)."""
