@@ -34,6 +34,14 @@ class Run:
     def text(self) -> str:
         return "\n".join(str(e) for e in self.elements())
 
+    def page_hash(self, url_path: str) -> str:
+        for msg in self.messages:
+            if msg.WhichOneof("type") == "navigation":
+                for page in msg.navigation.app_pages:
+                    if page.url_pathname == url_path:
+                        return page.page_script_hash
+        raise LookupError(f"no page {url_path!r} in the navigation")
+
     def widget_id(self, kind: str, label: str) -> str | None:
         for element in self.elements():
             if element.WhichOneof("type") == kind and getattr(element, kind).label == label:

@@ -7,7 +7,7 @@ import hashlib
 
 import streamlit as st
 
-from sluice.console import auth
+from sluice.console import auth, ui
 from sluice.console.ui import OPERATOR_KEY
 from sluice.ops import gate
 from sluice.ops.access import LOCAL_OPERATOR, Operator
@@ -156,7 +156,7 @@ def sidebar_identity(who: Operator, settings: Settings) -> None:
                            else "Local console (straight from this machine, no sign-in).")
         return
     role = "operator" if who.can_act else "read-only"
-    st.sidebar.caption(f"Signed in as **{who.name}** ({role}).")
+    st.sidebar.caption(f"Signed in as **{ui.plain(who.name)}** ({role}).")
 
     def sign_out() -> None:
         st.session_state.pop(OPERATOR_KEY, None)

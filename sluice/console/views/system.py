@@ -3,6 +3,7 @@
 import pandas as pd
 import streamlit as st
 
+from sluice.console import ui
 from sluice.ops import health, reads
 
 context = reads.ctx()
@@ -13,7 +14,7 @@ st.subheader("Services")
 probes = health.probes(settings)
 for p in probes:
     (st.success if p.reachable else st.error)(
-        f"**{p.name}** at `{p.address}`: {'reachable' if p.reachable else 'unreachable'} — {p.detail}")
+        f"**{p.name}** at {ui.plain(p.address)}: {'reachable' if p.reachable else 'unreachable'} — {ui.plain(p.detail)}")
 queue = health.queue_state()
 if queue.reachable:
     st.caption(f"Queue `{settings.queue_name}`: {queue.queued:,} queued, {queue.scheduled:,} scheduled; "

@@ -28,7 +28,7 @@ if submitted and files:
         for f in files:
             r = actions.upload(who, dataset=target, filename=f.name, stream=f)
             results.append(r.to_dict())
-            status.write(f"{f.name}: {r.message}")
+            status.write(ui.plain(f"{f.name}: {r.message}"))
         status.update(label=f"Uploaded {len(files)} file(s)", state="complete")
     st.session_state[RESULTS_KEY] = results
 elif submitted:
@@ -54,13 +54,13 @@ if results:
         with st.container(border=True):
             head, link = st.columns([4, 1])
             if not r["accepted"]:
-                head.markdown(f"**{r['filename']}** — refused: {r['message']}")
-                head.caption(f"Fix: {r['fix_hint']}" if r["fix_hint"] else "")
+                head.markdown(f"**{ui.plain(r['filename'])}** — refused: {ui.plain(r['message'])}")
+                head.caption(f"Fix: {ui.plain(r['fix_hint'])}" if r["fix_hint"] else "")
                 continue
             if r["duplicate"]:
-                head.markdown(f"**{r['filename']}** — already uploaded: {r['message']}")
+                head.markdown(f"**{ui.plain(r['filename'])}** — already uploaded: {ui.plain(r['message'])}")
             else:
-                head.markdown(f"**{r['filename']}** — {r['message']}")
+                head.markdown(f"**{ui.plain(r['filename'])}** — {ui.plain(r['message'])}")
             link.page_link(ui.JOBS_PAGE, label=f"Open job {r['job_id']}", query_params={"job": str(r["job_id"])})
             if r["duplicate"] and r["status"] == "succeeded":
                 with head:
