@@ -1,6 +1,6 @@
 """The ``sluice`` command: the console's operations, for scripts and shells.
 
-    sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively)
+    sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
     sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
     sluice show JOB_ID [--json]                          one job with its timeline
     sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
@@ -44,17 +44,13 @@ def _print_json(data) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def _expand(paths: Iterable[str]) -> list[Path]:
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            out.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUPPORTED_SUFFIXES))
-        elif p.exists():
-            out.append(p)
-        else:
-            print(f"sluice: {raw}: no such file or folder", file=sys.stderr)
-    return out
+def _expand(paths: Iterable[str], *, follow_links: bool = False) -> list[Path]:
+    from sluice.ops.ingest import collect_files
+
+    found = collect_files(list(paths), suffixes=SUPPORTED_SUFFIXES, follow_links=follow_links)
+    for path, why in found.skipped:
+        print(f"sluice: skipped {path}: {why}", file=sys.stderr)
+    return found.files
 
 
 # --- commands ------------------------------------------------------------------------------------
@@ -64,7 +60,7 @@ def cmd_ingest(args) -> int:
     from sluice.ops.ingest import ingest_path
 
     ctx = _ctx()
-    files = _expand(args.paths)
+    files = _expand(args.paths, follow_links=args.follow_links)
     if not files:
         print("sluice: nothing to ingest", file=sys.stderr)
         return 2
@@ -449,6 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--wait", action="store_true", help="show progress; exit 0 only if every job succeeded")
     a.add_argument("--timeout", type=float, default=3600)
     a.add_argument("--json", action="store_true")
+    a.add_argument("--follow-links", action="store_true",
+                   help="in folders, also follow symbolic links that point outside them")
     a.set_defaults(func=cmd_ingest)
 
     a = sub.add_parser("jobs", help="list jobs")
