@@ -34,6 +34,13 @@ class Run:
     def text(self) -> str:
         return "\n".join(str(e) for e in self.elements())
 
+    @property
+    def session_id(self) -> str:
+        for msg in self.messages:
+            if msg.WhichOneof("type") == "new_session":
+                return msg.new_session.initialize.session_id
+        raise LookupError("no new_session message in this run")
+
     def page_hash(self, url_path: str) -> str:
         for msg in self.messages:
             if msg.WhichOneof("type") == "navigation":
@@ -52,7 +59,7 @@ class Run:
 class ConsoleSocket:
     def __init__(self, port: int, *, host: str = "127.0.0.1", origin: str | None = None,
                  headers: dict | None = None, source: str = "127.0.0.1", timeout: float = 30,
-                 host_port: bool = True) -> None:
+                 host_port: bool = True, resume: str | None = None) -> None:
         sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
         extra = dict(headers or {})
         if origin is not None:
@@ -60,7 +67,8 @@ class ConsoleSocket:
         try:
             netloc = f"{host}:{port}" if host_port else host  # a proxy forwards the bare public name
             self.ws = connect(f"ws://{netloc}/_stcore/stream", sock=sock, additional_headers=extra,
-                              subprotocols=["streamlit"], open_timeout=timeout, max_size=None)
+                              subprotocols=["streamlit", "xsrf-unused", resume] if resume else ["streamlit"],
+                              open_timeout=timeout, max_size=None)
         except (InvalidStatus, ConnectionClosed, OSError) as exc:
             raise Refused(str(exc)) from exc
         self.timeout = timeout

@@ -141,13 +141,19 @@ def test_rotating_forwarded_for_from_loopback_is_still_one_client(ctx, console):
 
 def test_an_attacker_cannot_lock_out_an_operator_who_signed_in_before(ctx, console):
     proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
-                   SLUICE_LOGIN_LOCKOUT_SECONDS="600")
-    operator = {"headers": {"Cookie": "_streamlit_xsrf=operator-browser-cookie-2c4e"}}
-    assert "Overview" in sign_in(proc.port, PASSWORD, **operator)
-    for i in range(40):  # same address as the operator (no proxy trusted), then the account is flooded
-        sign_in(proc.port, f"guess-{i}", headers={"Cookie": f"_streamlit_xsrf=attacker-{i}"})
-    assert "Overview" in sign_in(proc.port, PASSWORD, **operator)
-    assert "Too many failed sign-ins" in sign_in(proc.port, PASSWORD, headers={"Cookie": "_streamlit_xsrf=new"})
+                   SLUICE_LOGIN_LOCKOUT_SECONDS="600", SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+                   SLUICE_CONSOLE_HOSTS="console.example.com")
+    via_proxy = {"host": "console.example.com", "origin": "https://console.example.com", "host_port": False}
+    office = "198.51.100.7"
+    operator = {"Cookie": "_streamlit_xsrf=operator-browser-cookie-2c4e", "X-Forwarded-For": office}
+    assert "Overview" in sign_in(proc.port, PASSWORD, headers=operator, **via_proxy)
+    for i in range(3):  # the attacker shares the operator's address (one office NAT) and locks it
+        sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": office}, **via_proxy)
+    for i in range(40):  # then guesses against the passwords from many addresses, each under its limit
+        sign_in(proc.port, f"spray-{i}", headers={"X-Forwarded-For": f"203.0.113.{i + 1}"}, **via_proxy)
+    assert "Overview" in sign_in(proc.port, PASSWORD, headers=operator, **via_proxy)
+    stranger = sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "192.0.2.99"}, **via_proxy)
+    assert "Too many failed sign-ins" in stranger  # a browser never seen waits while the account is sprayed
 
 
 def test_trusted_proxy_separates_clients_by_their_forwarded_address(ctx, console):
@@ -160,3 +166,54 @@ def test_trusted_proxy_separates_clients_by_their_forwarded_address(ctx, console
     assert "Too many failed sign-ins" in sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.66"},
                                                  **via_proxy)
     assert "Overview" in sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.7"}, **via_proxy)
+
+
+def _xsrf_cookie(port: int) -> str:
+    import httpx
+
+    r = httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=30)  # Streamlit sets the cookie there
+    for header in r.headers.get_list("set-cookie"):
+        name, _, rest = header.partition("=")
+        if name.strip() == "_streamlit_xsrf":
+            return rest.split(";", 1)[0]
+    return ""
+
+
+def _upload(port: int, session_id: str, cookie: str, size: int) -> int:
+    import httpx
+
+    r = httpx.put(f"http://127.0.0.1:{port}/_stcore/upload_file/{session_id}/file-1",
+                  files={"file": ("big.txt", b"x" * size, "text/plain")},
+                  headers={"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"}, timeout=60)
+    return r.status_code
+
+
+def test_no_upload_is_taken_before_sign_in(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    cookie = _xsrf_cookie(proc.port)
+    assert cookie
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
+        stranger = sock.run()
+        assert "Sign in to the operator console" in stranger.text
+        assert _upload(proc.port, stranger.session_id, cookie, 8 * 1024 * 1024) == 403
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
+        page = sock.run()
+        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+        assert "Overview" in sock.run().text
+        assert _upload(proc.port, page.session_id, cookie, 1024) == 204  # the signed-in operator uploads
+
+
+def test_a_leaked_session_id_does_not_carry_the_sign_in(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    operator = {"headers": {"Cookie": "_streamlit_xsrf=operator-browser-cookie-91ab"}}
+    sock = ConsoleSocket(proc.port, **operator)
+    page = sock.run()
+    field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+    sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+    assert "Overview" in sock.run().text
+    leaked = page.session_id  # it shows up in upload URLs and log lines
+    sock.close()
+    with ConsoleSocket(proc.port, resume=leaked) as thief:
+        seen = thief.run()
+    assert "Overview" not in seen.text and "Sign in to the operator console" in seen.text

@@ -4,6 +4,7 @@ sluice.ops.gate (see there for the rules). Decided per connection, on every run 
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import streamlit as st
 
@@ -95,6 +96,12 @@ def _oidc_operator() -> Operator | None:
 
 def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     """The operator of this session, or None while nobody has signed in on this connection."""
+    who = _signed_in(settings, conn)
+    _allow_uploads(who is not None and who.can_act)
+    return who
+
+
+def _signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     if not gate.sign_in_required(settings, conn):
         st.session_state[OPERATOR_KEY] = LOCAL_OPERATOR
         st.session_state.pop(BINDING_KEY, None)
@@ -111,6 +118,51 @@ def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     st.session_state.pop(OPERATOR_KEY, None)
     st.session_state.pop(BINDING_KEY, None)
     return None
+
+
+# --- uploads only for operators ------------------------------------------------------------------------
+# Streamlit keeps any file PUT to /_stcore/upload_file/<session>/... in memory for any live session,
+# signed in or not. The guard wraps the process's upload manager once: a session takes files only
+# while an operator is signed in on it (the script's last run said so).
+
+_UPLOADERS: set[str] = set()
+_uploaders_lock = threading.Lock()
+
+
+def _allow_uploads(allowed: bool) -> None:
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    run = get_script_run_ctx()
+    if run is None:
+        return
+    _install_upload_guard()
+    with _uploaders_lock:
+        (_UPLOADERS.add if allowed else _UPLOADERS.discard)(run.session_id)
+
+
+def _install_upload_guard() -> None:
+    try:
+        from streamlit import runtime
+
+        manager = runtime.get_instance().uploaded_file_mgr
+    except Exception:  # no server runtime (AppTest): nothing receives uploads
+        return
+    with _uploaders_lock:
+        if type(manager).__name__ != "MemoryUploadedFileManager" or getattr(manager, "_sluice_guarded", False):
+            return
+        original = manager.add_file
+
+        def add_file(session_id: str, file) -> None:
+            with _uploaders_lock:
+                allowed = session_id in _UPLOADERS
+            if not allowed:
+                from starlette.exceptions import HTTPException
+
+                raise HTTPException(status_code=403, detail="sign in as an operator before uploading")
+            original(session_id=session_id, file=file)
+
+        manager.add_file = add_file
+        manager._sluice_guarded = True
 
 
 def sign_in_page(settings: Settings, conn: gate.Connection) -> None:
