@@ -182,9 +182,9 @@ def _xsrf_cookie(port: int) -> str:
 def _upload(port: int, session_id: str, cookie: str, size: int) -> int:
     import httpx
 
+    headers = {"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"} if cookie else {}
     r = httpx.put(f"http://127.0.0.1:{port}/_stcore/upload_file/{session_id}/file-1",
-                  files={"file": ("big.txt", b"x" * size, "text/plain")},
-                  headers={"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"}, timeout=60)
+                  files={"file": ("big.txt", b"x" * size, "text/plain")}, headers=headers, timeout=60)
     return r.status_code
 
 
@@ -217,3 +217,28 @@ def test_a_leaked_session_id_does_not_carry_the_sign_in(ctx, console):
     with ConsoleSocket(proc.port, resume=leaked) as thief:
         seen = thief.run()
     assert "Overview" not in seen.text and "Sign in to the operator console" in seen.text
+
+
+def test_an_unsigned_session_cannot_fire_operator_callbacks(ctx, console):
+    """Widget ids are predictable; a session that never signed in sends the Create click anyway."""
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    with ConsoleSocket(proc.port, headers={"Cookie": "_streamlit_xsrf=op"}) as sock:
+        page = sock.run()
+        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+        signed = sock.run()
+        ids = signed.widget_id("text_input", "Name"), signed.widget_id("button", "Create")
+    assert all(ids)
+    with ConsoleSocket(proc.port) as stranger:
+        stranger.run()
+        seen = stranger.run(widgets=[text(ids[0], "sneaky"), trigger(ids[1])])
+    assert "Sign in to the operator console" in seen.text and "sneaky" not in datasets(ctx)
+
+
+def test_uploads_still_need_the_xsrf_token(ctx, console):
+    proc = console(launcher="sluice")
+    cookie = _xsrf_cookie(proc.port)
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
+        session = sock.run().session_id
+        assert _upload(proc.port, session, "", 1024) == 403  # no token: Streamlit's XSRF check
+        assert _upload(proc.port, session, cookie, 1024) == 204

@@ -60,26 +60,45 @@ class LoginThrottle:
 
     def wait_seconds(self, client: str, *, max_failures: int, lockout_seconds: float,
                      device: str | None = None) -> float:
-        now = self._clock()
         with self._lock:
-            if device and device in self._known:
-                return 0.0
-            count, last = self._failures.get(client, (0, 0.0))
-            waits = [last + lockout_seconds - now] if count >= max_failures else []
-            window = ACCOUNT_FACTOR * lockout_seconds
-            while self._account and self._account[0] < now - window:
-                self._account.popleft()
-            if len(self._account) >= ACCOUNT_FACTOR * max_failures:
-                waits.append(self._account[0] + window - now)
+            return self._wait(client, self._clock(), max_failures, lockout_seconds, device)
+
+    def reserve(self, client: str, *, max_failures: int, lockout_seconds: float,
+                device: str | None = None) -> tuple[float, int]:
+        """(wait, failures): a client that may try now has the try counted as a failure at once.
+
+        Checking and counting under one lock bounds parallel attempts: twenty sign-ins sent at once
+        from one address get ``max_failures`` password checks, not twenty. A success clears it.
+        """
+        with self._lock:
+            now = self._clock()
+            wait = self._wait(client, now, max_failures, lockout_seconds, device)
+            if wait > 0:
+                return wait, self._failures.get(client, (0, 0.0))[0]
+            return 0.0, self._count(client, now)
+
+    def _wait(self, client: str, now: float, max_failures: int, lockout_seconds: float,
+              device: str | None) -> float:
+        if device and device in self._known:
+            return 0.0
+        count, last = self._failures.get(client, (0, 0.0))
+        waits = [last + lockout_seconds - now] if count >= max_failures else []
+        window = ACCOUNT_FACTOR * lockout_seconds
+        while self._account and self._account[0] < now - window:
+            self._account.popleft()
+        if len(self._account) >= ACCOUNT_FACTOR * max_failures:
+            waits.append(self._account[0] + window - now)
         return max([0.0, *waits])
+
+    def _count(self, client: str, now: float) -> int:
+        count, _ = self._failures.get(client, (0, 0.0))
+        self._failures[client] = (count + 1, now)
+        self._account.append(now)
+        return count + 1
 
     def failed(self, client: str) -> int:
         with self._lock:
-            now = self._clock()
-            count, _ = self._failures.get(client, (0, 0.0))
-            self._failures[client] = (count + 1, now)
-            self._account.append(now)
-            return count + 1
+            return self._count(client, self._clock())
 
     def succeeded(self, client: str, device: str | None = None) -> None:
         with self._lock:
@@ -122,13 +141,12 @@ class LoginOutcome:
 
 def attempt_login(settings: Settings, given: str, *, client: str, device: str | None = None,
                   throttle: LoginThrottle = THROTTLE) -> LoginOutcome:
-    wait = throttle.wait_seconds(client, max_failures=settings.login_max_failures,
-                                 lockout_seconds=settings.login_lockout_seconds, device=device)
+    wait, n = throttle.reserve(client, max_failures=settings.login_max_failures,
+                               lockout_seconds=settings.login_lockout_seconds, device=device)
     if wait > 0:
         return LoginOutcome(None, f"Too many failed sign-ins. Try again in {wait:.0f} s.")
     who = operator_for_password(settings, given)
     if who is None:
-        n = throttle.failed(client)
         left = settings.login_max_failures - n
         if left > 0:
             return LoginOutcome(None, f"Wrong password ({left} more tries before a lockout).")
