@@ -19,9 +19,11 @@ import streamlit as st  # noqa: E402
 from sluice.console import login, ui  # noqa: E402
 from sluice.ops import actions, reads  # noqa: E402
 from sluice.pipeline.context import get_context  # noqa: E402
+from sluice.storage.files import use_private_umask  # noqa: E402
 from sluice.storage.settings import SettingsError  # noqa: E402
 
 st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
+use_private_umask()  # whatever launched the console: what it writes into the data dir is private
 
 try:
     settings = get_context().settings

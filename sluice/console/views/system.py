@@ -39,7 +39,7 @@ st.dataframe(pd.DataFrame([{
 left, right = st.columns(2)
 with left:
     st.subheader("Configuration in force")
-    st.caption("From the environment and .env; secrets appear only as set / not set.")
+    st.caption("From the environment and SLUICE_ENV_FILE; secrets appear only as set / not set.")
     config = sorted(settings.public_view().items())
     st.dataframe(pd.DataFrame(config, columns=["variable", "value"]), hide_index=True,
                  height=35 * (len(config) + 1) + 3)
