@@ -242,3 +242,23 @@ def test_uploads_still_need_the_xsrf_token(ctx, console):
         session = sock.run().session_id
         assert _upload(proc.port, session, "", 1024) == 403  # no token: Streamlit's XSRF check
         assert _upload(proc.port, session, cookie, 1024) == 204
+
+
+def test_a_sign_in_survives_the_browser_reconnecting_with_a_remasked_cookie(ctx, console):
+    """Streamlit re-masks its XSRF cookie on every response; the sign-in is tied to the token inside."""
+    import httpx
+
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    first = _xsrf_cookie(proc.port)
+    sock = ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={first}"})
+    page = sock.run()
+    field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+    sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+    assert "Overview" in sock.run().text
+    sock.close()  # the network blips; the page polls the health endpoint, which sets the cookie again
+    r = httpx.get(f"http://127.0.0.1:{proc.port}/_stcore/health", headers={"Cookie": f"_streamlit_xsrf={first}"})
+    again = next(h.partition("=")[2].split(";", 1)[0] for h in r.headers.get_list("set-cookie")
+                 if h.startswith("_streamlit_xsrf="))
+    assert again != first
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={again}"}, resume=page.session_id) as back:
+        assert "Overview" in back.run().text

@@ -59,7 +59,21 @@ def _browser(conn: gate.Connection) -> str | None:
         cookie = st.context.cookies.get(XSRF_COOKIE)
     except Exception:
         cookie = None
-    return hashlib.sha256(cookie.encode("utf-8")).hexdigest()[:32] if cookie else None
+    return hashlib.sha256(_xsrf_token(cookie).encode("utf-8")).hexdigest()[:32] if cookie else None
+
+
+def _xsrf_token(cookie: str) -> str:
+    """The token inside the cookie: Streamlit re-masks it on every response, the token stays."""
+    value = cookie.strip("\"'")
+    if value.startswith("2|"):
+        try:
+            _, mask_hex, masked_hex, _ = value.split("|")
+            mask, masked = bytes.fromhex(mask_hex), bytes.fromhex(masked_hex)
+        except ValueError:
+            return value
+        if mask:
+            return bytes(b ^ mask[i % len(mask)] for i, b in enumerate(masked)).hex()
+    return value
 
 
 def _binding(conn: gate.Connection, settings: Settings) -> str:
