@@ -219,3 +219,50 @@ def test_local_state_is_private_under_umask_022(base_env, tmp_path):
     finally:
         queue.stop()
         chroma.stop()
+
+
+def _listening_chroma(base_env, tmp_path, **env) -> tuple[ManagedProcess, str]:
+    env = {**base_env, **env}
+    proc = serve("chroma", env, tmp_path)
+    port = int(env["SLUICE_CHROMA_URL"].rsplit(":", 1)[1])
+    assert exits_or_listens(proc, "127.0.0.1", port, timeout=60) is None, proc.output()
+    return proc, env["SLUICE_CHROMA_URL"]
+
+
+def _use(store) -> None:
+    """What a worker and the search do: create, write, read."""
+    import numpy as np
+
+    store.heartbeat()
+    store.add("gate_check", ids=["a", "b"], embeddings=np.eye(2, 3), documents=["x", "y"],
+              metadatas=[{"job_id": 1}, {"job_id": 2}])
+    assert store.count("gate_check") == 2
+    assert [h.id for h in store.query("gate_check", np.array([1.0, 0.0, 0.0]), n=1)] == ["a"]
+
+
+def test_chroma_answers_only_its_own_host_names(base_env, tmp_path):
+    from sluice.storage.vectors import VectorStore
+
+    proc, url = _listening_chroma(base_env, tmp_path)
+    try:
+        port = url.rsplit(":", 1)[1]
+        forged = httpx.get(f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
+                           headers={"Host": f"rebind.attacker.example:{port}"}, timeout=10)
+        assert forged.status_code == 403, f"a forged Host got {forged.status_code}: {forged.text[:200]}"
+        assert httpx.get(f"{url}/api/v2/heartbeat", timeout=10).status_code == 200
+        _use(VectorStore(url))
+    finally:
+        proc.stop()
+
+
+def test_chroma_with_a_token_requires_it_on_every_request(base_env, tmp_path):
+    from sluice.storage.vectors import VectorStore
+
+    proc, url = _listening_chroma(base_env, tmp_path, SLUICE_CHROMA_TOKEN="local-Chroma-token-55")
+    try:
+        anonymous = httpx.get(f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
+                              timeout=10)
+        assert anonymous.status_code == 401, f"no token got {anonymous.status_code}: {anonymous.text[:200]}"
+        _use(VectorStore(url, token="local-Chroma-token-55", auth_header="Authorization"))
+    finally:
+        proc.stop()

@@ -329,7 +329,10 @@ def cmd_serve(args) -> int:
         url = s.queue_redis_url if args.what == "queue" else s.cache_redis_url
         argv = redis_argv(args.what, url=url, data_dir=s.data_dir)
     elif args.what == "chroma":
-        argv = chroma_argv(url=s.chroma_url, path=s.chroma_dir)
+        from sluice.storage.chroma_gate import serve
+
+        chroma_argv(url=s.chroma_url, path=s.chroma_dir)  # refuses an address beyond loopback
+        return serve(s)
     elif args.what == "worker":
         exe = str(Path(sys.executable).with_name("huey_consumer"))
         argv = [exe, "sluice.pipeline.tasks.huey", "-k", args.kind, "-w", str(args.workers), "-d", "0.1"]

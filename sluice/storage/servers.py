@@ -23,6 +23,14 @@ from sluice.storage.files import private_dir, write_private
 from sluice.storage.settings import is_loopback, url_password
 
 
+def free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def redis_binary() -> str:
     found = shutil.which("redis-server")
     if found:
