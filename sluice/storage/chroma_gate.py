@@ -18,11 +18,10 @@ from __future__ import annotations
 import hmac
 import subprocess
 import sys
-import time
 from urllib.parse import urlsplit
 
 from sluice.storage.files import private_dir, use_private_umask
-from sluice.storage.servers import chroma_argv, free_loopback_port
+from sluice.storage.servers import chroma_argv, free_loopback_port, wait_listening
 from sluice.storage.settings import Settings
 
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
@@ -114,7 +113,7 @@ def serve(settings: Settings) -> int:
     argv[argv.index("--host") + 1] = "127.0.0.1"
     chroma = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     try:
-        _wait_ready(chroma, inner)
+        wait_listening(inner, 60, exited=lambda: chroma.poll() is not None)
         token = settings.chroma_token.get_secret_value() if settings.chroma_token is not None else None
         app = make_app(upstream=f"http://127.0.0.1:{inner}", token=token, header=settings.chroma_auth_header,
                        allowed_hosts=LOOPBACK_NAMES | {host.lower()})
@@ -140,19 +139,3 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
-
-
-def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 60) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"chroma run exited with {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"chroma run did not listen on 127.0.0.1:{port} in {timeout:.0f} s")
-

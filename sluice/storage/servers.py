@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,11 +27,23 @@ from sluice.storage.settings import is_loopback, url_password
 
 
 def free_loopback_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_listening(port: int, timeout: float = 20.0, *, exited: Callable[[], bool] = lambda: False) -> None:
+    """Return once something accepts on 127.0.0.1:port; raise if ``exited()`` or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if exited():
+            raise RuntimeError(f"the process meant to listen on 127.0.0.1:{port} exited")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
 def redis_binary() -> str:
