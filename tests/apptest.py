@@ -7,6 +7,7 @@ tests call ``run()`` to refresh.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from streamlit import config as st_config
@@ -34,12 +35,16 @@ def assert_ok(at: AppTest) -> None:
 
 
 def texts(at: AppTest) -> str:
-    """Everything the page wrote as text, for "does it say X" checks."""
+    """Everything the page wrote as text, for "does it say X" checks.
+
+    User strings go into Markdown escaped (``sluice.console.ui.plain``); the escapes are dropped
+    here, as the browser drops them, so checks read what a person sees.
+    """
     parts = []
     for kind in ("markdown", "caption", "error", "warning", "info", "success", "subheader", "title", "text"):
         parts += [str(e.value) for e in getattr(at, kind)]
     parts += [f"{m.label}: {m.value}" for m in at.metric]
-    return "\n".join(parts)
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", "\n".join(parts))
 
 
 def metric(at: AppTest, label: str) -> str:

@@ -149,3 +149,32 @@ def test_oidc_people_are_read_only_unless_listed():
     assert auth.oidc_role("Ops@Example.com", ["ops@example.com"]) == "operator"
     assert auth.oidc_role("someone@example.com", ["ops@example.com"]) == "readonly"
     assert auth.oidc_role(None, ["ops@example.com"]) == "readonly"
+
+
+def test_parallel_sign_ins_from_one_address_get_only_the_allowed_password_checks(monkeypatch):
+    """Twenty attempts at once: the check and the count happen together, so only max_failures are tried."""
+    import threading
+
+    settings = load_settings(_env_file=None, console_password=PASSWORD, login_max_failures=3,
+                             login_lockout_seconds=600)
+    throttle = auth.LoginThrottle()
+    barrier = threading.Barrier(20)
+    checked = []
+    real = auth.operator_for_password
+
+    def slow_check(s, given):  # every thread is inside the check at the same time
+        checked.append(given)
+        try:
+            barrier.wait(timeout=2)
+        except threading.BrokenBarrierError:
+            pass
+        return real(s, given)
+
+    monkeypatch.setattr(auth, "operator_for_password", slow_check)
+    threads = [threading.Thread(target=auth.attempt_login, args=(settings, f"guess-{i}"),
+                                kwargs={"client": "198.51.100.1", "throttle": throttle}) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(checked) == 3

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from sluice.cli.output import plain, print_json, report, table
 from sluice.ops import actions, reads
 from sluice.ops.access import cli_operator
-from sluice.ops.ingest import expand_paths
+from sluice.ops.ingest import SUPPORTED_SUFFIXES, collect_files
 from sluice.storage.models import JobStatus
 from sluice.storage.queries import JobFilter
 
@@ -36,9 +36,10 @@ def _dataset_id(name: str | None) -> int | None:
 
 
 def ingest(args) -> int:
-    files, missing = expand_paths(args.paths)
-    for raw in missing:
-        print(f"sluice: {raw}: no such file or folder", file=sys.stderr)
+    found = collect_files(list(args.paths), suffixes=SUPPORTED_SUFFIXES, follow_links=args.follow_links)
+    for path, why in found.skipped:
+        print(f"sluice: skipped {path}: {why}", file=sys.stderr)
+    files = found.files
     if not files:
         return _fail("nothing to ingest", 2)
     who = cli_operator()

@@ -1,6 +1,6 @@
 """The ``sluice`` command: the console's operations, for scripts and shells.
 
-    sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively)
+    sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
     sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
     sluice show JOB_ID [--json]                          one job with its timeline
     sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from sluice.cli import commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
+from sluice.storage.files import use_private_umask
 
 STATUSES = ["pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted"]
 
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--wait", action="store_true", help="show progress; exit 0 only if every job succeeded")
     a.add_argument("--timeout", type=float, default=3600)
     a.add_argument("--json", action="store_true")
+    a.add_argument("--follow-links", action="store_true",
+                   help="in folders, also follow symbolic links that point outside them")
     a.set_defaults(func=commands.ingest)
 
     a = sub.add_parser("jobs", help="list jobs")
@@ -142,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    use_private_umask()  # also for the servers `sluice serve` execs: their files are private too
     logging.basicConfig(level=os.getenv("SLUICE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from sluice.ops.access import check_bind
+from sluice.ops.gate import allowed_hosts
+from sluice.storage.files import private_dir
 from sluice.storage.servers import chroma_argv, redis_argv
 from sluice.storage.settings import get_settings
 
@@ -19,8 +21,6 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
     if what in ("queue", "cache"):
         url = s.queue_redis_url if what == "queue" else s.cache_redis_url
         return redis_argv(what, url=url, data_dir=s.data_dir)
-    if what == "chroma":
-        return chroma_argv(url=s.chroma_url, path=s.chroma_dir)
     if what == "worker":
         exe = str(Path(sys.executable).with_name("huey_consumer"))
         return [exe, "sluice.pipeline.tasks.huey", "-k", kind, "-w", str(workers), "-d", "0.1"]
@@ -28,14 +28,21 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(CONSOLE_APP), "--server.address", s.console_address,
             "--server.port", str(s.console_port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false",
-            "--server.maxUploadSize", str(max(1, s.max_upload_bytes // (1024 * 1024)))]
+            "--server.maxUploadSize", str(max(1, s.max_upload_bytes // (1024 * 1024)))] + [
+            arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]
 
 
 def serve(args) -> int:
+    s = get_settings()
+    private_dir(s.data_dir)
+    if args.what == "chroma":  # a gate in front of `chroma run`, which it starts on a loopback port
+        from sluice.storage.chroma_gate import serve as serve_chroma
+
+        chroma_argv(url=s.chroma_url, path=s.chroma_dir)  # refuses an address beyond loopback
+        return serve_chroma(s)
     if args.what == "metrics":  # in this process: a small HTTP server over the job database
         from sluice.ops.metrics import serve as serve_metrics
 
-        s = get_settings()
         serve_metrics(s.metrics_address, s.metrics_port)
         return 0
     argv = argv_for(args.what, workers=args.workers, kind=args.kind)

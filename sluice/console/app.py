@@ -19,8 +19,10 @@ import streamlit as st  # noqa: E402
 from sluice.console import login, ui  # noqa: E402
 from sluice.errors import SettingsError  # noqa: E402
 from sluice.ops import actions, reads  # noqa: E402
+from sluice.storage.files import use_private_umask  # noqa: E402
 
 st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
+use_private_umask()  # whatever launched the console: what it writes into the data dir is private
 
 try:
     settings = reads.ctx().settings
@@ -51,12 +53,13 @@ def _create_dataset() -> None:
         st.session_state["new_dataset_name"] = ""
 
 
-who = login.signed_in(settings)
+connection = login.admit(settings)  # a Host or Origin the console is not served at stops here
+who = login.signed_in(settings, connection)
 if who is None:
     # Register the pages (hidden) before the sign-in form, so a deep link like /jobs?job=7 still opens
     # that page once the operator has signed in.
     st.navigation(_pages(), position="hidden")
-    login.sign_in_page(settings)
+    login.sign_in_page(settings, connection)
 
 with st.sidebar:
     names = [d.name for d in reads.datasets()]

@@ -2,14 +2,14 @@
 
 Three ways in, decided by the settings:
 
-- Loopback without a password (``SLUICE_CONSOLE_ADDRESS=127.0.0.1``, no ``SLUICE_CONSOLE_PASSWORD``):
-  whoever reaches the port is the local operator. ``check_bind`` refuses any other address without a
-  password, so this is only ever a single-machine setup.
+- Without a password, a connection that comes straight from this machine (loopback peer, loopback
+  Host, no forwarding header: see ``sluice.ops.gate``) is the local operator; every other
+  connection must sign in, whatever address Streamlit was told to listen on.
 - Passwords: ``SLUICE_CONSOLE_PASSWORD`` signs in an operator, ``SLUICE_CONSOLE_READONLY_PASSWORD`` a
   read-only operator who sees everything and can change nothing. Both are compared in constant time.
-  After ``SLUICE_LOGIN_MAX_FAILURES`` failures from one client address, that address is locked out
-  for ``SLUICE_LOGIN_LOCKOUT_SECONDS``; the count lives in this process, not in the browser session,
-  so opening a new tab does not reset it.
+  Failures are counted per client address (forwarded addresses only from trusted proxies) and for
+  the passwords as a whole (``LoginThrottle``); the counts live in this process, not in the browser
+  session, so opening a new tab does not reset them.
 - OIDC through Streamlit's ``st.login``, when ``.streamlit/secrets.toml`` has an ``[auth]`` section
   and Authlib is installed (``pip install 'streamlit[auth]'``). Signed-in people are read-only
   unless their e-mail address is listed in ``[sluice] operator_emails = [...]`` in the same file.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,39 +34,83 @@ from sluice.storage.settings import Settings
 
 # --- passwords and lockout --------------------------------------------------------------------------
 
+ACCOUNT_FACTOR = 10  # the console's passwords together take this many times one address's failures
+
 
 class LoginThrottle:
-    """Failed sign-ins per client; a client at the limit waits ``lockout_seconds`` per further try.
+    """Failed sign-ins, counted per client address and for the console's passwords as a whole.
 
-    The count is kept until a successful sign-in, so after the lockout ends each new failure locks
-    the client out again at once.
+    - Per address: at ``max_failures`` failures an address waits ``lockout_seconds`` per further
+      try; the count is kept until a successful sign-in from it, so each new failure after the
+      lockout locks it again at once.
+    - Per account (every password sign-in): ``ACCOUNT_FACTOR * max_failures`` failures within
+      ``ACCOUNT_FACTOR * lockout_seconds`` hold back every browser that has not signed in before,
+      so guessing from many addresses gains nothing.
+    - Neither is a global denial: a browser that signed in successfully before (known by its
+      Streamlit XSRF cookie, which other sites cannot read) is never held back, so an attacker who
+      shares an address with the operators, or floods the account, cannot lock them out.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._failures: dict[str, tuple[int, float]] = {}  # client -> (count, time of last failure)
+        self._account: deque[float] = deque()  # times of recent failures, any client
+        self._known: dict[str, float] = {}  # browser -> time of its last successful sign-in
 
-    def wait_seconds(self, client: str, *, max_failures: int, lockout_seconds: float) -> float:
+    def wait_seconds(self, client: str, *, max_failures: int, lockout_seconds: float,
+                     device: str | None = None) -> float:
         with self._lock:
-            count, last = self._failures.get(client, (0, 0.0))
-        if count < max_failures:
+            return self._wait(client, self._clock(), max_failures, lockout_seconds, device)
+
+    def reserve(self, client: str, *, max_failures: int, lockout_seconds: float,
+                device: str | None = None) -> tuple[float, int]:
+        """(wait, failures): a client that may try now has the try counted as a failure at once.
+
+        Checking and counting under one lock bounds parallel attempts: twenty sign-ins sent at once
+        from one address get ``max_failures`` password checks, not twenty. A success clears it.
+        """
+        with self._lock:
+            now = self._clock()
+            wait = self._wait(client, now, max_failures, lockout_seconds, device)
+            if wait > 0:
+                return wait, self._failures.get(client, (0, 0.0))[0]
+            return 0.0, self._count(client, now)
+
+    def _wait(self, client: str, now: float, max_failures: int, lockout_seconds: float,
+              device: str | None) -> float:
+        if device and device in self._known:
             return 0.0
-        return max(0.0, last + lockout_seconds - self._clock())
+        count, last = self._failures.get(client, (0, 0.0))
+        waits = [last + lockout_seconds - now] if count >= max_failures else []
+        window = ACCOUNT_FACTOR * lockout_seconds
+        while self._account and self._account[0] < now - window:
+            self._account.popleft()
+        if len(self._account) >= ACCOUNT_FACTOR * max_failures:
+            waits.append(self._account[0] + window - now)
+        return max([0.0, *waits])
+
+    def _count(self, client: str, now: float) -> int:
+        count, _ = self._failures.get(client, (0, 0.0))
+        self._failures[client] = (count + 1, now)
+        self._account.append(now)
+        return count + 1
 
     def failed(self, client: str) -> int:
         with self._lock:
-            count, _ = self._failures.get(client, (0, 0.0))
-            self._failures[client] = (count + 1, self._clock())
-            return count + 1
+            return self._count(client, self._clock())
 
-    def succeeded(self, client: str) -> None:
+    def succeeded(self, client: str, device: str | None = None) -> None:
         with self._lock:
             self._failures.pop(client, None)
+            if device:
+                self._known[device] = self._clock()
 
     def reset(self) -> None:
         with self._lock:
             self._failures.clear()
+            self._account.clear()
+            self._known.clear()
 
 
 THROTTLE = LoginThrottle()
@@ -94,21 +139,20 @@ class LoginOutcome:
     message: str = ""
 
 
-def attempt_login(settings: Settings, given: str, *, client: str,
+def attempt_login(settings: Settings, given: str, *, client: str, device: str | None = None,
                   throttle: LoginThrottle = THROTTLE) -> LoginOutcome:
-    wait = throttle.wait_seconds(client, max_failures=settings.login_max_failures,
-                                 lockout_seconds=settings.login_lockout_seconds)
+    wait, n = throttle.reserve(client, max_failures=settings.login_max_failures,
+                               lockout_seconds=settings.login_lockout_seconds, device=device)
     if wait > 0:
         return LoginOutcome(None, f"Too many failed sign-ins. Try again in {wait:.0f} s.")
     who = operator_for_password(settings, given)
     if who is None:
-        n = throttle.failed(client)
         left = settings.login_max_failures - n
         if left > 0:
             return LoginOutcome(None, f"Wrong password ({left} more tries before a lockout).")
         return LoginOutcome(None, f"Wrong password. Sign-in is locked for "
                                   f"{settings.login_lockout_seconds:.0f} s.")
-    throttle.succeeded(client)
+    throttle.succeeded(client, device)
     return LoginOutcome(who)
 
 

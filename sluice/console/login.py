@@ -1,13 +1,88 @@
-"""The sign-in page and the sidebar identity, on top of sluice.console.auth (see there for the rules)."""
+"""Admission, the sign-in page and the sidebar identity, on top of sluice.console.auth and
+sluice.ops.gate (see there for the rules). Decided per connection, on every run of the script."""
 
 from __future__ import annotations
 
+import hashlib
+import threading
+
 import streamlit as st
 
-from sluice.console import auth
+from sluice.console import auth, ui
 from sluice.console.ui import OPERATOR_KEY
+from sluice.ops import gate
 from sluice.ops.access import LOCAL_OPERATOR, Operator
 from sluice.storage.settings import Settings
+
+BINDING_KEY = "sluice_signed_in_browser"
+XSRF_COOKIE = "_streamlit_xsrf"  # set by Streamlit per browser; pages of other sites cannot read it
+
+
+def connection() -> gate.Connection:
+    """This session's connection: the raw peer address and the headers of its websocket request."""
+    remote = None
+    try:
+        from streamlit.runtime.context import _get_client_context
+
+        client = _get_client_context()
+        remote = getattr(client, "remote_ip", None) if client is not None else None
+    except Exception:  # another Streamlit version: without the peer, nothing counts as loopback
+        remote = None
+    remote = remote if isinstance(remote, str) else None
+    headers: dict[str, str] = {}
+    try:
+        for key in st.context.headers.keys():
+            headers[key.lower()] = ", ".join(st.context.headers.get_all(key))
+    except Exception:
+        headers = {}
+    # AppTest runs the script in this process with neither a peer nor a request; a real connection
+    # always has request headers (a Host at least), so it is never taken for in-process.
+    return gate.connection(remote, headers, in_process=remote is None and not headers)
+
+
+def admit(settings: Settings) -> gate.Connection:
+    """The connection, or a stop: nothing runs for a Host or Origin the console is not served at."""
+    conn = connection()
+    refusal = gate.host_refusal(settings, conn)
+    if refusal is not None:
+        st.title("Sluice")
+        st.text(f"Refused: {refusal}")
+        st.stop()
+    return conn
+
+
+def _browser(conn: gate.Connection) -> str | None:
+    """A stable, secret id of the browser (a hash of its Streamlit XSRF cookie), if it sent one."""
+    if conn.in_process:
+        return "in-process"
+    try:
+        cookie = st.context.cookies.get(XSRF_COOKIE)
+    except Exception:
+        cookie = None
+    return hashlib.sha256(_xsrf_token(cookie).encode("utf-8")).hexdigest()[:32] if cookie else None
+
+
+def _xsrf_token(cookie: str) -> str:
+    """The token inside the cookie: Streamlit re-masks it on every response, the token stays."""
+    value = cookie.strip("\"'")
+    if value.startswith("2|"):
+        try:
+            _, mask_hex, masked_hex, _ = value.split("|")
+            mask, masked = bytes.fromhex(mask_hex), bytes.fromhex(masked_hex)
+        except ValueError:
+            return value
+        if mask:
+            return bytes(b ^ mask[i % len(mask)] for i, b in enumerate(masked)).hex()
+    return value
+
+
+def _binding(conn: gate.Connection, settings: Settings) -> str:
+    """What a signed-in session is tied to: its browser, or its client address without a cookie.
+
+    A Streamlit session id travels in URLs and logs; a session resumed with it from elsewhere
+    comes without this browser's cookie, so it is not signed in.
+    """
+    return _browser(conn) or f"address:{gate.client_address(settings, conn)}"
 
 
 def oidc_configured() -> bool:
@@ -33,53 +108,108 @@ def _oidc_operator() -> Operator | None:
     return Operator(str(email or st.user.get("name") or "oidc user"), auth.oidc_role(email, allowed))
 
 
-def _client() -> str:
-    """The key failed sign-ins are counted under: the client address, or one shared key without it."""
-    try:
-        ip = st.context.ip_address
-    except Exception:
-        ip = None
-    return ip if isinstance(ip, str) and ip else "unknown"
+def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
+    """The operator of this session, or None while nobody has signed in on this connection."""
+    who = _signed_in(settings, conn)
+    _allow_uploads(who is not None and who.can_act)
+    return who
 
 
-def signed_in(settings: Settings) -> Operator | None:
-    """The operator of this session, or None while nobody has signed in."""
-    if not settings.login_required:
+def _signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
+    if not gate.sign_in_required(settings, conn):
         st.session_state[OPERATOR_KEY] = LOCAL_OPERATOR
+        st.session_state.pop(BINDING_KEY, None)
         return LOCAL_OPERATOR
-    who = st.session_state.get(OPERATOR_KEY) or _oidc_operator()
-    if who is not None and who != LOCAL_OPERATOR:
+    binding = _binding(conn, settings)
+    who = st.session_state.get(OPERATOR_KEY)
+    if who is not None and who != LOCAL_OPERATOR and st.session_state.get(BINDING_KEY) == binding:
+        return who
+    who = _oidc_operator()
+    if who is not None:
         st.session_state[OPERATOR_KEY] = who
+        st.session_state[BINDING_KEY] = binding
         return who
     st.session_state.pop(OPERATOR_KEY, None)
+    st.session_state.pop(BINDING_KEY, None)
     return None
 
 
-def sign_in_page(settings: Settings) -> None:
+# --- uploads only for operators ------------------------------------------------------------------------
+# Streamlit keeps any file PUT to /_stcore/upload_file/<session>/... in memory for any live session,
+# signed in or not. The guard wraps the process's upload manager once: a session takes files only
+# while an operator is signed in on it (the script's last run said so).
+
+_UPLOADERS: set[str] = set()
+_uploaders_lock = threading.Lock()
+
+
+def _allow_uploads(allowed: bool) -> None:
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    run = get_script_run_ctx()
+    if run is None:
+        return
+    _install_upload_guard()
+    with _uploaders_lock:
+        (_UPLOADERS.add if allowed else _UPLOADERS.discard)(run.session_id)
+
+
+def _install_upload_guard() -> None:
+    try:
+        from streamlit import runtime
+
+        manager = runtime.get_instance().uploaded_file_mgr
+    except Exception:  # no server runtime (AppTest): nothing receives uploads
+        return
+    with _uploaders_lock:
+        if type(manager).__name__ != "MemoryUploadedFileManager" or getattr(manager, "_sluice_guarded", False):
+            return
+        original = manager.add_file
+
+        def add_file(session_id: str, file) -> None:
+            with _uploaders_lock:
+                allowed = session_id in _UPLOADERS
+            if not allowed:
+                from starlette.exceptions import HTTPException
+
+                raise HTTPException(status_code=403, detail="sign in as an operator before uploading")
+            original(session_id=session_id, file=file)
+
+        manager.add_file = add_file
+        manager._sluice_guarded = True
+
+
+def sign_in_page(settings: Settings, conn: gate.Connection) -> None:
     """The sign-in form, then a stop: nothing of the console runs before someone signs in."""
     with st.columns([2, 3])[0]:
-        _sign_in_page(settings)
+        _sign_in_page(settings, conn)
     st.stop()
 
 
-def _sign_in_page(settings: Settings) -> None:
+def _sign_in_page(settings: Settings, conn: gate.Connection) -> None:
     st.title("Sluice")
     st.subheader("Sign in to the operator console")
+    client, browser = gate.client_address(settings, conn), _browser(conn)
     if settings.console_password is not None:
         with st.form("login", clear_on_submit=True):
             password = st.text_input("Password", type="password", key="login_password")
             submitted = st.form_submit_button("Sign in", type="primary")
         if submitted:
-            outcome = auth.attempt_login(settings, password or "", client=_client())
+            outcome = auth.attempt_login(settings, password or "", client=client, device=browser)
             if outcome.operator is not None:
                 st.session_state[OPERATOR_KEY] = outcome.operator
+                st.session_state[BINDING_KEY] = _binding(conn, settings)
                 st.rerun()
             st.error(outcome.message)
         else:
-            wait = auth.THROTTLE.wait_seconds(_client(), max_failures=settings.login_max_failures,
-                                              lockout_seconds=settings.login_lockout_seconds)
+            wait = auth.THROTTLE.wait_seconds(client, max_failures=settings.login_max_failures,
+                                              lockout_seconds=settings.login_lockout_seconds, device=browser)
             if wait > 0:
                 st.warning(f"Too many failed sign-ins. Try again in {wait:.0f} s.")
+    elif not oidc_configured():
+        st.warning("This connection does not come straight from this machine (another address, or a proxy "
+                   "in between), so the console needs a sign-in, and none is set up. Set "
+                   "SLUICE_CONSOLE_PASSWORD, or SLUICE_CONSOLE_SIGN_IN=off behind a proxy that signs people in.")
     if oidc_configured():
         st.button("Sign in with single sign-on", on_click=st.login)
     st.caption("The operator password is SLUICE_CONSOLE_PASSWORD; SLUICE_CONSOLE_READONLY_PASSWORD signs "
@@ -87,14 +217,16 @@ def _sign_in_page(settings: Settings) -> None:
 
 
 def sidebar_identity(who: Operator, settings: Settings) -> None:
-    if not settings.login_required:
-        st.sidebar.caption("Local console (loopback, no sign-in).")
+    if who == LOCAL_OPERATOR:
+        st.sidebar.caption("Sign-in is off (SLUICE_CONSOLE_SIGN_IN=off)." if settings.console_sign_in == "off"
+                           else "Local console (straight from this machine, no sign-in).")
         return
     role = "operator" if who.can_act else "read-only"
-    st.sidebar.caption(f"Signed in as **{who.name}** ({role}).")
+    st.sidebar.caption(f"Signed in as **{ui.plain(who.name)}** ({role}).")
 
     def sign_out() -> None:
         st.session_state.pop(OPERATOR_KEY, None)
+        st.session_state.pop(BINDING_KEY, None)
         if oidc_configured() and st.user.is_logged_in:
             st.logout()
 

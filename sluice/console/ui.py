@@ -7,6 +7,7 @@ message); job records always come fresh from the database.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -102,6 +103,18 @@ def scope() -> Scope:
 
 # --- words -------------------------------------------------------------------------------------------------
 
+_MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def plain(value: object) -> str:
+    """A string to put inside Markdown that shows as its own text: names, metadata, error messages.
+
+    Every ASCII punctuation character is backslash-escaped (CommonMark allows it for all of them),
+    so no link, image, emphasis, heading, HTML, URL autolink, emoji or Streamlit directive can form.
+    """
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", " ".join(str(value).splitlines()))
+
+
 
 def status_badge(status: str, where=st) -> None:
     where.badge(status, icon=STATUS_ICON.get(status), color=STATUS_COLOR.get(status, "gray"))
@@ -183,7 +196,7 @@ def flash_outcome(outcome: ActionReport, verb: str) -> None:
 
 def show_flashes() -> None:
     for level, text in st.session_state.pop(FLASH_KEY, []):
-        getattr(st, level)(text)
+        getattr(st, level)(plain(text))  # messages carry names: shown as text
 
 
 def confirm_button(label: str, *, key: str, prompt: str | Callable[[], str], on_confirm: Callable[[], None],

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -110,6 +111,59 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
     return result
 
 
+@dataclass
+class FileList:
+    files: list[Path]
+    skipped: list[tuple[Path, str]]  # (path, why)
+
+
+def collect_files(paths: list[str | Path], *, suffixes: set[str], follow_links: bool = False) -> FileList:
+    """The files to ingest from files and folders (folders recursively, only ``suffixes``).
+
+    A symbolic link in a folder is taken only when it points inside that folder: a link to a private
+    file elsewhere would otherwise be indexed and served by search to whoever can search. With
+    ``follow_links`` links are followed anywhere (each real folder is walked once). Files named
+    directly are taken as named.
+    """
+    out = FileList([], [])
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            _walk(path, out, suffixes=suffixes, follow_links=follow_links)
+        elif path.exists():
+            out.files.append(path)
+        else:
+            out.skipped.append((path, "no such file or folder"))
+    return out
+
+
+def _walk(top: Path, out: FileList, *, suffixes: set[str], follow_links: bool) -> None:
+    root = top.resolve()
+    seen: set[Path] = set()
+    for folder, dirs, files in os.walk(top, followlinks=follow_links):
+        real = Path(folder).resolve()
+        if real in seen:  # a link loop, or a folder reached twice through links
+            dirs[:] = []
+            continue
+        seen.add(real)
+        for name in sorted(dirs):
+            entry = Path(folder) / name
+            if entry.is_symlink() and not follow_links:
+                inside = entry.resolve().is_relative_to(root)
+                out.skipped.append((entry, "a link to a folder inside (already walked)" if inside else
+                                    f"a link out of {top} (to follow it: --follow-links)"))
+        dirs.sort()
+        for name in sorted(files):
+            entry = Path(folder) / name
+            if entry.suffix.lower() not in suffixes:
+                continue
+            if entry.is_symlink() and not follow_links and not entry.resolve().is_relative_to(root):
+                out.skipped.append((entry, f"a link out of {top} (to follow it: --follow-links)"))
+                continue
+            if entry.is_file():
+                out.files.append(entry)
+
+
 def ingest_path(ctx: Context, path: Path, *, dataset: str, actor: str = "cli",
                 publish: Callable[[int], None] | None = None) -> IngestResult:
     with open(path, "rb") as fh:
@@ -138,18 +192,3 @@ class _Prepend(io.RawIOBase):
             return out
         return self.stream.read(n)
 
-
-def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
-    """Files to ingest from files and folders (folders recursively, supported suffixes only), and
-    the arguments that name nothing."""
-    files: list[Path] = []
-    missing: list[str] = []
-    for raw in paths:
-        p = Path(raw)
-        if p.is_dir():
-            files.extend(sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SUPPORTED_SUFFIXES))
-        elif p.exists():
-            files.append(p)
-        else:
-            missing.append(str(raw))
-    return files, missing

@@ -28,6 +28,7 @@ from sluice.pipeline.embed import (
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine
+from sluice.storage.files import private_dir
 from sluice.storage.settings import Settings, get_settings
 from sluice.storage.vectors import VectorStore
 
@@ -51,6 +52,9 @@ class Context:
     settings: Settings
     embedder_override: Embedder | None = None
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        private_dir(self.settings.data_dir)  # 0700: job database, blobs and server files live here
 
     @cached_property
     def engine(self) -> Engine:

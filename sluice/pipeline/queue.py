@@ -21,8 +21,11 @@ from huey import RedisHuey
 from sqlalchemy.engine import Engine
 
 from sluice.errors import is_auth_error
+from sluice.pipeline.serializer import JsonSerializer
 from sluice.storage.outbox import DispatchResult, dispatch
 from sluice.storage.settings import get_settings
+
+_READER = JsonSerializer()  # what queue inspection reads entries with, whatever the instance was given
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,7 +35,8 @@ def get_huey() -> RedisHuey:
     pool = redis.ConnectionPool.from_url(
         s.queue_redis_url, socket_connect_timeout=3, socket_timeout=10, health_check_interval=30
     )
-    return RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool)
+    # JSON messages: reading the queue never unpickles what someone wrote into Redis.
+    return RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool, serializer=JsonSerializer())
 
 
 def worker_key() -> str:
@@ -86,8 +90,9 @@ def queued_job_ids() -> list[int]:
 
 
 def _job_id(huey: RedisHuey, raw: bytes) -> list[int]:
+    """The job id of one queue entry; nothing for an entry that is not one of our JSON messages."""
     try:
-        message = huey.serializer.deserialize(raw)
+        message = _READER.deserialize(raw)  # data only, never code
         return [int(message.args[0])] if message.args else []
     except Exception:
         return []

@@ -22,9 +22,12 @@ from sluice.pipeline import recovery
 from sluice.pipeline.context import get_context
 from sluice.pipeline.queue import get_huey, publish, queued_job_ids, worker_key
 from sluice.pipeline.runner import run_job
+from sluice.storage.files import use_private_umask
 from sluice.storage.settings import get_settings
 
 log = logging.getLogger("sluice.tasks")
+
+use_private_umask()  # the consumer is a Sluice process: what it writes into the data dir stays private
 
 huey = get_huey()
 

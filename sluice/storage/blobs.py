@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
+from sluice.storage.files import private_dir
+
 CHUNK = 1024 * 1024
 
 
@@ -32,7 +34,7 @@ class BlobStore:
 
     def put_stream(self, stream: BinaryIO, *, max_bytes: int) -> tuple[str, int]:
         """Store a stream; refuse it once it passes ``max_bytes`` (nothing is kept then)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         digest = hashlib.sha256()
         size = 0
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")

@@ -11,6 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from sluice.storage.files import private_dir, private_file
 from sluice.storage.models import Dataset
 
 DEFAULT_DATASET = "default"
@@ -40,7 +41,8 @@ def make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            private_dir(Path(parsed.database).parent)
+            private_file(Path(parsed.database))  # SQLite gives its -wal and -shm files the same mode
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=10, max_overflow=20
         )

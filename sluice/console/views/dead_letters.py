@@ -58,11 +58,11 @@ for g in groups:
     kind, code, n = g["kind"], g["code"], g["count"]
     box = st.container(border=True)
     head, when = box.columns([4, 1])
-    head.subheader(f"{ui.KIND_LABEL.get(kind, kind)} · {ui.words(code)}")
+    head.subheader(f"{ui.KIND_LABEL.get(kind, kind)} · {ui.plain(ui.words(code))}")
     when.metric("jobs", f"{n:,}")
     box.caption(f"Latest failure {ui.ago(g['latest'])}.")
     if g["fix_hint"]:
-        box.info(f"**What to do:** {g['fix_hint']}", icon=":material/build:")
+        box.info(f"**What to do:** {ui.plain(g['fix_hint'])}", icon=":material/build:")
     if kind in ("user_action_required", "permanent"):
         box.caption("Retrying runs the same bytes again, so it fails again until the cause is fixed; "
                     "usually the fix is a new upload of a corrected file.")

@@ -80,16 +80,16 @@ def _progress() -> None:
 with right:
     _progress()
 if runs.error:
-    st.error(f"The last reconcile failed: {runs.error}")
+    st.error(f"The last reconcile failed: {ui.plain(runs.error)}")
 
 report = _latest()
 if report is None:
     st.info("No reconcile has run on this machine yet. **Check now** runs one; `sluice reconcile` and the "
             "periodic task (SLUICE_RECONCILE_INTERVAL_MINUTES) leave their reports here too.")
 else:
-    scope = f"dataset {report['scope']}" if report.get("scope") else "all datasets"
+    scope = f"dataset {ui.plain(report['scope'])}" if report.get("scope") else "all datasets"
     kind = "repair" if report["repair"] else "check"
-    st.caption(f"Last {kind} of {scope}: {ui.ago(report['finished_at'])}, by {report['actor']}, "
+    st.caption(f"Last {kind} of {scope}: {ui.ago(report['finished_at'])}, by {ui.plain(report['actor'])}, "
                f"{ui.duration(report['seconds'])}.")
     c = st.columns(5)
     c[0].metric("Chunks checked", f"{report['chunks']:,}")
@@ -99,7 +99,7 @@ else:
     c[4].metric("Of jobs in flight", f"{sum(d['in_flight'] for d in report['datasets']):,}",
                 help="Chunks of queued or running jobs: not judged, never touched.")
     for error in report["errors"]:
-        st.error(error)
+        st.error(ui.plain(error))
     in_flight = sum(d["in_flight"] for d in report["datasets"])
     if report["clean"] and in_flight:
         st.success(f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) of jobs "
@@ -127,7 +127,7 @@ else:
                                st.column_config.TextColumn(width="large")})
     if report["repair"] and report["actions"]:
         with st.expander(f"What repair did ({len(report['actions'])})", expanded=True):
-            st.markdown("\n".join(f"- {a}" for a in report["actions"]))
+            st.markdown("\n".join(f"- {ui.plain(a)}" for a in report["actions"]))
     plan = report["repair_plan"]
     if not report["repair"] and not report["clean"]:
         preview = (f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), rewrites "
@@ -161,10 +161,10 @@ if ref:
     try:
         info = reads.document_info(ref)
     except UnknownReference as exc:
-        st.error(str(exc))
+        st.error(ui.plain(exc))
     else:
         box = st.container(border=True)
-        box.markdown(f"**{info.filename}** · document {info.document_id} · dataset {info.dataset} · "
+        box.markdown(f"**{ui.plain(info.filename)}** · document {info.document_id} · dataset {ui.plain(info.dataset)} · "
                      f"{info.size:,} bytes")
         box.dataframe(pd.DataFrame(info.jobs), hide_index=True)
         blob = (f"keeps the file: {info.blob_shared_with} other document(s) have the same bytes"
@@ -176,8 +176,8 @@ if ref:
             box.info("This document is already deleted; deleting again removes anything left behind.")
         with box:
             ui.confirm_button("Delete document", key=f"delete_doc:{info.document_id}", disabled=not who.can_act,
-                              prompt=f"Delete {info.filename} (document {info.document_id}) from dataset "
-                                     f"{info.dataset}? Search stops answering it at once.",
+                              prompt=f"Delete {ui.plain(info.filename)} (document {info.document_id}) from dataset "
+                                     f"{ui.plain(info.dataset)}? Search stops answering it at once.",
                               on_confirm=lambda: _delete(f"doc:{info.document_id}"))
 
 

@@ -38,7 +38,7 @@ def show_detail(d: reads.JobDetail) -> None:
     job_id = r["id"]
     box = st.container(border=True)
     head, close = box.columns([6, 1])
-    head.subheader(f"Job {job_id} · {r['filename']}")
+    head.subheader(f"Job {job_id} · {ui.plain(r['filename'])}")
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
 
@@ -51,7 +51,7 @@ def show_detail(d: reads.JobDetail) -> None:
              ("Pages", pages), ("Chunks", chunks), ("Worker", r["worker_id"]),
              ("Created", ui.ago(r["created_at"])), ("Pipeline", r["pipeline_version"])]
     for col, (label, value) in zip(box.columns(len(facts)), facts, strict=True):
-        col.markdown(f"**{label}**  \n{value if value not in (None, '') else '—'}")
+        col.markdown(f"**{label}**  \n{ui.plain(value) if value not in (None, '') else '—'}")
     if r["total"] and r["status"] in reads.ACTIVE:
         box.progress(min(1.0, r["done"] / r["total"]), text=r["progress"])
     elif r["status"] in reads.ACTIVE:
@@ -69,14 +69,14 @@ def show_detail(d: reads.JobDetail) -> None:
 
     if r["status"] == "succeeded":
         done = next((e for e in reversed(d.events) if e["kind"] == "succeeded"), None)
-        box.success(f"Indexed: {done['message'] if done else str(r['chunk_count']) + ' chunks'}; finished "
+        box.success(f"Indexed: {ui.plain(done['message']) if done else str(r['chunk_count']) + ' chunks'}; finished "
                     f"{ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}.")
     elif r["error_message"]:
         kind = ui.KIND_LABEL.get(r["error_kind"] or "", r["error_kind"] or "")
-        prefix = f"**{kind}** ({ui.words(r['error_code'])}): " if r["error_kind"] else ""
-        (box.warning if r["status"] in ("cancelled", "retrying") else box.error)(prefix + r["error_message"])
+        prefix = f"**{kind}** ({ui.plain(ui.words(r['error_code']))}): " if r["error_kind"] else ""
+        (box.warning if r["status"] in ("cancelled", "retrying") else box.error)(prefix + ui.plain(r["error_message"]))
         if r["fix_hint"]:
-            box.info(f"**What to do:** {r['fix_hint']}", icon=":material/build:")
+            box.info(f"**What to do:** {ui.plain(r['fix_hint'])}", icon=":material/build:")
         if d.error_detail:
             with box.expander("Error detail (for developers)"):
                 st.code(d.error_detail, language=None)
@@ -93,7 +93,7 @@ def show_detail(d: reads.JobDetail) -> None:
         if outlook:  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
             st.page_link("views/upload.py", label="Upload a fixed file", icon=":material/upload_file:")
             ui.confirm_button("Retry anyway", key=f"retry_{job_id}", disabled=not can, danger=False,
-                              prompt=outlook.capitalize() + ". Retry anyway?",
+                              prompt=ui.plain(outlook[0].upper() + outlook[1:] + ". Retry anyway?"),
                               on_confirm=lambda: _do(actions.retry, "Retry", job_id))
             if not r.get("dismissed"):
                 st.button("Dismiss", key=f"dismiss_{job_id}", disabled=not can,
@@ -133,7 +133,7 @@ def show_detail(d: reads.JobDetail) -> None:
 
 if selected:
     if detail is None:
-        st.warning(f"There is no job {selected}.")
+        st.warning(f"There is no job {ui.plain(selected)}.")
     else:
         show_detail(detail)
 

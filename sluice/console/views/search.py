@@ -24,20 +24,20 @@ if query.strip():
         with st.spinner("Searching (the first search loads the embedding model)..."):
             hits = reads.search(query, dataset, int(k))
     except UnknownDataset as exc:
-        st.error(str(exc))
+        st.error(ui.plain(exc))
         hits = None
     except Exception as exc:  # Chroma unreachable, model failed to load
-        st.error(f"Search failed: {type(exc).__name__}: {exc}. Check the System page.")
+        st.error(f"Search failed: {ui.plain(f'{type(exc).__name__}: {exc}')}. Check the System page.")
         hits = None
     if hits is not None:
         if not hits:
-            st.info(f"No indexed chunks in dataset {dataset!r} match. Only documents whose job succeeded are "
+            st.info(f"No indexed chunks in dataset {ui.plain(repr(dataset))} match. Only documents whose job succeeded are "
                     "searchable.")
-        st.caption(f"{len(hits)} chunk(s) from dataset {dataset!r}, best first.")
+        st.caption(f"{len(hits)} chunk(s) from dataset {ui.plain(repr(dataset))}, best first.")
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
                 top, score = st.columns([5, 1])
-                top.markdown(f"**{i}. {h.filename}** · page {h.page}")
+                top.markdown(f"**{i}. {ui.plain(h.filename)}** · page {h.page}")
                 top.page_link(ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)})
                 score.metric("score", f"{h.score:.3f}")
                 st.text(h.text)

@@ -3,6 +3,7 @@
 import pandas as pd
 import streamlit as st
 
+from sluice.console import ui
 from sluice.ops import health, reads
 
 context = reads.ctx()
@@ -13,7 +14,7 @@ st.subheader("Services")
 probes = health.probes(settings)
 for p in probes:
     (st.success if p.reachable else st.error)(
-        f"**{p.name}** at `{p.address}`: {'reachable' if p.reachable else 'unreachable'} — {p.detail}")
+        f"**{p.name}** at {ui.plain(p.address)}: {'reachable' if p.reachable else 'unreachable'} — {ui.plain(p.detail)}")
 queue = health.queue_state()
 if queue.reachable:
     st.caption(f"Queue `{settings.queue_name}`: {queue.queued:,} queued, {queue.scheduled:,} scheduled; "
@@ -40,7 +41,7 @@ st.dataframe(pd.DataFrame([{
 left, right = st.columns(2)
 with left:
     st.subheader("Configuration in force")
-    st.caption("From the environment and .env; secrets appear only as set / not set.")
+    st.caption("From the environment and SLUICE_ENV_FILE; secrets appear only as set / not set.")
     config = sorted(settings.public_view().items())
     st.dataframe(pd.DataFrame(config, columns=["variable", "value"]), hide_index=True,
                  height=35 * (len(config) + 1) + 3)

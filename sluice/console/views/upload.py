@@ -33,7 +33,7 @@ if submitted and files:
         for f in files:
             r = actions.upload(who, dataset=target, filename=f.name, stream=f)
             results.append(r.to_dict())
-            status.write(f"{f.name}: {r.message}")
+            status.write(ui.plain(f"{f.name}: {r.message}"))
         status.update(label=f"Uploaded {len(files)} file(s)", state="complete")
     st.session_state[RESULTS_KEY] = results
 elif submitted:
@@ -67,7 +67,7 @@ def _results_section(results: list[dict], following: bool) -> None:
             if not r["accepted"]:
                 head.text(f"{r['filename']} — refused: {r['message']}")
                 if r["fix_hint"]:
-                    head.caption(f"What to do: {r['fix_hint']}")
+                    head.caption(f"What to do: {ui.plain(r['fix_hint'])}")
                 state.badge("refused", icon=ui.STATUS_ICON["failed"], color="red")
                 continue
             job = live.get(r["job_id"], {})
@@ -78,7 +78,7 @@ def _results_section(results: list[dict], following: bool) -> None:
             if status in reads.ACTIVE and job:
                 state.caption(job["progress"])
             elif job.get("error_message") and status == "failed":
-                head.caption(f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: {job['error_message']}")
+                head.caption(f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: {ui.plain(job['error_message'])}")
             link.page_link(ui.JOBS_PAGE, label=f"Open job {r['job_id']}", query_params={"job": str(r["job_id"])})
             if r["duplicate"] and status == "succeeded":
                 with head:

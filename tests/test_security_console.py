@@ -1,0 +1,264 @@
+"""The console decides who it answers, whatever launched it: attacks over a raw websocket against a
+real ``sluice serve console`` or a bare ``streamlit run``, each on its own port and database.
+
+- DNS rebinding: a handshake with an attacker's Host and Origin must not drive the console.
+- A bare ``streamlit run ... --server.address 0.0.0.0``, and a proxy on the same host, must not
+  serve the console without a sign-in.
+- Failed sign-ins: a rotating X-Forwarded-For from a loopback peer is still one client; an
+  attacker cannot lock out an operator's browser that signed in before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from sluice.storage.models import Dataset
+from tests.console_socket import ConsoleSocket, Refused, text, trigger
+from tests.servers import ROOT, ManagedProcess, free_port, wait_port
+from tests.test_security_servers import outside_address
+
+APP = ROOT / "sluice" / "console" / "app.py"
+PASSWORD = "correct horse 7391"
+
+
+class Console(ManagedProcess):
+    def __init__(self, env: dict, log: Path, *, launcher: str, address: str = "127.0.0.1") -> None:
+        self.port = free_port()
+        if launcher == "sluice":
+            argv = [sys.executable, "-m", "sluice.cli.main", "serve", "console"]
+            env = {**env, "SLUICE_CONSOLE_ADDRESS": address, "SLUICE_CONSOLE_PORT": str(self.port)}
+        else:  # how many people start a Streamlit app: no launcher, any address
+            argv = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", address,
+                    "--server.port", str(self.port), "--server.headless", "true",
+                    "--browser.gatherUsageStats", "false"]
+        super().__init__(argv, log=log, env=env)
+
+
+@pytest.fixture
+def console(ctx, tmp_path):
+    started: list[Console] = []
+
+    def start(*, launcher: str = "sluice", address: str = "127.0.0.1", **env) -> Console:
+        proc = Console({**os.environ, **env}, tmp_path / f"console-{len(started)}.log", launcher=launcher,
+                       address=address)
+        proc.start()
+        started.append(proc)
+        wait_port(proc.port, 60)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def datasets(ctx) -> set[str]:
+    with Session(ctx.engine) as session:
+        return {d.name for d in session.exec(select(Dataset)).all()}
+
+
+def try_create_dataset(sock: ConsoleSocket, name: str) -> str:
+    """Run the page, then fill and click the sidebar's Create (by the ids the server sent)."""
+    first = sock.run()
+    name_id = first.widget_id("text_input", "Name") or "$$ID-guess-new_dataset_name"
+    create_id = first.widget_id("button", "Create") or "$$ID-guess-create_dataset"
+    return first.text + sock.run(widgets=[text(name_id, name), trigger(create_id)]).text
+
+
+def sign_in(port: int, password: str, **socket_args) -> str:
+    with ConsoleSocket(port, **socket_args) as sock:
+        page = sock.run()
+        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        assert field and button, page.text[-2000:]
+        after = sock.run(widgets=[text(field, password), trigger(button)])
+        return after.text + (sock.run().text if "Too many" not in after.text else "")
+
+
+@pytest.mark.parametrize("launcher", ["sluice", "streamlit"])
+def test_dns_rebinding_cannot_drive_the_loopback_console(ctx, console, launcher):
+    proc = console(launcher=launcher)
+    attacker = "rebind.attacker.example"
+    try:
+        with ConsoleSocket(proc.port, host=attacker, origin=f"http://{attacker}:{proc.port}") as sock:
+            seen = try_create_dataset(sock, "rebound")
+        assert "Overview" not in seen
+    except Refused:
+        pass  # refused at the handshake: better still
+    assert "rebound" not in datasets(ctx)
+    with ConsoleSocket(proc.port, origin=f"http://127.0.0.1:{proc.port}") as sock:  # the real page still works
+        seen = try_create_dataset(sock, "local-ok")
+    assert "Overview" in seen and "local-ok" in datasets(ctx)
+
+
+def test_a_foreign_origin_on_the_right_host_is_refused(ctx, console):
+    proc = console(launcher="streamlit")
+    try:
+        with ConsoleSocket(proc.port, origin="http://evil.example") as sock:
+            seen = try_create_dataset(sock, "cross-origin")
+        assert "Overview" not in seen
+    except Refused:
+        pass  # Streamlit's own CORS check refuses it at the handshake (kept on: server.enableCORS)
+    assert "cross-origin" not in datasets(ctx)
+
+
+def test_bare_streamlit_on_all_interfaces_asks_for_a_sign_in(ctx, console):
+    outside = outside_address()
+    proc = console(launcher="streamlit", address="0.0.0.0", SLUICE_CONSOLE_HOSTS=outside)
+    with ConsoleSocket(proc.port, host=outside, source=outside) as sock:
+        seen = try_create_dataset(sock, "from-afar")
+    assert "Overview" not in seen and "no sign-in" not in seen
+    assert "SLUICE_CONSOLE_PASSWORD" in seen
+    assert "from-afar" not in datasets(ctx)
+
+
+def test_a_proxy_on_the_same_host_does_not_make_a_client_local(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_HOSTS="console.example.com")
+    with ConsoleSocket(proc.port, host="console.example.com", origin="https://console.example.com", host_port=False,
+                       headers={"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"}) as sock:
+        seen = try_create_dataset(sock, "via-proxy")
+    assert "Overview" not in seen and "via-proxy" not in datasets(ctx)
+
+
+def test_the_loopback_console_without_a_password_still_opens_straight(ctx, console):
+    proc = console(launcher="streamlit")
+    with ConsoleSocket(proc.port, host="localhost", origin=f"http://localhost:{proc.port}") as sock:
+        seen = try_create_dataset(sock, "straight")
+    assert "Overview" in seen and "straight" in datasets(ctx)
+
+
+def test_rotating_forwarded_for_from_loopback_is_still_one_client(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
+                   SLUICE_LOGIN_LOCKOUT_SECONDS="600")
+    for i in range(12):
+        sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": f"198.51.100.{i + 1}"})
+    seen = sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.200"})
+    assert "Too many failed sign-ins" in seen and "Overview" not in seen
+
+
+def test_an_attacker_cannot_lock_out_an_operator_who_signed_in_before(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
+                   SLUICE_LOGIN_LOCKOUT_SECONDS="600", SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+                   SLUICE_CONSOLE_HOSTS="console.example.com")
+    via_proxy = {"host": "console.example.com", "origin": "https://console.example.com", "host_port": False}
+    office = "198.51.100.7"
+    operator = {"Cookie": "_streamlit_xsrf=operator-browser-cookie-2c4e", "X-Forwarded-For": office}
+    assert "Overview" in sign_in(proc.port, PASSWORD, headers=operator, **via_proxy)
+    for i in range(3):  # the attacker shares the operator's address (one office NAT) and locks it
+        sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": office}, **via_proxy)
+    for i in range(40):  # then guesses against the passwords from many addresses, each under its limit
+        sign_in(proc.port, f"spray-{i}", headers={"X-Forwarded-For": f"203.0.113.{i + 1}"}, **via_proxy)
+    assert "Overview" in sign_in(proc.port, PASSWORD, headers=operator, **via_proxy)
+    stranger = sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "192.0.2.99"}, **via_proxy)
+    assert "Too many failed sign-ins" in stranger  # a browser never seen waits while the account is sprayed
+
+
+def test_trusted_proxy_separates_clients_by_their_forwarded_address(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
+                   SLUICE_LOGIN_LOCKOUT_SECONDS="600", SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+                   SLUICE_CONSOLE_HOSTS="console.example.com")
+    via_proxy = {"host": "console.example.com", "origin": "https://console.example.com", "host_port": False}
+    for i in range(4):
+        sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": "198.51.100.66"}, **via_proxy)
+    assert "Too many failed sign-ins" in sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.66"},
+                                                 **via_proxy)
+    assert "Overview" in sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.7"}, **via_proxy)
+
+
+def _xsrf_cookie(port: int) -> str:
+    import httpx
+
+    r = httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=30)  # Streamlit sets the cookie there
+    for header in r.headers.get_list("set-cookie"):
+        name, _, rest = header.partition("=")
+        if name.strip() == "_streamlit_xsrf":
+            return rest.split(";", 1)[0]
+    return ""
+
+
+def _upload(port: int, session_id: str, cookie: str, size: int) -> int:
+    import httpx
+
+    headers = {"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"} if cookie else {}
+    r = httpx.put(f"http://127.0.0.1:{port}/_stcore/upload_file/{session_id}/file-1",
+                  files={"file": ("big.txt", b"x" * size, "text/plain")}, headers=headers, timeout=60)
+    return r.status_code
+
+
+def test_no_upload_is_taken_before_sign_in(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    cookie = _xsrf_cookie(proc.port)
+    assert cookie
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
+        stranger = sock.run()
+        assert "Sign in to the operator console" in stranger.text
+        assert _upload(proc.port, stranger.session_id, cookie, 8 * 1024 * 1024) == 403
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
+        page = sock.run()
+        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+        assert "Overview" in sock.run().text
+        assert _upload(proc.port, page.session_id, cookie, 1024) == 204  # the signed-in operator uploads
+
+
+def test_a_leaked_session_id_does_not_carry_the_sign_in(ctx, console):
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    operator = {"headers": {"Cookie": "_streamlit_xsrf=operator-browser-cookie-91ab"}}
+    sock = ConsoleSocket(proc.port, **operator)
+    page = sock.run()
+    field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+    sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+    assert "Overview" in sock.run().text
+    leaked = page.session_id  # it shows up in upload URLs and log lines
+    sock.close()
+    with ConsoleSocket(proc.port, resume=leaked) as thief:
+        seen = thief.run()
+    assert "Overview" not in seen.text and "Sign in to the operator console" in seen.text
+
+
+def test_an_unsigned_session_cannot_fire_operator_callbacks(ctx, console):
+    """Widget ids are predictable; a session that never signed in sends the Create click anyway."""
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    with ConsoleSocket(proc.port, headers={"Cookie": "_streamlit_xsrf=op"}) as sock:
+        page = sock.run()
+        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+        signed = sock.run()
+        ids = signed.widget_id("text_input", "Name"), signed.widget_id("button", "Create")
+    assert all(ids)
+    with ConsoleSocket(proc.port) as stranger:
+        stranger.run()
+        seen = stranger.run(widgets=[text(ids[0], "sneaky"), trigger(ids[1])])
+    assert "Sign in to the operator console" in seen.text and "sneaky" not in datasets(ctx)
+
+
+def test_uploads_still_need_the_xsrf_token(ctx, console):
+    proc = console(launcher="sluice")
+    cookie = _xsrf_cookie(proc.port)
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
+        session = sock.run().session_id
+        assert _upload(proc.port, session, "", 1024) == 403  # no token: Streamlit's XSRF check
+        assert _upload(proc.port, session, cookie, 1024) == 204
+
+
+def test_a_sign_in_survives_the_browser_reconnecting_with_a_remasked_cookie(ctx, console):
+    """Streamlit re-masks its XSRF cookie on every response; the sign-in is tied to the token inside."""
+    import httpx
+
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    first = _xsrf_cookie(proc.port)
+    sock = ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={first}"})
+    page = sock.run()
+    field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+    sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+    assert "Overview" in sock.run().text
+    sock.close()  # the network blips; the page polls the health endpoint, which sets the cookie again
+    r = httpx.get(f"http://127.0.0.1:{proc.port}/_stcore/health", headers={"Cookie": f"_streamlit_xsrf={first}"})
+    again = next(h.partition("=")[2].split(";", 1)[0] for h in r.headers.get_list("set-cookie")
+                 if h.startswith("_streamlit_xsrf="))
+    assert again != first
+    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={again}"}, resume=page.session_id) as back:
+        assert "Overview" in back.run().text

@@ -1,0 +1,268 @@
+"""The local servers refuse to listen beyond loopback unprotected, and keep their files private.
+
+Every test starts the real ``sluice serve ...`` process and attacks it the way another host would:
+a Redis client connecting from this machine's non-loopback address, an HTTP request to Chroma, a
+listener that records what a client sends, and a read by an unprivileged local user.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.servers import ManagedProcess, free_port
+
+SECRET = "queue-Secret-7f3a"
+
+
+def outside_address() -> str:
+    """An address of this machine that is not loopback (what another host would connect to)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent; this only picks the outgoing interface
+            address = s.getsockname()[0]
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        pytest.skip("this machine has no non-loopback address")
+    return address
+
+
+def serve(what: str, env: dict, tmp_path: Path) -> ManagedProcess:
+    proc = ManagedProcess([sys.executable, "-m", "sluice.cli.main", "serve", what], env=env,
+                          log=tmp_path / f"serve-{what}-{time.monotonic_ns()}.log")
+    proc.start()
+    return proc
+
+
+def exits_or_listens(proc: ManagedProcess, host: str, port: int, timeout: float = 30) -> int | None:
+    """The exit code if the process stops first, None once something listens on host:port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = proc.proc.poll()
+        if code is not None:
+            return code
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return None
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"neither exited nor listened on {host}:{port}:\n{proc.output()[-2000:]}")
+
+
+@pytest.fixture
+def base_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env.update({"SLUICE_ENV_FILE": "", "SLUICE_DATA_DIR": str(tmp_path / "data"),
+                "SLUICE_QUEUE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                "SLUICE_CACHE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                "SLUICE_CHROMA_URL": f"http://127.0.0.1:{free_port()}", "SLUICE_EMBEDDER": "hash"})
+    return env
+
+
+@pytest.mark.parametrize("role", ["queue", "cache"])
+def test_redis_off_loopback_without_a_password_refuses_to_start(base_env, tmp_path, role):
+    host, port = outside_address(), free_port()
+    env = {**base_env, f"SLUICE_{role.upper()}_REDIS_URL": f"redis://{host}:{port}/0"}
+    proc = serve(role, env, tmp_path)
+    try:
+        code = exits_or_listens(proc, host, port)
+        if code is None:
+            try:  # Redis 6.2 answers this; 7.x still refuses it through protected mode
+                answer = repr(redis.Redis(host=host, port=port, socket_timeout=5).config_get("requirepass"))
+            except redis.RedisError as exc:
+                answer = f"{type(exc).__name__}: {str(exc)[:60]}"
+            pytest.fail(f"the {role} Redis started on {host} with no password (CONFIG GET from there: {answer})")
+        assert code == 2
+        assert f"SLUICE_{role.upper()}_REDIS_URL" in proc.output() and "without a password" in proc.output()
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("form", ["userinfo", "query"])
+def test_redis_off_loopback_requires_its_password_which_ps_never_shows(base_env, tmp_path, form):
+    host, port = outside_address(), free_port()
+    url = (f"redis://:{SECRET}@{host}:{port}/0" if form == "userinfo"
+           else f"redis://{host}:{port}/0?password={SECRET}")
+    proc = serve("queue", {**base_env, "SLUICE_QUEUE_REDIS_URL": url}, tmp_path)
+    try:
+        assert exits_or_listens(proc, host, port) is None, proc.output()
+        stranger = redis.Redis(host=host, port=port, socket_timeout=5)
+        with pytest.raises(redis.AuthenticationError):
+            stranger.config_get("*")
+        with pytest.raises(redis.AuthenticationError):
+            stranger.client_list()
+        assert redis.Redis.from_url(url, socket_timeout=5).ping()
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert SECRET.encode() not in cmdline, "the password is on the command line, visible in ps"
+        conf = Path(base_env["SLUICE_DATA_DIR"]) / "redis-queue" / "redis.conf"
+        assert stat.S_IMODE(conf.stat().st_mode) == 0o600
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_chroma_off_loopback_refuses_to_start(base_env, tmp_path, scheme):
+    host, port = outside_address(), free_port()
+    proc = serve("chroma", {**base_env, "SLUICE_CHROMA_URL": f"{scheme}://0.0.0.0:{port}",
+                            "SLUICE_CHROMA_TOKEN": "tok-1234567"}, tmp_path)
+    try:
+        code = exits_or_listens(proc, host, port, timeout=60)
+        if code is None:
+            r = httpx.get(f"http://{host}:{port}/api/v2/tenants/default_tenant/databases/default_database/"
+                          "collections", timeout=10)
+            pytest.fail(f"chroma listens on {host} and answered an anonymous request: {r.status_code} {r.text}")
+        assert code == 2 and "SLUICE_CHROMA_URL" in proc.output()
+        assert scheme == "http" or "checks no token" in proc.output()
+    finally:
+        proc.stop()
+
+
+class _Recorder(ThreadingHTTPServer):
+    """Plays a Chroma server on another host; remembers the headers of every request."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str) -> None:
+        self.seen: list[dict] = []
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                recorder.seen.append(dict(self.headers))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__((host, 0), Handler)
+
+
+def test_a_chroma_token_never_travels_over_plain_http_beyond_loopback(base_env, tmp_path):
+    host = outside_address()
+    recorder = _Recorder(host)
+    thread = threading.Thread(target=recorder.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {**base_env, "SLUICE_CHROMA_URL": f"http://{host}:{recorder.server_address[1]}",
+               "SLUICE_CHROMA_TOKEN": "chroma-Token-in-clear"}
+        done = subprocess.run([sys.executable, "-m", "sluice.cli.main", "search", "anything"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        leaked = [h for h in recorder.seen if "chroma-Token-in-clear" in str(h)]
+        assert not leaked, f"the token went over plain http to {host}: {leaked[0]}"
+        assert done.returncode == 2 and "SLUICE_CHROMA_URL" in done.stderr, done.stderr
+        no_token = subprocess.run([sys.executable, "-m", "sluice.cli.main", "search", "anything"],
+                                  env={**env, "SLUICE_CHROMA_TOKEN": ""} | {"SLUICE_CHROMA_URL": env[
+                                      "SLUICE_CHROMA_URL"].replace("http:", "https:")},
+                                  capture_output=True, text=True, timeout=120)
+        assert no_token.returncode == 2 and "SLUICE_CHROMA_TOKEN" in no_token.stderr
+    finally:
+        recorder.shutdown()
+        recorder.server_close()
+
+
+def test_local_state_is_private_under_umask_022(base_env, tmp_path):
+    data = Path(base_env["SLUICE_DATA_DIR"])
+    env = dict(base_env)
+    old = os.umask(0o022)  # what the servers inherit, as from a login shell
+    try:
+        queue, chroma = serve("queue", env, tmp_path), serve("chroma", env, tmp_path)
+    finally:
+        os.umask(old)
+    try:
+        q_port = int(env["SLUICE_QUEUE_REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
+        c_port = int(env["SLUICE_CHROMA_URL"].rsplit(":", 1)[1])
+        assert exits_or_listens(queue, "127.0.0.1", q_port) is None, queue.output()
+        assert exits_or_listens(chroma, "127.0.0.1", c_port, timeout=60) is None, chroma.output()
+        redis.Redis.from_url(env["SLUICE_QUEUE_REDIS_URL"]).set("secret", "the-indexed-secret")
+        doc = tmp_path / "secret.txt"
+        doc.write_text("The vault code is 4711. " * 30)
+        ingest = subprocess.run(
+            [sys.executable, "-c", "import os, sys; os.umask(0o022); from sluice.cli.main import main; "
+                                   "sys.exit(main(sys.argv[1:]))", "ingest", str(doc)],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert ingest.returncode == 0, ingest.stderr
+        from sluice.storage.vectors import VectorStore
+
+        store = VectorStore(env["SLUICE_CHROMA_URL"])
+        store.heartbeat()
+        files = [data / "sluice.db", data / "chroma" / "chroma.sqlite3",
+                 *sorted((data / "redis-queue").rglob("*.aof"))]
+        assert len(files) > 2, sorted(str(p) for p in data.rglob("*"))
+        assert stat.S_IMODE(data.stat().st_mode) == 0o700
+        loose = {str(p.relative_to(data)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
+                 if stat.S_IMODE(p.stat().st_mode) & 0o077}
+        assert not loose, f"readable by other users: {loose}"
+        if os.getuid() == 0:  # prove it as an unprivileged local user would try it
+            probe = subprocess.run(
+                [sys.executable, "-c", "import os, sys; os.setgid(65534); os.setuid(65534); "
+                                       "open(sys.argv[1], 'rb').read(1)", str(files[1])],
+                capture_output=True, text=True, timeout=60)
+            assert probe.returncode != 0 and "Permission" in probe.stderr, "nobody read chroma.sqlite3"
+    finally:
+        queue.stop()
+        chroma.stop()
+
+
+def _listening_chroma(base_env, tmp_path, **env) -> tuple[ManagedProcess, str]:
+    env = {**base_env, **env}
+    proc = serve("chroma", env, tmp_path)
+    port = int(env["SLUICE_CHROMA_URL"].rsplit(":", 1)[1])
+    assert exits_or_listens(proc, "127.0.0.1", port, timeout=60) is None, proc.output()
+    return proc, env["SLUICE_CHROMA_URL"]
+
+
+def _use(store) -> None:
+    """What a worker and the search do: create, write, read."""
+    import numpy as np
+
+    store.heartbeat()
+    store.add("gate_check", ids=["a", "b"], embeddings=np.eye(2, 3), documents=["x", "y"],
+              metadatas=[{"job_id": 1}, {"job_id": 2}])
+    assert store.count("gate_check") == 2
+    assert [h.id for h in store.query("gate_check", np.array([1.0, 0.0, 0.0]), n=1)] == ["a"]
+
+
+def test_chroma_answers_only_its_own_host_names(base_env, tmp_path):
+    from sluice.storage.vectors import VectorStore
+
+    proc, url = _listening_chroma(base_env, tmp_path)
+    try:
+        port = url.rsplit(":", 1)[1]
+        forged = httpx.get(f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
+                           headers={"Host": f"rebind.attacker.example:{port}"}, timeout=10)
+        assert forged.status_code == 403, f"a forged Host got {forged.status_code}: {forged.text[:200]}"
+        assert httpx.get(f"{url}/api/v2/heartbeat", timeout=10).status_code == 200
+        _use(VectorStore(url))
+    finally:
+        proc.stop()
+
+
+def test_chroma_with_a_token_requires_it_on_every_request(base_env, tmp_path):
+    from sluice.storage.vectors import VectorStore
+
+    proc, url = _listening_chroma(base_env, tmp_path, SLUICE_CHROMA_TOKEN="local-Chroma-token-55")
+    try:
+        anonymous = httpx.get(f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
+                              timeout=10)
+        assert anonymous.status_code == 401, f"no token got {anonymous.status_code}: {anonymous.text[:200]}"
+        _use(VectorStore(url, token="local-Chroma-token-55", auth_header="Authorization"))
+    finally:
+        proc.stop()
