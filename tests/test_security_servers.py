@@ -23,6 +23,8 @@ import redis
 
 from tests.servers import ManagedProcess, free_port
 
+pytestmark = pytest.mark.servers  # each test starts the real server it attacks
+
 SECRET = "queue-Secret-7f3a"
 
 
