@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from sluice.errors import LeaseLost
+from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
     Document,
@@ -36,7 +37,6 @@ from sluice.storage.models import (
     JobStatus,
     Outbox,
     Stage,
-    utcnow,
 )
 
 CLAIMABLE = (JobStatus.pending, JobStatus.retrying)
@@ -106,10 +106,10 @@ def _val(v: Any) -> Any:
     return v.value if hasattr(v, "value") else v
 
 
-def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), **values: Any) -> bool:
+def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), now: datetime | None = None,
+         **values: Any) -> bool:
     """Update ``job`` only if its version is still the one we read; refresh the object on success."""
-    now = utcnow()
-    values.setdefault("updated_at", now)
+    values.setdefault("updated_at", now or db_now(session))
     stmt = (
         update(Job)
         .where(Job.id == job.id, Job.version == job.version, *where)
@@ -127,7 +127,7 @@ def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), **values: Any
 
 def _fenced(session: Session, job_id: int, lease: int, **values: Any) -> bool:
     """Update a running job only while ``lease`` still owns it."""
-    values.setdefault("updated_at", utcnow())
+    values.setdefault("updated_at", current_time())
     stmt = (
         update(Job)
         .where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running)
@@ -138,7 +138,7 @@ def _fenced(session: Session, job_id: int, lease: int, **values: Any) -> bool:
 
 
 def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
-    session.add(Outbox(job_id=job.id, available_at=at or utcnow()))
+    session.add(Outbox(job_id=job.id, available_at=at or db_now(session)))
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:
@@ -204,7 +204,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     job = get_job(session=session, job_id=job_id)
     if job is None:
         return ClaimResult(None, False, "no such job")
-    now = utcnow()
+    now = db_now(session)
     reason = ""
     if job.status in JobStatus.final():
         reason = f"delivery ignored: job is already {job.status.value}"
@@ -227,7 +227,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         status=JobStatus.running, stage=Stage.parsing, done=0, total=0,
         attempt=job.attempt + 1, lease=job.lease + 1, worker_id=worker_id,
         heartbeat_at=now, started_at=job.started_at or now, next_attempt_at=None,
-        embedded_count=0, cached_count=0,
+        embedded_count=0, cached_count=0, now=now,
     )
     if not ok:
         session.rollback()
@@ -245,7 +245,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
 def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int,
              **extra: Any) -> bool:
     """Write stage counts and the heartbeat; return cancel_requested. LeaseLost if not ours."""
-    ok = _fenced(session, job_id, lease, stage=stage, done=done, total=total, heartbeat_at=utcnow(), **extra)
+    ok = _fenced(session, job_id, lease, stage=stage, done=done, total=total, heartbeat_at=current_time(), **extra)
     if not ok:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
@@ -255,7 +255,7 @@ def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: i
 
 
 def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
-    ok = _fenced(session, job_id, lease, heartbeat_at=utcnow())
+    ok = _fenced(session, job_id, lease, heartbeat_at=current_time())
     session.commit()
     return ok
 
@@ -267,7 +267,7 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
     Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
     removes), or None.
     """
-    now = utcnow()
+    now = db_now(session)
     ok = _fenced(
         session, job_id, lease, status=JobStatus.succeeded, stage=Stage.done, done=chunk_count,
         total=chunk_count, chunk_count=chunk_count, page_count=page_count, finished_at=now,
@@ -310,7 +310,7 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
                   error_detail=detail[-8000:] if detail else None)
     if job.cancel_requested:
         return _cancelled(session, job, actor=worker_id, **errors)
-    now = utcnow()
+    now = db_now(session)
     data: dict[str, Any] = {"code": code, "kind": kind.value}
     if kind == ErrorKind.transient and job.attempt < job.max_attempts:
         ceiling, delay = backoff_delay(job.attempt, base=base_delay, cap=max_delay, rng=rng)
@@ -341,7 +341,8 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
     where_text = describe_progress(job.stage, job.done, job.total)
     before = job.status
     msg = f"cancelled at {where_text}"
-    if not _cas(session, job, status=JobStatus.cancelled, finished_at=utcnow(), cancel_requested=False,
+    now = db_now(session)
+    if not _cas(session, job, status=JobStatus.cancelled, finished_at=now, cancel_requested=False, now=now,
                 worker_id=None, next_attempt_at=None,
                 **{"error_message": msg, "error_code": "cancelled", "error_kind": None, "fix_hint": None, **extra}):
         session.rollback()
@@ -367,13 +368,14 @@ def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay
     Only running jobs have heartbeats; a job waiting in the queue is pending or retrying and is
     never touched here.
     """
-    cutoff = (now or utcnow()) - timedelta(seconds=lease_seconds)
+    now = now or db_now(session)
+    cutoff = now - timedelta(seconds=lease_seconds)
     stale = session.exec(
         select(Job).where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff)
     ).all()
     taken = []
     for job in stale:
-        silent = (utcnow() - job.heartbeat_at).total_seconds()
+        silent = (now - job.heartbeat_at).total_seconds()
         result = fail(
             session=session, job_id=job.id, lease=job.lease, kind=ErrorKind.transient,
             code="worker_lost",
@@ -527,7 +529,7 @@ def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str 
             return [ActionResult(0, False, f"document {document_id} does not exist")]
         rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)
                             .execution_options(populate_existing=True)).all()
-        now = utcnow()
+        now = db_now(session)
         results, lost = [], False
         for job in rows:
             if job.status == JobStatus.deleted:

