@@ -13,8 +13,8 @@ from datetime import timedelta
 import pytest
 from sqlmodel import Session
 
-from sluice.storage import jobs
-from sluice.storage.models import ErrorKind, JobStatus, utcnow
+from sluice.storage import faults, jobs
+from sluice.storage.models import ErrorKind, Job, JobStatus, utcnow
 from tests.test_jobstore import LEASE, claim, fail, get, kinds, new_job
 
 
@@ -74,3 +74,53 @@ def test_a_worker_whose_clock_is_ahead_does_not_reap_live_work(engine, host_cloc
     with Session(engine) as session:
         assert jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
     assert get(engine, job_id).status == JobStatus.running
+
+
+# --- 2. the reaper takes back only what it saw stale ---------------------------------------------------
+
+
+def make_stale(engine, job_id: int) -> None:
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        job.heartbeat_at = job.heartbeat_at - timedelta(seconds=LEASE * 2)
+        session.add(job)
+        session.commit()
+
+
+def reap(engine) -> list[int]:
+    with Session(engine) as session:
+        return jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02)
+
+
+def test_a_heartbeat_that_lands_after_the_reapers_read_keeps_the_attempt(engine):
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    make_stale(engine, job_id)
+
+    def beat(job_id: int) -> None:  # the worker was only slow: its beat lands now
+        with Session(engine) as session:
+            assert jobs.heartbeat(session=session, job_id=job_id, lease=lease)
+
+    with faults.hook("reap_selected", beat):
+        assert reap(engine) == []
+    j = get(engine, job_id)
+    assert (j.status, j.lease, j.attempt) == (JobStatus.running, lease, 1)
+
+
+def test_a_job_reclaimed_between_two_reaper_steps_keeps_its_new_attempt(engine):
+    first, second = new_job(engine, 1), new_job(engine, 2)
+    claim(engine, first)
+    old_lease = claim(engine, second).job.lease
+    make_stale(engine, first)
+    make_stale(engine, second)
+
+    def another_reaper_and_a_healthy_claim(job_id: int) -> None:
+        if job_id != first:  # while this reaper handles the first job, the second changes hands
+            return
+        assert fail(engine, second, old_lease, ErrorKind.transient).status == JobStatus.retrying
+        assert claim(engine, second, worker="healthy").claimed
+
+    with faults.hook("reap_selected", another_reaper_and_a_healthy_claim):
+        assert reap(engine) == [first]
+    j = get(engine, second)
+    assert (j.status, j.worker_id, j.lease) == (JobStatus.running, "healthy", old_lease + 1)

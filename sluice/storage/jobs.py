@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from sluice.errors import LeaseLost
+from sluice.storage import faults
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
@@ -301,10 +302,16 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
 
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-         rng: random.Random | None = None) -> Job | None:
-    """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter)."""
+         rng: random.Random | None = None, stale_before: datetime | None = None) -> Job | None:
+    """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
+
+    ``stale_before`` (the reaper's): only while the heartbeat is still older than that.
+    """
     job = get_job(session=session, job_id=job_id)
     if job is None or job.lease != lease or job.status != JobStatus.running:
+        return None
+    if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
+        session.rollback()
         return None
     errors = dict(error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
                   error_detail=detail[-8000:] if detail else None)
@@ -366,26 +373,31 @@ def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay
     """Take back running jobs whose heartbeat is older than the lease; returns their ids.
 
     Only running jobs have heartbeats; a job waiting in the queue is pending or retrying and is
-    never touched here.
+    never touched here. Each job is taken back by compare-and-set on what the reaper read: the same
+    lease, still running, heartbeat still stale. A beat that lands after the read, or a claim by a
+    healthy worker meanwhile, wins over the reaper.
     """
     now = now or db_now(session)
     cutoff = now - timedelta(seconds=lease_seconds)
-    stale = session.exec(
-        select(Job).where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff)
+    stale = session.execute(
+        select(Job.id, Job.lease, Job.heartbeat_at, Job.worker_id, Job.stage, Job.done, Job.total)
+        .where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff).order_by(Job.id)
     ).all()
+    session.rollback()  # plain values read; nothing held open while each job is handled
     taken = []
-    for job in stale:
-        silent = (now - job.heartbeat_at).total_seconds()
+    for job_id, lease, beat, worker, stage, done, total in stale:
+        faults.hit("reap_selected", job_id=job_id)
+        silent = (now - beat).total_seconds()
         result = fail(
-            session=session, job_id=job.id, lease=job.lease, kind=ErrorKind.transient,
+            session=session, job_id=job_id, lease=lease, kind=ErrorKind.transient,
             code="worker_lost",
-            message=f"worker {job.worker_id} stopped answering during {describe_progress(job.stage, job.done, job.total)} "
+            message=f"worker {worker} stopped answering during {describe_progress(stage, done, total)} "
                     f"(no heartbeat for {silent:.0f}s)",
             hint="Sluice retries this by itself. If workers keep dying, check their logs and memory.",
-            detail="", worker_id="reaper", base_delay=base_delay, max_delay=max_delay,
+            detail="", worker_id="reaper", base_delay=base_delay, max_delay=max_delay, stale_before=cutoff,
         )
         if result is not None:
-            taken.append(job.id)
+            taken.append(job_id)
     return taken
 
 
