@@ -124,3 +124,35 @@ def test_a_job_reclaimed_between_two_reaper_steps_keeps_its_new_attempt(engine):
         assert reap(engine) == [first]
     j = get(engine, second)
     assert (j.status, j.worker_id, j.lease) == (JobStatus.running, "healthy", old_lease + 1)
+
+
+# --- 4. a cancel that arrives before success wins --------------------------------------------------------
+
+TEXT = "".join(f"Paragraph {i} of the survey describes the lighthouse number {i} in its own words. " * 10
+               + "\n\n" for i in range(12)).encode()
+
+
+def test_a_cancel_requested_after_indexing_but_before_success_wins(database_url, make_ctx):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.runner import run_job
+    from tests.helpers import ids_of_job
+
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    written: list[int] = []
+
+    def operator_cancels(**_) -> None:
+        written.append(len(ids_of_job(ctx, r.job_id)))
+        with Session(ctx.engine) as session:
+            [res] = jobs.request_cancel(session=session, job_ids=[r.job_id], actor="op")
+        assert res.ok and "next batch" in res.message
+
+    with faults.hook("after_index", operator_cancels):
+        outcome = run_job(r.job_id, ctx=ctx)
+
+    j = get(ctx.engine, r.job_id)
+    assert written and written[0] > 4  # every chunk was in the index when the cancel came
+    assert (outcome.result, j.status) == ("cancelled", JobStatus.cancelled)
+    assert not j.cancel_requested and j.error_code == "cancelled"
+    assert ids_of_job(ctx, r.job_id) == []
+    assert "succeeded" not in kinds(ctx.engine, r.job_id)

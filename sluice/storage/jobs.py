@@ -26,7 +26,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from sluice.errors import LeaseLost
+from sluice.errors import JobCancelled, LeaseLost
 from sluice.storage import faults
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
@@ -126,12 +126,12 @@ def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), now: datetime
     return True
 
 
-def _fenced(session: Session, job_id: int, lease: int, **values: Any) -> bool:
+def _fenced(session: Session, job_id: int, lease: int, *, where: Sequence[Any] = (), **values: Any) -> bool:
     """Update a running job only while ``lease`` still owns it."""
     values.setdefault("updated_at", current_time())
     stmt = (
         update(Job)
-        .where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running)
+        .where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running, *where)
         .values(version=Job.version + 1, **values)
         .execution_options(synchronize_session=False)
     )
@@ -265,18 +265,27 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
             worker_id: str, embedded: int, cached: int) -> int | None:
     """running -> succeeded; makes this job the document's searchable one.
 
+    A cancel requested before this lands wins: JobCancelled is raised, and the worker removes the
+    vectors and records the job cancelled (LeaseLost when the job is no longer this attempt's).
+
     Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
     removes), or None.
     """
     now = db_now(session)
     ok = _fenced(
-        session, job_id, lease, status=JobStatus.succeeded, stage=Stage.done, done=chunk_count,
+        session, job_id, lease, where=[Job.cancel_requested.is_(False)],
+        status=JobStatus.succeeded, stage=Stage.done, done=chunk_count,
         total=chunk_count, chunk_count=chunk_count, page_count=page_count, finished_at=now,
-        heartbeat_at=now, cancel_requested=False, error_kind=None, error_code=None,
+        heartbeat_at=now, error_kind=None, error_code=None,
         error_message=None, fix_hint=None, error_detail=None, embedded_count=embedded, cached_count=cached,
     )
     if not ok:
         session.rollback()
+        ours = select(Job.cancel_requested).where(Job.id == job_id, Job.lease == lease,
+                                                  Job.status == JobStatus.running)
+        if session.execute(ours).scalar_one_or_none():  # still ours: it lost to a cancel request
+            session.rollback()
+            raise JobCancelled()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
     job = get_job(session=session, job_id=job_id)
     add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
@@ -426,7 +435,8 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
                 add_event(session, job, "cancel_requested", actor=actor,
                           message=f"cancel requested at {describe_progress(job.stage, job.done, job.total)}")
             session.commit()
-            results.append(ActionResult(jid, ok, f"job {jid} is running; it stops at its next batch"
+            results.append(ActionResult(jid, ok, f"job {jid} is running; it stops at its next batch "
+                                        "and its vectors are removed"
                                         if ok else f"job {jid} changed meanwhile; try again"))
         else:
             results.append(ActionResult(jid, False, f"job {jid} is {job.status.value}; only pending, "
