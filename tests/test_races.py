@@ -13,8 +13,9 @@ from datetime import timedelta
 import pytest
 from sqlmodel import Session
 
+from sluice.errors import LeaseLost
 from sluice.storage import faults, jobs
-from sluice.storage.models import ErrorKind, Job, JobStatus, utcnow
+from sluice.storage.models import Document, ErrorKind, Job, JobStatus, utcnow
 from tests.test_jobstore import LEASE, claim, fail, get, kinds, new_job
 
 
@@ -156,3 +157,58 @@ def test_a_cancel_requested_after_indexing_but_before_success_wins(database_url,
     assert not j.cancel_requested and j.error_code == "cancelled"
     assert ids_of_job(ctx, r.job_id) == []
     assert "succeeded" not in kinds(ctx.engine, r.job_id)
+
+
+# --- 5. search never flips back to an older version --------------------------------------------------------
+
+
+def version_job(engine, job_id: int, version: str) -> int:
+    """A job of another pipeline version for the document of ``job_id``."""
+    with Session(engine, expire_on_commit=False) as session:
+        doc = session.get(Document, get(engine, job_id).document_id)
+        job, created = jobs.create_job(session=session, document=doc, pipeline_version=version,
+                                       idempotency_key=f"{doc.dataset_id}:{doc.sha256}:{version}", max_attempts=3)
+        session.commit()
+        assert created
+        return job.id
+
+
+def succeed(engine, job_id: int, lease: int):
+    with Session(engine) as session:
+        return jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=2, page_count=1,
+                            worker_id="w", embedded=2, cached=0)
+
+
+def active(engine, job_id: int) -> int:
+    with Session(engine) as session:
+        return session.get(Document, get(engine, job_id).document_id).active_job_id
+
+
+def test_an_old_version_still_running_when_the_new_one_succeeds_never_takes_search_back(engine):
+    old = new_job(engine, 1)  # an old worker is building the old version
+    old_lease = claim(engine, old, worker="old-worker").job.lease
+    new = version_job(engine, old, "vnew")
+    assert succeed(engine, new, claim(engine, new, worker="new-worker").job.lease) == [old]
+    assert active(engine, new) == new and get(engine, old).status == JobStatus.superseded
+
+    with pytest.raises(LeaseLost):  # the old worker finishes later: too late
+        succeed(engine, old, old_lease)
+    assert active(engine, new) == new
+    assert (get(engine, new).status, get(engine, old).status) == (JobStatus.succeeded, JobStatus.superseded)
+
+
+def test_a_supersede_that_loses_its_compare_and_set_is_not_ignored(engine):
+    old = new_job(engine, 1)
+    assert succeed(engine, old, claim(engine, old).job.lease) == []
+    new = version_job(engine, old, "vnew")
+    new_lease = claim(engine, new).job.lease
+
+    def reindex_the_old_one_meanwhile(**_) -> None:
+        if get(engine, old).status == JobStatus.succeeded:  # once, between the read and the write
+            with Session(engine) as session:
+                assert jobs.reindex(session=session, job_ids=[old], actor="op")[0].ok
+
+    with faults.hook("before_supersede", reindex_the_old_one_meanwhile):
+        assert succeed(engine, new, new_lease) == [old]
+    assert active(engine, new) == new
+    assert get(engine, old).status == JobStatus.superseded  # not left pending, to win later

@@ -249,11 +249,11 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         superseded = jobs.succeed(session=session, job_id=job.id, lease=job.lease, chunk_count=total,
                                   page_count=parsed.page_count, worker_id=ctx.worker_id,
                                   embedded=embedded, cached=cached)
-    if superseded is not None:
+    for old in superseded:
         try:
-            ctx.vectors.delete(collection, where={"job_id": superseded})
+            ctx.vectors.delete(collection, where={"job_id": old})
         except Exception as exc:  # search already ignores them; reconcile removes them later
-            log.warning("could not remove chunks of superseded job %s: %s", superseded, exc)
+            log.warning("could not remove chunks of superseded job %s: %s", old, exc)
     return Outcome(job.id, "succeeded", f"{total} chunks")
 
 

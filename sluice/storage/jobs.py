@@ -26,7 +26,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from sluice.errors import JobCancelled, LeaseLost
+from sluice.errors import JobCancelled, LeaseLost, TransientError
 from sluice.storage import faults
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
@@ -261,52 +261,77 @@ def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
     return ok
 
 
+SUPERSEDABLE = (JobStatus.succeeded, JobStatus.pending, JobStatus.running, JobStatus.retrying)
+
+
 def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page_count: int,
-            worker_id: str, embedded: int, cached: int) -> int | None:
+            worker_id: str, embedded: int, cached: int, attempts: int = 5) -> list[int]:
     """running -> succeeded; makes this job the document's searchable one.
 
     A cancel requested before this lands wins: JobCancelled is raised, and the worker removes the
     vectors and records the job cancelled (LeaseLost when the job is no longer this attempt's).
 
-    Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
-    removes), or None.
+    Every other job of the document that serves search or may still run (another pipeline
+    version: succeeded, pending, running, retrying) becomes superseded in the same transaction, by
+    compare-and-set: an older version's job still running on an old worker can then never finish
+    later and take search back. A lost compare-and-set reads again and tries again; nothing is
+    written unless all of it is. Returns the ids of the superseded jobs (the caller removes their
+    chunks).
     """
-    now = db_now(session)
-    ok = _fenced(
-        session, job_id, lease, where=[Job.cancel_requested.is_(False)],
-        status=JobStatus.succeeded, stage=Stage.done, done=chunk_count,
-        total=chunk_count, chunk_count=chunk_count, page_count=page_count, finished_at=now,
-        heartbeat_at=now, error_kind=None, error_code=None,
-        error_message=None, fix_hint=None, error_detail=None, embedded_count=embedded, cached_count=cached,
-    )
-    if not ok:
-        session.rollback()
-        ours = select(Job.cancel_requested).where(Job.id == job_id, Job.lease == lease,
-                                                  Job.status == JobStatus.running)
-        if session.execute(ours).scalar_one_or_none():  # still ours: it lost to a cancel request
+    for _ in range(attempts):
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            session.rollback()
+            raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
+        if job.cancel_requested:
             session.rollback()
             raise JobCancelled()
-        raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
-    job = get_job(session=session, job_id=job_id)
-    add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
-              to_status=JobStatus.succeeded,
-              message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
-              data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached})
-    document = session.get(Document, job.document_id, populate_existing=True)
-    superseded = None
-    if document.active_job_id not in (None, job.id):
-        old = get_job(session=session, job_id=document.active_job_id)
-        if old is not None and old.status == JobStatus.succeeded:
-            _cas(session, old, status=JobStatus.superseded)
-            add_event(session, old, "superseded", from_status=JobStatus.succeeded,
-                      to_status=JobStatus.superseded,
-                      message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search")
-            superseded = old.id
-    document.active_job_id = job.id
-    document.deleted_at = None
-    session.add(document)
-    session.commit()
-    return superseded
+        document = session.get(Document, job.document_id, populate_existing=True)
+        serving = document.active_job_id
+        others = session.exec(
+            select(Job).where(Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE))
+            .order_by(Job.id).execution_options(populate_existing=True)
+        ).all()
+        faults.hit("before_supersede", job_id=job_id)
+        now = db_now(session)
+        if not _cas(session, job, where=[Job.lease == lease, Job.status == JobStatus.running,
+                                         Job.cancel_requested.is_(False)],
+                    status=JobStatus.succeeded, stage=Stage.done, done=chunk_count, total=chunk_count,
+                    chunk_count=chunk_count, page_count=page_count, finished_at=now, heartbeat_at=now,
+                    error_kind=None, error_code=None, error_message=None, fix_hint=None, error_detail=None,
+                    embedded_count=embedded, cached_count=cached, now=now):
+            session.rollback()
+            continue  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
+        add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
+                  to_status=JobStatus.succeeded,
+                  message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
+                  data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached})
+        superseded, lost = [], False
+        for old in others:
+            before = old.status
+            if not _cas(session, old, where=[Job.status == before], status=JobStatus.superseded,
+                        cancel_requested=False, worker_id=None, next_attempt_at=None,
+                        finished_at=old.finished_at or now, now=now):
+                lost = True
+                break
+            add_event(session, old, "superseded", from_status=before, to_status=JobStatus.superseded,
+                      message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search",
+                      data={"by_job": job.id})
+            superseded.append(old.id)
+        switched = session.execute(
+            update(Document)
+            .where(Document.id == document.id,
+                   Document.active_job_id == serving if serving is not None else Document.active_job_id.is_(None))
+            .values(active_job_id=job.id, deleted_at=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount == 1
+        if lost or not switched:
+            session.rollback()
+            continue
+        session.commit()
+        return superseded
+    raise TransientError("success_contended", f"job {job_id} could not record its success: the document's "
+                         f"jobs kept changing ({attempts} tries)", "Sluice retries this by itself.")
 
 
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
