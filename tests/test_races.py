@@ -8,15 +8,18 @@ two versions finishing out of order, two recovery loops at once, identical uploa
 from __future__ import annotations
 
 import sys
+import threading
 from datetime import timedelta
 
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from sluice.errors import LeaseLost
 from sluice.storage import faults, jobs
-from sluice.storage.models import Document, ErrorKind, Job, JobStatus, utcnow
-from tests.test_jobstore import LEASE, claim, fail, get, kinds, new_job
+from sluice.storage.models import Document, ErrorKind, Job, JobStatus, Outbox, utcnow
+from sluice.storage.outbox import dispatch, redeliver_stranded
+from tests.helpers import Background
+from tests.test_jobstore import LEASE, claim, fail, get, kinds, new_job, unsent
 
 
 @pytest.fixture
@@ -212,3 +215,44 @@ def test_a_supersede_that_loses_its_compare_and_set_is_not_ignored(engine):
         assert succeed(engine, new, new_lease) == [old]
     assert active(engine, new) == new
     assert get(engine, old).status == JobStatus.superseded  # not left pending, to win later
+
+
+# --- 6. two recovery loops publish a stranded job once ---------------------------------------------------
+
+
+def test_two_recovery_loops_that_both_find_a_stranded_job_publish_it_once(engine):
+    job_id = new_job(engine, 1)
+    dispatch(engine=engine, publish=lambda _id: None)
+    with Session(engine) as session:
+        row = session.exec(select(Outbox).where(Outbox.job_id == job_id)).one()
+        row.sent_at = row.sent_at - timedelta(minutes=10)
+        session.add(row)
+        session.commit()
+    both_selected = threading.Barrier(2, timeout=20)
+
+    def redeliver() -> list[int]:
+        with Session(engine) as session:
+            return redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids=set())
+
+    with faults.hook("redeliver_selected", lambda **_: both_selected.wait()):
+        loops = [Background(redeliver, name=f"recovery-{n}") for n in range(2)]
+        for loop in loops:
+            loop.start()
+        found = sorted(loop.result(60) for loop in loops)
+
+    assert found == [[], [job_id]]
+    assert unsent(engine) == 1 and kinds(engine, job_id).count("republished") == 1
+    sent: list[int] = []
+    dispatch(engine=engine, publish=sent.append)
+    assert sent == [job_id]
+
+
+def test_a_job_publishes_through_one_waiting_outbox_row(engine):
+    job_id = new_job(engine, 1)  # its first row waits, unsent
+    with Session(engine) as session:
+        assert jobs.request_cancel(session=session, job_ids=[job_id], actor="op")[0].ok
+        assert jobs.retry(session=session, job_ids=[job_id], actor="op")[0].ok
+    assert unsent(engine) == 1
+    sent: list[int] = []
+    dispatch(engine=engine, publish=sent.append)
+    assert sent == [job_id]

@@ -139,7 +139,27 @@ def _fenced(session: Session, job_id: int, lease: int, *, where: Sequence[Any] =
 
 
 def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
-    session.add(Outbox(job_id=job.id, available_at=at or db_now(session)))
+    """Have the job published at ``at``: through its outbox row still waiting, if it has one, else a
+    new row. Every caller holds the job's compare-and-set in the same transaction, so two
+    transitions can never both add a row: a job has at most one unsent outbox row."""
+    at = at or db_now(session)
+    waiting = session.execute(
+        update(Outbox).where(Outbox.job_id == job.id, Outbox.sent_at.is_(None))
+        .values(available_at=at, last_error=None).execution_options(synchronize_session=False)
+    ).rowcount
+    if not waiting:
+        session.add(Outbox(job_id=job.id, available_at=at))
+
+
+def republish(*, session: Session, job: Job, now: datetime) -> bool:
+    """A waiting job whose queue message was lost gets a new one (compare-and-set: two recovery
+    loops that both found it stranded publish it once). The caller commits."""
+    if not _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+        return False
+    add_event(session, job, "republished", message="its queue message was lost; published again",
+              data={"status": _val(job.status)})
+    _publish(session, job, now)
+    return True
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:

@@ -14,8 +14,9 @@ from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from sluice.storage import faults
 from sluice.storage.clock import db_now
-from sluice.storage.jobs import CLAIMABLE, add_event
+from sluice.storage.jobs import CLAIMABLE, republish
 from sluice.storage.models import Job, JobStatus, Outbox
 
 
@@ -115,10 +116,9 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
     for job in candidates:
         if job.id in queued_job_ids:
             continue
-        session.add(Outbox(job_id=job.id, available_at=now))
-        add_event(session, job, "republished", message="its queue message was lost; published again",
-                  data={"status": job.status.value})
-        republished.append(job.id)
+        faults.hit("redeliver_selected", job_id=job.id)
+        if republish(session=session, job=job, now=now):  # else another recovery loop or a claim won
+            republished.append(job.id)
     session.commit()
     return republished
 
