@@ -256,3 +256,25 @@ def test_a_job_publishes_through_one_waiting_outbox_row(engine):
     sent: list[int] = []
     dispatch(engine=engine, publish=sent.append)
     assert sent == [job_id]
+
+
+# --- 7. identical uploads at the same moment -----------------------------------------------------------
+
+
+def test_three_identical_uploads_at_once_all_get_the_one_job(database_url, make_ctx):
+    from sluice.ops.ingest import ingest_bytes
+
+    ctx = make_ctx()
+    all_looked = threading.Barrier(3, timeout=20)  # each found no document before any adds one
+
+    with faults.hook("before_document_insert", lambda **_: all_looked.wait()):
+        uploads = [Background(lambda: ingest_bytes(ctx, TEXT, dataset="default", filename="same.txt"),
+                              name=f"upload-{n}") for n in range(3)]
+        for upload in uploads:
+            upload.start()
+        results = [upload.result(60) for upload in uploads]
+
+    assert all(r.accepted for r in results)
+    assert len({r.job_id for r in results}) == 1 and len({r.document_id for r in results}) == 1
+    assert sorted(r.duplicate for r in results) == [False, True, True]
+    assert kinds(ctx.engine, results[0].job_id) == ["created"]

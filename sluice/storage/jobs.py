@@ -20,6 +20,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import count
 from typing import Any
 
 from sqlalchemy import update
@@ -215,6 +216,37 @@ def create_job(
               message=f"{document.filename} ({document.size} bytes, {document.media_type})")
     _publish(session, job)
     return job, True
+
+
+def create_upload(*, session: Session, dataset_id: int, sha256: str, size: int, media_type: str,
+                  filename: str, pipeline_version: str, max_attempts: int, actor: str = "system",
+                  attempts: int = 5) -> tuple[Document, Job, bool]:
+    """Document + Job(pending) + Outbox for uploaded bytes, committed in one transaction; or the
+    document and job that already exist for the same bytes, dataset and pipeline version.
+
+    Identical uploads at the same moment all look, find nothing, and insert: the unique constraints
+    let one win, and the others read again and get its job (``created`` False).
+    """
+    key = idempotency_key(dataset_id=dataset_id, sha256=sha256, pipeline_version=pipeline_version)
+    for attempt in count(1):
+        try:
+            document = session.exec(
+                select(Document).where(Document.dataset_id == dataset_id, Document.sha256 == sha256)
+            ).first()
+            if document is None:
+                faults.hit("before_document_insert", sha256=sha256)
+                document = Document(dataset_id=dataset_id, sha256=sha256, size=size, media_type=media_type,
+                                    filename=filename, blob_key=sha256)
+                session.add(document)
+                session.flush()
+            job, created = create_job(session=session, document=document, pipeline_version=pipeline_version,
+                                      idempotency_key=key, max_attempts=max_attempts, actor=actor)
+            session.commit()
+            return document, job, created
+        except IntegrityError:
+            session.rollback()  # another upload of the same bytes won the insert; read its rows
+            if attempt >= attempts:
+                raise
 
 
 # --- the worker's side -----------------------------------------------------------------------------
