@@ -278,3 +278,18 @@ def test_three_identical_uploads_at_once_all_get_the_one_job(database_url, make_
     assert len({r.job_id for r in results}) == 1 and len({r.document_id for r in results}) == 1
     assert sorted(r.duplicate for r in results) == [False, True, True]
     assert kinds(ctx.engine, results[0].job_id) == ["created"]
+
+
+def test_an_existing_database_gets_the_columns_a_newer_sluice_added(engine):
+    from sqlalchemy import inspect, text
+
+    from sluice.storage.db import add_missing_columns
+
+    with engine.begin() as conn:  # a job table made before waiting_for existed
+        conn.execute(text("ALTER TABLE job DROP COLUMN waiting_for"))
+        conn.execute(text("ALTER TABLE job DROP COLUMN waiting_since"))
+    assert sorted(add_missing_columns(engine)) == ["job.waiting_for", "job.waiting_since"]
+    assert {"waiting_for", "waiting_since"} <= {c["name"] for c in inspect(engine).get_columns("job")}
+    assert add_missing_columns(engine) == []
+    job_id = new_job(engine, 1)
+    assert claim(engine, job_id).claimed

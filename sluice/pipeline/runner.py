@@ -12,9 +12,20 @@ import threading
 import time
 from dataclasses import dataclass
 
+from sqlalchemy import text
 from sqlmodel import Session
 
-from sluice.errors import JobCancelled, LeaseLost, PermanentError, UserActionError, classify
+from sluice.errors import (
+    ErrorKind,
+    JobCancelled,
+    LeaseLost,
+    PermanentError,
+    PipelineError,
+    TransientError,
+    UserActionError,
+    WaitingError,
+    classify,
+)
 from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
@@ -88,7 +99,8 @@ class Reporter:
         if stage != self.stage:
             self.stage, self.stage_started = stage, now
         elif now - self.stage_started > self.ctx.settings.stage_timeout_seconds:
-            raise PermanentError(
+            # A starved host makes any document slow: retried, not a fact about the document.
+            raise TransientError(
                 "stage_timeout",
                 f"{stage.value} took longer than {self.ctx.settings.stage_timeout_seconds:.0f}s",
                 "The document is too heavy to process in time. Split it, or raise SLUICE_STAGE_TIMEOUT_SECONDS.",
@@ -137,16 +149,39 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         return Outcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
-        log.info("job %s attempt %s failed: %s %s", job_id, job.attempt, err.kind.value, err.message)
+        waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err)
+        log.info("job %s attempt %s failed: %s %s%s", job_id, job.attempt, err.kind.value, err.message,
+                 f" (waiting for {waiting_for})" if waiting_for else "")
         with Session(ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
                               message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
-                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
+                              waiting_for=waiting_for, poll_seconds=s.outage_poll_seconds,
+                              max_wait_seconds=s.max_outage_seconds)
         if after is not None and after.status.value == "cancelled":
             _remove_partial(ctx, job)
         return Outcome(job_id, after.status.value if after else "lost", err.message)
     finally:
         beat.stop()
+
+
+def _outage(ctx: Context, err: PipelineError) -> str | None:
+    """After a transient failure: is a service the job needs down? Then it is an outage, not the
+    job's failure. Asked of the services themselves, so a slow request of one job counts as its own."""
+    if err.kind != ErrorKind.transient or err.code not in ("service_unavailable", "internal_error"):
+        return None
+    try:
+        ctx.vectors.heartbeat()
+    except Exception as exc:
+        log.info("Chroma does not answer its heartbeat: %s", exc)
+        return f"Chroma at {ctx.settings.chroma_url}"
+    try:
+        with ctx.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        log.info("the job database does not answer: %s", exc)
+        return "the job database"
+    return None
 
 
 def _remove_partial(ctx: Context, job: Job) -> None:
@@ -168,13 +203,15 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
     if job.pipeline_version != ctx.pipeline_version:
-        # Chunk ids carry the job's version; chunking with other settings would mislabel them.
-        raise UserActionError(
+        # Chunk ids carry the job's version; chunking with other settings would mislabel them. During
+        # a rolling change of settings a worker of the job's version may come: wait for one.
+        raise WaitingError(
             "pipeline_version_mismatch",
             f"this job builds pipeline version {job.pipeline_version}, but this worker's chunking and "
             f"model settings make {ctx.pipeline_version}",
             "Give every worker the same SLUICE_CHUNK_* and SLUICE_EMBED* settings as the console, or run "
             "`sluice reindex --all` to build the version now in force.",
+            waiting_for=f"a worker of pipeline {job.pipeline_version}",
         )
     path = ctx.blobs.path(document.blob_key)
     if not path.exists():

@@ -88,8 +88,39 @@ def init_schema(engine: Engine) -> None:
             if not any(w in text for w in ("exist", "duplicate", "locked")) or attempt == 9:
                 raise
             time.sleep(0.05 * (attempt + 1))
+    add_missing_columns(engine)
     with Session(engine) as session:
         ensure_dataset(session=session, name=DEFAULT_DATASET)
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Add the nullable columns a newer Sluice defines to tables an older one created.
+
+    ``create_all`` creates missing tables only. New columns are always nullable (or have a
+    default), so an existing database takes them with a plain ADD COLUMN; a process that loses the
+    race to another adding the same column sees "duplicate" and moves on.
+    """
+    from sqlalchemy import inspect, text
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    added = []
+    inspector = inspect(engine)
+    for table in SQLModel.metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present or not column.nullable:
+                continue
+            kind = column.type.compile(dialect=engine.dialect)
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+                added.append(f"{table.name}.{column.name}")
+            except (OperationalError, ProgrammingError) as exc:
+                if "duplicate" not in str(exc).lower() and "exists" not in str(exc).lower():
+                    raise
+    return added
 
 
 def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dataset:

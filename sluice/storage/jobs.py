@@ -280,7 +280,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         status=JobStatus.running, stage=Stage.parsing, done=0, total=0,
         attempt=job.attempt + 1, lease=job.lease + 1, worker_id=worker_id,
         heartbeat_at=now, started_at=job.started_at or now, next_attempt_at=None,
-        embedded_count=0, cached_count=0, now=now,
+        embedded_count=0, cached_count=0, waiting_for=None, now=now,
     )
     if not ok:
         session.rollback()
@@ -351,7 +351,7 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
                     status=JobStatus.succeeded, stage=Stage.done, done=chunk_count, total=chunk_count,
                     chunk_count=chunk_count, page_count=page_count, finished_at=now, heartbeat_at=now,
                     error_kind=None, error_code=None, error_message=None, fix_hint=None, error_detail=None,
-                    embedded_count=embedded, cached_count=cached, now=now):
+                    embedded_count=embedded, cached_count=cached, waiting_for=None, waiting_since=None, now=now):
             session.rollback()
             continue  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
         add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
@@ -388,10 +388,15 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
 
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-         rng: random.Random | None = None, stale_before: datetime | None = None) -> Job | None:
+         rng: random.Random | None = None, stale_before: datetime | None = None,
+         waiting_for: str | None = None, poll_seconds: float = 15.0,
+         max_wait_seconds: float = 6 * 3600.0) -> Job | None:
     """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
 
     ``stale_before`` (the reaper's): only while the heartbeat is still older than that.
+    ``waiting_for`` (a dependency is down, not the job's failure): the job waits, retrying every
+    ``poll_seconds`` or so with the attempt given back, until the wait that began with the first
+    such round exceeds ``max_wait_seconds``; then it is a dead letter that says so.
     """
     job = get_job(session=session, job_id=job_id)
     if job is None or job.lease != lease or job.status != JobStatus.running:
@@ -405,11 +410,25 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
         return _cancelled(session, job, actor=worker_id, **errors)
     now = db_now(session)
     data: dict[str, Any] = {"code": code, "kind": kind.value}
-    if kind == ErrorKind.transient and job.attempt < job.max_attempts:
+    gave_up_waiting = False
+    if waiting_for is not None:
+        since = job.waiting_since or now
+        waited = (now - since).total_seconds()
+        if waited <= max_wait_seconds:
+            return _wait(session, job, now=now, since=since, waiting_for=waiting_for, worker_id=worker_id,
+                         poll_seconds=poll_seconds, rng=rng, data=data, **errors)
+        kind = errors["error_kind"] = ErrorKind.transient
+        errors["error_code"] = "outage_too_long"
+        errors["error_message"] = (f"waited {waited / 3600:.1f} h for {waiting_for}, longer than "
+                                   f"SLUICE_MAX_OUTAGE_SECONDS ({max_wait_seconds:.0f} s): {message}")
+        errors["fix_hint"] = (f"Bring {waiting_for} back, then retry the job (Retry in the console, or "
+                              "`sluice retry`).")
+        gave_up_waiting = True
+    if kind == ErrorKind.transient and job.attempt < job.max_attempts and not gave_up_waiting:
         ceiling, delay = backoff_delay(job.attempt, base=base_delay, cap=max_delay, rng=rng)
         due = now + timedelta(seconds=delay)
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.retrying,
-                    next_attempt_at=due, worker_id=None, **errors):
+                    next_attempt_at=due, worker_id=None, waiting_for=None, waiting_since=None, **errors):
             session.rollback()
             return None
         data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
@@ -418,14 +437,36 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
                   message=f"{message}; retry {job.attempt + 1}/{job.max_attempts} in {delay:.1f}s")
         _publish(session, job, due)
     else:
-        if kind == ErrorKind.transient:
+        if kind == ErrorKind.transient and not gave_up_waiting:
             errors["error_message"] = f"gave up after {job.attempt} attempts: {message}"
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.failed,
-                    finished_at=now, worker_id=None, next_attempt_at=None, **errors):
+                    finished_at=now, worker_id=None, next_attempt_at=None, waiting_for=None, **errors):
             session.rollback()
             return None
         add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
                   to_status=JobStatus.failed, data=data, message=errors["error_message"])
+    session.commit()
+    return job
+
+
+def _wait(session: Session, job: Job, *, now: datetime, since: datetime, waiting_for: str, worker_id: str,
+          poll_seconds: float, rng: random.Random | None, data: dict[str, Any], **errors: Any) -> Job | None:
+    """running -> retrying without spending the attempt: something the job needs is missing."""
+    delay = (rng or random).uniform(poll_seconds / 2, poll_seconds)
+    due = now + timedelta(seconds=delay)
+    message = f"waiting for {waiting_for}: {errors['error_message']}"
+    errors["error_message"] = message
+    if not _cas(session, job, where=[Job.lease == job.lease], status=JobStatus.retrying, attempt=job.attempt - 1,
+                next_attempt_at=due, worker_id=None, waiting_for=waiting_for, waiting_since=since, now=now,
+                **errors):
+        session.rollback()
+        return None
+    data.update(delay=round(delay, 3), due=due.isoformat(), waiting_for=waiting_for,
+                waiting_since=since.isoformat())
+    add_event(session, job, "waiting", actor=worker_id, from_status=JobStatus.running,
+              to_status=JobStatus.retrying, data=data,
+              message=f"{message}; attempt not counted; looking again in {delay:.1f}s")
+    _publish(session, job, due)
     session.commit()
     return job
 
@@ -437,7 +478,8 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
     now = db_now(session)
     if not _cas(session, job, status=JobStatus.cancelled, finished_at=now, cancel_requested=False, now=now,
                 worker_id=None, next_attempt_at=None,
-                **{"error_message": msg, "error_code": "cancelled", "error_kind": None, "fix_hint": None, **extra}):
+                **{"error_message": msg, "error_code": "cancelled", "error_kind": None, "fix_hint": None,
+                   "waiting_for": None, **extra}):
         session.rollback()
         return None
     add_event(session, job, "cancelled", actor=actor, from_status=before, to_status=JobStatus.cancelled,
@@ -540,7 +582,7 @@ def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str =
         ok = _cas(session, job, where=[Job.status.in_(RETRYABLE)], status=JobStatus.pending, stage=Stage.queued,
                   done=0, total=0, attempt=0, next_attempt_at=None, finished_at=None, dismissed=False,
                   cancel_requested=False, error_kind=None, error_code=None, error_message=None,
-                  fix_hint=None, error_detail=None)
+                  fix_hint=None, error_detail=None, waiting_for=None, waiting_since=None)
         if ok:
             add_event(session, job, "retried", actor=actor, from_status=before, to_status=JobStatus.pending,
                       message=reason)

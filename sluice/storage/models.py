@@ -116,6 +116,10 @@ class Job(SQLModel, table=True):
     worker_id: str | None = Field(default=None, max_length=120)
     cancel_requested: bool = False
     dismissed: bool = False
+    # A dependency outage (or no worker of its pipeline version): the job waits without spending
+    # attempts. What it waits for, and since when (kept across rounds of the same outage).
+    waiting_for: str | None = Field(default=None, max_length=200)
+    waiting_since: datetime | None = None
 
     error_kind: ErrorKind | None = Field(default=None, max_length=30)
     error_code: str | None = Field(default=None, max_length=60)
