@@ -19,7 +19,7 @@ from sluice.pipeline.chunk import CHUNKER_VERSION
 from sluice.pipeline.embed import Embedder, describe, load_embedder, resolve_precision
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
-from sluice.storage.db import get_engine
+from sluice.storage.db import get_engine, instance_id
 from sluice.storage.settings import Settings, get_settings
 from sluice.storage.vectors import VectorStore
 
@@ -64,6 +64,11 @@ class Context:
             return self.embedder_override
         s = self.settings
         return load_embedder(s.embedder, s.embed_model, s.embed_precision, s.torch_threads)
+
+    @cached_property
+    def instance_id(self) -> str:
+        """The id made with this job database; every queue message carries it."""
+        return instance_id(self.engine)
 
     @cached_property
     def pipeline_version(self) -> str:

@@ -13,7 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, SQLModel, create_engine, select
 
-from sluice.storage.models import Dataset
+from sluice.storage.models import Dataset, Instance
 
 DEFAULT_DATASET = "default"
 
@@ -90,7 +90,26 @@ def init_schema(engine: Engine) -> None:
             time.sleep(0.05 * (attempt + 1))
     add_missing_columns(engine)
     with Session(engine) as session:
+        ensure_instance(session=session)
         ensure_dataset(session=session, name=DEFAULT_DATASET)
+
+
+def ensure_instance(*, session: Session) -> str:
+    """The instance id of this job database, made the first time the database is set up."""
+    row = session.get(Instance, 1)
+    if row is None:
+        session.add(Instance(id=1, instance_id=uuid.uuid4().hex))
+        try:
+            session.commit()
+        except Exception:  # another process made it at the same moment
+            session.rollback()
+        row = session.get(Instance, 1, populate_existing=True)
+    return row.instance_id
+
+
+def instance_id(engine: Engine) -> str:
+    with Session(engine) as session:
+        return ensure_instance(session=session)
 
 
 def add_missing_columns(engine: Engine) -> list[str]:

@@ -55,6 +55,15 @@ STAGE_UNITS = {
 }
 
 
+class Instance(SQLModel, table=True):
+    """One row, made with the database: the id of this Sluice instance. Queue messages carry it, so a
+    worker of another instance on the same queue (its own job database) knows a message is not its."""
+
+    id: int = Field(default=1, primary_key=True)
+    instance_id: str = Field(max_length=40, unique=True)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class Dataset(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True, unique=True, max_length=64)
