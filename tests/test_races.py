@@ -293,3 +293,111 @@ def test_an_existing_database_gets_the_columns_a_newer_sluice_added(engine):
     assert add_missing_columns(engine) == []
     job_id = new_job(engine, 1)
     assert claim(engine, job_id).claimed
+
+
+# --- 1. repair never deletes what a job may claim; success is judged on the index at the end -----------
+
+
+def half_written(ctx):
+    """A job whose first attempt wrote some of its chunks and failed (a permanent error: a dead letter)."""
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.runner import run_job
+    from tests.helpers import ids_of_job
+
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    with faults.hook("embed_batch", _fail_at(3)):
+        assert run_job(r.job_id, ctx=ctx).result == "failed"
+    written = ids_of_job(ctx, r.job_id)
+    assert len(written) == 6
+    return r.job_id, written
+
+
+def _fail_at(n: int):
+    calls = []
+
+    def hook(**_) -> None:
+        calls.append(1)
+        if len(calls) == n:
+            from sluice.errors import PermanentError
+
+            raise PermanentError("injected_fault", "injected at the third batch", "")
+
+    return hook
+
+
+def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_every_chunk(database_url,
+                                                                                           make_ctx):
+    from sluice.pipeline.reconcile import reconcile
+    from sluice.pipeline.runner import run_job
+    from tests.helpers import ids_of_job
+
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
+    job_id, written = half_written(ctx)
+
+    def operator_retries_and_the_job_runs(ids, **_) -> None:
+        assert set(written) <= set(ids)  # the repair is about to delete the first attempt's chunks
+        with Session(ctx.engine) as session:
+            assert jobs.retry(session=session, job_ids=[job_id], actor="op")[0].ok
+        assert run_job(job_id, ctx=ctx).result == "succeeded"
+
+    with faults.hook("reconcile_before_delete", operator_retries_and_the_job_runs):
+        reconcile(ctx, repair=True, actor="test")
+
+    j = get(ctx.engine, job_id)
+    assert j.status == JobStatus.succeeded
+    assert len(ids_of_job(ctx, job_id)) == j.chunk_count  # search misses nothing
+    assert reconcile(ctx).clean
+
+
+def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_letter(database_url, make_ctx):
+    from sluice.pipeline.runner import run_job
+    from tests.helpers import collection, ids_of_job
+
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
+    job_id, written = half_written(ctx)
+    with Session(ctx.engine) as session:
+        assert jobs.retry(session=session, job_ids=[job_id], actor="op")[0].ok
+
+    def a_repair_deletes_them_now(**_) -> None:
+        ctx.vectors.delete(collection(ctx), ids=written)
+
+    with faults.hook("before_verify", a_repair_deletes_them_now):
+        outcome = run_job(job_id, ctx=ctx)
+
+    j = get(ctx.engine, job_id)
+    assert (outcome.result, j.status) == ("succeeded", JobStatus.succeeded), j.error_message
+    assert len(ids_of_job(ctx, job_id)) == j.chunk_count
+
+
+def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(database_url, make_ctx):
+    from sluice.pipeline.reconcile import reconcile
+    from sluice.pipeline.runner import run_job
+    from tests.helpers import ids_of_job
+
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
+    job_id, written = half_written(ctx)
+    store = ctx.vectors
+
+    class SlowDelete:
+        """The delete request is under way while the operator retries and the job runs to success."""
+
+        def delete(self, name, *, ids=None, where=None):
+            if ids is not None and set(written) <= set(ids):
+                with Session(ctx.engine) as session:
+                    assert jobs.retry(session=session, job_ids=[job_id], actor="op")[0].ok
+                ctx.__dict__["vectors"] = store
+                assert run_job(job_id, ctx=ctx).result == "succeeded"  # it counted on the 6 ids
+            return store.delete(name, ids=ids, where=where)
+
+        def __getattr__(self, name):
+            return getattr(store, name)
+
+    ctx.__dict__["vectors"] = SlowDelete()
+    report = reconcile(ctx, repair=True, actor="test")
+    ctx.__dict__["vectors"] = store
+
+    assert report.queued == [job_id], report.describe()  # it found what the delete took from a serving job
+    assert run_job(job_id, ctx=ctx).result == "succeeded"
+    j = get(ctx.engine, job_id)
+    assert len(ids_of_job(ctx, job_id)) == j.chunk_count
+    assert reconcile(ctx).clean

@@ -37,6 +37,7 @@ from sluice.storage.vectors import chunk_id
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 0.5
+VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are written again in between
 
 
 @dataclass
@@ -274,11 +275,25 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     stale = existing - set(ids)
     if stale:
         ctx.vectors.delete(collection, ids=sorted(stale))
-    if job.lease > 1 or stale:
-        held = len(ctx.vectors.ids_where(collection, {"job_id": job.id}))
-        if held != total:
-            raise PermanentError("index_mismatch", f"the index holds {held} chunks of this job, expected {total}",
-                                 "Run `sluice reconcile --repair`, then retry the job.")
+    faults.hit("before_verify", job_id=job.id)
+    # Success is judged on what the index holds now, not on what this attempt believes it wrote:
+    # ids an earlier attempt left (skipped above) may have gone meanwhile (a repair removed them as
+    # orphans of a failed job). Write back what is missing, from the cache, and look again.
+    for _ in range(VERIFY_ROUNDS):
+        held = set(ctx.vectors.ids_where(collection, {"job_id": job.id}))
+        missing = [(cid, c) for cid, c in zip(ids, chunks, strict=True) if cid not in held]
+        if not missing:
+            break
+        log.warning("job %s: %d of its %d chunks are not in the index; writing them again", job.id,
+                    len(missing), total)
+        for start in range(0, len(missing), bs):
+            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs])
+            embedded += e
+            cached += c
+    else:
+        raise TransientError("index_incomplete", f"the index holds {total - len(missing)} of the {total} "
+                             "chunks of this job after writing the missing ones again",
+                             "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.")
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
 
