@@ -24,8 +24,12 @@ from sluice.storage.settings import Settings, get_settings
 from sluice.storage.vectors import VectorStore
 
 
-def pipeline_version(settings: Settings) -> str:
-    """Changes whenever chunking or the model changes, and with it every chunk id."""
+def pipeline_version(settings: Settings, precision: str | None = None) -> str:
+    """Changes whenever chunking, the model or its precision changes, and with it every chunk id.
+
+    bf16 and fp32 vectors differ (slightly), so a fleet with workers of both never writes them
+    under one version. fp32 adds nothing to the spec: versions made before precision counted stay.
+    """
     model_id, dim = describe(settings.embedder, settings.embed_model)
     spec = {
         "chunker": CHUNKER_VERSION,
@@ -34,6 +38,10 @@ def pipeline_version(settings: Settings) -> str:
         "model": model_id,
         "dim": dim,
     }
+    if precision is None:
+        precision = "fp32" if settings.embedder == "hash" else resolve_precision(settings.embed_precision)
+    if precision != "fp32":
+        spec["precision"] = precision
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return f"v{digest}"
 
@@ -72,7 +80,7 @@ class Context:
 
     @cached_property
     def pipeline_version(self) -> str:
-        return pipeline_version(self.settings)
+        return pipeline_version(self.settings, self.precision)
 
     @cached_property
     def precision(self) -> str:
