@@ -218,3 +218,19 @@ def test_reaper_takes_back_stale_running_jobs_but_never_waiting_ones(ctx):
     assert "ghost:1" in s.error_message
     assert run_job(stale.job_id, ctx=ctx).result == "succeeded"  # the reaped job runs again
     assert job(ctx, stale.job_id).attempt == 2
+
+
+def test_a_collection_recreated_behind_the_workers_back_is_found_again(ctx):
+    from sluice.storage.vectors import VectorStore
+
+    first = ingest_bytes(ctx, LONG, dataset="default", filename="first.txt")
+    assert run_job(first.job_id, ctx=ctx).result == "succeeded"  # this process now holds a handle
+    name = collection(ctx)
+    other = VectorStore(ctx.settings.chroma_url)  # another process drops and makes it again
+    other.drop_collection(name)
+    other.collection(name)
+
+    second = ingest_bytes(ctx, LONG.replace(b"manual", b"guide"), dataset="default", filename="second.txt")
+    assert run_job(second.job_id, ctx=ctx).result == "succeeded", job(ctx, second.job_id).error_message
+    j = job(ctx, second.job_id)
+    assert j.attempt == 1 and len(ids_of_job(ctx, second.job_id)) == j.chunk_count
