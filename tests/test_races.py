@@ -401,3 +401,105 @@ def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(databa
     j = get(ctx.engine, job_id)
     assert len(ids_of_job(ctx, job_id)) == j.chunk_count
     assert reconcile(ctx).clean
+
+
+# --- 9. hangs that the heartbeat notices -------------------------------------------------------------------
+
+
+class StuckEmbedder:
+    """The hash embedder, but its ``stuck_at``-th call blocks until released (an encode that never
+    returns, as far as the job can tell)."""
+
+    def __init__(self, stuck_at: int) -> None:
+        from sluice.pipeline.embed import HashEmbedder
+
+        self.inner = HashEmbedder()
+        self.model_id, self.dim, self.precision = self.inner.model_id, self.inner.dim, self.inner.precision
+        self.stuck_at, self.calls = stuck_at, 0
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def encode(self, texts):
+        self.calls += 1
+        if self.calls == self.stuck_at:
+            self.entered.set()
+            assert self.release.wait(60), "never released"
+        return self.inner.encode(texts)
+
+
+def wait_status(engine, job_id: int, statuses, timeout: float = 30.0) -> Job:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        j = get(engine, job_id)
+        if j.status in statuses:
+            return j
+        assert time.monotonic() < deadline, f"job {job_id} still {j.status.value} ({j.stage.value}) after {timeout}s"
+        time.sleep(0.05)
+
+
+def stuck_run(make_ctx, **env):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.runner import run_job
+
+    stuck = StuckEmbedder(stuck_at=2)
+    ctx = make_ctx(embedder=stuck, SLUICE_EMBED_BATCH_SIZE="2", SLUICE_HEARTBEAT_SECONDS="0.1", **env)
+    from tests.helpers import collection
+
+    ctx.vectors.collection(collection(ctx))  # connect first: a cold client is slower than the deadline
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    runner = Background(lambda: run_job(r.job_id, ctx=ctx), name="runner")
+    runner.start()
+    if not stuck.entered.wait(30):
+        runner.check()
+        raise AssertionError(f"the encode was not reached: {get(ctx.engine, r.job_id)}")
+    return ctx, r.job_id, stuck, runner
+
+
+def test_an_encode_that_never_returns_still_meets_the_stage_deadline(database_url, make_ctx):
+    from tests.helpers import ids_of_job
+
+    ctx, job_id, stuck, runner = stuck_run(make_ctx, SLUICE_STAGE_TIMEOUT_SECONDS="2")
+    try:
+        j = wait_status(ctx.engine, job_id, {JobStatus.retrying, JobStatus.failed})
+    finally:
+        stuck.release.set()
+    assert (j.status, j.error_code, j.error_kind) == (JobStatus.retrying, "stage_timeout", ErrorKind.transient)
+    assert "embedding took longer than" in j.error_message
+    assert runner.result(30).result == "lost"  # the stuck thread's later writes are refused
+    assert len(ids_of_job(ctx, job_id)) == 2  # and it added nothing after it came back
+    assert get(ctx.engine, job_id).status == JobStatus.retrying
+
+
+def test_a_cancel_during_an_encode_that_never_returns_is_carried_out(database_url, make_ctx):
+    from tests.helpers import ids_of_job
+
+    ctx, job_id, stuck, runner = stuck_run(make_ctx)
+    assert len(ids_of_job(ctx, job_id)) == 2  # the first batch is in
+    with Session(ctx.engine) as session:
+        assert jobs.request_cancel(session=session, job_ids=[job_id], actor="op")[0].ok
+    try:
+        j = wait_status(ctx.engine, job_id, {JobStatus.cancelled})
+    finally:
+        stuck.release.set()
+    assert j.error_message.startswith("cancelled at embedding")
+    assert ids_of_job(ctx, job_id) == []
+    assert runner.result(30).result == "lost"
+    assert ids_of_job(ctx, job_id) == []
+
+
+def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(database_url, make_ctx):
+    from tests.helpers import ids_of_job
+
+    noticed = threading.Event()
+    with faults.hook("heartbeat_lost", lambda **_: noticed.set()):
+        ctx, job_id, stuck, runner = stuck_run(make_ctx)
+        with Session(ctx.engine) as session:  # the document is deleted while the call hangs
+            assert all(r.ok for r in jobs.mark_deleted(session=session, document_id=get(ctx.engine, job_id)
+                                                       .document_id, actor="op"))
+        try:
+            assert noticed.wait(30), "the heartbeat never noticed it lost the job"
+        finally:
+            stuck.release.set()
+        assert runner.result(30).result == "lost"
+    assert len(ids_of_job(ctx, job_id)) == 2  # nothing written after the lease was lost

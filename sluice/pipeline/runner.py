@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 0.5
 VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are written again in between
+CANCEL_GRACE_SECONDS = 1.0  # a cancel the job's own thread has not acted on for this long: the watchdog acts
+STAGE_TIMEOUT_HINT = ("Sluice retries this by itself (a busy host makes any document slow). If it keeps "
+                      "happening, split the document or raise SLUICE_STAGE_TIMEOUT_SECONDS.")
 
 
 @dataclass
@@ -49,28 +52,80 @@ class Outcome:
 
 class Heartbeat(threading.Thread):
     """Beats the job's heartbeat while a long step (one big batch) keeps the worker busy; a beat
-    also writes the stage counts the reporter holds back, so a long batch shows its stage."""
+    also writes the stage counts the reporter holds back, so a long batch shows its stage.
 
-    def __init__(self, ctx: Context, job_id: int, lease: int, reporter: Reporter | None = None) -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{job_id}")
-        self.ctx, self.job_id, self.lease, self.reporter = ctx, job_id, lease, reporter
+    It is also the attempt's watchdog: while one call (an encode, a request) does not return, only
+    this thread runs. It enforces the stage deadline and carries out a cancel the stuck thread cannot
+    see, each by a write fenced on the lease, so the stuck thread's later writes fail with LeaseLost;
+    and when the lease is lost it tells the reporter, which stops the attempt before its next write.
+    """
+
+    def __init__(self, ctx: Context, job: Job, reporter: Reporter) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{job.id}")
+        self.ctx, self.job, self.job_id, self.lease, self.reporter = ctx, job, job.id, job.lease, reporter
         self.stopped = threading.Event()
         self.lost = False
 
     def run(self) -> None:
-        while not self.stopped.wait(self.ctx.settings.heartbeat_seconds):
+        s = self.ctx.settings
+        while not self.stopped.wait(s.heartbeat_seconds):
             try:
-                if self.reporter is not None and self.reporter.flush():
-                    continue
-                with Session(self.ctx.engine) as session:
-                    if not jobs.heartbeat(session=session, job_id=self.job_id, lease=self.lease):
-                        self.lost = True
-                        return
+                cancel = self._beat()
             except LeaseLost:
-                self.lost = True
+                self._lose()
                 return
             except Exception as exc:  # the database hiccuped; the next beat may get through
                 log.warning("heartbeat of job %s failed: %s", self.job_id, exc)
+                continue
+            if self.stopped.is_set():
+                return
+            now = time.monotonic()
+            silent = now - self.reporter.last_update
+            if now - self.reporter.stage_started > s.stage_timeout_seconds and silent > s.heartbeat_seconds:
+                self._stage_timeout(silent)
+                return
+            if cancel and silent > max(2 * s.heartbeat_seconds, CANCEL_GRACE_SECONDS):
+                self._cancel(silent)
+                return
+
+    def _beat(self) -> bool:
+        """Beat (or write the held counts); returns whether a cancel is requested."""
+        if self.reporter.flush():
+            return self.reporter.cancel
+        with Session(self.ctx.engine) as session:
+            if not jobs.heartbeat(session=session, job_id=self.job_id, lease=self.lease):
+                raise LeaseLost(f"job {self.job_id} is no longer owned by lease {self.lease}")
+            return jobs.cancel_requested(session=session, job_id=self.job_id)
+
+    def _lose(self) -> None:
+        self.lost = self.reporter.lost = True
+        log.warning("job %s: lease %s lost; the attempt stops before its next write", self.job_id, self.lease)
+        faults.hit("heartbeat_lost", job_id=self.job_id)
+
+    def _stage_timeout(self, silent: float) -> None:
+        s, stage = self.ctx.settings, self.reporter.stage
+        self.reporter.lost = True  # whatever the stuck call does next is no longer this attempt's
+        log.warning("job %s: %s has run past SLUICE_STAGE_TIMEOUT_SECONDS with one call silent for %.0fs; "
+                    "ending the attempt", self.job_id, stage.value, silent)
+        with Session(self.ctx.engine, expire_on_commit=False) as session:
+            after = jobs.fail(
+                session=session, job_id=self.job_id, lease=self.lease, kind=ErrorKind.transient,
+                code="stage_timeout",
+                message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call did not "
+                        f"return for {silent:.0f}s)",
+                hint=STAGE_TIMEOUT_HINT, detail="", worker_id=self.ctx.worker_id,
+                base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+        if after is not None and after.status.value == "cancelled":
+            _remove_partial(self.ctx, self.job)
+
+    def _cancel(self, silent: float) -> None:
+        self.reporter.lost = True
+        log.warning("job %s: cancel requested while one call is silent for %.0fs; stopping it here",
+                    self.job_id, silent)
+        _remove_partial(self.ctx, self.job)
+        with Session(self.ctx.engine, expire_on_commit=False) as session:
+            jobs.acknowledge_cancel(session=session, job_id=self.job_id, lease=self.lease,
+                                    worker_id=self.ctx.worker_id)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -90,13 +145,21 @@ class Reporter:
         self.stage: Stage = Stage.parsing  # what the claim wrote
         self.last = time.monotonic()  # the claim counts as a write
         self.stage_started = self.last
+        self.last_update = self.last  # the last step the job's own thread reported
         self.pending: dict | None = None
         self.cancel = False
+        self.lost = False  # set by the heartbeat: the lease is gone, or the watchdog ended the attempt
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
 
+    def check(self) -> None:
+        """LeaseLost if the attempt is no longer this thread's (call before a write to the index)."""
+        if self.lost:
+            raise LeaseLost(f"job {self.job_id}: lease {self.lease} lost or the attempt was ended")
+
     def update(self, stage: Stage, done: int, total: int, *, force: bool = False, **extra) -> None:
-        now = time.monotonic()
+        self.check()
+        now = self.last_update = time.monotonic()
         if stage != self.stage:
             self.stage, self.stage_started = stage, now
         elif now - self.stage_started > self.ctx.settings.stage_timeout_seconds:
@@ -104,7 +167,7 @@ class Reporter:
             raise TransientError(
                 "stage_timeout",
                 f"{stage.value} took longer than {self.ctx.settings.stage_timeout_seconds:.0f}s",
-                "The document is too heavy to process in time. Split it, or raise SLUICE_STAGE_TIMEOUT_SECONDS.",
+                STAGE_TIMEOUT_HINT,
             )
         with self._pending_lock:
             self.pending = {**(self.pending or {}), **extra, "stage": stage, "done": done, "total": total}
@@ -136,7 +199,7 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
     job = claim.job
     faults.hit("after_claim")
     report = Reporter(ctx, job_id, job.lease)
-    beat = Heartbeat(ctx, job_id, job.lease, report)
+    beat = Heartbeat(ctx, job, report)
     beat.start()
     try:
         return _execute(ctx, job, report)
@@ -264,7 +327,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
                  if cid not in existing]
         if batch:
-            e, c = _embed_and_add(ctx, collection, job, document, batch)
+            e, c = _embed_and_add(ctx, collection, job, document, batch, report)
             embedded += e
             cached += c
         faults.hit("embed_batch")
@@ -287,7 +350,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         log.warning("job %s: %d of its %d chunks are not in the index; writing them again", job.id,
                     len(missing), total)
         for start in range(0, len(missing), bs):
-            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs])
+            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs], report)
             embedded += e
             cached += c
     else:
@@ -310,7 +373,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
 
 
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
-                   batch: list[tuple[str, Chunk]]) -> tuple[int, int]:
+                   batch: list[tuple[str, Chunk]], report: Reporter) -> tuple[int, int]:
     texts = [c.text for _, c in batch]
     vectors = ctx.cache.get_many(texts)
     missing = [i for i, v in enumerate(vectors) if v is None]
@@ -326,6 +389,7 @@ def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
     ]
     import numpy as np
 
+    report.check()  # an encode may have outlived the attempt: never write for an attempt that is over
     ctx.vectors.add(collection, ids=[cid for cid, _ in batch], embeddings=np.stack(vectors),
                     documents=texts, metadatas=metadatas)
     return len(missing), len(batch) - len(missing)

@@ -307,6 +307,10 @@ def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: i
     return bool(cancel)
 
 
+def cancel_requested(*, session: Session, job_id: int) -> bool:
+    return bool(session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none())
+
+
 def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
     ok = _fenced(session, job_id, lease, heartbeat_at=current_time())
     session.commit()
@@ -549,7 +553,12 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
             if job.cancel_requested:
                 results.append(ActionResult(jid, True, f"job {jid}: cancel already requested"))
                 continue
-            ok = _cas(session, job, where=[Job.status == JobStatus.running], cancel_requested=True)
+            # Not on the version: the job's own heartbeat bumps it several times a second.
+            ok = session.execute(
+                update(Job).where(Job.id == jid, Job.status == JobStatus.running)
+                .values(cancel_requested=True, version=Job.version + 1, updated_at=current_time())
+                .execution_options(synchronize_session=False)
+            ).rowcount == 1
             if ok:
                 add_event(session, job, "cancel_requested", actor=actor,
                           message=f"cancel requested at {describe_progress(job.stage, job.done, job.total)}")
