@@ -503,3 +503,74 @@ def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(dat
             stuck.release.set()
         assert runner.result(30).result == "lost"
     assert len(ids_of_job(ctx, job_id)) == 2  # nothing written after the lease was lost
+
+
+# --- 8. an outage of the job database ----------------------------------------------------------------------
+
+
+def test_the_reaper_waits_a_lease_after_the_database_was_down(database_url, make_ctx, monkeypatch):
+    import time
+
+    from sqlalchemy import create_engine
+
+    from sluice.pipeline import recovery
+    from sluice.pipeline.context import Context
+    from tests.servers import free_port
+
+    ctx = make_ctx()
+    monkeypatch.setattr(recovery, "_database_down_at", None)
+    down = Context(ctx.settings)
+    down.__dict__["engine"] = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/gone")
+    with pytest.raises(Exception, match="(?i)connect"):
+        recovery.run_once(down, publish=lambda _id: None)
+    assert recovery._database_down_at is not None  # this worker saw the database go away
+
+    job_id = new_job(ctx.engine, 1)
+    claim(ctx.engine, job_id)
+    make_stale(ctx.engine, job_id)  # no heartbeat could land while it was down
+    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []
+    assert get(ctx.engine, job_id).status == JobStatus.running
+
+    monkeypatch.setattr(recovery, "_database_down_at", time.monotonic() - ctx.settings.lease_seconds - 1)
+    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == [job_id]  # a lease later: really stale
+
+
+def test_an_attempts_outcome_waits_for_the_database_to_answer(database_url, make_ctx, monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.runner import run_job
+
+    ctx = make_ctx()
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    real, calls = jobs.fail, []
+
+    def database_down_twice(**kw):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OperationalError("UPDATE job ...", {}, ConnectionError("connection refused"))
+        return real(**kw)
+
+    monkeypatch.setattr(jobs, "fail", database_down_twice)
+    monkeypatch.setenv("SLUICE_FAULTS", "after_parse=transient")
+    outcome = run_job(r.job_id, ctx=ctx)
+
+    assert outcome.result == "retrying" and len(calls) == 3
+    j = get(ctx.engine, r.job_id)
+    assert (j.status, j.error_code) == (JobStatus.retrying, "injected_fault")
+
+
+def test_a_failure_is_recorded_even_when_the_jobs_own_heartbeat_lands_first(engine):
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    beats = []
+
+    def own_heartbeat(**_) -> None:
+        if not beats:
+            with Session(engine) as session:
+                beats.append(jobs.heartbeat(session=session, job_id=job_id, lease=lease))
+
+    with faults.hook("before_fail_write", own_heartbeat):
+        after = fail(engine, job_id, lease, ErrorKind.transient)
+    assert beats == [True]
+    assert after is not None and after.status == JobStatus.retrying

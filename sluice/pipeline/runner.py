@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import text
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session
 
 from sluice.errors import (
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 0.5
 VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are written again in between
+DATABASE_DOWN = (OperationalError, DisconnectionError, InterfaceError)
 CANCEL_GRACE_SECONDS = 1.0  # a cancel the job's own thread has not acted on for this long: the watchdog acts
 STAGE_TIMEOUT_HINT = ("Sluice retries this by itself (a busy host makes any document slow). If it keeps "
                       "happening, split the document or raise SLUICE_STAGE_TIMEOUT_SECONDS.")
@@ -208,25 +211,52 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         return Outcome(job_id, "lost", str(exc))
     except JobCancelled:
         _remove_partial(ctx, job)
-        with Session(ctx.engine, expire_on_commit=False) as session:
-            done = jobs.acknowledge_cancel(session=session, job_id=job_id, lease=job.lease, worker_id=ctx.worker_id)
+
+        def acknowledge() -> Job | None:
+            with Session(ctx.engine, expire_on_commit=False) as session:
+                return jobs.acknowledge_cancel(session=session, job_id=job_id, lease=job.lease,
+                                               worker_id=ctx.worker_id)
+
+        done = _when_the_database_answers(ctx, job_id, acknowledge)
         return Outcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
         waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err)
         log.info("job %s attempt %s failed: %s %s%s", job_id, job.attempt, err.kind.value, err.message,
                  f" (waiting for {waiting_for})" if waiting_for else "")
-        with Session(ctx.engine, expire_on_commit=False) as session:
-            after = jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
-                              message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
-                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
-                              waiting_for=waiting_for, poll_seconds=s.outage_poll_seconds,
-                              max_wait_seconds=s.max_outage_seconds)
+
+        def record() -> Job | None:
+            with Session(ctx.engine, expire_on_commit=False) as session:
+                return jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
+                                 message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
+                                 base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
+                                 waiting_for=waiting_for, poll_seconds=s.outage_poll_seconds,
+                                 max_wait_seconds=s.max_outage_seconds)
+
+        after = _when_the_database_answers(ctx, job_id, record)
         if after is not None and after.status.value == "cancelled":
             _remove_partial(ctx, job)
         return Outcome(job_id, after.status.value if after else "lost", err.message)
     finally:
         beat.stop()
+
+
+def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], Job | None]) -> Job | None:
+    """Write the attempt's outcome, waiting (up to SLUICE_MAX_OUTAGE_SECONDS) while the job database
+    does not answer: the outcome is not lost, and the job is not left running for the reaper to
+    count as a lost worker. Its heartbeat, beating again once the database is back, keeps the
+    reaper off (which also waits a lease after an outage of its own)."""
+    s = ctx.settings
+    deadline = time.monotonic() + s.max_outage_seconds
+    while True:
+        try:
+            return write()
+        except DATABASE_DOWN as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("job %s: the job database does not answer (%s); its outcome is written when it "
+                        "does", job_id, str(exc).splitlines()[0][:200])
+            time.sleep(s.outage_poll_seconds)
 
 
 def _outage(ctx: Context, err: PipelineError) -> str | None:

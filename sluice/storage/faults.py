@@ -9,7 +9,11 @@ or ``transient`` / ``permanent`` (raise that error class). A point may carry a c
 Points: ``after_claim``, ``after_parse``, ``embed_batch``, ``after_index`` (vectors written, job
 not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, before it takes it back),
 ``before_document_insert`` (an upload found no document with its bytes, before it adds one),
-``redeliver_selected`` (recovery picked a stranded job, before it publishes it again).
+``redeliver_selected`` (recovery picked a stranded job, before it publishes it again),
+``before_supersede`` (a success read the document's other jobs, before it writes),
+``before_fail_write`` (a failure read the job, before it writes), ``before_verify`` (the runner
+wrote its chunks, before it checks the index), ``reconcile_before_delete`` (repair confirmed
+orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the lease gone).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database

@@ -17,7 +17,7 @@ the same transaction; transitions that need the job published again write an Out
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import count
@@ -390,6 +390,24 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
                          f"jobs kept changing ({attempts} tries)", "Sluice retries this by itself.")
 
 
+def _while_ours(session: Session, job_id: int, lease: int, once: Callable[[], Job | None], *,
+                stale_before: datetime | None = None, attempts: int = 5) -> Job | None:
+    """Run a compare-and-set transition of a running attempt until it lands, or the job is no
+    longer this lease's (or, for the reaper, no longer stale). Losing only to a beat of the job's
+    own heartbeat, which bumps the version several times a second, is no reason to give up."""
+    for _ in range(attempts):
+        done = once()
+        if done is not None:
+            return done
+        job = get_job(session=session, job_id=job_id)
+        session.rollback()
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
+            return None
+    return None
+
+
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
          rng: random.Random | None = None, stale_before: datetime | None = None,
@@ -402,6 +420,17 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
     ``poll_seconds`` or so with the attempt given back, until the wait that began with the first
     such round exceeds ``max_wait_seconds``; then it is a dead letter that says so.
     """
+    return _while_ours(session, job_id, lease, lambda: _fail_once(
+        session=session, job_id=job_id, lease=lease, kind=kind, code=code, message=message, hint=hint,
+        detail=detail, worker_id=worker_id, base_delay=base_delay, max_delay=max_delay, rng=rng,
+        stale_before=stale_before, waiting_for=waiting_for, poll_seconds=poll_seconds,
+        max_wait_seconds=max_wait_seconds), stale_before=stale_before)
+
+
+def _fail_once(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
+               hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
+               rng: random.Random | None, stale_before: datetime | None, waiting_for: str | None,
+               poll_seconds: float, max_wait_seconds: float) -> Job | None:
     job = get_job(session=session, job_id=job_id)
     if job is None or job.lease != lease or job.status != JobStatus.running:
         return None
@@ -412,6 +441,7 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
                   error_detail=detail[-8000:] if detail else None)
     if job.cancel_requested:
         return _cancelled(session, job, actor=worker_id, **errors)
+    faults.hit("before_fail_write", job_id=job_id)
     now = db_now(session)
     data: dict[str, Any] = {"code": code, "kind": kind.value}
     gave_up_waiting = False
@@ -494,10 +524,14 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
 
 def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: str) -> Job | None:
     """The worker stopped a running job after cancel was requested (vectors already removed)."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None or job.lease != lease or job.status != JobStatus.running:
-        return None
-    return _cancelled(session, job, actor=worker_id)
+
+    def once() -> Job | None:
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        return _cancelled(session, job, actor=worker_id)
+
+    return _while_ours(session, job_id, lease, once)
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
