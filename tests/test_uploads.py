@@ -241,7 +241,10 @@ def test_a_pdf_over_the_chunk_limit_fails_with_a_hint_and_nothing_indexed(make_c
 
 def test_a_stage_over_its_time_limit_is_retried_then_fails_classified(make_ctx, monkeypatch):
     # A starved host makes any document slow: transient, retried while attempts last.
-    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="0.3", SLUICE_EMBED_BATCH_SIZE="2", SLUICE_MAX_ATTEMPTS="1")
+    # (The heartbeat's watchdog, which ends an attempt stuck in one call, beats too rarely here to
+    # act first: this is the job's own thread noticing at its next batch.)
+    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="0.3", SLUICE_EMBED_BATCH_SIZE="2", SLUICE_MAX_ATTEMPTS="1",
+                   SLUICE_HEARTBEAT_SECONDS="30")
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.6")
     failed = _run_refused(ctx, make_pdf(4), "slow.pdf")
     assert (failed.error_kind, failed.error_code) == (ErrorKind.transient, "stage_timeout")

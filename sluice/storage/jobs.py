@@ -366,8 +366,8 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
         for old in others:
             before = old.status
             if not _cas(session, old, where=[Job.status == before], status=JobStatus.superseded,
-                        cancel_requested=False, worker_id=None, next_attempt_at=None,
-                        finished_at=old.finished_at or now, now=now):
+                        cancel_requested=False, worker_id=None, next_attempt_at=None, waiting_for=None,
+                        waiting_since=None, finished_at=old.finished_at or now, now=now):
                 lost = True
                 break
             add_event(session, old, "superseded", from_status=before, to_status=JobStatus.superseded,
@@ -721,7 +721,8 @@ def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str 
                 continue
             before = job.status
             if not _cas(session, job, status=JobStatus.deleted, cancel_requested=False, worker_id=None,
-                        next_attempt_at=None, finished_at=job.finished_at or now):
+                        next_attempt_at=None, waiting_for=None, waiting_since=None,
+                        finished_at=job.finished_at or now, now=now):
                 lost = True
                 break
             add_event(session, job, "deleted", actor=actor, from_status=before, to_status=JobStatus.deleted,
