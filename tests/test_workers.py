@@ -199,3 +199,17 @@ def test_a_worker_of_another_instance_on_the_same_queue_leaves_our_messages_alon
 
     assert j.status.value == "succeeded"
     assert [e.kind for e in events(ctx, r.job_id)] == ["created", "claimed", "succeeded"]
+
+
+def test_queue_inspection_counts_only_this_instances_messages(make_ctx):
+    """A message of another instance with the same job id number says nothing about our job: the
+    recovery must still find ours stranded."""
+    from sluice.pipeline.queue import publish, queued_job_ids
+    from sluice.pipeline.tasks import process_job
+
+    ctx = make_ctx()
+    r = ingest_bytes(ctx, b"a page about queue inspection. " * 100, dataset="default", filename="ours.txt")
+    process_job(r.job_id, "another-instance")  # the other instance's job with the same id
+    assert queued_job_ids() == []
+    publish(r.job_id)
+    assert queued_job_ids() == [r.job_id]
