@@ -4,6 +4,7 @@
      ├── SettingsError            the configuration is wrong; the message names the variable and the fix
      ├── PipelineError            a job attempt failed; carries kind, code, message, fix hint
      │    ├── TransientError      timeouts, connection errors, lost workers: retried with backoff
+     │    │    └── WaitingError   a dependency is down (or no worker can run it): waits, attempt unspent
      │    ├── PermanentError      unreadable or corrupt input: failed at once, never retried
      │    └── UserActionError     the operator must act (password, OCR, type, size): failed at once
      ├── JobCancelled             the operator asked the running job to stop
@@ -51,6 +52,16 @@ class PipelineError(SluiceError):
 
 class TransientError(PipelineError):
     kind = ErrorKind.transient
+
+
+class WaitingError(TransientError):
+    """Not the job's failure: something it needs is missing (a service is down, no worker of its
+    pipeline version). The job waits for ``waiting_for`` without spending an attempt."""
+
+    def __init__(self, code: str, message: str, hint: str = "", detail: str = "", *,
+                 waiting_for: str) -> None:
+        super().__init__(code, message, hint, detail)
+        self.waiting_for = waiting_for
 
 
 class PermanentError(PipelineError):

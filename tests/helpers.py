@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sqlmodel import Session, select
@@ -54,3 +55,35 @@ def until(predicate, *, timeout: float, what: str, interval: float = 0.1):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout}s: {what}")
         time.sleep(interval)
+
+
+class Background(threading.Thread):
+    """A test's background thread that never fails silently: ``result()`` joins it within a bound
+    and raises whatever the thread raised; ``check()`` raises it at once if the thread already died.
+    """
+
+    def __init__(self, target=None, *, name: str | None = None) -> None:
+        super().__init__(daemon=True, name=name)
+        self._fn = target
+        self.error: BaseException | None = None
+        self.value = None
+
+    def run(self) -> None:
+        try:
+            self.value = (self._fn or self.work)()
+        except BaseException as exc:  # surfaced by check() and result()
+            self.error = exc
+
+    def work(self):  # subclasses override this, or pass target=
+        raise NotImplementedError
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise AssertionError(f"background thread {self.name} failed: {self.error!r}") from self.error
+
+    def result(self, timeout: float = 60.0):
+        self.join(timeout)
+        if self.is_alive():
+            raise AssertionError(f"background thread {self.name} still running after {timeout}s")
+        self.check()
+        return self.value

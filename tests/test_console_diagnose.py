@@ -74,6 +74,15 @@ def test_retrying_job_says_when_its_next_attempt_is_due():
     assert _why(_row("succeeded")) is None
 
 
+def test_a_job_waiting_for_a_dependency_says_what_it_waits_for():
+    row = _row("retrying", attempt=0, next_attempt_at=(NOW + timedelta(seconds=9)).isoformat(),
+               waiting_for="Chroma at http://127.0.0.1:8100",
+               waiting_since=(NOW - timedelta(seconds=180)).isoformat())
+    assert _why(row, workers=2) == ("info", "Waiting for Chroma at http://127.0.0.1:8100 for 180 s: not the "
+                                    "job's failure, no attempt is spent. It looks again in 9 s and resumes "
+                                    "by itself; 2 worker(s) alive.")
+
+
 def test_phases_split_the_event_log_into_waits_and_attempts():
     t = [NOW + timedelta(seconds=s) for s in (0, 2, 5, 6, 9, 20)]
     events = [

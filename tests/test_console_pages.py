@@ -294,9 +294,10 @@ def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx,
 
 
 def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx):
-    make_ctx(SLUICE_CONSOLE_READONLY_PASSWORD="peek-only-8d1f", SLUICE_CHROMA_TOKEN="tok-secret-4c2a")
+    ctx = make_ctx(SLUICE_CONSOLE_READONLY_PASSWORD="peek-only-8d1f", SLUICE_CHROMA_TOKEN="tok-secret-4c2a")
     at = open_console("system")
     page = texts(at)
+    assert f"Instance `{ctx.instance_id}`" in page
     assert "queue Redis" in page and "cache Redis" in page and "chroma" in page
     assert page.count(": reachable") == 3
     assert metric(at, "Precision in force") == "fp32"

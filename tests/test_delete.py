@@ -1,7 +1,6 @@
 """Deleting a document: vectors gone, blob gone unless another document shares the bytes, jobs marked
 deleted with their history kept; a running job stops; the same bytes can be uploaded again."""
 
-import threading
 import time
 
 from sqlmodel import Session
@@ -13,7 +12,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile import reconcile
 from sluice.pipeline.runner import run_job
 from sluice.storage.models import Document, JobStatus
-from tests.helpers import events, ids_of_job, job
+from tests.helpers import Background, events, ids_of_job, job
 
 ALPHA = b"Albatross migration routes cross the southern ocean every winter season. " * 60
 BETA = b"Beekeeping starts with a calm hive, a smoker and patient hands in spring. " * 60
@@ -93,8 +92,7 @@ def test_deleting_a_document_while_its_job_runs_stops_the_job(database_url, make
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:0.3")
     r = ingest_bytes(ctx, ALPHA * 3, dataset="default", filename="alpha.txt")
-    outcome = []
-    worker = threading.Thread(target=lambda: outcome.append(run_job(r.job_id, ctx=ctx)))
+    worker = Background(lambda: run_job(r.job_id, ctx=ctx), name="worker")
     worker.start()
     deadline = time.monotonic() + 30
     while len(ids_of_job(ctx, r.job_id)) < 8 and time.monotonic() < deadline:
@@ -102,10 +100,10 @@ def test_deleting_a_document_while_its_job_runs_stops_the_job(database_url, make
     assert job(ctx, r.job_id).status == JobStatus.running
 
     result = delete_document(ctx, r.job_id, actor="test")
-    worker.join(30)
+    outcome = worker.result(30)
 
     assert result.ok and "were running" in result.message
-    assert outcome[0].result == "lost"  # its next write found the job no longer its own
+    assert outcome.result == "lost"  # its next write found the job no longer its own
     assert job(ctx, r.job_id).status == JobStatus.deleted
     monkeypatch.delenv("SLUICE_FAULTS")
     # At most the batch in flight landed after the delete; reconcile removes it.

@@ -1,7 +1,6 @@
 """Classified errors, backoff with jitter, the embedding cache, heartbeats and the reaper."""
 
 import random
-import threading
 import time
 from datetime import timedelta
 
@@ -13,7 +12,8 @@ from sluice.pipeline.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.jobs import backoff_delay
 from sluice.storage.models import Job, JobStatus, utcnow
-from tests.helpers import events, ids_of_job, job
+from tests.helpers import Background, collection, events, ids_of_job, job
+from tests.servers import free_port
 
 LONG = "".join(f"Paragraph {i} explains part {i} of the manual in its own words. " * 12 + "\n\n"
                for i in range(40)).encode()
@@ -109,19 +109,40 @@ def test_retry_after_a_failed_index_write_takes_embeddings_from_the_cache(make_c
     assert failed[0].data["code"] == "service_unavailable"
 
 
-def test_flushing_the_cache_redis_loses_nothing(ctx, services):
-    from sluice.pipeline.queue import publish
+def cached_keys(services) -> int:
+    from sluice.storage.cache import PREFIX
 
-    r = ingest_bytes(ctx, LONG, dataset="default", filename="manual.txt", publish=publish)
-    queue_key = f"huey.redis.{ctx.settings.queue_name}"
-    assert services.queue.client().llen(queue_key) == 1
-    services.cache.client().flushall()
-    assert services.queue.client().llen(queue_key) == 1
+    return len(list(services.cache.client().scan_iter(match=f"{PREFIX}:*", count=1000)))
+
+
+def test_flushing_the_cache_redis_loses_nothing(ctx, services):
+    r = ingest_bytes(ctx, LONG, dataset="default", filename="manual.txt")
     assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    total = job(ctx, r.job_id).chunk_count
+    assert cached_keys(services) == total  # the run filled the cache
+
     services.cache.client().flushall()
+    assert cached_keys(services) == 0
     with Session(ctx.engine) as session:
         jobs.reindex(session=session, job_ids=[r.job_id], actor="test")
+    ctx.vectors.delete(collection(ctx), where={"job_id": r.job_id})  # so the rebuild must embed
+
     assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    j = job(ctx, r.job_id)
+    assert (j.embedded_count, j.cached_count) == (total, 0)  # computed again, nothing lost
+    assert len(ids_of_job(ctx, r.job_id)) == total
+    assert cached_keys(services) == total  # and cached again
+
+
+def test_cache_redis_down_costs_time_only(make_ctx, services):
+    ctx = make_ctx(SLUICE_CACHE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    r = ingest_bytes(ctx, LONG, dataset="default", filename="manual.txt")
+
+    assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    j = job(ctx, r.job_id)
+    assert j.attempt == 1 and j.embedded_count == j.chunk_count and j.cached_count == 0
+    assert len(ids_of_job(ctx, r.job_id)) == j.chunk_count
+    assert cached_keys(services) == 0
 
 
 def test_permanent_error_is_tried_once(ctx):
@@ -157,15 +178,16 @@ def test_heartbeat_advances_during_one_long_batch(make_ctx):
 
     ctx = make_ctx(embedder=Slow(), SLUICE_EMBED_BATCH_SIZE="1000")
     r = ingest_bytes(ctx, LONG, dataset="default", filename="manual.txt")
-    runner = threading.Thread(target=run_job, args=(r.job_id,), kwargs={"ctx": ctx})
+    runner = Background(lambda: run_job(r.job_id, ctx=ctx), name="runner")
     runner.start()
     beats = set()
-    while runner.is_alive():
+    deadline = time.monotonic() + 60
+    while runner.is_alive() and time.monotonic() < deadline:
         j = job(ctx, r.job_id)
         if j.stage.value == "embedding" and j.status == JobStatus.running:
             beats.add(j.heartbeat_at)
         time.sleep(0.2)
-    runner.join()
+    assert runner.result(5).result == "succeeded"
     assert job(ctx, r.job_id).status == JobStatus.succeeded
     assert len(beats) >= 3  # the one 3 s batch saw several beats at 0.5 s
 
@@ -194,4 +216,21 @@ def test_reaper_takes_back_stale_running_jobs_but_never_waiting_ones(ctx):
     s = job(ctx, stale.job_id)
     assert s.status == JobStatus.retrying and s.error_code == "worker_lost"
     assert "ghost:1" in s.error_message
-    assert run_job(stale.job_id, ctx=ctx).result in ("succeeded", "noop")
+    assert run_job(stale.job_id, ctx=ctx).result == "succeeded"  # the reaped job runs again
+    assert job(ctx, stale.job_id).attempt == 2
+
+
+def test_a_collection_recreated_behind_the_workers_back_is_found_again(ctx):
+    from sluice.storage.vectors import VectorStore
+
+    first = ingest_bytes(ctx, LONG, dataset="default", filename="first.txt")
+    assert run_job(first.job_id, ctx=ctx).result == "succeeded"  # this process now holds a handle
+    name = collection(ctx)
+    other = VectorStore(ctx.settings.chroma_url)  # another process drops and makes it again
+    other.drop_collection(name)
+    other.collection(name)
+
+    second = ingest_bytes(ctx, LONG.replace(b"manual", b"guide"), dataset="default", filename="second.txt")
+    assert run_job(second.job_id, ctx=ctx).result == "succeeded", job(ctx, second.job_id).error_message
+    j = job(ctx, second.job_id)
+    assert j.attempt == 1 and len(ids_of_job(ctx, second.job_id)) == j.chunk_count

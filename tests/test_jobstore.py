@@ -217,7 +217,7 @@ def test_succeed_makes_the_job_active_and_needs_the_lease(engine):
                      worker_id="w1", embedded=4, cached=0)
     with Session(engine) as session:
         assert jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=4, page_count=2,
-                            worker_id="w1", embedded=3, cached=1) is None
+                            worker_id="w1", embedded=3, cached=1) == []
     job = get(engine, job_id)
     assert (job.status, job.stage, job.chunk_count, job.done, job.total) == (JobStatus.succeeded, Stage.done, 4, 4, 4)
     with Session(engine) as session:

@@ -128,7 +128,8 @@ def test_changing_the_precision_misses_the_embedding_cache(make_ctx):
 
     fp32 = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="fp32")
     bf16 = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="bf16")
-    assert fp32.pipeline_version == bf16.pipeline_version  # chunks and ids do not depend on it
+    assert fp32.pipeline_version != bf16.pipeline_version  # a mixed fleet never mixes them under one
+    assert fp32.pipeline_version == "vf78b50c806"  # fp32 keeps the version it had before precision counted
     assert ":fp32:" in fp32.cache.namespace and ":bf16:" in bf16.cache.namespace
 
     fp32.cache.put_many(texts, vectors)
@@ -137,4 +138,6 @@ def test_changing_the_precision_misses_the_embedding_cache(make_ctx):
     assert bf16.cache.contains_many(texts) == 0
 
     auto = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="auto")
-    assert auto.cache.namespace == (bf16 if resolve_precision("auto") == "bf16" else fp32).cache.namespace
+    same = bf16 if resolve_precision("auto") == "bf16" else fp32
+    assert auto.cache.namespace == same.cache.namespace
+    assert auto.pipeline_version == same.pipeline_version  # auto counts as what it resolves to

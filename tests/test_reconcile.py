@@ -3,7 +3,6 @@ repaired, and a second run is clean; leftovers of cancelled, failed and crashed 
 
 import hashlib
 import json
-import threading
 import time
 import tracemalloc
 
@@ -18,7 +17,7 @@ from sluice.pipeline.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
 from sluice.storage.vectors import chunk_id
-from tests.helpers import collection, events, ids_of_job, job, wait_for
+from tests.helpers import Background, collection, events, ids_of_job, job, wait_for
 
 
 def text(topic: str, paragraphs: int = 6) -> bytes:
@@ -162,12 +161,12 @@ def test_repair_running_alongside_new_jobs_never_touches_their_chunks(make_ctx, 
             made.append(r.job_id)
             run_job(r.job_id, ctx=ctx)
 
-    producer = threading.Thread(target=produce)
+    producer = Background(produce, name="producer")
     producer.start()
     reports = []
     while producer.is_alive() or not reports:
         reports.append(reconcile(ctx, repair=True, actor="test", page_size=3, save=False))
-    producer.join()
+    producer.result()
 
     assert len(reports) > 1
     assert [(r.missing, r.orphans, r.mismatched, r.queued, r.errors) for r in reports] == [

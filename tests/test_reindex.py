@@ -4,6 +4,7 @@ document and never lose one; previews count documents, chunks and cache hits."""
 
 import json
 import threading
+import time
 from collections import defaultdict
 
 from sqlmodel import Session, select
@@ -16,7 +17,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile import reconcile
 from sluice.pipeline.runner import run_job
 from sluice.storage.models import Document, Job, JobStatus
-from tests.helpers import collection, ids_of_job, job, wait_for
+from tests.helpers import Background, collection, ids_of_job, job, wait_for
 from tests.test_reconcile import indexed, text
 
 TOPICS = ["harbour", "orchard", "glacier", "volcano", "prairie"]
@@ -28,18 +29,18 @@ def active_jobs(ctx) -> dict[int, Job]:
         return {d.id: session.get(Job, d.active_job_id) for d in docs}
 
 
-class Searcher(threading.Thread):
+class Searcher(Background):
     """Searches every topic in a loop and records anything the switch must never show."""
 
     def __init__(self, ctx, doc_of_topic):
-        super().__init__(daemon=True)
+        super().__init__(name="searcher")
         self.ctx, self.doc_of_topic = ctx, doc_of_topic
         self.stop = threading.Event()
         self.searches = 0
         self.problems: list[str] = []
         self.versions_seen: dict[int, set[str]] = defaultdict(set)
 
-    def run(self):
+    def work(self):
         while not self.stop.is_set():
             for topic, doc_id in self.doc_of_topic.items():
                 hits = search(self.ctx, query=f"{topic} {topic}", dataset="default", k=8)
@@ -81,11 +82,15 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
     assert result.queued == 5 and result.queue_error is None
     new_ids = [r.job_id for r in result.results]
     done = wait_for(ctx, new_ids, timeout=120)
+    searcher.check()
     before_stop = searcher.searches
+    deadline = time.monotonic() + 60
     while searcher.searches < before_stop + len(TOPICS) * 3:  # a few rounds after the last switch
         searcher.join(0.05)
+        searcher.check()  # a searcher that died makes no more rounds: fail now, do not wait
+        assert time.monotonic() < deadline, f"searches stalled at {searcher.searches}"
     searcher.stop.set()
-    searcher.join(30)
+    searcher.result(30)
 
     assert searcher.problems == [], searcher.problems[:5]
     both = [d for d, vs in searcher.versions_seen.items() if vs == {old_ctx.pipeline_version, ctx.pipeline_version}]

@@ -25,7 +25,7 @@ from sluice.ops.ingest import ingest_bytes
 from sluice.storage.models import Document, JobEvent, JobStatus, Outbox
 from sluice.storage.servers import redis_argv
 from sluice.storage.vectors import chunk_id
-from tests.helpers import collection, wait_for
+from tests.helpers import collection, events, job, wait_for
 from tests.servers import ROOT, Consumer, ManagedProcess, free_port
 
 WORDS = "reservoir spillway aqueduct cistern culvert penstock flume headrace tailrace sluiceway".split()
@@ -172,3 +172,44 @@ def test_a_wrong_queue_password_is_a_clear_error_and_loses_nothing(make_ctx, loc
         assert wait_for(ctx, [result["job_id"]], timeout=90)[0].status == JobStatus.succeeded
     finally:
         good.stop()
+
+
+def test_a_worker_of_another_instance_on_the_same_queue_leaves_our_messages_alone(
+        database_url, make_ctx, start_worker, tmp_path, monkeypatch):
+    """Two instances (each its own data dir and job database) on one queue: the other instance's
+    worker refuses our message loudly and puts it back; ours runs it, no republish needed."""
+    from sluice.pipeline.queue import publish
+
+    monkeypatch.setenv("SLUICE_REDELIVER_AFTER_SECONDS", "120")  # a lost message would stay lost here
+    ctx = make_ctx()
+    other = start_worker(env={"SLUICE_DATA_DIR": str(tmp_path / "other-instance"), "SLUICE_DATABASE_URL": ""},
+                         workers=1, name="other-instance")
+    r = ingest_bytes(ctx, b"a page about the two instances on one queue. " * 200, dataset="default",
+                     filename="ours.txt", publish=publish)
+    assert r.published
+    deadline = time.monotonic() + 30
+    while "refused a message for job" not in other.output():
+        assert time.monotonic() < deadline, other.output()[-2000:]
+        time.sleep(0.1)
+    assert ctx.instance_id in other.output()
+    assert job(ctx, r.job_id).status.value == "pending"
+
+    start_worker(workers=1, name="ours")
+    [j] = wait_for(ctx, [r.job_id], timeout=60)
+
+    assert j.status.value == "succeeded"
+    assert [e.kind for e in events(ctx, r.job_id)] == ["created", "claimed", "succeeded"]
+
+
+def test_queue_inspection_counts_only_this_instances_messages(make_ctx):
+    """A message of another instance with the same job id number says nothing about our job: the
+    recovery must still find ours stranded."""
+    from sluice.pipeline.queue import publish, queued_job_ids
+    from sluice.pipeline.tasks import process_job
+
+    ctx = make_ctx()
+    r = ingest_bytes(ctx, b"a page about queue inspection. " * 100, dataset="default", filename="ours.txt")
+    process_job(r.job_id, "another-instance")  # the other instance's job with the same id
+    assert queued_job_ids() == []
+    publish(r.job_id)
+    assert queued_job_ids() == [r.job_id]

@@ -34,6 +34,11 @@ def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | Non
         when = (f"in {(due - now).total_seconds():.0f} s" if due and due > now
                 else "now (waiting for a worker to take it)")
         level = "warning" if no_workers else "info"
+        if row.get("waiting_for"):
+            since = datetime.fromisoformat(row["waiting_since"]) if row.get("waiting_since") else None
+            waited = f" for {(now - since).total_seconds():.0f} s" if since else ""
+            return level, (f"Waiting for {row['waiting_for']}{waited}: not the job's failure, no attempt is "
+                           f"spent. It looks again {when} and resumes by itself; {worker_note}.")
         return level, (f"Retrying: attempt {row['attempt'] + 1} of {row['max_attempts']} is due {when}; "
                        f"{worker_note}.")
     if status != "pending":

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from sluice.errors import PipelineError
 from sluice.pipeline.context import Context
@@ -24,7 +24,7 @@ from sluice.pipeline.queue import dispatch_now
 from sluice.storage import jobs
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset
-from sluice.storage.models import Document, JobStatus
+from sluice.storage.models import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -82,18 +82,9 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
         )
     with Session(ctx.engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name=dataset)
-        document = session.exec(
-            select(Document).where(Document.dataset_id == ds.id, Document.sha256 == key)
-        ).first()
-        if document is None:
-            document = Document(dataset_id=ds.id, sha256=key, size=size, media_type=media_type,
-                                filename=display, blob_key=key)
-            session.add(document)
-            session.flush()
-        idem = jobs.idempotency_key(dataset_id=ds.id, sha256=key, pipeline_version=ctx.pipeline_version)
-        job, created = jobs.create_job(session=session, document=document, pipeline_version=ctx.pipeline_version,
-                                       idempotency_key=idem, max_attempts=s.max_attempts, actor=actor)
-        session.commit()
+        document, job, created = jobs.create_upload(
+            session=session, dataset_id=ds.id, sha256=key, size=size, media_type=media_type, filename=display,
+            pipeline_version=ctx.pipeline_version, max_attempts=s.max_attempts, actor=actor)
     result = IngestResult(display, True, job_id=job.id, document_id=document.id, dataset=dataset,
                           duplicate=not created, status=job.status.value)
     if not created:

@@ -27,14 +27,18 @@ from sluice.pipeline.embed import (
 )
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
-from sluice.storage.db import get_engine
+from sluice.storage.db import get_engine, instance_id
 from sluice.storage.files import private_dir
 from sluice.storage.settings import Settings, get_settings
 from sluice.storage.vectors import VectorStore
 
 
-def pipeline_version(settings: Settings) -> str:
-    """Changes whenever chunking or the model changes, and with it every chunk id."""
+def pipeline_version(settings: Settings, precision: str | None = None) -> str:
+    """Changes whenever chunking, the model or its precision changes, and with it every chunk id.
+
+    bf16 and fp32 vectors differ (slightly), so a fleet with workers of both never writes them
+    under one version. fp32 adds nothing to the spec: versions made before precision counted stay.
+    """
     model_id, dim = model_identity(settings.embedder, settings.embed_model)
     spec = {
         "chunker": CHUNKER_VERSION,
@@ -43,6 +47,10 @@ def pipeline_version(settings: Settings) -> str:
         "model": model_id,
         "dim": dim,
     }
+    if precision is None:
+        precision = "fp32" if settings.embedder == "hash" else resolve_precision(settings.embed_precision)
+    if precision != "fp32":
+        spec["precision"] = precision
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return f"v{digest}"
 
@@ -90,8 +98,13 @@ class Context:
         return self.embedder
 
     @cached_property
+    def instance_id(self) -> str:
+        """The id made with this job database; every queue message carries it."""
+        return instance_id(self.engine)
+
+    @cached_property
     def pipeline_version(self) -> str:
-        return pipeline_version(self.settings)
+        return pipeline_version(self.settings, self.precision)
 
     @cached_property
     def precision(self) -> str:

@@ -45,10 +45,14 @@ def worker_key() -> str:
 
 
 def publish(job_id: int) -> None:
-    """Put one job id on the queue (raises when the queue Redis is unreachable)."""
+    """Put one job on the queue (raises when the queue Redis is unreachable).
+
+    The message is plain data: the job id and the id of the job database it belongs to.
+    """
+    from sluice.pipeline.context import get_context
     from sluice.pipeline.tasks import process_job  # the task registers itself on the instance
 
-    process_job(job_id)
+    process_job(job_id, get_context().instance_id)
 
 
 def queue_note(error: str | None) -> str:
@@ -90,10 +94,18 @@ def queued_job_ids() -> list[int]:
 
 
 def _job_id(huey: RedisHuey, raw: bytes) -> list[int]:
-    """The job id of one queue entry; nothing for an entry that is not one of our JSON messages."""
+    """The job id of a message of this instance: data only, never code (a message of another instance
+    on the same queue names a job of another database: it says nothing about ours)."""
+    from sluice.pipeline.context import get_context
+
     try:
-        message = _READER.deserialize(raw)  # data only, never code
-        return [int(message.args[0])] if message.args else []
+        message = _READER.deserialize(raw)
+        if not message.args:
+            return []
+        owner = message.args[1] if len(message.args) > 1 else None
+        if owner is not None and owner != get_context().instance_id:
+            return []
+        return [int(message.args[0])]
     except Exception:
         return []
 

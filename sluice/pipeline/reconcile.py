@@ -42,7 +42,7 @@ from sqlmodel import Session, select
 from sluice.pipeline.context import Context
 from sluice.pipeline.queue import dispatch_now
 from sluice.pipeline.reconcile_report import DatasetSummary, Finding, ReconcileReport, save_report
-from sluice.storage import jobs
+from sluice.storage import faults, jobs
 from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
 from sluice.storage.vectors import chunk_prefix, split_chunk_id
 
@@ -71,6 +71,7 @@ class _Job:
     chunk_count: int | None
     live: bool  # its document is not deleted
     active: bool  # the job whose chunks search serves for its document
+    row_version: int = 0  # the job row's compare-and-set version when read
     seen: bytearray | None = None  # positions found in the store, for expected jobs
 
     @property
@@ -84,15 +85,16 @@ class _Snapshot:
     def __init__(self, session: Session, dataset_id: int) -> None:
         self.by_prefix: dict[str, _Job] = {}
         self.documents: dict[int, tuple[str, int | None]] = {}  # id -> (filename, active job)
-        stmt = (select(Job.id, Job.status, Job.document_id, Job.pipeline_version, Job.chunk_count,
+        stmt = (select(Job.id, Job.status, Job.document_id, Job.pipeline_version, Job.chunk_count, Job.version,
                        Document.sha256, Document.filename, Document.active_job_id, Document.deleted_at)
                 .join(Document, Document.id == Job.document_id)
                 .where(Job.dataset_id == dataset_id))
-        for jid, status, doc_id, version, count, sha, filename, active_id, deleted_at in session.exec(stmt):
+        for jid, status, doc_id, version, count, row_version, sha, filename, active_id, deleted_at in \
+                session.exec(stmt):
             live = deleted_at is None
             self.documents[doc_id] = (filename, active_id if live else None)
             self.by_prefix[chunk_prefix(sha, version)] = _Job(jid, JobStatus(status), doc_id, version, count, live,
-                                                         live and active_id == jid)
+                                                         live and active_id == jid, row_version)
 
     def expected_jobs(self) -> Iterator[_Job]:
         return (j for j in self.by_prefix.values() if j.expected)
@@ -116,6 +118,17 @@ def _classify(snap: _Snapshot, cid: str) -> tuple[str, _Job | None, int, str]:
     if pos >= job.chunk_count:
         return "orphan", job, pos, f"beyond the {job.chunk_count} chunks of job {job.id}"
     return "present", job, pos, ""
+
+
+def _unchanged(first: _Snapshot, then: _Snapshot, cid: str) -> bool:
+    """The job that makes ``cid`` (or the absence of one) is the same in both snapshots."""
+    parts = split_chunk_id(cid)
+    if parts is None:
+        return True
+    a, b = first.by_prefix.get(parts[0]), then.by_prefix.get(parts[0])
+    if a is None or b is None:
+        return a is b
+    return (a.id, a.row_version, a.active, a.live) == (b.id, b.row_version, b.active, b.live)
 
 
 def _wrong_fields(job: _Job, pos: int, meta: dict | None) -> dict[str, list]:
@@ -235,14 +248,46 @@ class _DatasetAudit:
         if not doomed:
             return
         if self.repair:
+            faults.hit("reconcile_before_delete", ids=doomed)
+            # Never delete what a job may claim: only ids whose job (or absence of one) is exactly as
+            # confirmed. A job retried, revived or created since then reuses its ids.
+            with Session(self.ctx.engine) as session:
+                before = _Snapshot(session, self.ds.id)
+            doomed = [cid for cid in doomed if _unchanged(fresh, before, cid)]
+            if not doomed:
+                return
             try:
                 self.ctx.vectors.delete(self.ds.collection, ids=doomed)
             except Exception as exc:
                 self.report.errors.append(f"{self.ds.name}: deleting {len(doomed)} orphan(s) failed: {exc}")
                 return
+            self._after_delete(before, doomed)
             for jid, n in per_job.items():
                 self._note(jid, f"removed {n} orphan chunk(s)", orphans_removed=n)
             self.deleted.update(per_doc)
+
+    def _after_delete(self, before: _Snapshot, deleted: list[str]) -> None:
+        """A job that changed while the delete was in flight may have counted on those ids: if it
+        now serves search, ask the store for them, and rebuild what is gone."""
+        with Session(self.ctx.engine) as session:
+            after = _Snapshot(session, self.ds.id)
+        changed: dict[str, list[str]] = {}
+        for cid in deleted:
+            if not _unchanged(before, after, cid):
+                changed.setdefault(split_chunk_id(cid)[0], []).append(cid)
+        for prefix, ids in changed.items():
+            job = after.by_prefix.get(prefix)
+            if job is None or not job.expected:
+                continue  # not serving: its own run checks the index before it may succeed
+            ids = [cid for cid in ids if split_chunk_id(cid)[1] < job.chunk_count]
+            got = set(self.ctx.vectors.get(self.ds.collection, ids, include=[])["ids"]) if ids else set()
+            gone = [cid for cid in ids if cid not in got]
+            if gone:
+                f = self._finding(after, job.document_id)
+                f.missing += len(gone)
+                f.missing_ids = gone[:SAMPLE]
+                self.summary.missing += len(gone)
+                self._rebuild(f, job, len(gone))
 
     def _mismatches(self, fresh: _Snapshot, ids: list[str]) -> None:
         if not ids:

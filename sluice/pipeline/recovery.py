@@ -7,9 +7,12 @@ queue or a worker killed mid-job delays jobs but never strands them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sqlalchemy import text
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session
 
 from sluice.pipeline.context import Context
@@ -30,13 +33,14 @@ class RecoveryReport:
         return bool(self.reaped or self.published or self.republished or self.publish_error)
 
 
+_database_down_at: float | None = None  # monotonic time this process last found the job database down
+
+
 def run_once(ctx: Context, *, publish: Callable[[int], None],
              queued_job_ids: Callable[[], list[int]] | None = None) -> RecoveryReport:
     s = ctx.settings
     report = RecoveryReport()
-    with Session(ctx.engine) as session:
-        report.reaped = jobs.reap(session=session, lease_seconds=s.lease_seconds,
-                                  base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+    report.reaped = _reap(ctx)
     if queued_job_ids is not None:
         try:
             queued = set(queued_job_ids())
@@ -51,3 +55,20 @@ def run_once(ctx: Context, *, publish: Callable[[int], None],
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
     return report
+
+
+def _reap(ctx: Context) -> list[int]:
+    """Take back stale running jobs, but not within a lease of an outage of the job database: no
+    worker could write a heartbeat while it was down, so every running job looks stale right after."""
+    global _database_down_at
+    s = ctx.settings
+    try:
+        with Session(ctx.engine) as session:
+            if _database_down_at is not None and time.monotonic() - _database_down_at < s.lease_seconds:
+                session.execute(text("SELECT 1"))  # still answering? then just wait out the lease
+                return []
+            return jobs.reap(session=session, lease_seconds=s.lease_seconds,
+                             base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+    except (OperationalError, DisconnectionError, InterfaceError):
+        _database_down_at = time.monotonic()
+        raise

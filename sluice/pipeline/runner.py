@@ -10,11 +10,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from sqlalchemy import text
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session
 
-from sluice.errors import JobCancelled, LeaseLost, PermanentError, UserActionError, classify
+from sluice.errors import (
+    ErrorKind,
+    JobCancelled,
+    LeaseLost,
+    PermanentError,
+    PipelineError,
+    TransientError,
+    UserActionError,
+    WaitingError,
+    classify,
+)
 from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
@@ -26,6 +39,11 @@ from sluice.storage.vectors import chunk_id
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY_SECONDS = 0.5
+VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are written again in between
+DATABASE_DOWN = (OperationalError, DisconnectionError, InterfaceError)
+CANCEL_GRACE_SECONDS = 1.0  # a cancel the job's own thread has not acted on for this long: the watchdog acts
+STAGE_TIMEOUT_HINT = ("Sluice retries this by itself (a busy host makes any document slow). If it keeps "
+                      "happening, split the document or raise SLUICE_STAGE_TIMEOUT_SECONDS.")
 
 
 @dataclass
@@ -37,28 +55,80 @@ class Outcome:
 
 class Heartbeat(threading.Thread):
     """Beats the job's heartbeat while a long step (one big batch) keeps the worker busy; a beat
-    also writes the stage counts the reporter holds back, so a long batch shows its stage."""
+    also writes the stage counts the reporter holds back, so a long batch shows its stage.
 
-    def __init__(self, ctx: Context, job_id: int, lease: int, reporter: Reporter | None = None) -> None:
-        super().__init__(daemon=True, name=f"heartbeat-{job_id}")
-        self.ctx, self.job_id, self.lease, self.reporter = ctx, job_id, lease, reporter
+    It is also the attempt's watchdog: while one call (an encode, a request) does not return, only
+    this thread runs. It enforces the stage deadline and carries out a cancel the stuck thread cannot
+    see, each by a write fenced on the lease, so the stuck thread's later writes fail with LeaseLost;
+    and when the lease is lost it tells the reporter, which stops the attempt before its next write.
+    """
+
+    def __init__(self, ctx: Context, job: Job, reporter: Reporter) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{job.id}")
+        self.ctx, self.job, self.job_id, self.lease, self.reporter = ctx, job, job.id, job.lease, reporter
         self.stopped = threading.Event()
         self.lost = False
 
     def run(self) -> None:
-        while not self.stopped.wait(self.ctx.settings.heartbeat_seconds):
+        s = self.ctx.settings
+        while not self.stopped.wait(s.heartbeat_seconds):
             try:
-                if self.reporter is not None and self.reporter.flush():
-                    continue
-                with Session(self.ctx.engine) as session:
-                    if not jobs.heartbeat(session=session, job_id=self.job_id, lease=self.lease):
-                        self.lost = True
-                        return
+                cancel = self._beat()
             except LeaseLost:
-                self.lost = True
+                self._lose()
                 return
             except Exception as exc:  # the database hiccuped; the next beat may get through
                 log.warning("heartbeat of job %s failed: %s", self.job_id, exc)
+                continue
+            if self.stopped.is_set():
+                return
+            now = time.monotonic()
+            silent = now - self.reporter.last_update
+            if now - self.reporter.stage_started > s.stage_timeout_seconds and silent > s.heartbeat_seconds:
+                self._stage_timeout(silent)
+                return
+            if cancel and silent > max(2 * s.heartbeat_seconds, CANCEL_GRACE_SECONDS):
+                self._cancel(silent)
+                return
+
+    def _beat(self) -> bool:
+        """Beat (or write the held counts); returns whether a cancel is requested."""
+        if self.reporter.flush():
+            return self.reporter.cancel
+        with Session(self.ctx.engine) as session:
+            if not jobs.heartbeat(session=session, job_id=self.job_id, lease=self.lease):
+                raise LeaseLost(f"job {self.job_id} is no longer owned by lease {self.lease}")
+            return jobs.cancel_requested(session=session, job_id=self.job_id)
+
+    def _lose(self) -> None:
+        self.lost = self.reporter.lost = True
+        log.warning("job %s: lease %s lost; the attempt stops before its next write", self.job_id, self.lease)
+        faults.hit("heartbeat_lost", job_id=self.job_id)
+
+    def _stage_timeout(self, silent: float) -> None:
+        s, stage = self.ctx.settings, self.reporter.stage
+        self.reporter.lost = True  # whatever the stuck call does next is no longer this attempt's
+        log.warning("job %s: %s has run past SLUICE_STAGE_TIMEOUT_SECONDS with one call silent for %.0fs; "
+                    "ending the attempt", self.job_id, stage.value, silent)
+        with Session(self.ctx.engine, expire_on_commit=False) as session:
+            after = jobs.fail(
+                session=session, job_id=self.job_id, lease=self.lease, kind=ErrorKind.transient,
+                code="stage_timeout",
+                message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call did not "
+                        f"return for {silent:.0f}s)",
+                hint=STAGE_TIMEOUT_HINT, detail="", worker_id=self.ctx.worker_id,
+                base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+        if after is not None and after.status.value == "cancelled":
+            _remove_partial(self.ctx, self.job)
+
+    def _cancel(self, silent: float) -> None:
+        self.reporter.lost = True
+        log.warning("job %s: cancel requested while one call is silent for %.0fs; stopping it here",
+                    self.job_id, silent)
+        _remove_partial(self.ctx, self.job)
+        with Session(self.ctx.engine, expire_on_commit=False) as session:
+            jobs.acknowledge_cancel(session=session, job_id=self.job_id, lease=self.lease,
+                                    worker_id=self.ctx.worker_id)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -78,23 +148,32 @@ class Reporter:
         self.stage: Stage = Stage.parsing  # what the claim wrote
         self.last = time.monotonic()  # the claim counts as a write
         self.stage_started = self.last
+        self.last_update = self.last  # the last step the job's own thread reported
         self.pending: dict | None = None
         self.seconds: dict[str, float] = {}  # time spent per stage, for the success event (and metrics)
         self.cancel = False
         self.page_count: int | None = None  # once parsing counted them; a failed job keeps it
+        self.lost = False  # set by the heartbeat: the lease is gone, or the watchdog ended the attempt
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
 
+    def check(self) -> None:
+        """LeaseLost if the attempt is no longer this thread's (call before a write to the index)."""
+        if self.lost:
+            raise LeaseLost(f"job {self.job_id}: lease {self.lease} lost or the attempt was ended")
+
     def update(self, stage: Stage, done: int, total: int, *, force: bool = False, **extra) -> None:
-        now = time.monotonic()
+        self.check()
+        now = self.last_update = time.monotonic()
         if stage != self.stage:
             self.seconds[self.stage.value] = self.seconds.get(self.stage.value, 0.0) + now - self.stage_started
             self.stage, self.stage_started = stage, now
         elif now - self.stage_started > self.ctx.settings.stage_timeout_seconds:
-            raise PermanentError(
+            # A starved host makes any document slow: retried, not a fact about the document.
+            raise TransientError(
                 "stage_timeout",
                 f"{stage.value} took longer than {self.ctx.settings.stage_timeout_seconds:.0f}s",
-                "The document is too heavy to process in time. Split it, or raise SLUICE_STAGE_TIMEOUT_SECONDS.",
+                STAGE_TIMEOUT_HINT,
             )
         with self._pending_lock:
             self.pending = {**(self.pending or {}), **extra, "stage": stage, "done": done, "total": total}
@@ -133,7 +212,7 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
     job = claim.job
     faults.hit("after_claim")
     report = Reporter(ctx, job_id, job.lease)
-    beat = Heartbeat(ctx, job_id, job.lease, report)
+    beat = Heartbeat(ctx, job, report)
     beat.start()
     try:
         return _execute(ctx, job, report)
@@ -142,22 +221,72 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         return Outcome(job_id, "lost", str(exc))
     except JobCancelled:
         _remove_partial(ctx, job)
-        with Session(ctx.engine, expire_on_commit=False) as session:
-            done = jobs.acknowledge_cancel(session=session, job_id=job_id, lease=job.lease, worker_id=ctx.worker_id)
+
+        def acknowledge() -> Job | None:
+            with Session(ctx.engine, expire_on_commit=False) as session:
+                return jobs.acknowledge_cancel(session=session, job_id=job_id, lease=job.lease,
+                                               worker_id=ctx.worker_id)
+
+        done = _when_the_database_answers(ctx, job_id, acknowledge)
         return Outcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
-        log.info("job %s attempt %s failed: %s %s", job_id, job.attempt, err.kind.value, err.message)
-        with Session(ctx.engine, expire_on_commit=False) as session:
-            after = jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
-                              message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
-                              base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
-                              page_count=report.page_count)
+        waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err)
+        log.info("job %s attempt %s failed: %s %s%s", job_id, job.attempt, err.kind.value, err.message,
+                 f" (waiting for {waiting_for})" if waiting_for else "")
+
+        def record() -> Job | None:
+            with Session(ctx.engine, expire_on_commit=False) as session:
+                return jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
+                                 message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
+                                 base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
+                                 waiting_for=waiting_for, poll_seconds=s.outage_poll_seconds,
+                                 max_wait_seconds=s.max_outage_seconds,
+                                 page_count=report.page_count)
+
+        after = _when_the_database_answers(ctx, job_id, record)
         if after is not None and after.status.value == "cancelled":
             _remove_partial(ctx, job)
         return Outcome(job_id, after.status.value if after else "lost", err.message)
     finally:
         beat.stop()
+
+
+def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], Job | None]) -> Job | None:
+    """Write the attempt's outcome, waiting (up to SLUICE_MAX_OUTAGE_SECONDS) while the job database
+    does not answer: the outcome is not lost, and the job is not left running for the reaper to
+    count as a lost worker. Its heartbeat, beating again once the database is back, keeps the
+    reaper off (which also waits a lease after an outage of its own)."""
+    s = ctx.settings
+    deadline = time.monotonic() + s.max_outage_seconds
+    while True:
+        try:
+            return write()
+        except DATABASE_DOWN as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("job %s: the job database does not answer (%s); its outcome is written when it "
+                        "does", job_id, str(exc).splitlines()[0][:200])
+            time.sleep(s.outage_poll_seconds)
+
+
+def _outage(ctx: Context, err: PipelineError) -> str | None:
+    """After a transient failure: is a service the job needs down? Then it is an outage, not the
+    job's failure. Asked of the services themselves, so a slow request of one job counts as its own."""
+    if err.kind != ErrorKind.transient or err.code not in ("service_unavailable", "internal_error"):
+        return None
+    try:
+        ctx.vectors.heartbeat()
+    except Exception as exc:
+        log.info("Chroma does not answer its heartbeat: %s", exc)
+        return f"Chroma at {ctx.settings.chroma_url}"
+    try:
+        with ctx.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        log.info("the job database does not answer: %s", exc)
+        return "the job database"
+    return None
 
 
 def _remove_partial(ctx: Context, job: Job) -> None:
@@ -179,13 +308,15 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
     if job.pipeline_version != ctx.pipeline_version:
-        # Chunk ids carry the job's version; chunking with other settings would mislabel them.
-        raise UserActionError(
+        # Chunk ids carry the job's version; chunking with other settings would mislabel them. During
+        # a rolling change of settings a worker of the job's version may come: wait for one.
+        raise WaitingError(
             "pipeline_version_mismatch",
             f"this job builds pipeline version {job.pipeline_version}, but this worker's chunking and "
             f"model settings make {ctx.pipeline_version}",
             "Give every worker the same SLUICE_CHUNK_* and SLUICE_EMBED* settings as the console, or run "
             "`sluice reindex --all` to build the version now in force.",
+            waiting_for=f"a worker of pipeline {job.pipeline_version}",
         )
     path = ctx.blobs.path(document.blob_key)
     if not path.exists():
@@ -240,7 +371,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
                  if cid not in existing]
         if batch:
-            e, c = _embed_and_add(ctx, collection, job, document, batch)
+            e, c = _embed_and_add(ctx, collection, job, document, batch, report)
             embedded += e
             cached += c
         faults.hit("embed_batch")
@@ -251,11 +382,25 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     stale = existing - set(ids)
     if stale:
         ctx.vectors.delete(collection, ids=sorted(stale))
-    if job.lease > 1 or stale:
-        held = len(ctx.vectors.ids_where(collection, {"job_id": job.id}))
-        if held != total:
-            raise PermanentError("index_mismatch", f"the index holds {held} chunks of this job, expected {total}",
-                                 "Run `sluice reconcile --repair`, then retry the job.")
+    faults.hit("before_verify", job_id=job.id)
+    # Success is judged on what the index holds now, not on what this attempt believes it wrote:
+    # ids an earlier attempt left (skipped above) may have gone meanwhile (a repair removed them as
+    # orphans of a failed job). Write back what is missing, from the cache, and look again.
+    for _ in range(VERIFY_ROUNDS):
+        held = set(ctx.vectors.ids_where(collection, {"job_id": job.id}))
+        missing = [(cid, c) for cid, c in zip(ids, chunks, strict=True) if cid not in held]
+        if not missing:
+            break
+        log.warning("job %s: %d of its %d chunks are not in the index; writing them again", job.id,
+                    len(missing), total)
+        for start in range(0, len(missing), bs):
+            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs], report)
+            embedded += e
+            cached += c
+    else:
+        raise TransientError("index_incomplete", f"the index holds {total - len(missing)} of the {total} "
+                             "chunks of this job after writing the missing ones again",
+                             "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.")
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
 
@@ -264,16 +409,16 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
                                   page_count=parsed.page_count, worker_id=ctx.worker_id,
                                   embedded=embedded, cached=cached, warnings=parsed.warnings,
                                   stages=report.stage_seconds())
-    if superseded is not None:
+    for old in superseded:
         try:
-            ctx.vectors.delete(collection, where={"job_id": superseded})
+            ctx.vectors.delete(collection, where={"job_id": old})
         except Exception as exc:  # search already ignores them; reconcile removes them later
-            log.warning("could not remove chunks of superseded job %s: %s", superseded, exc)
+            log.warning("could not remove chunks of superseded job %s: %s", old, exc)
     return Outcome(job.id, "succeeded", f"{total} chunks")
 
 
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
-                   batch: list[tuple[str, Chunk]]) -> tuple[int, int]:
+                   batch: list[tuple[str, Chunk]], report: Reporter) -> tuple[int, int]:
     texts = [c.text for _, c in batch]
     vectors = ctx.cache.get_many(texts)
     missing = [i for i, v in enumerate(vectors) if v is None]
@@ -289,6 +434,7 @@ def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
     ]
     import numpy as np
 
+    report.check()  # an encode may have outlived the attempt: never write for an attempt that is over
     ctx.vectors.add(collection, ids=[cid for cid, _ in batch], embeddings=np.stack(vectors),
                     documents=texts, metadatas=metadatas)
     return len(missing), len(batch) - len(missing)

@@ -23,7 +23,7 @@ from sluice.pipeline.context import get_context
 from sluice.pipeline.queue import get_huey, publish, queued_job_ids, worker_key
 from sluice.pipeline.runner import run_job
 from sluice.storage.files import use_private_umask
-from sluice.storage.settings import get_settings
+from sluice.storage.settings import get_settings, redact_url
 
 log = logging.getLogger("sluice.tasks")
 
@@ -32,9 +32,23 @@ use_private_umask()  # the consumer is a Sluice process: what it writes into the
 huey = get_huey()
 
 
+FOREIGN_RETRY_SECONDS = 1.0
+
+
 @huey.task(name="sluice.process_job")
-def process_job(job_id: int) -> None:
-    run_job(int(job_id), ctx=get_context())
+def process_job(job_id: int, instance_id: str | None = None) -> None:
+    """Run a job of this instance. A message of another instance (its own job database on the same
+    queue) is refused loudly and put back for its owner; a message without an instance id is from
+    a Sluice before instance ids and is taken as ours."""
+    ctx = get_context()
+    if instance_id is not None and instance_id != ctx.instance_id:
+        log.error("refused a message for job %s of instance %s: this worker belongs to instance %s. Two "
+                  "Sluice instances share the queue %r on %s; give each its own SLUICE_QUEUE_NAME. The "
+                  "message goes back on the queue for its owner.", job_id, instance_id, ctx.instance_id,
+                  ctx.settings.queue_name, redact_url(ctx.settings.queue_redis_url))
+        process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
+        return
+    run_job(int(job_id), ctx=ctx)
 
 
 def recover_once() -> recovery.RecoveryReport:
@@ -89,8 +103,8 @@ def start_recovery_loop() -> None:
         _loop_started = True
     _log_to_console()
     s = get_settings()
-    log.info("worker %s: pipeline %s, embedder %s (%s), secrets set: %s", get_context().worker_id,
-             get_context().pipeline_version, s.embedder, s.embed_precision,
+    log.info("worker %s of instance %s: pipeline %s, embedder %s (%s), secrets set: %s", get_context().worker_id,
+             get_context().instance_id, get_context().pipeline_version, s.embedder, s.embed_precision,
              ", ".join(k for k, v in s.secrets_status().items() if v) or "none")
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
     if s.embedder == "sentence-transformers":
@@ -127,7 +141,8 @@ def _log_to_console() -> None:
 def _recovery_loop() -> None:
     ctx = get_context()
     interval = ctx.settings.recovery_interval_seconds
-    me = {"id": ctx.worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    me = {"id": ctx.worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+          "instance": ctx.instance_id}
     while True:
         try:
             huey.storage.conn.set(f"{worker_key()}:{ctx.worker_id}", json.dumps({**me, "threads": _threads, "seen": time.time()}),

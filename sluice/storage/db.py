@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, SQLModel, create_engine, select
 
 from sluice.storage.files import private_dir, private_file
-from sluice.storage.models import Dataset
+from sluice.storage.models import Dataset, Instance
 
 DEFAULT_DATASET = "default"
 
@@ -88,8 +88,58 @@ def init_schema(engine: Engine) -> None:
             if not any(w in text for w in ("exist", "duplicate", "locked")) or attempt == 9:
                 raise
             time.sleep(0.05 * (attempt + 1))
+    add_missing_columns(engine)
     with Session(engine) as session:
+        ensure_instance(session=session)
         ensure_dataset(session=session, name=DEFAULT_DATASET)
+
+
+def ensure_instance(*, session: Session) -> str:
+    """The instance id of this job database, made the first time the database is set up."""
+    row = session.get(Instance, 1)
+    if row is None:
+        session.add(Instance(id=1, instance_id=uuid.uuid4().hex))
+        try:
+            session.commit()
+        except Exception:  # another process made it at the same moment
+            session.rollback()
+        row = session.get(Instance, 1, populate_existing=True)
+    return row.instance_id
+
+
+def instance_id(engine: Engine) -> str:
+    with Session(engine) as session:
+        return ensure_instance(session=session)
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Add the nullable columns a newer Sluice defines to tables an older one created.
+
+    ``create_all`` creates missing tables only. New columns are always nullable (or have a
+    default), so an existing database takes them with a plain ADD COLUMN; a process that loses the
+    race to another adding the same column sees "duplicate" and moves on.
+    """
+    from sqlalchemy import inspect, text
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    added = []
+    inspector = inspect(engine)
+    for table in SQLModel.metadata.sorted_tables:
+        if not inspector.has_table(table.name):
+            continue
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present or not column.nullable:
+                continue
+            kind = column.type.compile(dialect=engine.dialect)
+            try:
+                with engine.begin() as conn:
+                    conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+                added.append(f"{table.name}.{column.name}")
+            except (OperationalError, ProgrammingError) as exc:
+                if "duplicate" not in str(exc).lower() and "exists" not in str(exc).lower():
+                    raise
+    return added
 
 
 def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dataset:

@@ -17,16 +17,19 @@ the same transaction; transitions that need the job published again write an Out
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import count
 from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from sluice.errors import LeaseLost
+from sluice.errors import JobCancelled, LeaseLost, TransientError
+from sluice.storage import faults
+from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
     Document,
@@ -36,7 +39,6 @@ from sluice.storage.models import (
     JobStatus,
     Outbox,
     Stage,
-    utcnow,
 )
 
 CLAIMABLE = (JobStatus.pending, JobStatus.retrying)
@@ -102,10 +104,10 @@ def _val(v: Any) -> Any:
     return v.value if hasattr(v, "value") else v
 
 
-def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), **values: Any) -> bool:
+def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), now: datetime | None = None,
+         **values: Any) -> bool:
     """Update ``job`` only if its version is still the one we read; refresh the object on success."""
-    now = utcnow()
-    values.setdefault("updated_at", now)
+    values.setdefault("updated_at", now or db_now(session))
     stmt = (
         update(Job)
         .where(Job.id == job.id, Job.version == job.version, *where)
@@ -121,12 +123,12 @@ def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), **values: Any
     return True
 
 
-def _fenced(session: Session, job_id: int, lease: int, **values: Any) -> bool:
+def _fenced(session: Session, job_id: int, lease: int, *, where: Sequence[Any] = (), **values: Any) -> bool:
     """Update a running job only while ``lease`` still owns it."""
-    values.setdefault("updated_at", utcnow())
+    values.setdefault("updated_at", current_time())
     stmt = (
         update(Job)
-        .where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running)
+        .where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running, *where)
         .values(version=Job.version + 1, **values)
         .execution_options(synchronize_session=False)
     )
@@ -134,7 +136,27 @@ def _fenced(session: Session, job_id: int, lease: int, **values: Any) -> bool:
 
 
 def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
-    session.add(Outbox(job_id=job.id, available_at=at or utcnow()))
+    """Have the job published at ``at``: through its outbox row still waiting, if it has one, else a
+    new row. Every caller holds the job's compare-and-set in the same transaction, so two
+    transitions can never both add a row: a job has at most one unsent outbox row."""
+    at = at or db_now(session)
+    waiting = session.execute(
+        update(Outbox).where(Outbox.job_id == job.id, Outbox.sent_at.is_(None))
+        .values(available_at=at, last_error=None).execution_options(synchronize_session=False)
+    ).rowcount
+    if not waiting:
+        session.add(Outbox(job_id=job.id, available_at=at))
+
+
+def republish(*, session: Session, job: Job, now: datetime) -> bool:
+    """A waiting job whose queue message was lost gets a new one (compare-and-set: two recovery
+    loops that both found it stranded publish it once). The caller commits."""
+    if not _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+        return False
+    add_event(session, job, "republished", message="its queue message was lost; published again",
+              data={"status": _val(job.status)})
+    _publish(session, job, now)
+    return True
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:
@@ -192,6 +214,37 @@ def create_job(
     return job, True
 
 
+def create_upload(*, session: Session, dataset_id: int, sha256: str, size: int, media_type: str,
+                  filename: str, pipeline_version: str, max_attempts: int, actor: str = "system",
+                  attempts: int = 5) -> tuple[Document, Job, bool]:
+    """Document + Job(pending) + Outbox for uploaded bytes, committed in one transaction; or the
+    document and job that already exist for the same bytes, dataset and pipeline version.
+
+    Identical uploads at the same moment all look, find nothing, and insert: the unique constraints
+    let one win, and the others read again and get its job (``created`` False).
+    """
+    key = idempotency_key(dataset_id=dataset_id, sha256=sha256, pipeline_version=pipeline_version)
+    for attempt in count(1):
+        try:
+            document = session.exec(
+                select(Document).where(Document.dataset_id == dataset_id, Document.sha256 == sha256)
+            ).first()
+            if document is None:
+                faults.hit("before_document_insert", sha256=sha256)
+                document = Document(dataset_id=dataset_id, sha256=sha256, size=size, media_type=media_type,
+                                    filename=filename, blob_key=sha256)
+                session.add(document)
+                session.flush()
+            job, created = create_job(session=session, document=document, pipeline_version=pipeline_version,
+                                      idempotency_key=key, max_attempts=max_attempts, actor=actor)
+            session.commit()
+            return document, job, created
+        except IntegrityError:
+            session.rollback()  # another upload of the same bytes won the insert; read its rows
+            if attempt >= attempts:
+                raise
+
+
 # --- the worker's side -----------------------------------------------------------------------------
 
 
@@ -200,7 +253,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     job = get_job(session=session, job_id=job_id)
     if job is None:
         return ClaimResult(None, False, "no such job")
-    now = utcnow()
+    now = db_now(session)
     reason = ""
     if job.status in JobStatus.final():
         reason = f"delivery ignored: job is already {job.status.value}"
@@ -223,7 +276,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         status=JobStatus.running, stage=Stage.parsing, done=0, total=0,
         attempt=job.attempt + 1, lease=job.lease + 1, worker_id=worker_id,
         heartbeat_at=now, started_at=job.started_at or now, next_attempt_at=None,
-        embedded_count=0, cached_count=0,
+        embedded_count=0, cached_count=0, waiting_for=None, now=now,
     )
     if not ok:
         session.rollback()
@@ -241,7 +294,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
 def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int,
              **extra: Any) -> bool:
     """Write stage counts and the heartbeat; return cancel_requested. LeaseLost if not ours."""
-    ok = _fenced(session, job_id, lease, stage=stage, done=done, total=total, heartbeat_at=utcnow(), **extra)
+    ok = _fenced(session, job_id, lease, stage=stage, done=done, total=total, heartbeat_at=current_time(), **extra)
     if not ok:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
@@ -250,98 +303,172 @@ def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: i
     return bool(cancel)
 
 
+def cancel_requested(*, session: Session, job_id: int) -> bool:
+    return bool(session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none())
+
+
 def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
-    ok = _fenced(session, job_id, lease, heartbeat_at=utcnow())
+    ok = _fenced(session, job_id, lease, heartbeat_at=current_time())
     session.commit()
     return ok
 
 
+SUPERSEDABLE = (JobStatus.succeeded, JobStatus.pending, JobStatus.running, JobStatus.retrying)
+
+
 def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page_count: int,
             worker_id: str, embedded: int, cached: int, warnings: Sequence[str] = (),
-            stages: dict[str, float] | None = None) -> int | None:
+            stages: dict[str, float] | None = None, attempts: int = 5) -> list[int]:
     """running -> succeeded; makes this job the document's searchable one. Each warning (a page
     skipped, a file that needed repair) is a ``warning`` event of the job; ``stages`` (seconds per
     stage) go into the success event.
 
-    Returns the id of the job it supersedes (an older pipeline version whose chunks the caller
-    removes), or None.
+    A cancel requested before this lands wins: JobCancelled is raised, and the worker removes the
+    vectors and records the job cancelled (LeaseLost when the job is no longer this attempt's).
+
+    Every other job of the document that serves search or may still run (another pipeline
+    version: succeeded, pending, running, retrying) becomes superseded in the same transaction, by
+    compare-and-set: an older version's job still running on an old worker can then never finish
+    later and take search back. A lost compare-and-set reads again and tries again; nothing is
+    written unless all of it is. Returns the ids of the superseded jobs (the caller removes their
+    chunks).
     """
-    now = utcnow()
-    ok = _fenced(
-        session, job_id, lease, status=JobStatus.succeeded, stage=Stage.done, done=chunk_count,
-        total=chunk_count, chunk_count=chunk_count, page_count=page_count, finished_at=now,
-        heartbeat_at=now, cancel_requested=False, error_kind=None, error_code=None,
-        error_message=None, fix_hint=None, error_detail=None, embedded_count=embedded, cached_count=cached,
-    )
-    if not ok:
+    for _ in range(attempts):
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            session.rollback()
+            raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
+        if job.cancel_requested:
+            session.rollback()
+            raise JobCancelled()
+        document = session.get(Document, job.document_id, populate_existing=True)
+        serving = document.active_job_id
+        others = session.exec(
+            select(Job).where(Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE))
+            .order_by(Job.id).execution_options(populate_existing=True)
+        ).all()
+        faults.hit("before_supersede", job_id=job_id)
+        now = db_now(session)
+        if not _cas(session, job, where=[Job.lease == lease, Job.status == JobStatus.running,
+                                         Job.cancel_requested.is_(False)],
+                    status=JobStatus.succeeded, stage=Stage.done, done=chunk_count, total=chunk_count,
+                    chunk_count=chunk_count, page_count=page_count, finished_at=now, heartbeat_at=now,
+                    error_kind=None, error_code=None, error_message=None, fix_hint=None, error_detail=None,
+                    embedded_count=embedded, cached_count=cached, waiting_for=None, waiting_since=None, now=now):
+            session.rollback()
+            continue  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
+        add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
+                  to_status=JobStatus.succeeded,
+                  message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
+                  data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
+                        "warnings": len(warnings), "stages": stages or {}})
+        for text in warnings:
+            add_event(session, job, "warning", actor=worker_id, message=text)
+        superseded, lost = [], False
+        for old in others:
+            before = old.status
+            if not _cas(session, old, where=[Job.status == before], status=JobStatus.superseded,
+                        cancel_requested=False, worker_id=None, next_attempt_at=None, waiting_for=None,
+                        waiting_since=None, finished_at=old.finished_at or now, now=now):
+                lost = True
+                break
+            add_event(session, old, "superseded", from_status=before, to_status=JobStatus.superseded,
+                      message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search",
+                      data={"by_job": job.id})
+            superseded.append(old.id)
+        switched = session.execute(
+            update(Document)
+            .where(Document.id == document.id,
+                   Document.active_job_id == serving if serving is not None else Document.active_job_id.is_(None))
+            .values(active_job_id=job.id, deleted_at=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount == 1
+        if lost or not switched:
+            session.rollback()
+            continue
+        session.commit()
+        return superseded
+    raise TransientError("success_contended", f"job {job_id} could not record its success: the document's "
+                         f"jobs kept changing ({attempts} tries)", "Sluice retries this by itself.")
+
+
+def _while_ours(session: Session, job_id: int, lease: int, once: Callable[[], Job | None], *,
+                stale_before: datetime | None = None, attempts: int = 5) -> Job | None:
+    """Run a compare-and-set transition of a running attempt until it lands, or the job is no
+    longer this lease's (or, for the reaper, no longer stale). Losing only to a beat of the job's
+    own heartbeat, which bumps the version several times a second, is no reason to give up."""
+    for _ in range(attempts):
+        done = once()
+        if done is not None:
+            return done
+        job = get_job(session=session, job_id=job_id)
         session.rollback()
-        raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
-    job = get_job(session=session, job_id=job_id)
-    add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
-              to_status=JobStatus.succeeded,
-              message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
-              data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
-                    "warnings": len(warnings), "stages": stages or {}})
-    for text in warnings:
-        add_event(session, job, "warning", actor=worker_id, message=text)
-    document = session.get(Document, job.document_id, populate_existing=True)
-    superseded = None
-    if document.active_job_id not in (None, job.id):
-        old = get_job(session=session, job_id=document.active_job_id)
-        if old is not None and old.status == JobStatus.succeeded:
-            _cas(session, old, status=JobStatus.superseded)
-            add_event(session, old, "superseded", from_status=JobStatus.succeeded,
-                      to_status=JobStatus.superseded,
-                      message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search")
-            superseded = old.id
-    document.active_job_id = job.id
-    document.deleted_at = None
-    session.add(document)
-    session.commit()
-    return superseded
-
-
-CAS_TRIES = 5  # a worker's own concurrent write (heartbeat, progress) moves the version this often at most
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
+            return None
+    return None
 
 
 def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
          hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-         rng: random.Random | None = None, page_count: int | None = None) -> Job | None:
+         rng: random.Random | None = None, stale_before: datetime | None = None,
+         waiting_for: str | None = None, poll_seconds: float = 15.0,
+         max_wait_seconds: float = 6 * 3600.0, page_count: int | None = None) -> Job | None:
     """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
     ``page_count``, when the attempt got as far as counting pages, is kept on the job.
 
-    The compare-and-set is tried again when the version moved but the job is still this lease's
-    running job: the attempt's own heartbeat or progress write may land between the read and the
-    write, and must not make the failure disappear (the job would run on until the reaper)."""
-    for _ in range(CAS_TRIES):
-        job = get_job(session=session, job_id=job_id)
-        if job is None or job.lease != lease or job.status != JobStatus.running:
-            return None
-        ended = _fail_once(session, job, lease=lease, kind=kind, code=code, message=message, hint=hint,
-                           detail=detail, worker_id=worker_id, base_delay=base_delay, max_delay=max_delay,
-                           rng=rng, page_count=page_count)
-        if ended is not None:
-            return ended
+    ``stale_before`` (the reaper's): only while the heartbeat is still older than that.
+    ``waiting_for`` (a dependency is down, not the job's failure): the job waits, retrying every
+    ``poll_seconds`` or so with the attempt given back, until the wait that began with the first
+    such round exceeds ``max_wait_seconds``; then it is a dead letter that says so.
+    """
+    return _while_ours(session, job_id, lease, lambda: _fail_once(
+        session=session, job_id=job_id, lease=lease, kind=kind, code=code, message=message, hint=hint,
+        detail=detail, worker_id=worker_id, base_delay=base_delay, max_delay=max_delay, rng=rng,
+        stale_before=stale_before, waiting_for=waiting_for, poll_seconds=poll_seconds,
+        max_wait_seconds=max_wait_seconds, page_count=page_count), stale_before=stale_before)
+
+
+def _fail_once(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
+               hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
+               rng: random.Random | None, stale_before: datetime | None, waiting_for: str | None,
+               poll_seconds: float, max_wait_seconds: float, page_count: int | None = None) -> Job | None:
+    job = get_job(session=session, job_id=job_id)
+    if job is None or job.lease != lease or job.status != JobStatus.running:
+        return None
+    if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
         session.rollback()
-    return None
-
-
-def _fail_once(session: Session, job: Job, *, lease: int, kind: ErrorKind, code: str, message: str, hint: str,
-               detail: str, worker_id: str, base_delay: float, max_delay: float, rng: random.Random | None,
-               page_count: int | None) -> Job | None:
+        return None
     errors = dict(error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
                   error_detail=detail[-8000:] if detail else None)
     if page_count is not None:
         errors["page_count"] = page_count
     if job.cancel_requested:
         return _cancelled(session, job, actor=worker_id, **errors)
-    now = utcnow()
+    faults.hit("before_fail_write", job_id=job_id)
+    now = db_now(session)
     data: dict[str, Any] = {"code": code, "kind": kind.value}
-    if kind == ErrorKind.transient and job.attempt < job.max_attempts:
+    gave_up_waiting = False
+    if waiting_for is not None:
+        since = job.waiting_since or now
+        waited = (now - since).total_seconds()
+        if waited <= max_wait_seconds:
+            return _wait(session, job, now=now, since=since, waiting_for=waiting_for, worker_id=worker_id,
+                         poll_seconds=poll_seconds, rng=rng, data=data, **errors)
+        kind = errors["error_kind"] = ErrorKind.transient
+        errors["error_code"] = "outage_too_long"
+        errors["error_message"] = (f"waited {waited / 3600:.1f} h for {waiting_for}, longer than "
+                                   f"SLUICE_MAX_OUTAGE_SECONDS ({max_wait_seconds:.0f} s): {message}")
+        errors["fix_hint"] = (f"Bring {waiting_for} back, then retry the job (Retry in the console, or "
+                              "`sluice retry`).")
+        gave_up_waiting = True
+    if kind == ErrorKind.transient and job.attempt < job.max_attempts and not gave_up_waiting:
         ceiling, delay = backoff_delay(job.attempt, base=base_delay, cap=max_delay, rng=rng)
         due = now + timedelta(seconds=delay)
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.retrying,
-                    next_attempt_at=due, worker_id=None, **errors):
+                    next_attempt_at=due, worker_id=None, waiting_for=None, waiting_since=None, **errors):
+            session.rollback()
             return None
         data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
         add_event(session, job, "attempt_failed", actor=worker_id, from_status=JobStatus.running,
@@ -349,13 +476,36 @@ def _fail_once(session: Session, job: Job, *, lease: int, kind: ErrorKind, code:
                   message=f"{message}; retry {job.attempt + 1}/{job.max_attempts} in {delay:.1f}s")
         _publish(session, job, due)
     else:
-        if kind == ErrorKind.transient:
+        if kind == ErrorKind.transient and not gave_up_waiting:
             errors["error_message"] = f"gave up after {job.attempt} attempts: {message}"
         if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.failed,
-                    finished_at=now, worker_id=None, next_attempt_at=None, **errors):
+                    finished_at=now, worker_id=None, next_attempt_at=None, waiting_for=None, **errors):
+            session.rollback()
             return None
         add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
                   to_status=JobStatus.failed, data=data, message=errors["error_message"])
+    session.commit()
+    return job
+
+
+def _wait(session: Session, job: Job, *, now: datetime, since: datetime, waiting_for: str, worker_id: str,
+          poll_seconds: float, rng: random.Random | None, data: dict[str, Any], **errors: Any) -> Job | None:
+    """running -> retrying without spending the attempt: something the job needs is missing."""
+    delay = (rng or random).uniform(poll_seconds / 2, poll_seconds)
+    due = now + timedelta(seconds=delay)
+    message = f"waiting for {waiting_for}: {errors['error_message']}"
+    errors["error_message"] = message
+    if not _cas(session, job, where=[Job.lease == job.lease], status=JobStatus.retrying, attempt=job.attempt - 1,
+                next_attempt_at=due, worker_id=None, waiting_for=waiting_for, waiting_since=since, now=now,
+                **errors):
+        session.rollback()
+        return None
+    data.update(delay=round(delay, 3), due=due.isoformat(), waiting_for=waiting_for,
+                waiting_since=since.isoformat())
+    add_event(session, job, "waiting", actor=worker_id, from_status=JobStatus.running,
+              to_status=JobStatus.retrying, data=data,
+              message=f"{message}; attempt not counted; looking again in {delay:.1f}s")
+    _publish(session, job, due)
     session.commit()
     return job
 
@@ -364,9 +514,11 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
     where_text = describe_progress(job.stage, job.done, job.total)
     before = job.status
     msg = f"cancelled at {where_text}"
-    if not _cas(session, job, status=JobStatus.cancelled, finished_at=utcnow(), cancel_requested=False,
+    now = db_now(session)
+    if not _cas(session, job, status=JobStatus.cancelled, finished_at=now, cancel_requested=False, now=now,
                 worker_id=None, next_attempt_at=None,
-                **{"error_message": msg, "error_code": "cancelled", "error_kind": None, "fix_hint": None, **extra}):
+                **{"error_message": msg, "error_code": "cancelled", "error_kind": None, "fix_hint": None,
+                   "waiting_for": None, **extra}):
         session.rollback()
         return None
     add_event(session, job, "cancelled", actor=actor, from_status=before, to_status=JobStatus.cancelled,
@@ -376,16 +528,15 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
 
 
 def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: str) -> Job | None:
-    """The worker stopped a running job after cancel was requested (vectors already removed); tried
-    again, like ``fail``, when the attempt's own heartbeat moved the version in between."""
-    for _ in range(CAS_TRIES):
+    """The worker stopped a running job after cancel was requested (vectors already removed)."""
+
+    def once() -> Job | None:
         job = get_job(session=session, job_id=job_id)
         if job is None or job.lease != lease or job.status != JobStatus.running:
             return None
-        done = _cancelled(session, job, actor=worker_id)
-        if done is not None:
-            return done
-    return None
+        return _cancelled(session, job, actor=worker_id)
+
+    return _while_ours(session, job_id, lease, once)
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
@@ -393,25 +544,31 @@ def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay
     """Take back running jobs whose heartbeat is older than the lease; returns their ids.
 
     Only running jobs have heartbeats; a job waiting in the queue is pending or retrying and is
-    never touched here.
+    never touched here. Each job is taken back by compare-and-set on what the reaper read: the same
+    lease, still running, heartbeat still stale. A beat that lands after the read, or a claim by a
+    healthy worker meanwhile, wins over the reaper.
     """
-    cutoff = (now or utcnow()) - timedelta(seconds=lease_seconds)
-    stale = session.exec(
-        select(Job).where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff)
+    now = now or db_now(session)
+    cutoff = now - timedelta(seconds=lease_seconds)
+    stale = session.execute(
+        select(Job.id, Job.lease, Job.heartbeat_at, Job.worker_id, Job.stage, Job.done, Job.total)
+        .where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff).order_by(Job.id)
     ).all()
+    session.rollback()  # plain values read; nothing held open while each job is handled
     taken = []
-    for job in stale:
-        silent = (utcnow() - job.heartbeat_at).total_seconds()
+    for job_id, lease, beat, worker, stage, done, total in stale:
+        faults.hit("reap_selected", job_id=job_id)
+        silent = (now - beat).total_seconds()
         result = fail(
-            session=session, job_id=job.id, lease=job.lease, kind=ErrorKind.transient,
+            session=session, job_id=job_id, lease=lease, kind=ErrorKind.transient,
             code="worker_lost",
-            message=f"worker {job.worker_id} stopped answering during {describe_progress(job.stage, job.done, job.total)} "
+            message=f"worker {worker} stopped answering during {describe_progress(stage, done, total)} "
                     f"(no heartbeat for {silent:.0f}s)",
             hint="Sluice retries this by itself. If workers keep dying, check their logs and memory.",
-            detail="", worker_id="reaper", base_delay=base_delay, max_delay=max_delay,
+            detail="", worker_id="reaper", base_delay=base_delay, max_delay=max_delay, stale_before=cutoff,
         )
         if result is not None:
-            taken.append(job.id)
+            taken.append(job_id)
     return taken
 
 
@@ -435,12 +592,18 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
             if job.cancel_requested:
                 results.append(ActionResult(jid, True, f"job {jid}: cancel already requested"))
                 continue
-            ok = _cas(session, job, where=[Job.status == JobStatus.running], cancel_requested=True)
+            # Not on the version: the job's own heartbeat bumps it several times a second.
+            ok = session.execute(
+                update(Job).where(Job.id == jid, Job.status == JobStatus.running)
+                .values(cancel_requested=True, version=Job.version + 1, updated_at=current_time())
+                .execution_options(synchronize_session=False)
+            ).rowcount == 1
             if ok:
                 add_event(session, job, "cancel_requested", actor=actor,
                           message=f"cancel requested at {describe_progress(job.stage, job.done, job.total)}")
             session.commit()
-            results.append(ActionResult(jid, ok, f"job {jid} is running; it stops at its next batch"
+            results.append(ActionResult(jid, ok, f"job {jid} is running; it stops at its next batch "
+                                        "and its vectors are removed"
                                         if ok else f"job {jid} changed meanwhile; try again"))
         else:
             results.append(ActionResult(jid, False, f"job {jid} is {job.status.value}; only pending, "
@@ -467,7 +630,7 @@ def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str =
         ok = _cas(session, job, where=[Job.status.in_(RETRYABLE)], status=JobStatus.pending, stage=Stage.queued,
                   done=0, total=0, attempt=0, next_attempt_at=None, finished_at=None, dismissed=False,
                   cancel_requested=False, error_kind=None, error_code=None, error_message=None,
-                  fix_hint=None, error_detail=None)
+                  fix_hint=None, error_detail=None, waiting_for=None, waiting_since=None)
         if ok:
             add_event(session, job, "retried", actor=actor, from_status=before, to_status=JobStatus.pending,
                       message=reason)
@@ -555,7 +718,7 @@ def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str 
             return [ActionResult(0, False, f"document {document_id} does not exist")]
         rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)
                             .execution_options(populate_existing=True)).all()
-        now = utcnow()
+        now = db_now(session)
         results, lost = [], False
         for job in rows:
             if job.status == JobStatus.deleted:
@@ -563,7 +726,8 @@ def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str 
                 continue
             before = job.status
             if not _cas(session, job, status=JobStatus.deleted, cancel_requested=False, worker_id=None,
-                        next_attempt_at=None, finished_at=job.finished_at or now):
+                        next_attempt_at=None, waiting_for=None, waiting_since=None,
+                        finished_at=job.finished_at or now, now=now):
                 lost = True
                 break
             add_event(session, job, "deleted", actor=actor, from_status=before, to_status=JobStatus.deleted,

@@ -55,6 +55,15 @@ STAGE_UNITS = {
 }
 
 
+class Instance(SQLModel, table=True):
+    """One row, made with the database: the id of this Sluice instance. Queue messages carry it, so a
+    worker of another instance on the same queue (its own job database) knows a message is not its."""
+
+    id: int = Field(default=1, primary_key=True)
+    instance_id: str = Field(max_length=40, unique=True)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
 class Dataset(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True, unique=True, max_length=64)
@@ -116,6 +125,10 @@ class Job(SQLModel, table=True):
     worker_id: str | None = Field(default=None, max_length=120)
     cancel_requested: bool = False
     dismissed: bool = False
+    # A dependency outage (or no worker of its pipeline version): the job waits without spending
+    # attempts. What it waits for, and since when (kept across rounds of the same outage).
+    waiting_for: str | None = Field(default=None, max_length=200)
+    waiting_since: datetime | None = None
 
     error_kind: ErrorKind | None = Field(default=None, max_length=30)
     error_code: str | None = Field(default=None, max_length=60)

@@ -14,8 +14,10 @@ from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from sluice.storage.jobs import CLAIMABLE, add_event
-from sluice.storage.models import Job, JobStatus, Outbox, utcnow
+from sluice.storage import faults
+from sluice.storage.clock import db_now
+from sluice.storage.jobs import CLAIMABLE, republish
+from sluice.storage.models import Job, JobStatus, Outbox
 
 
 @dataclass
@@ -33,8 +35,8 @@ def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 100
     handed back.
     """
     result = DispatchResult()
-    now = utcnow()
     with Session(engine) as session:
+        now = db_now(session)
         due = session.exec(
             select(Outbox.id, Outbox.job_id, Job.status)
             .join(Job, Job.id == Outbox.job_id)
@@ -91,7 +93,7 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
     nor the schedule (``queued_job_ids``, read from the queue Redis). That happens when the queue
     Redis lost data or a worker died holding the message before it claimed the job.
     """
-    now = utcnow()
+    now = db_now(session)
     cutoff = now - timedelta(seconds=older_than_seconds)
     last_sent = (
         select(Outbox.job_id, func.max(Outbox.sent_at).label("last_sent"),
@@ -114,10 +116,9 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
     for job in candidates:
         if job.id in queued_job_ids:
             continue
-        session.add(Outbox(job_id=job.id, available_at=now))
-        add_event(session, job, "republished", message="its queue message was lost; published again",
-                  data={"status": job.status.value})
-        republished.append(job.id)
+        faults.hit("redeliver_selected", job_id=job.id)
+        if republish(session=session, job=job, now=now):  # else another recovery loop or a claim won
+            republished.append(job.id)
     session.commit()
     return republished
 

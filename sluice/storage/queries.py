@@ -235,6 +235,8 @@ def job_row(job: Job) -> dict:
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "next_attempt_at": job.next_attempt_at.isoformat() if job.next_attempt_at else None,
         "heartbeat_at": job.heartbeat_at.isoformat() if job.heartbeat_at else None,
+        "waiting_for": job.waiting_for,
+        "waiting_since": job.waiting_since.isoformat() if job.waiting_since else None,
     }
 
 

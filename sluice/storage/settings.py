@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     redeliver_after_seconds: float = Field(60.0, gt=0)
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
     retention_days: int = Field(30, ge=0, description="0 = keep everything")
+    # A dependency outage (Chroma, the database) is not the job's failure: the job waits, looking
+    # again every OUTAGE_POLL seconds (jittered), attempts unspent, for at most MAX_OUTAGE seconds.
+    outage_poll_seconds: float = Field(15.0, gt=0)
+    max_outage_seconds: float = Field(6 * 3600.0, gt=0)
 
     # Limits against oversized input and PDF bombs
     max_upload_bytes: int = Field(100 * 1024 * 1024, ge=1)

@@ -122,6 +122,12 @@ class GroupCommit:
                     rows.error = own
 
 
+def _unknown_collection(exc: BaseException) -> bool:
+    """chromadb's NotFoundError for a collection id the server does not know (any more)."""
+    return type(exc).__name__ == "NotFoundError" or (
+        "collection" in str(exc).lower() and "does not exist" in str(exc).lower())
+
+
 class VectorStore:
     def __init__(self, url: str, *, token: str | None = None, auth_header: str = "Authorization",
                  timeout: float = HTTP_TIMEOUT) -> None:
@@ -182,6 +188,20 @@ class VectorStore:
                 self._collections[name] = coll
             return coll
 
+    def _on(self, name: str, call: Callable[[Any], Any]) -> Any:
+        """``call(collection)``; when the server no longer knows the handle this process holds (the
+        collection was dropped and made again behind its back), look it up again and try once more."""
+        coll = self.collection(name)
+        try:
+            return call(coll)
+        except Exception as exc:
+            if not _unknown_collection(exc):
+                raise
+            with self._lock:
+                if self._collections.get(name) is coll:
+                    del self._collections[name]
+            return call(self.collection(name))
+
     def add(self, name: str, *, ids: Sequence[str], embeddings: np.ndarray, documents: Sequence[str],
             metadatas: Sequence[dict[str, Any]]) -> None:
         """Add new rows; returns once they are written. Adds that threads of this process make to
@@ -191,10 +211,10 @@ class VectorStore:
         rows = Rows(list(ids), np.asarray(embeddings, dtype=np.float32), list(documents), list(metadatas))
         with self._lock:
             group = self._groups.setdefault(name, GroupCommit())
-        coll = self.collection(name)
-        group.submit(rows, lambda batch: coll.add(
+        group.submit(rows, lambda batch: self._on(name, lambda coll: coll.add(
             ids=[i for r in batch for i in r.ids], embeddings=np.concatenate([r.embeddings for r in batch]),
-            documents=[d for r in batch for d in r.documents], metadatas=[m for r in batch for m in r.metadatas]))
+            documents=[d for r in batch for d in r.documents],
+            metadatas=[m for r in batch for m in r.metadatas])))
 
     def ids_where(self, name: str, where: dict[str, Any]) -> list[str]:
         return [i for page in self.iter_pages(name, where=where, include=[]) for i in page["ids"]]
@@ -202,11 +222,10 @@ class VectorStore:
     def iter_pages(self, name: str, *, where: dict[str, Any] | None = None, include: list[str] | None = None,
                    page_size: int = PAGE) -> Iterator[dict[str, Any]]:
         """Walk a collection page by page (bounded memory for audits of any size)."""
-        coll = self.collection(name)
         offset = 0
         while True:
-            page = coll.get(where=where, limit=page_size, offset=offset,
-                            include=include if include is not None else ["metadatas"])
+            page = self._on(name, lambda coll, offset=offset: coll.get(
+                where=where, limit=page_size, offset=offset, include=include if include is not None else ["metadatas"]))
             if not page["ids"]:
                 return
             yield page
@@ -215,25 +234,25 @@ class VectorStore:
             offset += page_size
 
     def get(self, name: str, ids: Sequence[str], include: list[str] | None = None) -> dict[str, Any]:
-        return self.collection(name).get(ids=list(ids), include=include or ["metadatas"])
+        return self._on(name, lambda coll: coll.get(ids=list(ids), include=include or ["metadatas"]))
 
     def delete(self, name: str, *, ids: Sequence[str] | None = None, where: dict[str, Any] | None = None) -> None:
         if ids is not None:
             ids = list(ids)
             for start in range(0, len(ids), PAGE):
-                self.collection(name).delete(ids=ids[start:start + PAGE])
+                self._on(name, lambda coll, part=ids[start:start + PAGE]: coll.delete(ids=part))
         elif where is not None:
-            self.collection(name).delete(where=where)
+            self._on(name, lambda coll: coll.delete(where=where))
 
     def count(self, name: str) -> int:
-        return self.collection(name).count()
+        return self._on(name, lambda coll: coll.count())
 
     def query(self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None) -> list[Hit]:
-        coll = self.collection(name)
         if n <= 0:
             return []
-        res = coll.query(query_embeddings=[np.asarray(embedding, dtype=np.float32)], n_results=n, where=where,
-                         include=["documents", "metadatas", "distances"])
+        res = self._on(name, lambda coll: coll.query(
+            query_embeddings=[np.asarray(embedding, dtype=np.float32)], n_results=n, where=where,
+            include=["documents", "metadatas", "distances"]))
         hits = []
         for i, cid in enumerate(res["ids"][0]):
             hits.append(Hit(id=cid, score=1.0 - float(res["distances"][0][i]),

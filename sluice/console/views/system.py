@@ -20,6 +20,9 @@ if queue.reachable:
     st.caption(f"Queue `{settings.queue_name}`: {queue.queued:,} queued, {queue.scheduled:,} scheduled; "
                f"{len(queue.workers)} worker(s) alive.")
 
+st.caption(f"Instance `{context.instance_id}`: made with this job database; every queue message carries it, "
+           "and workers of another instance on the same queue leave this instance's messages alone.")
+
 st.subheader("Pipeline")
 c1, c2, c3, c4 = st.columns(4)
 c1.metric("Pipeline version", context.pipeline_version,

@@ -1,0 +1,81 @@
+"""Fault points for crash, outage and race tests: the SLUICE_FAULTS environment variable (any
+process, also a real worker) and in-process hooks (``hook``, for tests that force an interleaving).
+
+Unset (always, in production) it does nothing. Set, it is a comma-separated list of
+``point=action`` where action is ``exit`` (the process dies at once, like kill -9), ``sleep:S``,
+or ``transient`` / ``permanent`` (raise that error class). A point may carry a count after ``@``:
+``embed_batch@3=exit`` fires at the third time the point is reached in this process.
+
+Points: ``after_claim``, ``after_parse``, ``embed_batch``, ``after_index`` (vectors written, job
+not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, before it takes it back),
+``before_document_insert`` (an upload found no document with its bytes, before it adds one),
+``redeliver_selected`` (recovery picked a stranded job, before it publishes it again),
+``before_supersede`` (a success read the document's other jobs, before it writes),
+``before_fail_write`` (a failure read the job, before it writes), ``before_verify`` (the runner
+wrote its chunks, before it checks the index), ``reconcile_before_delete`` (repair confirmed
+orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the lease gone).
+
+A hook is a callable run where its point is hit, with keyword arguments that say what is there
+(``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database
+to land a write inside it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()
+_hooks: dict[str, list[Callable[..., None]]] = {}
+
+
+@contextmanager
+def hook(point: str, fn: Callable[..., None]) -> Iterator[None]:
+    """Run ``fn(**info)`` each time ``point`` is hit in this process, while the block runs."""
+    with _lock:
+        _hooks.setdefault(point, []).append(fn)
+    try:
+        yield
+    finally:
+        with _lock:
+            _hooks[point].remove(fn)
+
+
+def _rules() -> dict[str, str]:
+    spec = os.environ.get("SLUICE_FAULTS", "").strip()
+    rules = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        point, _, action = item.partition("=")
+        rules[point.strip()] = action.strip()
+    return rules
+
+
+def hit(point: str, **info) -> None:
+    if _hooks:
+        with _lock:
+            fns = list(_hooks.get(point, ()))
+        for fn in fns:
+            fn(**info)
+    rules = _rules()
+    if not rules:
+        return
+    with _lock:
+        _counts[point] += 1
+        n = _counts[point]
+    action = rules.get(f"{point}@{n}") or rules.get(point)
+    if not action:
+        return
+    if action == "exit":
+        os._exit(137)
+    if action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+    elif action in ("transient", "permanent"):
+        from sluice.errors import PermanentError, TransientError
+
+        cls = TransientError if action == "transient" else PermanentError
+        raise cls("injected_fault", f"injected {action} fault at {point}", "")
