@@ -138,18 +138,19 @@ def datasets(args) -> int:
 
 
 def search(args) -> int:
-    from sluice.ops.search import UnknownDataset
+    from sluice.ops.search import BadQuery, UnknownDataset
 
     try:
-        hits = reads.search(args.query, args.dataset, args.k)
-    except UnknownDataset as exc:
+        hits = reads.search(args.query, args.dataset, args.k, mode=args.mode, filename=args.file, pages=args.pages,
+                            media_type=args.media_type)
+    except (UnknownDataset, BadQuery) as exc:
         return _fail(str(exc))
     if args.json:
         print_json([h.to_dict() for h in hits])
         return 0
-    rows = [{"score": f"{h.score:.3f}", "filename": h.filename, "page": h.page,
-             "text": " ".join(h.text.split())[:120]} for h in hits]
-    table(rows, [("score", "SCORE"), ("filename", "FILE"), ("page", "PAGE"), ("text", "TEXT")],
+    rows = [{"score": f"{h.score:.3f}", "filename": h.filename, "page": h.page, "matched": "+".join(h.matched),
+             "text": h.snippet[:160]} for h in hits]
+    table(rows, [("score", "SCORE"), ("filename", "FILE"), ("page", "PAGE"), ("matched", "BY"), ("text", "TEXT")],
           empty=f"no matches in dataset {args.dataset!r}")
     return 0
 

@@ -21,7 +21,8 @@ from sluice.storage.lexical import Filters
 from sluice.storage.models import Dataset, Document
 
 MODES = ("hybrid", "dense", "lexical")
-RRF_K = 60  # reciprocal rank fusion: score = sum of 1 / (RRF_K + rank) over the rankers that found it
+RRF_K = 60  # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
+STRICT_WEIGHT = 2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
 DEPTH = 50  # candidates each ranker gives the fusion, at least
 
 
@@ -114,11 +115,12 @@ def _version(cid: str) -> str:
 
 
 def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool) -> list[SearchHit]:
-    """Reciprocal rank fusion; with a quoted phrase, only chunks the lexical ranker found count."""
+    """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare token
+    is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it count."""
     scores: dict[str, float] = {}
     hits: dict[str, SearchHit] = {}
     for rank, h in enumerate(lex, start=1):
-        scores[h.chunk_id] = 1.0 / (RRF_K + rank)
+        scores[h.chunk_id] = (STRICT_WEIGHT if h.strict else 1.0) / (RRF_K + rank)
         hits[h.chunk_id] = _from_lexical(h, ctx)
     for rank, h in enumerate(dense, start=1):
         if required and h.chunk_id not in hits:

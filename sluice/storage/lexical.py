@@ -120,6 +120,7 @@ class LexicalHit:
     filename: str
     media_type: str
     score: float  # larger is better
+    strict: bool = True  # it holds every typed word and phrase (not only some of the tokens)
 
 
 @dataclass(frozen=True)
@@ -332,18 +333,14 @@ def search(engine: Engine, *, dataset_id: int, query: Query, n: int, filters: Fi
            loose: bool = True) -> list[LexicalHit]:
     """The best ``n`` chunks of the dataset's active jobs for the query, best first.
 
-    Every group (quoted phrase, typed word) must match; when that finds fewer than ``n`` chunks and
-    ``loose`` allows (no quoted phrase), chunks holding any of the tokens follow, ranked below.
+    Every group (quoted phrase, typed word) must match; when no chunk has them all and ``loose``
+    allows (no quoted phrase), chunks holding any of the tokens answer instead (``strict`` False).
     """
     if query.empty or n <= 0:
         return []
     hits = _run(engine, dataset_id, query, n, filters, loose=False)
-    if loose and not query.quoted and len(hits) < n and len(query.terms) > 1:
-        seen = {h.chunk_id for h in hits}
-        more = [h for h in _run(engine, dataset_id, query, n, filters, loose=True) if h.chunk_id not in seen]
-        floor = min((h.score for h in hits), default=0.0)
-        # Below every strict hit, in their own order.
-        hits += [replace(h, score=min(h.score, floor) - 1e-6 * (i + 1)) for i, h in enumerate(more[:n - len(hits)])]
+    if not hits and loose and not query.quoted and len(query.terms) > 1:
+        hits = [replace(h, strict=False) for h in _run(engine, dataset_id, query, n, filters, loose=True)]
     return hits
 
 
