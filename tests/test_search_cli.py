@@ -100,3 +100,19 @@ def test_lexical_search_from_a_cold_command_line_does_not_load_the_model(ctx, ca
     *hits, last = done.stdout.strip().splitlines()
     assert json.loads(last) == [0, []]
     assert json.loads("\n".join(hits))[0]["filename"] == "note.txt"
+
+
+def test_show_chunks_lists_a_jobs_chunks_in_order_with_pages(ctx, capsys, tmp_path):
+    pdf = pymupdf.open()
+    for n in range(1, 3):
+        pdf.new_page().insert_text((72, 72), f"Ledger page {n}, entry LX-{n}{n}{n}.")
+    pdf.save(tmp_path / "ledger.pdf")
+    code, out, _ = run(capsys, "ingest", str(tmp_path / "ledger.pdf"))
+    job_id = int(out.split("\t")[0])
+    assert run_job(job_id, ctx=ctx).result == "succeeded"
+
+    code, out, _ = run(capsys, "show", str(job_id), "--chunks", "--json")
+    chunks = json.loads(out)["chunks"]
+    assert [(c["position"], c["page"]) for c in chunks] == [(0, 1), (1, 2)] and "LX-222" in chunks[1]["text"]
+    code, out, _ = run(capsys, "show", str(job_id), "--chunks")
+    assert code == 0 and "chunks:" in out and "LX-111" in out

@@ -113,14 +113,24 @@ def show(args) -> int:
         return _fail(f"no job {args.job_id}")
     row = {**detail.row, "dataset": detail.dataset, "error_detail": detail.error_detail}
     events = [{**e, "at": e["at"].isoformat()} for e in detail.events]
+    chunks = None
+    if getattr(args, "chunks", False):
+        from sluice.ops.document_view import job_chunks
+
+        chunks = [{"position": c.position, "page": c.page, "chunk_id": c.chunk_id, "text": c.text}
+                  for c in job_chunks(reads.ctx(), args.job_id)]
     if args.json:
-        print_json({**row, "events": events})
+        print_json({**row, "events": events, **({"chunks": chunks} if chunks is not None else {})})
         return 0
     for key in ("id", "dataset", "filename", "status", "progress", "attempt", "error_kind", "error_message",
                 "fix_hint", "chunk_count", "pipeline_version"):
         print(f"{key:16} {plain(row[key])}")
     print("events:")
     table(events, [("at", "AT"), ("kind", "EVENT"), ("actor", "BY"), ("message", "MESSAGE")], empty="  none")
+    if chunks is not None:
+        print("chunks:")
+        table([{**c, "text": " ".join(c["text"].split())[:120]} for c in chunks],
+              [("position", "#"), ("page", "PAGE"), ("text", "TEXT")], empty="  none in the index")
     return 0
 
 

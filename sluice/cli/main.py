@@ -2,7 +2,7 @@
 
     sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively)
     sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
-    sluice show JOB_ID [--json]                          one job with its timeline
+    sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
     sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
     sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
                   [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("show", help="one job with its timeline")
     a.add_argument("job_id", type=int)
+    a.add_argument("--chunks", action="store_true", help="also the job's chunks in order, with pages")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.show)
 

@@ -22,6 +22,7 @@ DATASET_KEY = "dataset"
 OPERATOR_KEY = "sluice_operator"
 FLASH_KEY = "sluice_flash"
 JOBS_PAGE = "views/jobs.py"
+DOCUMENT_PAGE = "views/document.py"
 
 STATUS_ICON = {  # Material icons: they come with Streamlit's own font, so every browser draws them
     "pending": ":material/schedule:", "running": ":material/progress_activity:", "retrying": ":material/replay:",
