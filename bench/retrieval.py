@@ -109,7 +109,8 @@ def rank_of(hits, answer: str) -> int | None:
     return next((i for i, h in enumerate(hits) if want in _fold(h.text)), None)
 
 
-def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind: int) -> dict:
+def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind: int,
+            database_url: str | None = None) -> dict:
     from sqlalchemy import text as sql
 
     from sluice.ops.ingest import ingest_path
@@ -119,7 +120,8 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
     work = svc.workdir
     gen, facts = corpus_mod.generate(work / "retrieval-corpus", documents=documents, pages=pages, seed=31)
     paths = gen + corpus_mod.sample_pdfs(SAMPLES, quick=quick)
-    svc.configure("retrieval-quality")
+    svc.configure("retrieval-quality" + ("-pg" if database_url else ""),
+                  **({"SLUICE_DATABASE_URL": database_url} if database_url else {}))
     ctx = svc.context()
     t0 = time.monotonic()
     for path in paths:
@@ -129,7 +131,9 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
             raise RuntimeError(f"{path.name}: {outcome.result} {outcome.message}")
     log(f"ingested {len(paths)} files in {time.monotonic() - t0:.0f}s")
     with ctx.engine.connect() as conn:
-        chunks = [(str(d), t) for d, t in conn.execute(sql("SELECT document_id, text FROM lexical_chunk"))]
+        chunks = [(str(d), t) for d, t in conn.execute(sql(
+            "SELECT l.document_id, l.text FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
+            "WHERE d.name = 'bench'"))]
     queries = build_queries(chunks, facts, per_kind=per_kind)
     counts = Counter(q.kind for q in queries)
     log(f"{len(chunks)} chunks, queries {dict(counts)}")
@@ -144,6 +148,7 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
         ctx.embedder.encode([q.text])
         encode_ms.append((time.perf_counter() - t) * 1000)
     out = {"files": len(paths), "chunks": len(chunks), "queries": dict(counts), "precision": ctx.precision,
+           "backend": ctx.engine.dialect.name,
            "encode_ms_p50": statistics.median(encode_ms), "recall": {}}
     for (kind, mode), rs in ranks.items():
         out["recall"][f"{kind}|{mode}"] = {
@@ -192,7 +197,8 @@ def latency(svc: Services, *, chunks: int, queries: int, database_url: str | Non
         if outcome.result != "succeeded":
             raise RuntimeError(f"synthetic {d}: {outcome.result} {outcome.message}")
     with ctx.engine.connect() as conn:
-        total = conn.execute(sql("SELECT COUNT(*) FROM lexical_chunk")).scalar_one()
+        total = conn.execute(sql("SELECT COUNT(*) FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
+                                 "WHERE d.name = 'scale'")).scalar_one()
     log(f"{total} chunks indexed in {time.monotonic() - t0:.0f}s")
     typed = []
     for i in range(queries):
@@ -217,22 +223,24 @@ def latency(svc: Services, *, chunks: int, queries: int, database_url: str | Non
     return out
 
 
-def build_table(q: dict, lat: list[dict]) -> Table:
+def build_table(qualities: list[dict], lat: list[dict]) -> Table:
     t = Table()
-    sec = (f"Retrieval recall@1 ({sum(q['queries'].values())} known-answer queries over {q['chunks']:,} chunks "
-           f"of {q['files']} files; model in {q['precision']}; notes: recall@5)")
-    for kind in KINDS:
-        for mode in MODES:
-            r = q["recall"][f"{kind}|{mode}"]
-            target = TARGETS.get((kind, mode))
-            t.add(sec, f"{kind} ({r['n']} queries), {mode}", r["r1"], digits=3,
-                  target=f">= {target}" if target else "", ok=(lambda v, x=target: v >= x) if target else None,
-                  note=f"recall@5 {r['r5']:.3f}")
-    dense, hybrid = q["recall"]["paraphrase|dense"]["r1"], q["recall"]["paraphrase|hybrid"]["r1"]
-    t.add(sec, "paraphrase recall@1, hybrid minus dense", hybrid - dense, digits=3, target=">= -0.01",
-          ok=lambda v: v >= -0.01)
-    t.add(sec, "the model's encoding of one query, p50", q["encode_ms_p50"], unit=" ms",
-          note="not in the latency figures below (hash embedder there)")
+    for q in qualities:
+        sec = (f"Retrieval recall@1 ({sum(q['queries'].values())} known-answer queries over {q['chunks']:,} "
+               f"chunks of {q['files']} files; {q['backend']} job database; model in {q['precision']}; "
+               "notes: recall@5)")
+        for kind in KINDS:
+            for mode in MODES:
+                r = q["recall"][f"{kind}|{mode}"]
+                target = TARGETS.get((kind, mode))
+                t.add(sec, f"{kind} ({r['n']} queries), {mode}", r["r1"], digits=3,
+                      target=f">= {target}" if target else "",
+                      ok=(lambda v, x=target: v >= x) if target else None, note=f"recall@5 {r['r5']:.3f}")
+        dense, hybrid = q["recall"]["paraphrase|dense"]["r1"], q["recall"]["paraphrase|hybrid"]["r1"]
+        t.add(sec, "paraphrase recall@1, hybrid minus dense", hybrid - dense, digits=3, target=">= -0.01",
+              ok=lambda v: v >= -0.01)
+        t.add(sec, "the model's encoding of one query, p50", q["encode_ms_p50"], unit=" ms",
+              note="not in the latency figures below (hash embedder there)")
     for lt in lat:
         sec = (f"Search latency at {lt['chunks']:,} chunks ({lt['backend']} job database, Chroma server, hash "
                "embedder; p95, notes: p50)")
@@ -247,18 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
-    parser.add_argument("--postgres", help="also measure latency with this PostgreSQL job database "
-                                           "(a database the run may fill, e.g. postgresql://postgres@127.0.0.1/bench)")
+    parser.add_argument("--postgres", help="also measure with this PostgreSQL job database (an empty database "
+                                           "the run may fill, e.g. postgresql://postgres@127.0.0.1/bench)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     with Services() as svc:
-        q = quality(svc, documents=12 if args.quick else 40, pages=4 if args.quick else 6, quick=args.quick,
-                    per_kind=40 if args.quick else 120)
+        qualities, lat = [], []
         n = 5_000 if args.quick else 100_000
-        lat = [latency(svc, chunks=n, queries=60 if args.quick else 300)]
-        if args.postgres:
-            lat.append(latency(svc, chunks=n, queries=60 if args.quick else 300, database_url=args.postgres))
-    table = build_table(q, lat)
+        for url in [None] + ([args.postgres] if args.postgres else []):
+            qualities.append(quality(svc, documents=12 if args.quick else 40, pages=4 if args.quick else 6,
+                                     quick=args.quick, per_kind=40 if args.quick else 120, database_url=url))
+            lat.append(latency(svc, chunks=n, queries=60 if args.quick else 300, database_url=url))
+    table = build_table(qualities, lat)
     print(table.text())
     header = (f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({'quick' if args.quick else 'full'} "
               f"mode, {(time.monotonic() - started) / 60:.1f} min), `python -m bench.retrieval`.")
