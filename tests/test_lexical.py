@@ -11,7 +11,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile import reconcile
 from sluice.pipeline.runner import run_job
 from sluice.storage import jobs, lexical
-from sluice.storage.models import JobStatus
+from sluice.storage.models import Document, JobStatus
 from tests.helpers import ids_of_job, job
 from tests.test_reconcile import indexed, text
 
@@ -149,3 +149,28 @@ def test_reconcile_finds_and_repairs_lexical_rows_deleted_altered_and_added_by_h
     assert lexical_ids(ctx, 99999) == []
     assert tampered in lexical_ids(ctx, orchard.id)
     assert reconcile(ctx).clean
+
+
+def test_a_switch_between_the_two_rankers_never_answers_two_versions_of_a_document(make_ctx, monkeypatch):
+    old = make_ctx()
+    r = ingest_bytes(old, coded("glacier", CODE), dataset="default", filename="glacier.txt")
+    assert run_job(r.job_id, ctx=old).result == "succeeded"
+    new = make_ctx(SLUICE_CHUNK_SIZE="400")
+    [queued] = reindex.reindex_all(new, actor="test").results
+    monkeypatch.setenv("SLUICE_FAULTS", "after_index=transient")  # both stores hold the new version, not active
+    assert run_job(queued.job_id, ctx=new).result == "retrying"
+    monkeypatch.delenv("SLUICE_FAULTS")
+    ranked = lexical.search
+
+    def then_switch(*args, **kwargs):  # the new version becomes active right after the lexical read
+        hits = ranked(*args, **kwargs)
+        with Session(new.engine) as session:
+            doc = session.get(Document, r.document_id)
+            doc.active_job_id = queued.job_id
+            session.add(doc)
+            session.commit()
+        return hits
+
+    monkeypatch.setattr(lexical, "search", then_switch)
+    hits = search(new, query=f"glacier {CODE}", dataset="default", k=10)
+    assert hits and {h.job_id for h in hits} == {queued.job_id}

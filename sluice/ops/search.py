@@ -23,7 +23,8 @@ from sluice.storage.models import Dataset, Document
 MODES = ("hybrid", "dense", "lexical")
 RRF_K = 60  # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
 STRICT_WEIGHT = 2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
-DEPTH = 50  # candidates each ranker gives the fusion, at least
+LEXICAL_DEPTH = 50  # candidates the lexical ranker gives the fusion, at least (cheap: one indexed query)
+DENSE_DEPTH = 20  # candidates the dense ranker gives it, at least (Chroma returns texts and metadata)
 
 
 class UnknownDataset(LookupError):
@@ -84,13 +85,26 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "h
     if parsed.empty or k <= 0:
         return []
     ds = get_dataset(ctx, dataset)
-    depth = max(DEPTH, k * 4)
-    lexical_hits: list[lexical.LexicalHit] = []
-    dense_hits: list[SearchHit] = []
-    if mode in ("hybrid", "lexical"):
-        lexical_hits = lexical.search(ctx.engine, dataset_id=ds.id, query=parsed, n=depth, filters=filters)
-    if mode in ("hybrid", "dense"):
-        dense_hits = _dense(ctx, ds, query.replace('"', " ").strip(), depth if mode == "hybrid" else k, filters)
+    for again in (False, True):
+        lexical_hits: list[lexical.LexicalHit] = []
+        dense_hits: list[SearchHit] = []
+        if mode in ("hybrid", "lexical"):
+            lexical_hits = lexical.search(ctx.engine, dataset_id=ds.id, query=parsed, n=max(LEXICAL_DEPTH, k * 4),
+                                          filters=filters)
+        if mode in ("hybrid", "dense"):
+            depth = max(DENSE_DEPTH, k * 2) if mode == "hybrid" else k
+            dense_hits = _dense(ctx, ds, query.replace('"', " ").strip(), depth, filters)
+        if mode != "hybrid":
+            break
+        # Each ranker read the active jobs at its own moment: a document whose new version became
+        # active in between would be answered in both versions. One read decides for both; after a
+        # switch the new version is complete in both stores, so one more round finds it there.
+        active = _active_jobs(ctx, {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits})
+        if all(active.get(h.document_id) == h.job_id for h in [*lexical_hits, *dense_hits]):
+            break
+        if again:
+            lexical_hits = [h for h in lexical_hits if active.get(h.document_id) == h.job_id]
+            dense_hits = [h for h in dense_hits if active.get(h.document_id) == h.job_id]
 
     if mode == "dense":
         hits = dense_hits[:k]
@@ -139,6 +153,15 @@ def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *
     return out
 
 
+def _active_jobs(ctx: Context, document_ids: set[int]) -> dict[int, int | None]:
+    """document id -> the job whose chunks search serves, for the live documents among these."""
+    if not document_ids:
+        return {}
+    with Session(ctx.engine) as session:
+        return dict(session.exec(select(Document.id, Document.active_job_id)
+                                 .where(Document.id.in_(document_ids), Document.deleted_at.is_(None))).all())
+
+
 def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | None:
     """Documents the file name and media type filters allow (None: no such filter)."""
     if not (filters.filename or filters.media_type):
@@ -168,16 +191,11 @@ def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> l
     where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
     vector = ctx.embedder.encode([query])[0]
     total = ctx.vectors.count(ds.collection)
-    n = min(total, max(20, k * 4))
+    n = min(total, max(20, k * 2))  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
         hits = ctx.vectors.query(ds.collection, vector, n=n, where=where)
-        doc_ids = {int(h.metadata.get("document_id", -1)) for h in hits}
-        with Session(ctx.engine) as session:
-            active = dict(session.exec(
-                select(Document.id, Document.active_job_id).where(Document.id.in_(doc_ids),
-                                                                  Document.deleted_at.is_(None))
-            ).all())
+        active = _active_jobs(ctx, {int(h.metadata.get("document_id", -1)) for h in hits})
         kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == int(h.metadata["job_id"])]
         # A document whose active job switched between the query and this read lost all its hits;
         # its new chunks were complete before the switch, so one more query finds them.

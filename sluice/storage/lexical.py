@@ -74,16 +74,10 @@ class Query:
     def empty(self) -> bool:
         return not self.groups
 
-    @property
-    def loose_text(self) -> str:
-        """The query without quotes, for the dense ranker."""
-        return " ".join(" ".join(g) for g in self.groups)
-
 
 def parse_query(value: str) -> Query:
     groups: list[tuple[str, ...]] = []
     quoted: list[tuple[str, ...]] = []
-    rest = value
     for m in _PHRASE.finditer(value):
         t = tuple(tokens(m.group(1)))
         if t:
@@ -131,10 +125,6 @@ class Filters:
     media_type: str | None = None
     page_from: int | None = None
     page_to: int | None = None
-
-    @property
-    def any(self) -> bool:
-        return any(v is not None for v in (self.filename, self.media_type, self.page_from, self.page_to))
 
 
 # --- schema ------------------------------------------------------------------------------------------------
