@@ -174,3 +174,16 @@ def test_a_switch_between_the_two_rankers_never_answers_two_versions_of_a_docume
     monkeypatch.setattr(lexical, "search", then_switch)
     hits = search(new, query=f"glacier {CODE}", dataset="default", k=10)
     assert hits and {h.job_id for h in hits} == {queued.job_id}
+
+
+def test_filters_and_inactive_jobs_never_crowd_out_a_match(database_url, ctx, monkeypatch):
+    monkeypatch.setattr(lexical, "CANDIDATES", 1)  # SQLite ranks the best few first, then asks for more
+    for i in range(6):
+        body = f"Pelican sighting number {i} near the pier. " * (6 - i) + "Other words about the weather. " * 20
+        r = ingest_bytes(ctx, body.encode(), dataset="default", filename=f"doc-{i}.txt")
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    ds_id = job(ctx, r.job_id).dataset_id
+    q = lexical.parse_query("pelican")
+    [hit] = lexical.search(ctx.engine, dataset_id=ds_id, query=q, n=1, filters=lexical.Filters(filename="doc-5"))
+    assert hit.filename == "doc-5.txt"
+    assert [h.filename for h in lexical.search(ctx.engine, dataset_id=ds_id, query=q, n=1)] == ["doc-0.txt"]

@@ -32,6 +32,8 @@ _CJK = re.compile(
 )
 _PHRASE = re.compile(r'"([^"]*)"')
 BATCH = 500  # rows per insert statement
+CANDIDATES = 200  # best full-text matches joined and filtered at first (SQLite), more when too few survive
+_FTS5_COUNT = "SELECT COUNT(*) FROM lexical_fts WHERE lexical_fts MATCH :q"
 
 
 def _word_tokens(word: str) -> list[str]:
@@ -361,13 +363,28 @@ def _run(engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters
                "ORDER BY score DESC, l.chunk_id LIMIT :n")
     else:
         params["q"] = _fts5_expr(query, loose=loose)
-        sql = (f"SELECT {cols}, -bm25(lexical_fts) AS score FROM lexical_fts "
-               f"JOIN lexical_chunk l ON l.id = lexical_fts.rowid {active} "
-               f"WHERE lexical_fts MATCH :q AND {' AND '.join(where)} ORDER BY score DESC, l.chunk_id LIMIT :n")
+        # Rank in the full-text index alone, then join only the best (joining every match before
+        # the sort cost as much as the ranking); ask for more when filters or inactive jobs thin them.
+        sql = (f"SELECT {cols}, -f.score AS score FROM (SELECT rowid AS id, bm25(lexical_fts) AS score "
+               "FROM lexical_fts WHERE lexical_fts MATCH :q ORDER BY score LIMIT :m) f "
+               f"JOIN lexical_chunk l ON l.id = f.id {active} "
+               f"WHERE {' AND '.join(where)} ORDER BY score DESC, l.chunk_id LIMIT :n")
+        params["m"] = max(CANDIDATES, 4 * n)
+        with engine.connect() as conn:
+            while True:
+                rows = conn.execute(text(sql), params).all()
+                if len(rows) >= n or conn.execute(text(_FTS5_COUNT), params).scalar_one() <= params["m"]:
+                    break
+                params["m"] *= 8
+        return [_hit(r) for r in rows]
     with engine.connect() as conn:
         rows = conn.execute(text(sql), params).all()
-    return [LexicalHit(chunk_id=r[0], document_id=r[1], job_id=r[2], position=r[3], page=r[4], text=r[5],
-                       filename=r[6], media_type=r[7], score=float(r[8])) for r in rows]
+    return [_hit(r) for r in rows]
+
+
+def _hit(r) -> LexicalHit:
+    return LexicalHit(chunk_id=r[0], document_id=r[1], job_id=r[2], position=r[3], page=r[4], text=r[5],
+                      filename=r[6], media_type=r[7], score=float(r[8]))
 
 
 # --- highlighting ----------------------------------------------------------------------------------------------
