@@ -32,8 +32,7 @@ _CJK = re.compile(
 )
 _PHRASE = re.compile(r'"([^"]*)"')
 BATCH = 500  # rows per insert statement
-CANDIDATES = 200  # best full-text matches joined and filtered at first (SQLite), more when too few survive
-_FTS5_COUNT = "SELECT COUNT(*) FROM lexical_fts WHERE lexical_fts MATCH :q"
+CANDIDATES = 200  # best full-text matches joined and filtered at first, more when too few survive
 
 
 def _word_tokens(word: str) -> list[str]:
@@ -358,28 +357,24 @@ def _run(engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters
     cols = "l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, d.filename, d.media_type"
     if pg:
         params["q"] = _tsquery_expr(query, loose=loose)
-        sql = (f"SELECT {cols}, ts_rank(l.tsv, q.q, 1) AS score FROM lexical_chunk l {active}, "
-               f"CAST(:q AS tsquery) AS q(q) WHERE l.tsv @@ q.q AND {' AND '.join(where)} "
-               "ORDER BY score DESC, l.chunk_id LIMIT :n")
+        matches = "FROM lexical_chunk, CAST(:q AS tsquery) AS q(q) WHERE tsv @@ q.q AND dataset_id = :d"
+        ranked = f"SELECT id, ts_rank(tsv, q.q, 1) AS score {matches} ORDER BY score DESC LIMIT :m"
     else:
         params["q"] = _fts5_expr(query, loose=loose)
-        # Rank in the full-text index alone, then join only the best (joining every match before
-        # the sort cost as much as the ranking); ask for more when filters or inactive jobs thin them.
-        sql = (f"SELECT {cols}, -f.score AS score FROM (SELECT rowid AS id, bm25(lexical_fts) AS score "
-               "FROM lexical_fts WHERE lexical_fts MATCH :q ORDER BY score LIMIT :m) f "
-               f"JOIN lexical_chunk l ON l.id = f.id {active} "
-               f"WHERE {' AND '.join(where)} ORDER BY score DESC, l.chunk_id LIMIT :n")
-        params["m"] = max(CANDIDATES, 4 * n)
-        with engine.connect() as conn:
-            while True:
-                rows = conn.execute(text(sql), params).all()
-                if len(rows) >= n or conn.execute(text(_FTS5_COUNT), params).scalar_one() <= params["m"]:
-                    break
-                params["m"] *= 8
-        return [_hit(r) for r in rows]
+        matches = "FROM lexical_fts WHERE lexical_fts MATCH :q"
+        ranked = f"SELECT rowid AS id, -bm25(lexical_fts) AS score {matches} ORDER BY score DESC LIMIT :m"
+    # Rank in the full-text index alone, then join only the best: carrying every match's text through
+    # the join and the sort cost as much as the ranking. When filters or inactive jobs leave fewer
+    # than asked, rank more, until every match was seen.
+    sql = (f"SELECT {cols}, f.score FROM ({ranked}) f JOIN lexical_chunk l ON l.id = f.id {active} "
+           f"WHERE {' AND '.join(where)} ORDER BY f.score DESC, l.chunk_id LIMIT :n")
+    params["m"] = max(CANDIDATES, 4 * n)
     with engine.connect() as conn:
-        rows = conn.execute(text(sql), params).all()
-    return [_hit(r) for r in rows]
+        while True:
+            rows = conn.execute(text(sql), params).all()
+            if len(rows) >= n or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one() <= params["m"]:
+                return [_hit(r) for r in rows]
+            params["m"] *= 8
 
 
 def _hit(r) -> LexicalHit:
