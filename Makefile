@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick browser wild-tools wild-corpus clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval browser wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -52,10 +52,15 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 
-## bench: the benchmark table, written to BENCHMARKS.md
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, then retrieval)
 bench: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/run.py
+	$(BIN)/python -m bench.retrieval
+
+## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
+bench-retrieval: setup
+	$(BIN)/python -m bench.retrieval
 
 bench-quick: setup
 	$(BIN)/python bench/run.py --quick

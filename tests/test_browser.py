@@ -4,7 +4,7 @@ The console starts as the Procfile starts it (``sluice serve console``) on a fre
 cache Redis and Chroma are the test session's; the worker is a real ``huey_consumer``. Through the
 pages only: upload a text PDF and an encrypted one, see the first succeed and the second land in
 dead letters with its fix hint, retry it from there (it fails again, as it must), cancel a running
-job, and search for a phrase of the first.
+job, search for a phrase of the first, and open the hit's document with its page image.
 
 Screenshots of every page go to ``test-output/screenshots/``. With ``README_SCREENSHOTS=1``
 the jobs and dead-letter pages are also written to ``docs/screenshots/`` for the README.
@@ -199,6 +199,16 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     page.get_by_role("button", name="Search", exact=True).click()
     _text(page, "1. 004-pdflatex-4-pages.pdf")
     _shoot(page, "search")
+
+    # Open the first hit's document: its chunks, and its page rendered as an image.
+    page.get_by_role("link", name="Open document").first.click()
+    page.get_by_role("heading", name="Document", exact=True).wait_for(timeout=TIMEOUT_MS)
+    _text(page, "Chunks, in order")
+    image = page.locator('[data-testid="stImage"] img').first
+    image.wait_for(state="visible", timeout=TIMEOUT_MS)
+    assert page.evaluate("(img) => img.naturalWidth", image.element_handle()) > 100
+    _text(page, "the chunk highlighted")
+    _shoot(page, "document")
 
     _open(page, console, "Overview")
     _shoot(page, "overview")

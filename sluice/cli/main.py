@@ -2,9 +2,10 @@
 
     sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
     sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
-    sluice show JOB_ID [--json]                          one job with its timeline
+    sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
     sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
-    sluice search QUERY [--dataset NAME] [--k N]         best chunks
+    sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
+                  [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
     sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
     sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
     sluice cancel JOB_ID...                              cancel pending or running jobs
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("show", help="one job with its timeline")
     a.add_argument("job_id", type=int)
+    a.add_argument("--chunks", action="store_true", help="also the job's chunks in order, with pages")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.show)
 
@@ -91,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("query")
     a.add_argument("--dataset", default="default")
     a.add_argument("--k", type=int, default=5)
+    a.add_argument("--mode", choices=["hybrid", "dense", "lexical"], default="hybrid",
+                   help="hybrid fuses both rankings; lexical never loads the model")
+    a.add_argument("--file", help="only files whose name contains this")
+    a.add_argument("--pages", help="only these pages: A-B, A-, -B or one page")
+    a.add_argument("--media-type", help="only this media type, e.g. application/pdf")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.search)
 

@@ -288,9 +288,11 @@ def retry_cost(job_ids: list[int]) -> Preview:
 # --- search ----------------------------------------------------------------------------------------------
 
 
-def search(query: str, dataset: str, k: int) -> list:
+def search(query: str, dataset: str, k: int, *, mode: str = "hybrid", filename: str | None = None,
+           pages: str | None = None, media_type: str | None = None) -> list:
     """The best chunks of one dataset, from each document's active job only (sluice.ops.search)."""
-    return run_search(ctx(), query=query, dataset=dataset, k=k)
+    return run_search(ctx(), query=query, dataset=dataset, k=k, mode=mode, filename=filename, pages=pages,
+                      media_type=media_type)
 
 
 # --- integrity ----------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
 from sluice.pipeline.parse import NO_TEXT_HINT, PDF, ParseLimits, open_document
-from sluice.storage import jobs
+from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
 
@@ -298,6 +298,7 @@ def _remove_partial(ctx: Context, job: Job) -> None:
         return
     try:
         ctx.vectors.delete(dataset.collection, where={"job_id": job.id})
+        lexical.delete_job(ctx.engine, job.id)
     except Exception as exc:  # reconcile finds and removes such orphans later
         log.warning("job %s: could not remove partial vectors: %s", job.id, exc)
 
@@ -401,6 +402,9 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         raise TransientError("index_incomplete", f"the index holds {total - len(missing)} of the {total} "
                              "chunks of this job after writing the missing ones again",
                              "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.")
+    # The lexical index: every chunk's words under the same ids, all rewritten in one transaction.
+    lexical.write_job(ctx.engine, dataset_id=dataset.id, document_id=document.id, job_id=job.id,
+                      rows=[lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)])
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
 
@@ -412,6 +416,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     for old in superseded:
         try:
             ctx.vectors.delete(collection, where={"job_id": old})
+            lexical.delete_job(ctx.engine, old)
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("could not remove chunks of superseded job %s: %s", old, exc)
     return Outcome(job.id, "succeeded", f"{total} chunks")

@@ -41,6 +41,8 @@ def show_detail(d: reads.JobDetail) -> None:
     head.subheader(f"Job {job_id} · {ui.plain(r['filename'])}")
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
+    box.page_link(ui.DOCUMENT_PAGE, label="Open the document: its chunks, pages and versions",
+                  query_params={"doc": f"doc:{r['document_id']}"})
 
     cells = ui.job_cells(r)
     retried = sum(1 for e in d.events if e["kind"] == "retried")
