@@ -419,3 +419,51 @@ def test_webhook_settings_parse_a_comma_list(store_env, monkeypatch):
     s = load_settings()
     assert s.webhook_urls == ["https://a.example/h", "http://127.0.0.1:8000/h"]
     assert s.public_view()["SLUICE_WEBHOOK_SECRET"] == "set" and s.secrets_status()["SLUICE_WEBHOOK_SECRET"]
+
+
+# --- from a real worker ------------------------------------------------------------------------------
+
+
+def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, receivers):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
+    from tests.helpers import wait_for
+    from tests.pdfmaker import invalid_page_count, text_pdf
+
+    receiver = receivers()
+    ctx = make_ctx(SLUICE_WEBHOOK_URLS=receiver.url, SLUICE_WEBHOOK_SECRET=SECRET)
+    start_worker(workers=1)
+    good = ingest_bytes(ctx, text_pdf(["webhooks from a real worker"]), dataset="default", filename="good.pdf",
+                        publish=publish)
+    bad = ingest_bytes(ctx, invalid_page_count(), dataset="default", filename="bad.pdf", publish=publish)
+    done = {j.id: j.status for j in wait_for(ctx, [good.job_id, bad.job_id], timeout=90)}
+    assert done == {good.job_id: JobStatus.succeeded, bad.job_id: JobStatus.failed}
+
+    until(lambda: len(receiver.requests) >= 2, timeout=30, what="both events posted by the worker")
+    events = {b["job"]["id"]: b["type"] for b in (check_signed(r) for r in receiver.requests)}
+    assert events == {good.job_id: "job.succeeded", bad.job_id: "job.failed"}
+    assert len(receiver.requests) == 2
+    assert all(r.delivered_at is not None for r in deliveries(ctx.engine))
+
+
+def test_system_page_shows_the_delivery_log_per_endpoint(hooked, receivers, make_ctx):
+    from tests.apptest import open_console, texts
+
+    receiver = receivers()
+    engine = hooked(receiver.url, "http://ops:hook-pw-77@127.0.0.1:9/[down](javascript:x)")
+    make_ctx()
+    job_id, lease = running_job(engine)
+    succeed(engine, job_id, lease)
+    deliver(engine)
+
+    at = open_console("system")
+    page = texts(at)
+    assert f"{receiver.url}: 1 delivered, 0 waiting, 0 given up" in page
+    assert "http://ops:***@127.0.0.1:9/[down](javascript:x): 0 delivered, 1 waiting" in page
+    assert "hook-pw-77" not in page
+    assert not any("](javascript" in m.value for m in at.markdown if "\\]" not in m.value)  # escaped, no link
+    logs = [df.value for df in at.dataframe if "delivered / next try" in df.value.columns]
+    assert sorted((row["state"], row["job"]) for log in logs for _, row in log.iterrows()) == [
+        ("delivered", job_id), ("retrying", job_id)]
+    refused = next(log for log in logs if log["state"][0] == "retrying")
+    assert "Connect" in refused["last error"][0]

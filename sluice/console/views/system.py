@@ -42,6 +42,23 @@ st.dataframe(pd.DataFrame([{
     "jobs": sum(s["jobs"].values()), "collection": s["collection"], "created": s["created_at"][:19],
 } for s in summaries]), hide_index=True)
 
+left, right = st.columns(2)
+with left:
+    st.subheader("Configuration in force")
+    st.caption("From the environment and SLUICE_ENV_FILE; secrets appear only as set / not set.")
+    config = sorted(settings.public_view().items())
+    st.dataframe(pd.DataFrame(config, columns=["variable", "value"]), hide_index=True,
+                 height=35 * (len(config) + 1) + 3)
+with right:
+    st.subheader("Secrets")
+    st.dataframe(pd.DataFrame([(k, "set" if v else "not set") for k, v in settings.secrets_status().items()],
+                              columns=["secret", "state"]), hide_index=True)
+    st.subheader("Versions")
+    st.caption("Python packages installed in this console's environment (workers should match). The "
+               "servers' own versions are under Services above.")
+    st.dataframe(pd.DataFrame(sorted(health.versions().items()), columns=["package (installed here)", "version"]),
+                 hide_index=True)
+
 st.subheader("Webhooks")
 hooks = reads.webhook_log(limit=50)
 if not hooks["endpoints"]:
@@ -59,20 +76,3 @@ for e in hooks["endpoints"]:
             "delivered / next try": ui.local_time(d["delivered_at"] or d["next_attempt_at"]),
             "HTTP": d["last_status"], "last error": d["last_error"] or "",
         } for d in rows]), hide_index=True)
-
-left, right = st.columns(2)
-with left:
-    st.subheader("Configuration in force")
-    st.caption("From the environment and SLUICE_ENV_FILE; secrets appear only as set / not set.")
-    config = sorted(settings.public_view().items())
-    st.dataframe(pd.DataFrame(config, columns=["variable", "value"]), hide_index=True,
-                 height=35 * (len(config) + 1) + 3)
-with right:
-    st.subheader("Secrets")
-    st.dataframe(pd.DataFrame([(k, "set" if v else "not set") for k, v in settings.secrets_status().items()],
-                              columns=["secret", "state"]), hide_index=True)
-    st.subheader("Versions")
-    st.caption("Python packages installed in this console's environment (workers should match). The "
-               "servers' own versions are under Services above.")
-    st.dataframe(pd.DataFrame(sorted(health.versions().items()), columns=["package (installed here)", "version"]),
-                 hide_index=True)
