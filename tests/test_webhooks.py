@@ -347,15 +347,27 @@ def test_two_dispatchers_never_post_one_row_twice(hooked, receivers):
 # --- the log, the command, retention --------------------------------------------------------------
 
 
-def test_cli_webhooks_lists_deliveries_per_endpoint(hooked, receivers, make_ctx, capsys):
+@pytest.fixture
+def one_delivered_one_waiting(hooked, receivers, make_ctx):
+    """A job that succeeded, its event delivered to a live receiver and waiting for a dead URL:
+    make(dead_url) -> (receiver, job id)."""
+
+    def make(dead_url: str) -> tuple[Receiver, int]:
+        receiver = receivers()
+        engine = hooked(receiver.url, dead_url)
+        make_ctx()
+        job_id, lease = running_job(engine)
+        succeed(engine, job_id, lease)
+        deliver(engine)
+        return receiver, job_id
+
+    return make
+
+
+def test_cli_webhooks_lists_deliveries_per_endpoint(one_delivered_one_waiting, capsys):
     from sluice.cli.main import main
 
-    receiver = receivers()
-    engine = hooked(receiver.url, "http://user:pw-hidden@127.0.0.1:9/never")
-    make_ctx()
-    job_id, lease = running_job(engine)
-    succeed(engine, job_id, lease)
-    deliver(engine)
+    receiver, job_id = one_delivered_one_waiting("http://user:pw-hidden@127.0.0.1:9/never")
 
     assert main(["webhooks", "--json"]) == 0
     log = json.loads(capsys.readouterr().out)
@@ -446,15 +458,10 @@ def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, rece
     assert all(r.delivered_at is not None for r in deliveries(ctx.engine))
 
 
-def test_system_page_shows_the_delivery_log_per_endpoint(hooked, receivers, make_ctx):
+def test_system_page_shows_the_delivery_log_per_endpoint(one_delivered_one_waiting):
     from tests.apptest import open_console, texts
 
-    receiver = receivers()
-    engine = hooked(receiver.url, "http://ops:hook-pw-77@127.0.0.1:9/[down](javascript:x)")
-    make_ctx()
-    job_id, lease = running_job(engine)
-    succeed(engine, job_id, lease)
-    deliver(engine)
+    receiver, job_id = one_delivered_one_waiting("http://ops:hook-pw-77@127.0.0.1:9/[down](javascript:x)")
 
     at = open_console("system")
     page = texts(at)
