@@ -17,8 +17,6 @@ After one failure of an endpoint, its other rows wait for the next round.
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -52,8 +50,7 @@ class DeliveryReport:
 
 def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds: float,
                 base: float = RETRY_BASE_SECONDS, cap: float = RETRY_MAX_SECONDS, limit: int = 100,
-                rng: random.Random | None = None, clock: Callable[[], float] = time.time,
-                transport: httpx.BaseTransport | None = None) -> DeliveryReport:
+                rng: random.Random | None = None, transport: httpx.BaseTransport | None = None) -> DeliveryReport:
     """Post the due rows once each (oldest first); returns what happened to them."""
     report = DeliveryReport()
     with Session(engine) as session:
@@ -74,12 +71,13 @@ def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds:
             if endpoint in down:
                 continue
             faults.hit("webhook_selected", delivery_id=row_id)
-            row = _claim(engine, row_id, attempts, hold)
-            if row is None:
+            claimed = _claim(engine, row_id, attempts, hold)
+            if claimed is None:
                 report.lost.append(row_id)
                 continue
+            row, sent_at = claimed
             faults.hit("webhook_claimed", delivery_id=row_id)
-            status, error = _post(client, row, secret, clock)
+            status, error = _post(client, row, secret, int(sent_at.timestamp()))
             outcome = _finish(engine, row, status, error, max_age_seconds=max_age_seconds, base=base, cap=cap,
                               rng=rng)
             getattr(report, outcome).append(row_id)
@@ -88,8 +86,10 @@ def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds:
     return report
 
 
-def _claim(engine: Engine, row_id: int, attempts: int, hold: timedelta) -> WebhookDelivery | None:
-    """Take the row for one post if nobody took it since we read it (its attempt count is unchanged)."""
+def _claim(engine: Engine, row_id: int, attempts: int,
+           hold: timedelta) -> tuple[WebhookDelivery, datetime] | None:
+    """Take the row for one post if nobody took it since we read it (its attempt count is unchanged);
+    returns it with the database's time of the claim (the timestamp the post is signed with)."""
     with Session(engine, expire_on_commit=False) as session:
         now = db_now(session)
         taken = session.execute(
@@ -104,14 +104,12 @@ def _claim(engine: Engine, row_id: int, attempts: int, hold: timedelta) -> Webho
             session.rollback()
             return None
         session.commit()
-        return session.get(WebhookDelivery, row_id, populate_existing=True)
+        return session.get(WebhookDelivery, row_id, populate_existing=True), now
 
 
-def _post(client: httpx.Client, row: WebhookDelivery, secret: str,
-          clock: Callable[[], float]) -> tuple[int | None, str | None]:
+def _post(client: httpx.Client, row: WebhookDelivery, secret: str, timestamp: int) -> tuple[int | None, str | None]:
     """One signed POST; returns (HTTP status or None, error text or None when delivered)."""
     body = row.body.encode()
-    timestamp = int(clock())
     headers = {
         "Content-Type": "application/json",
         "X-Sluice-Timestamp": str(timestamp),

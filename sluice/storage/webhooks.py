@@ -7,7 +7,7 @@ touches the network, so a slow or dead endpoint never holds a job.
 
 Signature scheme (what a receiver checks)::
 
-    X-Sluice-Timestamp: <unix seconds when this attempt was sent>
+    X-Sluice-Timestamp: <unix seconds when this attempt was sent, by the job database's clock>
     X-Sluice-Signature: v1=<hex HMAC-SHA256(SLUICE_WEBHOOK_SECRET, "<timestamp>.<raw body>")>
     X-Sluice-Event: job.succeeded | job.failed | job.cancelled
     X-Sluice-Event-Id: <the event's id, the same for every endpoint and every retry>
