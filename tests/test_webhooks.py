@@ -344,6 +344,24 @@ def test_two_dispatchers_never_post_one_row_twice(hooked, receivers):
     assert row.attempts == 1 and row.delivered_at is not None
 
 
+def test_a_dispatcher_that_dies_mid_post_leaves_the_row_to_another_after_the_hold(hooked, receivers):
+    receiver = receivers()
+    engine = hooked(receiver.url)
+    job_id, lease = running_job(engine)
+    succeed(engine, job_id, lease)
+
+    def die(**_):
+        raise SystemExit("killed after its claim")
+
+    with faults.hook("webhook_claimed", die), pytest.raises(SystemExit):
+        deliver(engine, hold_seconds=0.5)
+    [row] = deliveries(engine)
+    assert row.attempts == 1 and row.delivered_at is None and not receiver.requests
+    assert deliver(engine).anything is False  # still held by the dead claim
+    until(lambda: deliver(engine).delivered, interval=0.05, timeout=10, what="the row posted after the hold")
+    assert len(receiver.requests) == 1 and deliveries(engine)[0].attempts == 2
+
+
 # --- the log, the command, retention --------------------------------------------------------------
 
 

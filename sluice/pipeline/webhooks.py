@@ -50,8 +50,10 @@ class DeliveryReport:
 
 def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds: float,
                 base: float = RETRY_BASE_SECONDS, cap: float = RETRY_MAX_SECONDS, limit: int = 100,
-                rng: random.Random | None = None, transport: httpx.BaseTransport | None = None) -> DeliveryReport:
-    """Post the due rows once each (oldest first); returns what happened to them."""
+                rng: random.Random | None = None, transport: httpx.BaseTransport | None = None,
+                hold_seconds: float | None = None) -> DeliveryReport:
+    """Post the due rows once each (oldest first); returns what happened to them. A claimed row
+    whose dispatcher died is due again after ``hold_seconds`` (by default longer than a post may take)."""
     report = DeliveryReport()
     with Session(engine) as session:
         now = db_now(session)
@@ -63,7 +65,7 @@ def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds:
         ).all()
     if not due:
         return report
-    hold = timedelta(seconds=4 * timeout + 30)  # longer than one post may take (connect, write, read)
+    hold = timedelta(seconds=4 * timeout + 30 if hold_seconds is None else hold_seconds)  # connect, write, read
     down: set[str] = set()
     with httpx.Client(timeout=timeout, follow_redirects=False, transport=transport,
                       headers={"User-Agent": USER_AGENT}) as client:
