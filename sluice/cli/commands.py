@@ -210,6 +210,25 @@ def dead(args) -> int:
     return 0
 
 
+def webhooks(args) -> int:
+    log = reads.webhook_log(endpoint=args.endpoint, limit=args.limit)
+    if args.json:
+        print_json(log)
+        return 0
+    if not log["endpoints"]:
+        print("no webhook endpoints (SLUICE_WEBHOOK_URLS is empty) and no deliveries")
+        return 0
+    for e in log["endpoints"]:
+        note = "" if e["configured"] else " (no longer configured)"
+        print(plain(f"{e['endpoint']}{note}: {e['delivered']} delivered, {e['waiting']} waiting, "
+                    f"{e['gave_up']} given up; last delivered {e['last_delivered_at'] or 'never'}"))
+    for d in log["deliveries"]:
+        when = d["delivered_at"] or f"next try {d['next_attempt_at']}"
+        print(plain(f"  {d['id']}\t{d['event']}\tjob {d['job_id']}\t{d['state']}\t{d['attempts']} attempt(s)\t"
+                    f"{when}\t{d['endpoint']}\t{d['last_error'] or ''}"))
+    return 0
+
+
 # --- actions -------------------------------------------------------------------------------------------------
 
 

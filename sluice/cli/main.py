@@ -10,6 +10,7 @@
     sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
+    sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
     sluice recover                                       one round of recovery (reaper, outbox)
     sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
     sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
@@ -133,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--days", type=int, help="older than this many days (default: SLUICE_RETENTION_DAYS)")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.prune)
+
+    a = sub.add_parser("webhooks", help="recent webhook deliveries per endpoint (SLUICE_WEBHOOK_URLS)")
+    a.add_argument("--endpoint", help="only the deliveries to this URL")
+    a.add_argument("--limit", type=int, default=50)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=commands.webhooks)
 
     a = sub.add_parser("cancel", help="cancel pending, retrying or running jobs")
     a.add_argument("job_ids", nargs="+", type=int)
