@@ -6,7 +6,8 @@ address-space limit, and the parent (sluice.pipeline.parse) reads its pages as t
 kills it on a deadline or a cancel. The child writes one JSON object per line on stdout:
 
     {"t": "open", "pages": N, "warnings": [...]}     the file opened; N pages will follow
-    {"t": "page", "n": 3, "text": "..."}             one page, in order from 1
+    {"t": "ocr", "n": 3}                             page 3 has no usable text layer: OCR starts on it
+    {"t": "page", "n": 3, "text": "...", "ocr": true} one page, in order from 1 ("ocr" when OCR read it)
     {"t": "warn", "text": "..."}                     something the job should say (page skipped, text cut)
     {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
@@ -27,7 +28,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sluice.pipeline import faults
+from sluice.pipeline import faults, ocr
 from sluice.pipeline.chunk import meaningful
 from sluice.pipeline.reading import page_text
 
@@ -37,6 +38,10 @@ MARKDOWN = "text/markdown"
 TEXT_PAGE_CHARS = 20_000  # plain text is read in slices of this size, reported as "pages"
 
 NO_TEXT_HINT = "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."
+OCR_OFF_HINT = ("The file has no text layer and OCR is off (SLUICE_OCR_MODE=off). Set SLUICE_OCR_MODE=auto "
+                "and retry, or run it through OCR yourself and upload again.")
+NO_TEXT_BY_OCR_HINT = ("OCR read every page image and found no words: the pages are pictures. There is nothing "
+                       "to index; if they are scans of text, scan again at 300 dpi or more and upload that file.")
 DAMAGED_HINT = "The PDF is damaged. Re-export it from its source and upload again; retrying will not help."
 MEMORY_HINT = ("The file needs more memory to read than a worker allows; it may be built to exhaust memory. "
                "Re-export or split it, or raise SLUICE_PARSE_MAX_MEMORY_MB if the file is trusted.")
@@ -64,6 +69,9 @@ class Request:
     max_document_chars: int = 20_000_000
     max_memory_mb: int = 0  # 0 = no address-space limit
     cpu_seconds: int = 0  # 0 = no CPU limit
+    ocr: str = "auto"  # auto: pages without usable text that show an image (or undecodable fonts); always; off
+    ocr_dpi: int = 200
+    ocr_language: str = "eng"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -218,6 +226,10 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     number_only: list[int] = []
     too_big: list[int] = []  # pages that need more memory than the limit to extract (text bombs)
     has_images = has_drawings = False
+    read_by_ocr: list[int] = []  # pages whose text OCR read
+    ocr_tried: list[int] = []
+    pictures: list[int] = []  # pages where OCR ran and found no text
+    ocr_missing = ""  # why OCR could not run (Tesseract or the language not installed)
     placeholder = False
     first_error = ""
     meaningful_pages = 0
@@ -231,11 +243,34 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 (lost if repaired else undecodable).append(number)
                 raw = ""
             text = clean_text(raw)
+            pictured = False
+            if not meaningful(text):  # a scan may carry a stamped page number and nothing else
+                pictured = bool(page.get_images(full=False))
+                has_images = has_images or pictured
             if not text.strip():
-                has_images = has_images or bool(page.get_images(full=False))
                 has_drawings = has_drawings or bool(page.get_cdrawings())
                 if repaired and number not in lost and _contents_lost(doc, page):
                     lost.append(number)
+            # Not a page of undecodable text: its font may be lost too, and OCR would read the
+            # fallback glyphs as a shifted alphabet ("JBSCPVS" for "Harbour"). "always" reads them all.
+            wants_ocr = req.ocr == "always" or (req.ocr == "auto" and pictured)
+            if wants_ocr and not ocr_missing:
+                yield {"t": "ocr", "n": number}
+                ocr_tried.append(number)
+                try:
+                    png, dpi = ocr.render(page, req.ocr_dpi)
+                    seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
+                    png = None
+                except ocr.OcrUnavailable as exc:
+                    ocr_missing = str(exc)
+                    ocr_tried.pop()
+                    seen = ""
+                if meaningful(seen) or req.ocr == "always":
+                    text = seen
+                if meaningful(seen):
+                    read_by_ocr.append(number)
+                    if number in undecodable:
+                        undecodable.remove(number)
         except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
             if _is_memory_error(exc):  # MuPDF frees what the page took; the next page gets it back
                 page = raw = text = None
@@ -260,11 +295,17 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
         if XFA_PLACEHOLDER in " ".join(text.lower().split()):
             placeholder = True
         if not meaningful(text):
-            (number_only if text.strip() else empty).append(number)
+            if number in ocr_tried:
+                pictures.append(number)
+            else:
+                (number_only if text.strip() else empty).append(number)
             text = ""
         else:
             meaningful_pages += 1
-        yield {"t": "page", "n": number, "text": text}
+        if number in read_by_ocr and text:
+            yield {"t": "page", "n": number, "text": text, "ocr": True}
+        else:
+            yield {"t": "page", "n": number, "text": text}
 
     warnings: list[str] = []
     if too_big and meaningful_pages == 0:
@@ -287,9 +328,18 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
             raise Refusal("user_action_required", "undecodable_text",
                           f"{req.name} has text only in fonts whose characters cannot be decoded "
                           "(they map glyphs to no letters)", NO_TEXT_HINT)
+        if has_images and ocr_tried and not ocr_missing:
+            raise Refusal("user_action_required", "no_text_even_by_ocr",
+                          f"no text found, even by OCR: {req.name} holds images without text "
+                          f"(OCR read {_pages(ocr_tried)})", NO_TEXT_BY_OCR_HINT)
         if has_images:
+            hint = NO_TEXT_HINT
+            if ocr_missing:
+                hint = f"OCR cannot run: {ocr_missing}. Install it and retry, or run the file through OCR yourself."
+            elif req.ocr == "off":
+                hint = OCR_OFF_HINT
             raise Refusal("user_action_required", "no_text_layer",
-                          f"{req.name} has no extractable text (scanned images only)", NO_TEXT_HINT)
+                          f"{req.name} has no extractable text (scanned images only)", hint)
         if has_drawings:
             raise Refusal("user_action_required", "no_text_drawings_only",
                           f"{req.name} has no text and no images: its pages hold only drawings",
@@ -304,8 +354,15 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                         "skipped (a text bomb, or an extremely dense page)")
     if broken:
         warnings.append(f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})")
+    if read_by_ocr:
+        warnings.append(f"{_pages(read_by_ocr)}: no usable text layer; the text was read by OCR "
+                        f"(Tesseract, {req.ocr_language}), check it against the original")
+    if ocr_missing:
+        warnings.append(f"OCR could not run ({ocr_missing}); pages without a text layer were skipped")
     if undecodable:
         warnings.append(f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)")
+    if pictures:
+        warnings.append(f"{_pages(pictures)}: images only, OCR found no text, skipped")
     if number_only:
         warnings.append(f"{_pages(number_only)}: only a page number, skipped")
     if empty:

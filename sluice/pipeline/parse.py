@@ -110,6 +110,19 @@ class ParseLimits:
                    settings.parse_max_memory_mb, settings.stage_timeout_seconds)
 
 
+@dataclass(frozen=True)
+class OcrOptions:
+    """How pages without a usable text layer are read: SLUICE_OCR_MODE, _DPI and _LANGUAGE."""
+
+    mode: str = "auto"  # auto | always | off
+    dpi: int = 200
+    language: str = "eng"
+
+    @classmethod
+    def from_settings(cls, settings) -> OcrOptions:
+        return cls(settings.ocr_mode, settings.ocr_dpi, settings.ocr_language)
+
+
 Waiting = Callable[[int, int], None]  # called with (pages done, page count) while the child works
 
 
@@ -210,6 +223,9 @@ class ParsedDocument:
     page_count: int
     warnings: list[str] = field(default_factory=list)
     _child: _Child | None = None
+    ocr_pages: list[int] = field(default_factory=list)  # pages whose text OCR read
+    # Called with (page, page count) when OCR starts on a page and while it runs; None = not told.
+    on_ocr: Waiting | None = None
 
     def pages(self) -> Iterator[tuple[int, str]]:
         """Yield (page number from 1, text) one page at a time; raise a classified error when the
@@ -217,13 +233,21 @@ class ParsedDocument:
         child, done = self._child, 0
         if child is None:
             return
+        waiting = child.waiting
         try:
             while True:
                 message = child.next(done, self.page_count)
                 kind = message["t"]
                 if kind == "page":
                     done = message["n"]
+                    child.waiting = waiting
+                    if message.get("ocr"):
+                        self.ocr_pages.append(done)
                     yield done, message["text"]
+                elif kind == "ocr" and self.on_ocr is not None:
+                    page, on_ocr = message["n"], self.on_ocr
+                    on_ocr(page, self.page_count)
+                    child.waiting = lambda _done, total, page=page, on_ocr=on_ocr: on_ocr(page, total)
                 elif kind == "warn":
                     self.warnings.append(message["text"])
                 elif kind == "end":
@@ -241,18 +265,21 @@ class ParsedDocument:
 
 
 def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseLimits | None = None,
-                  name: str = "the file", waiting: Waiting | None = None) -> ParsedDocument:
+                  name: str = "the file", waiting: Waiting | None = None,
+                  ocr: OcrOptions | None = None) -> ParsedDocument:
     """Start reading a stored blob as the type detected at upload, in a child process; return once
     its page count is known. ``name`` stands for the blob in every message (never its path);
     ``waiting(done, total)`` is called every quarter second while the child works, so a caller
     can stop it (raise) on a cancel or its own deadline."""
     limits = limits or ParseLimits()
+    ocr = ocr or OcrOptions()
     if media_type not in SUPPORTED:
         raise UserActionError("unsupported_type", f"unsupported file type {media_type}",
                               "Sluice indexes PDF, .txt and .md files.")
     request = Request(path=str(path), media_type=media_type, name=name, max_pages=max_pages,
                       max_page_chars=limits.max_page_chars, max_document_chars=limits.max_document_chars,
-                      max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5)
+                      max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5,
+                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language)
     child = _Child(request, limits, waiting)
     try:
         message = child.next(0, 0)

@@ -18,7 +18,7 @@ from sluice.errors import JobCancelled, LeaseLost, PermanentError, UserActionErr
 from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import NO_TEXT_HINT, PDF, ParseLimits, open_document
+from sluice.pipeline.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
@@ -195,7 +195,9 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
     parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages,
                            limits=ParseLimits.from_settings(s), name=document.filename,
-                           waiting=lambda done, total: report.update(Stage.parsing, done, total))
+                           waiting=lambda done, total: report.update(Stage.parsing, done, total),
+                           ocr=OcrOptions.from_settings(s))
+    parsed.on_ocr = lambda page, total: report.update(Stage.ocr, page, total)
     report.page_count = parsed.page_count
     pages: list[tuple[int, str]] = []
     chars = 0
@@ -225,6 +227,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         report.update(Stage.chunking, i, len(pages))
     del pages
     total = len(chunks)
+    by_ocr = set(parsed.ocr_pages)
 
     # Embedding and writing, batch by batch. Ids already in the index (an earlier attempt wrote
     # them) are neither embedded nor rewritten: upserting existing ids is ~12x slower than adding.
@@ -240,7 +243,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
                  if cid not in existing]
         if batch:
-            e, c = _embed_and_add(ctx, collection, job, document, batch)
+            e, c = _embed_and_add(ctx, collection, job, document, batch, by_ocr)
             embedded += e
             cached += c
         faults.hit("embed_batch")
@@ -273,7 +276,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
 
 
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
-                   batch: list[tuple[str, Chunk]]) -> tuple[int, int]:
+                   batch: list[tuple[str, Chunk]], by_ocr: set[int] = frozenset()) -> tuple[int, int]:
     texts = [c.text for _, c in batch]
     vectors = ctx.cache.get_many(texts)
     missing = [i for i, v in enumerate(vectors) if v is None]
@@ -284,7 +287,8 @@ def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
             vectors[i] = vec
     metadatas = [
         {"job_id": job.id, "document_id": document.id, "pipeline_version": job.pipeline_version,
-         "position": c.position, "page": c.page, "filename": document.filename, "sha256": document.sha256}
+         "position": c.position, "page": c.page, "filename": document.filename, "sha256": document.sha256,
+         "ocr": c.page in by_ocr}
         for _, c in batch
     ]
     import numpy as np
