@@ -155,7 +155,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     assert wait_for(ctx, [locked], timeout=60)[0].status == JobStatus.failed
     _open(page, f"{console}/dead_letters", "Dead letters")
     _text(page, "needs your action · password protected")
-    _text(page, "Remove the password and upload the file again.")
+    _text(page, "remove the password and upload the file again.")
     _text(page, "needs your action · no text layer")  # 007: images only
     _shoot(page, "dead-letters")
 

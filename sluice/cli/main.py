@@ -7,6 +7,7 @@
     sluice search QUERY [--dataset NAME] [--k N]         best chunks
     sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
     sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
+    sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
     sluice recover                                       one round of recovery (reaper, outbox)
@@ -105,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--reason", default="manual retry")
     a.add_argument("--dry-run", action="store_true", help="show what a retry would embed, change nothing")
     a.add_argument("--json", action="store_true")
+    a.add_argument("--password-stdin", action="store_true",
+                   help="a locked PDF's job: read its password from stdin (one line), unlock it, retry")
     a.set_defaults(func=commands.retry)
 
     a = sub.add_parser("bulk", help="retry, cancel, reindex or delete every job a filter matches")

@@ -12,6 +12,10 @@ kills it on a deadline or a cancel. The child writes one JSON object per line on
     {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
 
+``python -m sluice.pipeline.extract --decrypt '<json request>' OUT`` reads a password on stdin
+(never on the command line, which other users of the machine can read), and writes the PDF
+without its encryption to OUT: {"t": "decrypted", "pages": N}, or an error ("wrong_password").
+
 This module imports nothing from Sluice but the reading order and the fault points, so the child
 starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the parent.
 """
@@ -175,7 +179,7 @@ def _is_memory_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or bool(_NO_MEMORY.search(str(exc)))
 
 
-def _read_pdf(req: Request) -> Iterator[dict]:
+def _open_pdf(req: Request):
     # PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed (0.3 s, with numpy);
     # extraction needs neither, and the child pays its imports once per file.
     for optional in ("pymupdf.layout", "pymupdf4llm"):
@@ -185,7 +189,7 @@ def _read_pdf(req: Request) -> Iterator[dict]:
     pymupdf.TOOLS.mupdf_display_errors(False)
     pymupdf.TOOLS.mupdf_display_warnings(False)
     try:
-        doc = pymupdf.open(req.path, filetype="pdf")
+        return pymupdf.open(req.path, filetype="pdf")
     except pymupdf.EmptyFileError as exc:
         raise Refusal("permanent", "empty_file", f"{req.name} is empty (0 bytes)",
                       "Upload the file again; it arrived empty.") from exc
@@ -193,10 +197,14 @@ def _read_pdf(req: Request) -> Iterator[dict]:
         if _is_memory_error(exc):
             raise
         raise _unreadable(req, _plain(exc, req)) from exc
+
+
+def _read_pdf(req: Request) -> Iterator[dict]:
+    doc = _open_pdf(req)
     try:
         if doc.needs_pass:
             raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                          "Remove the password and upload the file again.")
+                          PASSWORD_HINT)
         try:
             count = doc.page_count
         except Exception as exc:
@@ -280,7 +288,7 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 continue
             if isinstance(exc, ValueError) and "encrypted" in str(exc):  # "document closed or encrypted"
                 raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                              "Remove the password and upload the file again.") from exc
+                              PASSWORD_HINT) from exc
             broken.append(number)
             first_error = first_error or _plain(exc, req)
             yield {"t": "page", "n": number, "text": ""}
@@ -416,8 +424,38 @@ def _limit_resources(req: Request) -> None:
         pass
 
 
+PASSWORD_HINT = ("Give the password on the job's page in the console, or with `sluice retry JOB "
+                 "--password-stdin`; or remove the password and upload the file again.")
+WRONG_PASSWORD_HINT = ("Enter the password again (it is case-sensitive), or remove the password from the file "
+                       "and upload it again.")
+
+
+def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
+    """Open a password-protected PDF with ``password`` and write it unencrypted to ``out_path``."""
+    import pymupdf
+
+    doc = _open_pdf(req)
+    try:
+        if not doc.needs_pass:
+            raise Refusal("user_action_required", "not_password_protected",
+                          f"{req.name} opens without a password", "Retry the job without a password.")
+        if not doc.authenticate(password):
+            raise Refusal("user_action_required", "wrong_password",
+                          f"wrong password: the password given does not open {req.name}", WRONG_PASSWORD_HINT)
+        pages = doc.page_count
+        doc.save(out_path, encryption=pymupdf.PDF_ENCRYPT_NONE, garbage=1, deflate=True)
+    finally:
+        doc.close()
+    yield {"t": "decrypted", "pages": pages}
+
+
 def main(argv: list[str]) -> int:
-    req = Request(**json.loads(argv[0]))
+    if argv[0] == "--decrypt":
+        req = Request(**json.loads(argv[1]))
+        messages = decrypt(req, sys.stdin.buffer.read().decode("utf-8"), argv[2])
+    else:
+        req = Request(**json.loads(argv[0]))
+        messages = read(req)
     _limit_resources(req)
     out = sys.stdout.buffer
 
@@ -427,7 +465,7 @@ def main(argv: list[str]) -> int:
         out.flush()
 
     try:
-        for message in read(req):
+        for message in messages:
             send(message)
     except Refusal as exc:
         send({"t": "error", "kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint})

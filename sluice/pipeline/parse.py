@@ -132,6 +132,13 @@ def _timeout(name: str, seconds: float) -> PermanentError:
                           "SLUICE_STAGE_TIMEOUT_SECONDS.")
 
 
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds the sluice package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 class _Child:
     """One extraction process and the JSON lines it writes."""
 
@@ -142,12 +149,9 @@ class _Child:
         self.deadline = time.monotonic() + limits.seconds
         self.buffer = b""
         self.stderr = tempfile.TemporaryFile()
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the sluice package
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sluice.pipeline.extract", json.dumps(asdict(request))],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=env, close_fds=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=_child_env(), close_fds=True,
         )
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.selector = selectors.DefaultSelector()
@@ -291,3 +295,29 @@ def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseL
         child.close()
         raise
     return ParsedDocument(media_type, message["pages"], list(message["warnings"]), _child=child)
+
+
+def decrypt_pdf(path: Path, password: str, out: Path, *, limits: ParseLimits | None = None,
+                name: str = "the file") -> int:
+    """Write the password-protected PDF at ``path`` to ``out`` without its encryption; return its
+    page count. The child process that opens it gets the password on its stdin, never in its
+    arguments or environment. A wrong password raises UserActionError("wrong_password")."""
+    limits = limits or ParseLimits()
+    request = Request(path=str(path), media_type=PDF, name=name, max_memory_mb=limits.max_memory_mb,
+                      cpu_seconds=int(limits.seconds) + 5)
+    try:
+        done = subprocess.run([sys.executable, "-m", "sluice.pipeline.extract", "--decrypt",
+                               json.dumps(asdict(request)), str(out)],
+                              input=password.encode("utf-8"), capture_output=True, env=_child_env(),
+                              timeout=limits.seconds, close_fds=True, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise _timeout(name, limits.seconds) from exc
+    lines = done.stdout.decode("utf-8", "replace").splitlines()
+    message = json.loads(lines[-1]) if lines else {}
+    if message.get("t") == "decrypted":
+        return int(message["pages"])
+    if message.get("t") == "error":
+        raise _refusal(message)
+    tail = done.stderr.decode("utf-8", "replace")[-2000:].replace(password, "***") if password else ""
+    raise TransientError("parser_failed", f"the decryption process stopped with exit code {done.returncode}",
+                         "Try again; if it keeps failing, the detail shows why.", detail=tail)

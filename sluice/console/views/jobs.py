@@ -29,6 +29,13 @@ def _do(action, verb: str, job_id: int) -> None:
     ui.flash_outcome(action(who, [job_id]), verb)
 
 
+def _unlock(job_id: int, key: str) -> None:
+    """Give the typed password to the action, then forget it: the field is emptied at once."""
+    password = st.session_state.get(key, "")
+    st.session_state[key] = ""
+    ui.flash_outcome(actions.retry_with_password(who, job_id, password), "Unlock and retry")
+
+
 def _close() -> None:
     st.query_params.pop("job", None)
 
@@ -81,8 +88,15 @@ def show_detail(d: reads.JobDetail) -> None:
             with box.expander("Error detail (for developers)"):
                 st.code(d.error_detail, language=None)
 
-    acts = box.container(horizontal=True)
     can = who.can_act
+    if r["status"] == "failed" and r["error_code"] in actions.LOCKED_CODES:
+        with box.form(f"unlock_{job_id}", border=False):
+            st.text_input("Password of the PDF", type="password", key=f"password_{job_id}", disabled=not can,
+                          help="Used once to decrypt the file; it is not stored, logged or sent to the queue.")
+            st.form_submit_button("Unlock and retry", type="primary", disabled=not can,
+                                  on_click=_unlock, args=(job_id, f"password_{job_id}"))
+
+    acts = box.container(horizontal=True)
     with acts:
         if r["status"] in ("pending", "retrying", "running") and not r["cancel_requested"]:
             ui.confirm_button("Cancel job", key=f"cancel_{job_id}", disabled=not can,
