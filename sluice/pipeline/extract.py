@@ -32,7 +32,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sluice.pipeline import faults, ocr
+from sluice.pipeline import faults, formats, ocr
 from sluice.pipeline.chunk import meaningful
 from sluice.pipeline.reading import page_text
 
@@ -76,6 +76,8 @@ class Request:
     ocr: str = "auto"  # auto: pages without usable text that show an image (or undecodable fonts); always; off
     ocr_dpi: int = 200
     ocr_language: str = "eng"
+    archive_max_entries: int = 10_000
+    archive_max_bytes: int = 500 * 1024 * 1024
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -121,9 +123,64 @@ def read(req: Request) -> Iterator[dict]:
         yield from _read_pdf(req)
     elif req.media_type in (TEXT, MARKDOWN):
         yield from _read_text(req)
+    elif req.media_type in SECTIONED:
+        try:
+            yield from _read_sections(req)
+        except formats.FormatRefusal as exc:
+            raise Refusal(exc.kind, exc.code, exc.message, exc.hint) from exc
     else:
         raise Refusal("user_action_required", "unsupported_type", f"unsupported file type {req.media_type}",
                       "Sluice indexes PDF, .txt and .md files.")
+
+
+SECTIONED = (formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
+
+
+def _sections(req: Request) -> list[tuple[str, str]]:
+    if req.media_type in (formats.HTML, formats.CSV):
+        if os.path.getsize(req.path) > 4 * req.max_document_chars:
+            raise _too_much_text(req)
+        with open(req.path, "rb") as fh:
+            text = decode_text(fh.read())
+        return formats.html_sections(text) if req.media_type == formats.HTML else formats.csv_sections(text)
+    archive = formats.BoundedZip(req.path, name=req.name, max_entries=req.archive_max_entries,
+                                 max_bytes=req.archive_max_bytes)
+    try:
+        archive.check_all()
+        if req.media_type == formats.EPUB:
+            return formats.epub_sections(archive)
+    finally:
+        archive.close()
+    reader = formats.docx_sections if req.media_type == formats.DOCX else formats.pptx_sections
+    return reader(req.path)
+
+
+def _read_sections(req: Request) -> Iterator[dict]:
+    """A document read as labelled sections (a slide, a section under a heading, a range of rows),
+    each sent as one page with its label in "where"."""
+    try:
+        sections = _sections(req)
+    except (formats.FormatRefusal, Refusal):
+        raise
+    except Exception as exc:  # a damaged file: the libraries raise their own errors
+        if _is_memory_error(exc):
+            raise
+        raise Refusal("permanent", "unreadable_document", f"{req.name} cannot be read: {_plain(exc, req)}",
+                      "Re-export the file from its source and upload it again; retrying will not help.") from exc
+    sections = [(label, clean_text(text)) for label, text in sections]
+    if not any(meaningful(text) for _, text in sections):
+        raise Refusal("user_action_required", "no_text", f"{req.name} holds no meaningful text",
+                      "Upload a file that has text in it.")
+    if len(sections) > req.max_pages:
+        raise Refusal("user_action_required", "too_many_pages",
+                      f"{req.name} has {len(sections)} sections, over the limit of {req.max_pages}",
+                      "Split the file, or raise SLUICE_MAX_PAGES.")
+    if sum(len(text) for _, text in sections) > req.max_document_chars:
+        raise _too_much_text(req)
+    yield {"t": "open", "pages": len(sections), "warnings": []}
+    for number, (label, text) in enumerate(sections, start=1):
+        yield {"t": "page", "n": number, "text": text if meaningful(text) else "", "where": label}
+    yield {"t": "end", "warnings": []}
 
 
 def _read_text(req: Request) -> Iterator[dict]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import filetype
 
 from sluice.errors import PermanentError, PipelineError, TransientError, UserActionError
+from sluice.pipeline import formats
 from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner and tests use them here)
     MARKDOWN,
     MEMORY_HINT,
@@ -38,7 +39,8 @@ from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner an
     decode_text,
 )
 
-SUPPORTED = (PDF, TEXT, MARKDOWN)
+SUPPORTED = (PDF, TEXT, MARKDOWN, formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
+SUPPORTED_NAMES = "PDF, Word (.docx), PowerPoint (.pptx), EPUB, HTML, CSV, .txt and .md files"
 TICK_SECONDS = 0.25  # how often a parent waiting for the child checks its deadline and the job's cancel
 
 def sniff_type(head: bytes, filename: str = "") -> str:
@@ -47,6 +49,8 @@ def sniff_type(head: bytes, filename: str = "") -> str:
         raise PermanentError("empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty.")
     if _looks_like_pdf(head):
         return PDF
+    if head.startswith(b"PK\x03\x04"):
+        return formats.ZIP  # which kind (or a bomb) is told by ``archive_type`` once the file is stored
     kind = filetype.guess(head)
     if kind is not None and not kind.mime.startswith("text/"):
         shown = f"{kind.mime} (.{kind.extension})"
@@ -54,14 +58,32 @@ def sniff_type(head: bytes, filename: str = "") -> str:
         said = f" although its name ends in {claimed}" if claimed else ""
         raise UserActionError(
             "unsupported_type", f"unsupported file type: the bytes are {shown}{said}",
-            "Sluice indexes PDF, .txt and .md files. Convert the file to PDF or text and upload it again.",
+            f"Sluice indexes {SUPPORTED_NAMES}. Convert the file to one of those and upload it again.",
         )
     if _looks_like_text(head):
+        text = decode_text(head)
+        if _looks_like_html(text):
+            return formats.HTML
+        if filename.lower().endswith((".csv", ".tsv")) and formats.looks_like_csv(text):
+            return formats.CSV
         return MARKDOWN if filename.lower().endswith((".md", ".markdown")) else TEXT
     raise UserActionError(
         "unsupported_type", "unsupported file type: the bytes are neither PDF nor text",
-        "Sluice indexes PDF, .txt and .md files. Convert the file and upload it again.",
+        f"Sluice indexes {SUPPORTED_NAMES}. Convert the file and upload it again.",
     )
+
+
+_HTML_START = re.compile(r"^(?:\s|<!--.*?-->)*<(?:!doctype\s+html|html[\s>])", re.IGNORECASE | re.DOTALL)
+
+
+def _looks_like_html(text: str) -> bool:
+    """A page that begins as HTML does (a doctype or an <html> tag, after blanks and comments), or
+    a fragment with both a <head> or <body> tag and a closing tag."""
+    text = text.lstrip("\ufeff")
+    if _HTML_START.match(text[:4096]):
+        return True
+    lower = text[:8192].lower()
+    return ("<body" in lower or "<head" in lower) and "</" in lower
 
 
 _PDF_OBJECT = re.compile(rb"\d{1,10}[ \t\r\n]+\d{1,5}[ \t\r\n]+obj\b")
@@ -103,11 +125,14 @@ class ParseLimits:
     max_document_chars: int = 20_000_000
     max_memory_mb: int = 1024
     seconds: float = 900.0
+    archive_max_entries: int = 10_000
+    archive_max_bytes: int = 500 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings) -> ParseLimits:
         return cls(settings.parse_max_page_chars, settings.parse_max_document_chars,
-                   settings.parse_max_memory_mb, settings.stage_timeout_seconds)
+                   settings.parse_max_memory_mb, settings.stage_timeout_seconds,
+                   settings.archive_max_entries, settings.archive_max_uncompressed_mb * 1024 * 1024)
 
 
 @dataclass(frozen=True)
@@ -228,6 +253,7 @@ class ParsedDocument:
     warnings: list[str] = field(default_factory=list)
     _child: _Child | None = None
     ocr_pages: list[int] = field(default_factory=list)  # pages whose text OCR read
+    where: dict[int, str] = field(default_factory=dict)  # page -> "slide 3", "rows 2-201" (not for PDFs)
     # Called with (page, page count) when OCR starts on a page and while it runs; None = not told.
     on_ocr: Waiting | None = None
 
@@ -247,6 +273,8 @@ class ParsedDocument:
                     child.waiting = waiting
                     if message.get("ocr"):
                         self.ocr_pages.append(done)
+                    if message.get("where"):
+                        self.where[done] = message["where"]
                     yield done, message["text"]
                 elif kind == "ocr" and self.on_ocr is not None:
                     page, on_ocr = message["n"], self.on_ocr
@@ -279,11 +307,12 @@ def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseL
     ocr = ocr or OcrOptions()
     if media_type not in SUPPORTED:
         raise UserActionError("unsupported_type", f"unsupported file type {media_type}",
-                              "Sluice indexes PDF, .txt and .md files.")
+                              f"Sluice indexes {SUPPORTED_NAMES}.")
     request = Request(path=str(path), media_type=media_type, name=name, max_pages=max_pages,
                       max_page_chars=limits.max_page_chars, max_document_chars=limits.max_document_chars,
                       max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5,
-                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language)
+                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language,
+                      archive_max_entries=limits.archive_max_entries, archive_max_bytes=limits.archive_max_bytes)
     child = _Child(request, limits, waiting)
     try:
         message = child.next(0, 0)
@@ -321,3 +350,14 @@ def decrypt_pdf(path: Path, password: str, out: Path, *, limits: ParseLimits | N
     tail = done.stderr.decode("utf-8", "replace")[-2000:].replace(password, "***") if password else ""
     raise TransientError("parser_failed", f"the decryption process stopped with exit code {done.returncode}",
                          "Try again; if it keeps failing, the detail shows why.", detail=tail)
+
+
+def archive_type(path: Path, *, name: str, limits: ParseLimits | None = None) -> str:
+    """The type of a stored ZIP upload (DOCX, PPTX or EPUB); a classified error for a zip bomb or
+    another archive. Reads only the archive's directory, never decompresses."""
+    limits = limits or ParseLimits()
+    try:
+        return formats.archive_type(path, name=name, max_entries=limits.archive_max_entries,
+                                    max_bytes=limits.archive_max_bytes)
+    except formats.FormatRefusal as exc:
+        raise _refusal({"kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint}) from exc

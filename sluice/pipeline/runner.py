@@ -228,6 +228,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     del pages
     total = len(chunks)
     by_ocr = set(parsed.ocr_pages)
+    where = parsed.where
 
     # Embedding and writing, batch by batch. Ids already in the index (an earlier attempt wrote
     # them) are neither embedded nor rewritten: upserting existing ids is ~12x slower than adding.
@@ -243,7 +244,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
                  if cid not in existing]
         if batch:
-            e, c = _embed_and_add(ctx, collection, job, document, batch, by_ocr)
+            e, c = _embed_and_add(ctx, collection, job, document, batch, by_ocr, where)
             embedded += e
             cached += c
         faults.hit("embed_batch")
@@ -276,7 +277,8 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
 
 
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
-                   batch: list[tuple[str, Chunk]], by_ocr: set[int] = frozenset()) -> tuple[int, int]:
+                   batch: list[tuple[str, Chunk]], by_ocr: set[int] = frozenset(),
+                   where: dict[int, str] | None = None) -> tuple[int, int]:
     texts = [c.text for _, c in batch]
     vectors = ctx.cache.get_many(texts)
     missing = [i for i, v in enumerate(vectors) if v is None]
@@ -288,7 +290,7 @@ def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
     metadatas = [
         {"job_id": job.id, "document_id": document.id, "pipeline_version": job.pipeline_version,
          "position": c.position, "page": c.page, "filename": document.filename, "sha256": document.sha256,
-         "ocr": c.page in by_ocr}
+         "ocr": c.page in by_ocr, **({"where": where[c.page]} if where and c.page in where else {})}
         for _, c in batch
     ]
     import numpy as np
