@@ -95,7 +95,7 @@ def test_each_new_type_is_found_by_a_phrase_and_says_where(ctx, name):
     with Session(ctx.engine) as session:
         assert session.get(Document, j.document_id).media_type == media_type
     hits = search(ctx, query=phrase, dataset="default", k=1)
-    assert hits and hits[0].filename == name
+    assert hits and hits[0].filename == name and hits[0].where
     ids = ctx.vectors.ids_where(collection(ctx), {"job_id": j.id})
     got = ctx.vectors.get(collection(ctx), ids, include=["metadatas", "documents"])
     places = {m["where"] for m in got["metadatas"]}

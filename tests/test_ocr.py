@@ -49,7 +49,7 @@ def test_a_scanned_pdf_is_found_by_a_phrase_from_it(ctx):
     assert j.status == JobStatus.succeeded, (j.error_code, j.error_message)
     hits = search(ctx, query="fog horn sounded twice a minute across the bay", dataset="default", k=1)
     assert hits and hits[0].filename == "scan.pdf" and hits[0].page == 1
-    assert "lighthouse keeper" in hits[0].text
+    assert "lighthouse keeper" in hits[0].text and hits[0].ocr
     done = [e for e in events(ctx, j.id) if e.kind == "succeeded"][0]
     assert "ocr" in done.data["stages"]  # the stage progress went through "ocr N/M pages"
     assert any("read by OCR" in (e.message or "") for e in events(ctx, j.id) if e.kind == "warning")

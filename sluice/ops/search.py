@@ -29,6 +29,8 @@ class SearchHit:
     document_id: int
     chunk_id: str
     pipeline_version: str
+    where: str = ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
+    ocr: bool = False  # the text was read by OCR from a page image
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,6 +76,7 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5) -> list[Search
         SearchHit(filename=str(h.metadata.get("filename", "")), page=int(h.metadata.get("page", 0)),
                   score=round(h.score, 4), text=h.text, job_id=int(h.metadata["job_id"]),
                   document_id=int(h.metadata.get("document_id", 0)), chunk_id=h.id,
-                  pipeline_version=str(h.metadata.get("pipeline_version", "")))
+                  pipeline_version=str(h.metadata.get("pipeline_version", "")),
+                  where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)))
         for h in kept[:k]
     ]

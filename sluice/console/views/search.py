@@ -37,7 +37,8 @@ if query.strip():
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
                 top, score = st.columns([5, 1])
-                top.markdown(f"**{i}. {h.filename}** · page {h.page}")
+                top.markdown(f"**{i}. {h.filename}** · {h.where or f'page {h.page}'}"
+                             + (" · text read by OCR" if h.ocr else ""))
                 top.page_link(ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)})
                 score.metric("score", f"{h.score:.3f}")
                 st.text(h.text)
