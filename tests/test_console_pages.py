@@ -253,7 +253,7 @@ def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
     assert "1 of 2 job(s) finished; following them live." in page  # the duplicate is done already
     assert "already indexed as job" in page
     assert "unsupported file type: the bytes are image/png" in page
-    assert "Convert the file to PDF or text" in page
+    assert "Convert the file to one of those" in page
     links = [p.proto.page for p in at.get("page_link")]
     assert links  # every accepted file links to its job
     with Session(ctx.engine) as session:
