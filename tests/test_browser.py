@@ -222,3 +222,32 @@ def _to_docs(names: list[str]) -> None:
                 im.convert("RGB").quantize(colors=128).save(dst, optimize=True)
         except OSError:
             shutil.copyfile(src, dst)
+
+
+def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, browser, start_worker, services,
+                                                                  tmp_path):
+    import secrets
+
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
+    from tests.test_passwords import locked_pdf, traces
+
+    password = "Pw-" + secrets.token_urlsafe(12)
+    start_worker()
+    r = ingest_bytes(ctx, locked_pdf(password), dataset="default", filename="ledger.pdf", publish=publish)
+    assert wait_for(ctx, [r.job_id], timeout=60)[0].error_code == "password_protected"
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _open(page, f"{console}/jobs?job={r.job_id}", "Jobs")
+    field = page.get_by_label("Password of the PDF")
+    field.fill("wrong-password")
+    page.get_by_role("button", name="Unlock and retry").click()
+    _text(page, "wrong password")
+    assert job(ctx, r.job_id).error_code == "wrong_password"
+
+    page.get_by_label("Password of the PDF").fill(password)
+    page.get_by_role("button", name="Unlock and retry").click()
+    _text(page, "Unlock and retry: 1 job(s)")
+    [done] = wait_for(ctx, [r.job_id], timeout=60)
+    assert done.status == JobStatus.succeeded, (done.error_code, done.error_message)
+    assert not traces(ctx, services, [tmp_path, services.workdir], password)  # console log included

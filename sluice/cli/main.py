@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("action", choices=["retry", "cancel", "reindex", "delete"])
     a.add_argument("--dataset")
     a.add_argument("--status", action="append", choices=STATUSES)
-    a.add_argument("--stage", action="append", choices=["queued", "parsing", "chunking", "embedding", "indexing", "done"])
+    a.add_argument("--stage", action="append", choices=["queued", "parsing", "ocr", "chunking", "embedding", "indexing", "done"])
     a.add_argument("--kind", action="append", choices=["transient", "permanent", "user_action_required"])
     a.add_argument("--name", help="file name contains this")
     a.add_argument("--yes", action="store_true", help="do it; without it, only show what it would change and cost")

@@ -52,7 +52,7 @@ def show_detail(d: reads.JobDetail) -> None:
     cells = ui.job_cells(r)
     retried = sum(1 for e in d.events if e["kind"] == "retried")
     attempts = cells["attempts"] + (f" (after {retried} manual retr{'y' if retried == 1 else 'ies'})" if retried else "")
-    pages = r["page_count"] or (r["total"] if r["stage"] in ("parsing", "chunking") else None)
+    pages = r["page_count"] or (r["total"] if r["stage"] in ("parsing", "ocr", "chunking") else None)
     chunks = r["chunk_count"] or (r["total"] if r["stage"] in ("embedding", "indexing") else None)
     facts = [("Stage", cells["progress"] or r["stage"]), ("Attempts", attempts), ("Dataset", d.dataset),
              ("Pages", pages), ("Chunks", chunks), ("Worker", r["worker_id"]),
