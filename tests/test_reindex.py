@@ -83,6 +83,7 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
     done = wait_for(ctx, new_ids, timeout=120)
     before_stop = searcher.searches
     while searcher.searches < before_stop + len(TOPICS) * 3:  # a few rounds after the last switch
+        assert searcher.is_alive(), "the searching thread died (its exception is reported below)"
         searcher.join(0.05)
     searcher.stop.set()
     searcher.join(30)
