@@ -239,13 +239,13 @@ def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, b
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     _open(page, f"{console}/jobs?job={r.job_id}", "Jobs")
-    field = page.get_by_label("Password of the PDF")
+    field = page.get_by_label("Password of the PDF", exact=True)
     field.fill("wrong-password")
     page.get_by_role("button", name="Unlock and retry").click()
     _text(page, "wrong password")
     assert job(ctx, r.job_id).error_code == "wrong_password"
 
-    page.get_by_label("Password of the PDF").fill(password)
+    page.get_by_label("Password of the PDF", exact=True).fill(password)
     page.get_by_role("button", name="Unlock and retry").click()
     _text(page, "Unlock and retry: 1 job(s)")
     [done] = wait_for(ctx, [r.job_id], timeout=60)
