@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     # every file through, and each one gets a line; the result follows its jobs live.
     files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
     slides = tmp_path / "slides.docx"
-    slides.write_bytes(b"PK\x03\x04" + bytes(200))
+    with zipfile.ZipFile(slides, "w") as archive:  # a ZIP archive, but no Word document in it
+        archive.writestr("notes.txt", "not a slide deck")
     chosen = [*files, slides]
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in chosen])
     page.locator('[data-testid="stFileChip"]').nth(len(chosen) - 1).wait_for()
