@@ -158,7 +158,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     _open(page, f"{console}/dead_letters", "Dead letters")
     _text(page, "needs your action · password protected")
     _text(page, "remove the password and upload the file again.")
-    _text(page, "needs your action · no text layer")  # 007: images only
+    _text(page, "needs your action · no text even by ocr")  # 007: images only, OCR found no text
     _shoot(page, "dead-letters")
 
     # Retry it from the dead-letter page: it runs again and fails again, as it must.
