@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     # every file through, and each one gets a line; the result follows its jobs live.
     files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
     slides = tmp_path / "slides.docx"
-    slides.write_bytes(b"PK\x03\x04" + bytes(200))
+    with zipfile.ZipFile(slides, "w") as archive:  # a ZIP archive, but no Word document in it
+        archive.writestr("notes.txt", "not a slide deck")
     chosen = [*files, slides]
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in chosen])
     page.locator('[data-testid="stFileChip"]').nth(len(chosen) - 1).wait_for()
@@ -155,8 +157,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     assert wait_for(ctx, [locked], timeout=60)[0].status == JobStatus.failed
     _open(page, f"{console}/dead_letters", "Dead letters")
     _text(page, "needs your action · password protected")
-    _text(page, "Remove the password and upload the file again.")
-    _text(page, "needs your action · no text layer")  # 007: images only
+    _text(page, "remove the password and upload the file again.")
+    _text(page, "needs your action · no text even by ocr")  # 007: images only, OCR found no text
     _shoot(page, "dead-letters")
 
     # Retry it from the dead-letter page: it runs again and fails again, as it must.
@@ -232,3 +234,32 @@ def _to_docs(names: list[str]) -> None:
                 im.convert("RGB").quantize(colors=128).save(dst, optimize=True)
         except OSError:
             shutil.copyfile(src, dst)
+
+
+def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, browser, start_worker, services,
+                                                                  tmp_path):
+    import secrets
+
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
+    from tests.test_passwords import locked_pdf, traces
+
+    password = "Pw-" + secrets.token_urlsafe(12)
+    start_worker()
+    r = ingest_bytes(ctx, locked_pdf(password), dataset="default", filename="ledger.pdf", publish=publish)
+    assert wait_for(ctx, [r.job_id], timeout=60)[0].error_code == "password_protected"
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _open(page, f"{console}/jobs?job={r.job_id}", "Jobs")
+    field = page.get_by_label("Password of the PDF", exact=True)
+    field.fill("wrong-password")
+    page.get_by_role("button", name="Unlock and retry").click()
+    _text(page, "wrong password")
+    assert job(ctx, r.job_id).error_code == "wrong_password"
+
+    page.get_by_label("Password of the PDF", exact=True).fill(password)
+    page.get_by_role("button", name="Unlock and retry").click()
+    _text(page, "Unlock and retry: 1 job(s)")
+    [done] = wait_for(ctx, [r.job_id], timeout=60)
+    assert done.status == JobStatus.succeeded, (done.error_code, done.error_message)
+    assert not traces(ctx, services, [tmp_path, services.workdir], password)  # console log included

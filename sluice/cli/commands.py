@@ -234,6 +234,19 @@ def webhooks(args) -> int:
 
 def retry(args) -> int:
     ids = list(args.job_ids)
+    if args.password_stdin:
+        if len(ids) != 1 or args.dead or args.dry_run:
+            print("sluice: --password-stdin takes exactly one job id", file=sys.stderr)
+            return 2
+        if sys.stdin.isatty():  # typed at a terminal: not echoed
+            import getpass
+
+            password = getpass.getpass("Password of the PDF: ")
+        else:
+            password = sys.stdin.readline().rstrip("\r\n")
+        done = actions.retry_with_password(cli_operator(), ids[0], password)
+        del password
+        return report(done.results, note=done.queue_note)
     if args.dead:
         ids += reads.dead_letter_ids(args.kind, None, _dataset_id(args.dataset))
     if not ids:

@@ -8,6 +8,7 @@
                   [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
     sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
     sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
+    sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
     sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
@@ -116,13 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--reason", default="manual retry")
     a.add_argument("--dry-run", action="store_true", help="show what a retry would embed, change nothing")
     a.add_argument("--json", action="store_true")
+    a.add_argument("--password-stdin", action="store_true",
+                   help="a locked PDF's job: read its password from stdin (one line), unlock it, retry")
     a.set_defaults(func=commands.retry)
 
     a = sub.add_parser("bulk", help="retry, cancel, reindex or delete every job a filter matches")
     a.add_argument("action", choices=["retry", "cancel", "reindex", "delete"])
     a.add_argument("--dataset")
     a.add_argument("--status", action="append", choices=STATUSES)
-    a.add_argument("--stage", action="append", choices=["queued", "parsing", "chunking", "embedding", "indexing", "done"])
+    a.add_argument("--stage", action="append", choices=["queued", "parsing", "ocr", "chunking", "embedding", "indexing", "done"])
     a.add_argument("--kind", action="append", choices=["transient", "permanent", "user_action_required"])
     a.add_argument("--name", help="file name contains this")
     a.add_argument("--yes", action="store_true", help="do it; without it, only show what it would change and cost")

@@ -47,6 +47,8 @@ class SearchHit:
     pipeline_version: str
     matched: list[str] = field(default_factory=list)  # which rankers found it: dense, lexical
     snippet: str = ""  # the text around the first match, matched words in **bold**
+    where: str = ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
+    ocr: bool = False  # the text was read by OCR from a page image
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -211,6 +213,7 @@ def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> l
         SearchHit(filename=str(h.metadata.get("filename", "")), page=int(h.metadata.get("page", 0)),
                   score=round(h.score, 4), text=h.text, job_id=int(h.metadata["job_id"]),
                   document_id=int(h.metadata.get("document_id", 0)), chunk_id=h.id,
-                  pipeline_version=str(h.metadata.get("pipeline_version", "")), matched=["dense"])
+                  pipeline_version=str(h.metadata.get("pipeline_version", "")), matched=["dense"],
+                  where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)))
         for h in kept[:k]
     ]

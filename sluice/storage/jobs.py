@@ -797,3 +797,17 @@ def ensure_version_job(*, session: Session, document: Document, pipeline_version
         return ActionResult(0, True, f"document {document.id}: a job of pipeline {version} was just created"), False
     return ActionResult(job.id, True, f"job {job.id} queued to build {document.filename} with pipeline "
                                       f"{version}"), created
+
+
+def action_rejected(*, session: Session, job_id: int, actor: str, code: str, message: str, hint: str) -> bool:
+    """A failed job whose fix the operator tried, and that fix did not work (a wrong password): it
+    stays failed as user_action_required, and its error now says why. False if it is not failed."""
+    job = get_job(session=session, job_id=job_id)
+    if job is None or job.status != JobStatus.failed:
+        return False
+    ok = _cas(session, job, where=[Job.status == JobStatus.failed], error_kind=ErrorKind.user_action_required,
+              error_code=code, error_message=message, fix_hint=hint, error_detail=None)
+    if ok:
+        add_event(session, job, "action_rejected", actor=actor, message=message, data={"code": code})
+    session.commit()
+    return ok

@@ -41,6 +41,7 @@ class JobStatus(str, Enum):
 class Stage(str, Enum):
     queued = "queued"
     parsing = "parsing"
+    ocr = "ocr"  # parsing, on a page that OCR reads (done = that page, total = the page count)
     chunking = "chunking"
     embedding = "embedding"
     indexing = "indexing"
@@ -49,6 +50,7 @@ class Stage(str, Enum):
 
 STAGE_UNITS = {
     Stage.parsing: "pages",
+    Stage.ocr: "pages",
     Stage.chunking: "pages",
     Stage.embedding: "chunks",
     Stage.indexing: "chunks",

@@ -103,6 +103,15 @@ class Settings(BaseSettings):
     parse_max_document_chars: int = Field(20_000_000, ge=1000)
     parse_max_memory_mb: int = Field(1024, ge=0, description="0 = no address-space limit on the parser")
 
+    # ZIP-based uploads (.docx, .pptx, .epub): refused beyond these (zip bombs)
+    archive_max_entries: int = Field(10_000, ge=1)
+    archive_max_uncompressed_mb: int = Field(500, ge=1)
+
+    # OCR of pages without a usable text layer (Debian's tesseract-ocr; ``make ocr``)
+    ocr_mode: Literal["auto", "always", "off"] = "auto"
+    ocr_dpi: int = Field(200, ge=72, le=600)
+    ocr_language: str = Field("eng", pattern=r"^[A-Za-z_]{3,20}(\+[A-Za-z_]{3,20})*$")
+
     # Console
     console_address: str = "127.0.0.1"
     console_port: int = 8501

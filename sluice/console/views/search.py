@@ -46,7 +46,8 @@ if query.strip():
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
                 top, score = st.columns([5, 1])
-                top.markdown(f"**{i}. {ui.plain(h.filename)}** · page {h.page} · found by {' and '.join(h.matched)}")
+                top.markdown(f"**{i}. {ui.plain(h.filename)}** · {ui.plain(h.where) if h.where else f'page {h.page}'}"
+                             + (" · text read by OCR" if h.ocr else "") + f" · found by {' and '.join(h.matched)}")
                 links = top.container(horizontal=True)
                 links.page_link(ui.DOCUMENT_PAGE, label="Open document",
                                 query_params={"doc": f"doc:{h.document_id}", "chunk": h.chunk_id.rsplit("-", 1)[-1]})
