@@ -219,7 +219,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     _shoot(page, "system")
 
     if os.environ.get("README_SCREENSHOTS") == "1":
-        _to_docs(["jobs", "dead-letters"])
+        _to_docs(["overview", "jobs", "dead-letters", "search"])
 
 
 def _to_docs(names: list[str]) -> None:
