@@ -32,7 +32,7 @@ def _indexed(ctx):
 def test_open_a_search_hit_see_its_chunks_page_image_and_download(ctx):
     r = _indexed(ctx)
     at = open_console("search")
-    at.text_input(key="search_query").set_value("KX-9904")
+    at.text_input(key="q").set_value("KX-9904")
     at.button[0].click().run()
     assert_ok(at)
     assert "**KX**-**9904**" in texts(at)

@@ -279,7 +279,7 @@ def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
 
 def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx, seeded):
     at = open_console("search")
-    at.text_input(key="search_query").set_value("alpha0word5 alpha0word6")
+    at.text_input(key="q").set_value("alpha0word5 alpha0word6")
     at.button[0].click().run()
     assert_ok(at)
     page = texts(at)
@@ -287,10 +287,38 @@ def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx,
     assert "score" in page
     assert any("alpha0word5" in t.value for t in at.text)
     # the superseded run of handbook.txt is never answered, only its newer job
-    at.text_input(key="search_query").set_value("gamma2word1 gamma2word2").run()
+    at.text_input(key="q").set_value("gamma2word1 gamma2word2").run()
     at.button[0].click().run()
     links = [p.proto.query_string for p in at.get("page_link")]
     assert f"job={seeded['superseded'][0]}" not in " ".join(links)
+
+
+def test_search_keeps_the_query_in_the_url_says_so_when_empty_spans_all_datasets_and_hides_weak_hits(ctx):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.runner import run_job
+
+    for name, words in (("default", "lighthouse keeper logbook"), ("contracts", "lighthouse tender invoice")):
+        r = ingest_bytes(ctx, ((words + " entry. ") * 40).encode(), dataset=name, filename=f"{name}.txt")
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    at = open_console("search")
+    at.button[0].click().run()  # nothing typed
+    assert "Type something to search for" in texts(at)
+
+    at.text_input(key="q").set_value("lighthouse")
+    at.button[0].click().run()
+    assert_ok(at)
+    page = texts(at)
+    assert "from all datasets" in page and "default.txt" in page and "contracts.txt" in page
+    # the query lives in the URL: opening the link again shows the same search
+    again = open_console("search", query={"q": "lighthouse", "in": "contracts"})
+    assert "from dataset 'contracts'" in texts(again) and "contracts.txt" in texts(again)
+    assert "default.txt" not in texts(again)
+
+    at.selectbox(key="mode").set_value("dense")
+    at.text_input(key="q").set_value("zzqx unrelated words")
+    at.button[0].click().run()
+    assert_ok(at)
+    assert "weak match(es) (similarity below 0.2, no word in common) not shown" in texts(at)
 
 
 def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx):

@@ -289,11 +289,15 @@ def retry_cost(job_ids: list[int]) -> Preview:
 # --- search ----------------------------------------------------------------------------------------------
 
 
-def search(query: str, dataset: str, k: int, *, mode: str = "hybrid", filename: str | None = None,
+def search(query: str, dataset: str | None, k: int, *, mode: str = "hybrid", filename: str | None = None,
            pages: str | None = None, media_type: str | None = None) -> list:
-    """The best chunks of one dataset, from each document's active job only (sluice.ops.search)."""
-    return run_search(ctx(), query=query, dataset=dataset, k=k, mode=mode, filename=filename, pages=pages,
-                      media_type=media_type)
+    """The best chunks of one dataset (``None``: of every dataset, merged by score), from each
+    document's active job only (sluice.ops.search)."""
+    names = [dataset] if dataset else [d.name for d in datasets()]
+    hits = [h for name in names
+            for h in run_search(ctx(), query=query, dataset=name, k=k, mode=mode, filename=filename, pages=pages,
+                                media_type=media_type)]
+    return sorted(hits, key=lambda h: -h.score)[:k] if not dataset else hits
 
 
 # --- integrity ----------------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ class SearchHit:
     snippet: str = ""  # the text around the first match, matched words in **bold**
     where: str = ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
     ocr: bool = False  # the text was read by OCR from a page image
+    similarity: float | None = None  # the model's cosine similarity, when the dense ranker found it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +145,7 @@ def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *
         scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
         if h.chunk_id in hits:
             hits[h.chunk_id].matched = ["dense", "lexical"]
+            hits[h.chunk_id].similarity = h.similarity
         else:
             hits[h.chunk_id] = h
     order = sorted(scores, key=lambda cid: (-scores[cid], cid))
@@ -214,6 +216,7 @@ def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> l
                   score=round(h.score, 4), text=h.text, job_id=int(h.metadata["job_id"]),
                   document_id=int(h.metadata.get("document_id", 0)), chunk_id=h.id,
                   pipeline_version=str(h.metadata.get("pipeline_version", "")), matched=["dense"],
-                  where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)))
+                  where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)),
+                  similarity=round(h.score, 4))
         for h in kept[:k]
     ]

@@ -10,16 +10,19 @@ from sluice.ops.search import MODES, BadQuery, UnknownDataset
 sc = ui.scope()
 st.title("Search")
 
-names = [d.name for d in reads.datasets()]
-default = sc.dataset if sc.dataset in names else "default"
+MIN_SIMILARITY = 0.2  # a hit only the model found, with less similarity than this, is not worth reading
+
+names = [ui.ALL_DATASETS, *[d.name for d in reads.datasets()]]
+default = sc.dataset if sc.dataset in names else ui.ALL_DATASETS
 with st.form("search_form"):
     c1, c2, c3 = st.columns([6, 2, 1])
-    query = c1.text_input("Query", key="search_query", placeholder="What are you looking for?")
-    dataset = c2.selectbox("Dataset", names, index=names.index(default) if default in names else 0,
-                           key="search_dataset")
+    # the query, its dataset and ranking live in the URL: a search can be bookmarked and shared
+    query = c1.text_input("Query", key="q", placeholder="What are you looking for?", bind="query-params")
+    chosen = c2.selectbox("Dataset", names, index=names.index(default), key="in", bind="query-params")
+    dataset = None if chosen == ui.ALL_DATASETS else chosen
     k = c3.number_input("k", min_value=1, max_value=50, value=5, key="search_k")
     f1, f2, f3, f4 = st.columns([2, 3, 2, 2])
-    mode = f1.selectbox("Ranking", MODES, key="search_mode",
+    mode = f1.selectbox("Ranking", MODES, key="mode", bind="query-params",
                         help="hybrid fuses word matches and meaning; lexical never loads the model")
     file_filter = f2.text_input("File name contains", key="search_file")
     pages = f3.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
@@ -27,6 +30,8 @@ with st.form("search_form"):
                               key="search_media_type")
     submitted = st.form_submit_button("Search", type="primary")
 
+if submitted and not query.strip():
+    st.info("Type something to search for: words, a code or a name, or \"an exact phrase\" in quotes.")
 if query.strip():
     try:
         with st.spinner("Searching (the first search loads the embedding model)..."):
@@ -39,10 +44,14 @@ if query.strip():
         st.error(f"Search failed: {ui.plain(f'{type(exc).__name__}: {exc}')}. Check the System page.")
         hits = None
     if hits is not None:
+        weak = [h for h in hits if h.matched == ["dense"] and (h.similarity or 0) < MIN_SIMILARITY]
+        hits = [h for h in hits if h not in weak]
+        where = f"dataset {ui.plain(repr(dataset))}" if dataset else "all datasets"
         if not hits:
-            st.info(f"No indexed chunks in dataset {ui.plain(repr(dataset))} match. Only documents whose job succeeded are "
-                    "searchable.")
-        st.caption(f"{len(hits)} chunk(s) from dataset {ui.plain(repr(dataset))}, best first.")
+            st.info(f"No indexed chunks in {where} match. Only documents whose job succeeded are searchable.")
+        st.caption(f"{len(hits)} chunk(s) from {where}, best first."
+                   + (f" {len(weak)} weak match(es) (similarity below {MIN_SIMILARITY}, no word in common) "
+                      "not shown." if weak else ""))
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
                 top, score = st.columns([5, 1])
