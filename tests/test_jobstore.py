@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import inspect
 from sqlmodel import Session, SQLModel, func, select
 
-from sluice.errors import LeaseLost
+from sluice.errors import ErrorKind, LeaseLost
 from sluice.storage import jobs
 from sluice.storage.db import (
     DEFAULT_DATASET,
@@ -25,17 +25,7 @@ from sluice.storage.db import (
     init_schema,
     make_engine,
 )
-from sluice.storage.models import (
-    Dataset,
-    Document,
-    ErrorKind,
-    Job,
-    JobEvent,
-    JobStatus,
-    Outbox,
-    Stage,
-    utcnow,
-)
+from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 from sluice.storage.outbox import dispatch, redeliver_stranded, unsent_count
 from sluice.storage.vectors import chunk_id
 from tests.helpers import events, ids_of_job, wait_for

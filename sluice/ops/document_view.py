@@ -5,7 +5,7 @@ bytes (operators only: a read-only user sees everything but takes no copy of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from sqlmodel import Session
 
@@ -29,7 +29,7 @@ class DocumentView:
     page_count: int | None
 
     def to_dict(self) -> dict:
-        return {**self.info.to_dict(), "media_type": self.media_type, "created_at": self.created_at,
+        return {**asdict(self.info), "media_type": self.media_type, "created_at": self.created_at,
                 "chunk_count": self.chunk_count, "page_count": self.page_count}
 
 

@@ -43,9 +43,6 @@ class DocumentInfo:
     blob_shared_with: int = 0  # other live documents (any dataset) with the same bytes
     running: list[int] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass
 class DeleteResult:
@@ -57,7 +54,8 @@ class DeleteResult:
     jobs_deleted: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """What the CLI prints with --json: the result, with the document as it was before."""
+        return {**asdict(self), "document": asdict(self.document) if self.document else None}
 
 
 def parse_reference(ref: str | int) -> tuple[str, int]:

@@ -47,7 +47,7 @@ STAGE_TIMEOUT_HINT = ("Sluice retries this by itself (a busy host makes any docu
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     job_id: int
     result: str  # succeeded | noop | retrying | failed | cancelled | lost
     message: str = ""
@@ -203,12 +203,12 @@ class Reporter:
             return True
 
 
-def run_job(job_id: int, *, ctx: Context) -> Outcome:
+def run_job(job_id: int, *, ctx: Context) -> RunOutcome:
     s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
         claim = jobs.claim(session=session, job_id=job_id, worker_id=ctx.worker_id, lease_seconds=s.lease_seconds)
     if not claim.claimed:
-        return Outcome(job_id, "noop", claim.reason)
+        return RunOutcome(job_id, "noop", claim.reason)
     job = claim.job
     faults.hit("after_claim")
     report = Reporter(ctx, job_id, job.lease)
@@ -218,7 +218,7 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         return _execute(ctx, job, report)
     except LeaseLost as exc:
         log.warning("job %s: %s; stopping this attempt", job_id, exc)
-        return Outcome(job_id, "lost", str(exc))
+        return RunOutcome(job_id, "lost", str(exc))
     except JobCancelled:
         _remove_partial(ctx, job)
 
@@ -228,7 +228,7 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
                                                worker_id=ctx.worker_id)
 
         done = _when_the_database_answers(ctx, job_id, acknowledge)
-        return Outcome(job_id, "cancelled", done.error_message if done else "")
+        return RunOutcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
         waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err)
@@ -247,7 +247,7 @@ def run_job(job_id: int, *, ctx: Context) -> Outcome:
         after = _when_the_database_answers(ctx, job_id, record)
         if after is not None and after.status.value == "cancelled":
             _remove_partial(ctx, job)
-        return Outcome(job_id, after.status.value if after else "lost", err.message)
+        return RunOutcome(job_id, after.status.value if after else "lost", err.message)
     finally:
         beat.stop()
 
@@ -303,7 +303,7 @@ def _remove_partial(ctx: Context, job: Job) -> None:
         log.warning("job %s: could not remove partial vectors: %s", job.id, exc)
 
 
-def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
+def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
@@ -424,7 +424,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
             lexical.delete_job(ctx.engine, old)
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("could not remove chunks of superseded job %s: %s", old, exc)
-    return Outcome(job.id, "succeeded", f"{total} chunks")
+    return RunOutcome(job.id, "succeeded", f"{total} chunks")
 
 
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,

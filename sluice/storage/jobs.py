@@ -28,19 +28,10 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
-from sluice.errors import JobCancelled, LeaseLost, TransientError
+from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
 from sluice.storage import faults, webhooks
 from sluice.storage.clock import current_time, db_now
-from sluice.storage.models import (
-    STAGE_UNITS,
-    Document,
-    ErrorKind,
-    Job,
-    JobEvent,
-    JobStatus,
-    Outbox,
-    Stage,
-)
+from sluice.storage.models import STAGE_UNITS, Document, Job, JobEvent, JobStatus, Outbox, Stage
 
 CLAIMABLE = (JobStatus.pending, JobStatus.retrying)
 RETRYABLE = (JobStatus.failed, JobStatus.cancelled)
@@ -645,38 +636,41 @@ def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str =
     return results
 
 
-def reindex(*, session: Session, job_ids: Iterable[int], actor: str, reason: str = "reindex") -> list[ActionResult]:
-    """succeeded -> pending: rebuild the same chunks on purpose; search keeps serving the old ones."""
+def _from_status(session: Session, job_ids: Iterable[int], *, source: JobStatus, refusal: str, event: str,
+                 actor: str, reason: str, said: Callable[[Job], str], publish: bool, **change: Any) -> list[ActionResult]:
+    """One operator transition out of ``source`` for each job, by compare-and-set; each a result line."""
     results = []
     for jid, job in _load_many(session, job_ids):
-        if job is None or job.status != JobStatus.succeeded:
+        if job is None or job.status != source:
             state = "does not exist" if job is None else f"is {job.status.value}"
-            results.append(ActionResult(jid, False, f"job {jid} {state}; only succeeded jobs can be reindexed"))
+            results.append(ActionResult(jid, False, f"job {jid} {state}; {refusal}"))
             continue
-        ok = _cas(session, job, where=[Job.status == JobStatus.succeeded], status=JobStatus.pending,
-                  stage=Stage.queued, done=0, total=0, attempt=0, finished_at=None)
+        ok = _cas(session, job, where=[Job.status == source], **change)
         if ok:
-            add_event(session, job, "reindex_requested", actor=actor, from_status=JobStatus.succeeded,
-                      to_status=JobStatus.pending, message=reason)
-            _publish(session, job)
+            to_status = change.get("status")
+            add_event(session, job, event, actor=actor, from_status=source if to_status else None,
+                      to_status=to_status, message=reason)
+            if publish:
+                _publish(session, job)
         session.commit()
-        results.append(ActionResult(jid, ok, f"job {jid} queued for reindex" if ok else f"job {jid} changed meanwhile"))
+        results.append(ActionResult(jid, ok, said(job) if ok else f"job {jid} changed meanwhile"))
     return results
+
+
+def reindex(*, session: Session, job_ids: Iterable[int], actor: str, reason: str = "reindex") -> list[ActionResult]:
+    """succeeded -> pending: rebuild the same chunks on purpose; search keeps serving the old ones."""
+    return _from_status(session, job_ids, source=JobStatus.succeeded, event="reindex_requested", actor=actor,
+                        reason=reason, refusal="only succeeded jobs can be reindexed", publish=True,
+                        said=lambda job: f"job {job.id} queued for reindex",
+                        **{"status": JobStatus.pending, "stage": Stage.queued, "done": 0, "total": 0, "attempt": 0,
+                           "finished_at": None})
 
 
 def dismiss(*, session: Session, job_ids: Iterable[int], actor: str) -> list[ActionResult]:
     """Hide a dead letter from the dead-letter list (it stays failed, with its history)."""
-    results = []
-    for jid, job in _load_many(session, job_ids):
-        if job is None or job.status != JobStatus.failed:
-            results.append(ActionResult(jid, False, f"job {jid} is not a dead letter"))
-            continue
-        ok = _cas(session, job, where=[Job.status == JobStatus.failed], dismissed=True)
-        if ok:
-            add_event(session, job, "dismissed", actor=actor, message="dismissed from dead letters")
-        session.commit()
-        results.append(ActionResult(jid, ok, f"job {jid} dismissed" if ok else f"job {jid} changed meanwhile"))
-    return results
+    return _from_status(session, job_ids, source=JobStatus.failed, event="dismissed", actor=actor,
+                        reason="dismissed from dead letters", refusal="only a dead letter can be dismissed",
+                        publish=False, said=lambda job: f"job {job.id} dismissed", dismissed=True)
 
 
 # --- integrity: pipeline versions and delete ---------------------------------------------------------
@@ -687,25 +681,11 @@ def revive(*, session: Session, job_ids: Iterable[int], actor: str,
     """superseded -> pending: the settings went back to this job's pipeline version, so build it
     again (its chunks were removed when it was superseded). Search keeps serving the document's
     active job until this one succeeds and takes over."""
-    results = []
-    for jid, job in _load_many(session, job_ids):
-        if job is None or job.status != JobStatus.superseded:
-            state = "does not exist" if job is None else f"is {job.status.value}"
-            results.append(ActionResult(jid, False, f"job {jid} {state}; only superseded jobs can be revived"))
-            continue
-        ok = _cas(session, job, where=[Job.status == JobStatus.superseded], status=JobStatus.pending,
-                  stage=Stage.queued, done=0, total=0, attempt=0, finished_at=None, next_attempt_at=None,
-                  cancel_requested=False)
-        if ok:
-            add_event(session, job, "revived", actor=actor, from_status=JobStatus.superseded,
-                      to_status=JobStatus.pending, message=reason)
-            _publish(session, job)
-        session.commit()
-        results.append(ActionResult(jid, ok, f"job {jid} queued to build pipeline {job.pipeline_version} again"
-                                    if ok else f"job {jid} changed meanwhile"))
-    return results
-
-
+    return _from_status(session, job_ids, source=JobStatus.superseded, event="revived", actor=actor,
+                        reason=reason, refusal="only superseded jobs can be revived", publish=True,
+                        said=lambda job: f"job {job.id} queued to build pipeline {job.pipeline_version} again",
+                        **{"status": JobStatus.pending, "stage": Stage.queued, "done": 0, "total": 0, "attempt": 0,
+                           "finished_at": None, "next_attempt_at": None, "cancel_requested": False})
 
 
 def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str = "document deleted",

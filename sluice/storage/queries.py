@@ -9,18 +9,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import func
 from sqlmodel import Session, select
 
+from sluice.errors import ErrorKind
 from sluice.storage.jobs import describe_progress
-from sluice.storage.models import (
-    Dataset,
-    Document,
-    ErrorKind,
-    Job,
-    JobEvent,
-    JobStatus,
-    Outbox,
-    Stage,
-    utcnow,
-)
+from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 
 SORTABLE = {
     "created": Job.created_at,
