@@ -11,6 +11,7 @@ versions of one document and never loses a document while its new version is bei
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, select
@@ -19,6 +20,8 @@ from sluice.pipeline.context import Context
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
 from sluice.storage.models import Dataset, Document
+
+log = logging.getLogger(__name__)
 
 MODES = ("hybrid", "dense", "lexical")
 RRF_K = 60  # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
@@ -115,9 +118,26 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "h
         hits = [_from_lexical(h, ctx) for h in lexical_hits[:k]]
     else:
         hits = _fuse(ctx, dense_hits, lexical_hits, required=bool(parsed.quoted))[:k]
+    _fill_positions(ctx, ds, [h for h in hits if "dense" not in h.matched])
     for h in hits:
         h.snippet = lexical.snippet(h.text, parsed)
     return hits
+
+
+def _fill_positions(ctx: Context, ds: Dataset, hits: list[SearchHit]) -> None:
+    """Where in its file a hit only the word index found sits (slide, section, rows) and whether OCR
+    read it: that is kept with the vectors, so ask the store for those few chunks (no model needed)."""
+    if not hits:
+        return
+    try:
+        got = ctx.vectors.get(ds.collection, [h.chunk_id for h in hits])
+    except Exception as exc:  # the hits stand without it; the page number is known
+        log.warning("search: positions of %d hit(s) unavailable: %s", len(hits), exc)
+        return
+    meta = dict(zip(got.get("ids") or [], got.get("metadatas") or [], strict=False))
+    for h in hits:
+        m = meta.get(h.chunk_id) or {}
+        h.where, h.ocr = str(m.get("where", "")), bool(m.get("ocr", False))
 
 
 def _from_lexical(h: lexical.LexicalHit, ctx: Context, score: float | None = None) -> SearchHit:
@@ -144,8 +164,8 @@ def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *
             continue
         scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
         if h.chunk_id in hits:
-            hits[h.chunk_id].matched = ["dense", "lexical"]
-            hits[h.chunk_id].similarity = h.similarity
+            both = hits[h.chunk_id]
+            both.matched, both.similarity, both.where, both.ocr = ["dense", "lexical"], h.similarity, h.where, h.ocr
         else:
             hits[h.chunk_id] = h
     order = sorted(scores, key=lambda cid: (-scores[cid], cid))
