@@ -10,6 +10,8 @@
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
     sluice recover                                       one round of recovery (reaper, outbox)
+    sluice pause [--dataset NAME] [--reason TEXT] [--list]  stop starting jobs (all, or one dataset)
+    sluice resume [--dataset NAME]                       lift that pause; waiting jobs are published
     sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
     sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
     sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
@@ -26,6 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from sluice.cli import commands
+from sluice.cli.pause import add_pause_commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
 from sluice.storage.files import use_private_umask
@@ -141,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=serve)
 
     add_integrity_commands(sub)
+    add_pause_commands(sub)
     return p
 
 

@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from sluice.errors import JobCancelled, LeaseLost, TransientError
-from sluice.storage import faults
+from sluice.storage import faults, pauses
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
@@ -270,9 +270,12 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         add_event(session, job, "noop", message=reason, actor=worker_id)
         session.commit()
         return ClaimResult(job, False, reason)
+    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+    if held is not None:
+        return _refuse_paused(session, job, held, worker_id, now)
     before = job.status
     ok = _cas(
-        session, job, where=[Job.status.in_(CLAIMABLE)],
+        session, job, where=[Job.status.in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
         status=JobStatus.running, stage=Stage.parsing, done=0, total=0,
         attempt=job.attempt + 1, lease=job.lease + 1, worker_id=worker_id,
         heartbeat_at=now, started_at=job.started_at or now, next_attempt_at=None,
@@ -281,6 +284,9 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     if not ok:
         session.rollback()
         job = get_job(session=session, job_id=job_id)
+        held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+        if held is not None and job.status in CLAIMABLE:  # paused between our look and our claim
+            return _refuse_paused(session, job, held, worker_id, now)
         reason = f"delivery ignored: claimed concurrently (now {job.status.value})"
         add_event(session, job, "noop", message=reason, actor=worker_id)
         session.commit()
@@ -289,6 +295,17 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
               message=f"attempt {job.attempt} of {job.max_attempts}", data={"lease": job.lease})
     session.commit()
     return ClaimResult(job, True)
+
+
+def _refuse_paused(session: Session, job: Job, held: Any, worker_id: str, now: datetime) -> ClaimResult:
+    """The job's dataset (or the whole queue) is paused: leave the job waiting with an unsent outbox
+    row, which the dispatcher publishes once the pause is lifted."""
+    reason = f"delivery ignored: {pauses.describe(held)}; it runs when resumed"
+    if _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+        add_event(session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope})
+        _publish(session, job, max(now, job.next_attempt_at or now))
+    session.commit()
+    return ClaimResult(job, False, reason)
 
 
 def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int,

@@ -163,6 +163,18 @@ class JobEvent(SQLModel, table=True):
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
 
 
+class Pause(SQLModel, table=True):
+    """A pause in force: of one dataset, or of the whole queue (``dataset_id`` None, ``scope`` "all").
+    Its jobs are not claimed or published while the row exists; resuming deletes it."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=40, unique=True)  # "all" or "dataset:<id>": one pause per scope
+    dataset_id: int | None = Field(default=None, foreign_key="dataset.id", index=True)
+    paused_by: str = Field(max_length=120)
+    paused_at: datetime = Field(default_factory=utcnow)
+    reason: str = Field(default="", sa_column=Column(Text))
+
+
 class Outbox(SQLModel, table=True):
     __table_args__ = (Index("ix_outbox_pending", "sent_at", "available_at"),)
 

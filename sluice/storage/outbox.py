@@ -14,7 +14,7 @@ from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from sluice.storage import faults
+from sluice.storage import faults, pauses
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import CLAIMABLE, republish
 from sluice.storage.models import Job, JobStatus, Outbox
@@ -40,7 +40,7 @@ def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 100
         due = session.exec(
             select(Outbox.id, Outbox.job_id, Job.status)
             .join(Job, Job.id == Outbox.job_id)
-            .where(Outbox.sent_at.is_(None), Outbox.available_at <= now)
+            .where(Outbox.sent_at.is_(None), Outbox.available_at <= now, ~pauses.covering(Job.dataset_id))
             .order_by(Outbox.id)
             .limit(limit)
         ).all()
@@ -106,6 +106,7 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
         .join(last_sent, last_sent.c.job_id == Job.id)
         .where(
             Job.status.in_(CLAIMABLE),
+            ~pauses.covering(Job.dataset_id),
             (Job.next_attempt_at.is_(None)) | (Job.next_attempt_at <= cutoff),
             last_sent.c.unsent == 0,
             last_sent.c.last_sent < cutoff,

@@ -57,7 +57,10 @@ def show_detail(d: reads.JobDetail) -> None:
     elif r["status"] in reads.ACTIVE:
         box.caption(r["progress"])
 
-    if r["status"] in reads.ACTIVE:
+    if d.paused:
+        box.warning(f"**Paused**: this job does not start until resumed. {ui.plain(d.paused[0].upper() + d.paused[1:])}."
+                    " Resume it on the Overview page or with `sluice resume`.", icon=":material/pause_circle:")
+    elif r["status"] in reads.ACTIVE:
         position = health.queue_position(job_id) if r["status"] == "pending" else None
         queue = health.queue_state()
         why = diagnose.why_waiting(
