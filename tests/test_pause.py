@@ -80,12 +80,14 @@ def test_pausing_the_whole_queue_stops_every_dataset(database_url):
         assert session.get(Job, a).status == JobStatus.pending
 
 
-def test_pause_and_resume_a_dataset_with_a_real_consumer(ctx, start_worker, capsys):
+def test_pause_and_resume_a_dataset_with_a_real_consumer(make_ctx, start_worker, capsys):
     """A message already on the queue for a paused dataset is refused by the worker and waits; another
     dataset runs meanwhile; `sluice resume` publishes it again and it runs."""
     from sluice.cli.main import main as cli
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.queue import publish
+
+    ctx = make_ctx(SLUICE_DISPATCH_PER_THREAD="2")  # with the dispatch window, as in production
 
     held = ingest_bytes(ctx, b"a page of the paused dataset. " * 100, dataset="paused", filename="held.txt",
                         publish=publish)

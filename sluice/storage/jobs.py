@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from itertools import count
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
@@ -32,6 +32,7 @@ from sluice.storage import faults, pauses
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
+    Dataset,
     Document,
     ErrorKind,
     Job,
@@ -656,6 +657,43 @@ def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str =
         results.append(ActionResult(jid, ok, f"job {jid} queued again ({reason})" if ok
                                     else f"job {jid} changed meanwhile; try again"))
     return results
+
+
+def set_priority(*, session: Session, job_ids: Iterable[int], actor: str, priority: int | None,
+                 verb: str = "priority set") -> list[ActionResult]:
+    """Give waiting jobs a priority (higher is published first; None: their dataset's again)."""
+    results = []
+    for jid, job in _load_many(session, job_ids):
+        if job is None or job.status not in CLAIMABLE:
+            state = "does not exist" if job is None else f"is {job.status.value}"
+            results.append(ActionResult(jid, False, f"job {jid} {state}; only waiting jobs (pending, "
+                                        "retrying) can be moved in the queue"))
+            continue
+        before = job.priority
+        ok = _cas(session, job, where=[Job.status.in_(CLAIMABLE)], priority=priority)
+        if ok:
+            add_event(session, job, "priority", actor=actor, message=f"{verb}: {priority}",
+                      data={"from": before, "to": priority})
+        session.commit()
+        results.append(ActionResult(jid, ok, f"job {jid}: {verb} ({priority})" if ok
+                                    else f"job {jid} changed meanwhile; try again"))
+    return results
+
+
+def run_next(*, session: Session, job_ids: Iterable[int], actor: str) -> list[ActionResult]:
+    """Move waiting jobs to the front: a priority above every other waiting job's."""
+    top = session.execute(
+        select(func.max(func.coalesce(Job.priority, Dataset.priority, 0)))
+        .join(Dataset, Dataset.id == Job.dataset_id).where(Job.status.in_(CLAIMABLE))
+    ).scalar() or 0
+    return set_priority(session=session, job_ids=job_ids, actor=actor, priority=top + 1, verb="run next")
+
+
+def set_dataset_priority(*, session: Session, dataset_id: int, priority: int | None) -> bool:
+    """The priority of a dataset's jobs that have none of their own (None: the default, 0)."""
+    done = session.execute(update(Dataset).where(Dataset.id == dataset_id).values(priority=priority)).rowcount
+    session.commit()
+    return bool(done)
 
 
 def reindex(*, session: Session, job_ids: Iterable[int], actor: str, reason: str = "reindex") -> list[ActionResult]:

@@ -71,6 +71,7 @@ class Dataset(SQLModel, table=True):
     # Chroma collection of this dataset; unique per row so instances can share one Chroma server.
     collection: str = Field(unique=True, max_length=80)
     created_at: datetime = Field(default_factory=utcnow)
+    priority: int | None = None  # its jobs' priority when they have none of their own (higher first; None = 0)
 
 
 class Document(SQLModel, table=True):
@@ -117,6 +118,7 @@ class Job(SQLModel, table=True):
 
     attempt: int = 0  # attempts used of the current budget (reset by a manual retry)
     max_attempts: int = 5
+    priority: int | None = None  # higher is published first; None = its dataset's priority
     lease: int = 0  # fencing token: bumped by every claim, never reset
     version: int = 0  # compare-and-set column: bumped by every update
 

@@ -92,6 +92,10 @@ def show_detail(d: reads.JobDetail) -> None:
                               prompt=("Stop this job? A running job stops at its next batch and its partial "
                                       "chunks are removed; it can be retried later."),
                               on_confirm=lambda: _do(actions.cancel, "Cancel", job_id))
+        if r["status"] in ("pending", "retrying"):
+            st.button("Run next", key=f"run_next_{job_id}", disabled=not can,
+                      help="Publish this job before every other waiting job (a priority above theirs).",
+                      on_click=_do, args=(actions.run_next, "Run next", job_id))
         outlook = actions.retry_outlook(r)
         if outlook:  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
             st.page_link("views/upload.py", label="Upload a fixed file", icon=":material/upload_file:")
