@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick browser wild-tools wild-corpus clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-fairness browser wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -56,6 +56,11 @@ lint: setup
 bench: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/fairness.py --fifo
+
+## bench-fairness: 2,000 jobs queued in one dataset, one upload to another: when does it start?
+bench-fairness: setup
+	$(BIN)/python bench/fairness.py --fifo
 
 bench-quick: setup
 	$(BIN)/python bench/run.py --quick
