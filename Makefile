@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-fairness browser wild-tools wild-corpus clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-fairness browser ocr wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -21,12 +21,17 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 ## run: set up, then start queue, cache, chroma, worker and console (http://127.0.0.1:8501)
-run: setup
+run: setup ocr
 	$(BIN)/honcho start -f Procfile
 
 ## browser: Debian's Chromium for the end-to-end browser test (never a browser download)
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+## ocr: Debian's Tesseract and its English data, for OCR of scanned pages (never a download at run time)
+ocr:
+	@command -v tesseract >/dev/null && tesseract --list-langs 2>/dev/null | grep -qx eng || { apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends tesseract-ocr tesseract-ocr-eng >/dev/null; }
 
 ## wild-tools: Debian's PDF producers for bench/wild_corpus.py (Chromium, LibreOffice, Ghostscript, qpdf, CJK fonts)
 wild-tools: browser
@@ -38,7 +43,7 @@ wild-corpus: setup wild-tools
 	$(BIN)/python bench/wild_corpus.py
 
 ## test: set up, then the whole suite (slow real-model, crash and browser tests included)
-test: setup browser
+test: setup browser ocr
 	$(BIN)/python -m pytest
 
 ## test-unit: the tests that need no server (job store on a temp SQLite file, queries, pure stages): seconds
@@ -46,17 +51,23 @@ test-unit: setup
 	$(BIN)/python -m pytest -m "not servers and not slow and not browser"
 
 ## test-fast: everything but the slow and browser tests
-test-fast: setup
+test-fast: setup ocr
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
 lint: setup
 	$(BIN)/ruff check .
 
-## bench: the benchmark table, written to BENCHMARKS.md
-bench: setup
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, OCR, then retrieval)
+bench: setup ocr
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/ocr.py --out BENCHMARKS.md
+	$(BIN)/python -m bench.retrieval
 	$(BIN)/python bench/fairness.py --fifo
+
+## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
+bench-retrieval: setup
+	$(BIN)/python -m bench.retrieval
 
 ## bench-fairness: 2,000 jobs queued in one dataset, one upload to another: when does it start?
 bench-fairness: setup

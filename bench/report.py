@@ -125,14 +125,18 @@ def header(*, started: str, seconds: float, load_start: tuple, load_end: tuple, 
     return "\n\n".join(lines)
 
 
-def write_markdown(path, generated: str) -> None:
-    """Replace the generated part of ``path`` (between the markers), keeping what is written around it."""
-    block = f"{BEGIN}\n{generated}\n{END}"
+def write_markdown(path, generated: str, *, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    """Replace the generated part of ``path`` (between the markers), keeping what is written around it;
+    a part not there yet is added at the end."""
+    begin, end = markers
+    block = f"{begin}\n{generated}\n{end}"
     if path.exists():
         text = path.read_text()
-        if BEGIN in text and END in text:
-            before = text.split(BEGIN, 1)[0]
-            after = text.split(END, 1)[1]
+        if begin in text and end in text:
+            before = text.split(begin, 1)[0]
+            after = text.split(end, 1)[1]
             path.write_text(before + block + after)
             return
+        path.write_text(text.rstrip("\n") + f"\n\n{block}\n")
+        return
     path.write_text(f"# Benchmarks\n\nProduced by `make bench` (`bench/run.py`).\n\n{block}\n")

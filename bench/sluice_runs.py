@@ -68,7 +68,7 @@ def recall_ranks(ctx, facts, *, dataset: str = "bench", k: int = 10) -> list[int
 
     ranks: list[int | None] = []
     for fact in facts:
-        hits = search(ctx, query=fact.query, dataset=dataset, k=k)
+        hits = search(ctx, query=fact.query, dataset=dataset, k=k, mode="dense")  # the model against the peer's
         ranks.append(next((i for i, h in enumerate(hits) if fact.name in h.text), None))
     return ranks
 

@@ -17,6 +17,16 @@ def job(ctx, job_id: int) -> Job:
         return session.get(Job, job_id)
 
 
+def run_file(ctx, data: bytes, filename: str, dataset: str = "default") -> Job:
+    """Ingest bytes and run their job in this process, without a queue; the job as it ended."""
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.runner import run_job
+
+    r = ingest_bytes(ctx, data, dataset=dataset, filename=filename)
+    run_job(r.job_id, ctx=ctx)
+    return job(ctx, r.job_id)
+
+
 def events(ctx, job_id: int) -> list[JobEvent]:
     with Session(ctx.engine) as session:
         return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all())

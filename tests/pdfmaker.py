@@ -141,6 +141,26 @@ def image_only() -> bytes:
     return doc.tobytes()
 
 
+SCANNED_TEXT = [
+    "The lighthouse keeper recorded every passing ship in a leather ledger. On stormy nights the "
+    "lamp burned paraffin until dawn, and the fog horn sounded twice a minute across the bay.",
+    "Quarterly revenue rose by 12 percent to 4.7 million euros, driven by orders for heat pumps "
+    "from three municipal housing companies in the northern region.",
+]
+
+
+def scanned(pages: list[str] | None = None, *, dpi: int = 150) -> bytes:
+    """A scan of known text: each page typeset, rendered to a grey image at ``dpi``, and only the
+    image kept (no text layer), as a flatbed scanner would write it."""
+    source = text_pdf(pages or SCANNED_TEXT)
+    with pymupdf.open(stream=source, filetype="pdf") as src:
+        out = pymupdf.open()
+        for page in src:
+            pix = page.get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY)
+            out.new_page(width=page.rect.width, height=page.rect.height).insert_image(page.rect, pixmap=pix)
+        return out.tobytes(deflate=True)
+
+
 def two_column_form() -> bytes:
     """Two columns written row by row, left then right on each baseline, as form generators do."""
     doc = pymupdf.open()

@@ -4,7 +4,7 @@ The console starts as the Procfile starts it (``sluice serve console``) on a fre
 cache Redis and Chroma are the test session's; the worker is a real ``huey_consumer``. Through the
 pages only: upload a text PDF and an encrypted one, see the first succeed and the second land in
 dead letters with its fix hint, retry it from there (it fails again, as it must), cancel a running
-job, and search for a phrase of the first.
+job, search for a phrase of the first, and open the hit's document with its page image.
 
 Screenshots of every page go to ``test-output/screenshots/``. With ``README_SCREENSHOTS=1``
 the jobs and dead-letter pages are also written to ``docs/screenshots/`` for the README.
@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     # every file through, and each one gets a line; the result follows its jobs live.
     files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
     slides = tmp_path / "slides.docx"
-    slides.write_bytes(b"PK\x03\x04" + bytes(200))
+    with zipfile.ZipFile(slides, "w") as archive:  # a ZIP archive, but no Word document in it
+        archive.writestr("notes.txt", "not a slide deck")
     chosen = [*files, slides]
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in chosen])
     page.locator('[data-testid="stFileChip"]').nth(len(chosen) - 1).wait_for()
@@ -155,8 +157,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     assert wait_for(ctx, [locked], timeout=60)[0].status == JobStatus.failed
     _open(page, f"{console}/dead_letters", "Dead letters")
     _text(page, "needs your action · password protected")
-    _text(page, "Remove the password and upload the file again.")
-    _text(page, "needs your action · no text layer")  # 007: images only
+    _text(page, "remove the password and upload the file again.")
+    _text(page, "needs your action · no text even by ocr")  # 007: images only, OCR found no text
     _shoot(page, "dead-letters")
 
     # Retry it from the dead-letter page: it runs again and fails again, as it must.
@@ -200,6 +202,16 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     _text(page, "1. 004-pdflatex-4-pages.pdf")
     _shoot(page, "search")
 
+    # Open the first hit's document: its chunks, and its page rendered as an image.
+    page.get_by_role("link", name="Open document").first.click()
+    page.get_by_role("heading", name="Document", exact=True).wait_for(timeout=TIMEOUT_MS)
+    _text(page, "Chunks, in order")
+    image = page.locator('[data-testid="stImage"] img').first
+    image.wait_for(state="visible", timeout=TIMEOUT_MS)
+    assert page.evaluate("(img) => img.naturalWidth", image.element_handle()) > 100
+    _text(page, "the chunk highlighted")
+    _shoot(page, "document")
+
     _open(page, console, "Overview")
     _shoot(page, "overview")
     _open(page, f"{console}/system", "System")
@@ -207,7 +219,7 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     _shoot(page, "system")
 
     if os.environ.get("README_SCREENSHOTS") == "1":
-        _to_docs(["jobs", "dead-letters"])
+        _to_docs(["overview", "jobs", "dead-letters", "search"])
 
 
 def _to_docs(names: list[str]) -> None:
@@ -222,3 +234,32 @@ def _to_docs(names: list[str]) -> None:
                 im.convert("RGB").quantize(colors=128).save(dst, optimize=True)
         except OSError:
             shutil.copyfile(src, dst)
+
+
+def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, browser, start_worker, services,
+                                                                  tmp_path):
+    import secrets
+
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
+    from tests.test_passwords import locked_pdf, traces
+
+    password = "Pw-" + secrets.token_urlsafe(12)
+    start_worker()
+    r = ingest_bytes(ctx, locked_pdf(password), dataset="default", filename="ledger.pdf", publish=publish)
+    assert wait_for(ctx, [r.job_id], timeout=60)[0].error_code == "password_protected"
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    _open(page, f"{console}/jobs?job={r.job_id}", "Jobs")
+    field = page.get_by_label("Password of the PDF", exact=True)
+    field.fill("wrong-password")
+    page.get_by_role("button", name="Unlock and retry").click()
+    _text(page, "wrong password")
+    assert job(ctx, r.job_id).error_code == "wrong_password"
+
+    page.get_by_label("Password of the PDF", exact=True).fill(password)
+    page.get_by_role("button", name="Unlock and retry").click()
+    _text(page, "Unlock and retry: 1 job(s)")
+    [done] = wait_for(ctx, [r.job_id], timeout=60)
+    assert done.status == JobStatus.succeeded, (done.error_code, done.error_message)
+    assert not traces(ctx, services, [tmp_path, services.workdir], password)  # console log included

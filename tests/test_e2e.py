@@ -73,7 +73,7 @@ def test_ingest_through_the_real_system_and_search_from_another_process(ctx, sam
             searcher.stdin.flush()
             hits = json.loads(searcher.stdout.readline())
             assert hits and hits[0]["filename"] == expected, hits
-            assert hits[0]["score"] > 0.3
+            assert "dense" in hits[0]["matched"]  # the model found it too, not the words alone
 
         again = sluice("ingest", str(folder / "notes.txt"), "--dataset", "kb", env=env)
         assert again.returncode == 0 and "already indexed" in again.stdout

@@ -86,6 +86,7 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
     before_stop = searcher.searches
     deadline = time.monotonic() + 60
     while searcher.searches < before_stop + len(TOPICS) * 3:  # a few rounds after the last switch
+        assert searcher.is_alive(), "the searching thread died (its exception is reported below)"
         searcher.join(0.05)
         searcher.check()  # a searcher that died makes no more rounds: fail now, do not wait
         assert time.monotonic() < deadline, f"searches stalled at {searcher.searches}"

@@ -7,7 +7,7 @@ from tests.helpers import wait_for
 
 OK = "succeeded"
 PASSWORD = ("failed", "user_action_required", "password_protected")
-NO_TEXT = ("failed", "user_action_required", "no_text_layer")
+NO_TEXT = ("failed", "user_action_required", "no_text_even_by_ocr")  # OCR ran and found no words
 UNREADABLE = ("failed", "permanent", "unreadable_pdf")
 
 
@@ -47,6 +47,8 @@ def test_every_sample_ends_as_its_table_says(ctx, samples, start_worker):
         got = OK if j.status.value == OK else (j.status.value, j.error_kind.value, j.error_code)
         if got != expected_outcome(name):
             mismatches[name] = (got, j.error_message)
+        if got == NO_TEXT:
+            assert "no text found, even by OCR" in j.error_message, name
         if j.status.value == "failed":
             assert j.attempt == 1, f"{name} was retried"
             assert j.error_message and j.fix_hint, name

@@ -121,6 +121,8 @@ def _set_every_secret(env) -> None:
     env.setenv("SLUICE_QUEUE_REDIS_URL", f"redis://:{SECRET}-queue@127.0.0.1:6390/0")
     env.setenv("SLUICE_CACHE_REDIS_URL", f"redis://:{SECRET}-cache@127.0.0.1:6391/0")
     env.setenv("SLUICE_DATABASE_URL", f"postgresql://sluice:{SECRET}-db@127.0.0.1:5432/sluice")
+    env.setenv("SLUICE_WEBHOOK_SECRET", SECRET + "-webhook")
+    env.setenv("SLUICE_WEBHOOK_URLS", f"https://hooks:{SECRET}-hook@hooks.example/in")
 
 
 def test_logs_name_the_secrets_that_are_set_never_their_values(clean_env, caplog):

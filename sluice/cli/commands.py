@@ -141,14 +141,24 @@ def show(args) -> int:
         return _fail(f"no job {args.job_id}")
     row = {**detail.row, "dataset": detail.dataset, "error_detail": detail.error_detail}
     events = [{**e, "at": e["at"].isoformat()} for e in detail.events]
+    chunks = None
+    if getattr(args, "chunks", False):
+        from sluice.ops.document_view import job_chunks
+
+        chunks = [{"position": c.position, "page": c.page, "chunk_id": c.chunk_id, "text": c.text}
+                  for c in job_chunks(reads.ctx(), args.job_id)]
     if args.json:
-        print_json({**row, "events": events})
+        print_json({**row, "events": events, **({"chunks": chunks} if chunks is not None else {})})
         return 0
     for key in ("id", "dataset", "filename", "status", "progress", "attempt", "error_kind", "error_message",
                 "fix_hint", "chunk_count", "pipeline_version"):
         print(f"{key:16} {plain(row[key])}")
     print("events:")
     table(events, [("at", "AT"), ("kind", "EVENT"), ("actor", "BY"), ("message", "MESSAGE")], empty="  none")
+    if chunks is not None:
+        print("chunks:")
+        table([{**c, "text": " ".join(c["text"].split())[:120]} for c in chunks],
+              [("position", "#"), ("page", "PAGE"), ("text", "TEXT")], empty="  none in the index")
     return 0
 
 
@@ -166,18 +176,19 @@ def datasets(args) -> int:
 
 
 def search(args) -> int:
-    from sluice.ops.search import UnknownDataset
+    from sluice.ops.search import BadQuery, UnknownDataset
 
     try:
-        hits = reads.search(args.query, args.dataset, args.k)
-    except UnknownDataset as exc:
+        hits = reads.search(args.query, args.dataset, args.k, mode=args.mode, filename=args.file, pages=args.pages,
+                            media_type=args.media_type)
+    except (UnknownDataset, BadQuery) as exc:
         return _fail(str(exc))
     if args.json:
         print_json([h.to_dict() for h in hits])
         return 0
-    rows = [{"score": f"{h.score:.3f}", "filename": h.filename, "page": h.page,
-             "text": " ".join(h.text.split())[:120]} for h in hits]
-    table(rows, [("score", "SCORE"), ("filename", "FILE"), ("page", "PAGE"), ("text", "TEXT")],
+    rows = [{"score": f"{h.score:.3f}", "filename": h.filename, "page": h.page, "matched": "+".join(h.matched),
+             "text": h.snippet[:160]} for h in hits]
+    table(rows, [("score", "SCORE"), ("filename", "FILE"), ("page", "PAGE"), ("matched", "BY"), ("text", "TEXT")],
           empty=f"no matches in dataset {args.dataset!r}")
     return 0
 
@@ -199,11 +210,43 @@ def dead(args) -> int:
     return 0
 
 
+def webhooks(args) -> int:
+    log = reads.webhook_log(endpoint=args.endpoint, limit=args.limit)
+    if args.json:
+        print_json(log)
+        return 0
+    if not log["endpoints"]:
+        print("no webhook endpoints (SLUICE_WEBHOOK_URLS is empty) and no deliveries")
+        return 0
+    for e in log["endpoints"]:
+        note = "" if e["configured"] else " (no longer configured)"
+        print(plain(f"{e['endpoint']}{note}: {e['delivered']} delivered, {e['waiting']} waiting, "
+                    f"{e['gave_up']} given up; last delivered {e['last_delivered_at'] or 'never'}"))
+    for d in log["deliveries"]:
+        when = d["delivered_at"] or f"next try {d['next_attempt_at']}"
+        print(plain(f"  {d['id']}\t{d['event']}\tjob {d['job_id']}\t{d['state']}\t{d['attempts']} attempt(s)\t"
+                    f"{when}\t{d['endpoint']}\t{d['last_error'] or ''}"))
+    return 0
+
+
 # --- actions -------------------------------------------------------------------------------------------------
 
 
 def retry(args) -> int:
     ids = list(args.job_ids)
+    if args.password_stdin:
+        if len(ids) != 1 or args.dead or args.dry_run:
+            print("sluice: --password-stdin takes exactly one job id", file=sys.stderr)
+            return 2
+        if sys.stdin.isatty():  # typed at a terminal: not echoed
+            import getpass
+
+            password = getpass.getpass("Password of the PDF: ")
+        else:
+            password = sys.stdin.readline().rstrip("\r\n")
+        done = actions.retry_with_password(cli_operator(), ids[0], password)
+        del password
+        return report(done.results, note=done.queue_note)
     if args.dead:
         ids += reads.dead_letter_ids(args.kind, None, _dataset_id(args.dataset))
     if not ids:

@@ -2,13 +2,16 @@
 
     sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
     sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
-    sluice show JOB_ID [--json]                          one job with its timeline
+    sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
     sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
-    sluice search QUERY [--dataset NAME] [--k N]         best chunks
+    sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
+                  [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
     sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
     sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
+    sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
     sluice cancel JOB_ID...                              cancel pending or running jobs
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
+    sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
     sluice recover                                       one round of recovery (reaper, outbox)
     sluice pause [--dataset NAME] [--reason TEXT] [--list]  stop starting jobs (all, or one dataset)
     sluice resume [--dataset NAME]                       lift that pause; waiting jobs are published
@@ -84,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("show", help="one job with its timeline")
     a.add_argument("job_id", type=int)
+    a.add_argument("--chunks", action="store_true", help="also the job's chunks in order, with pages")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.show)
 
@@ -96,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("query")
     a.add_argument("--dataset", default="default")
     a.add_argument("--k", type=int, default=5)
+    a.add_argument("--mode", choices=["hybrid", "dense", "lexical"], default="hybrid",
+                   help="hybrid fuses both rankings; lexical never loads the model")
+    a.add_argument("--file", help="only files whose name contains this")
+    a.add_argument("--pages", help="only these pages: A-B, A-, -B or one page")
+    a.add_argument("--media-type", help="only this media type, e.g. application/pdf")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.search)
 
@@ -113,13 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--reason", default="manual retry")
     a.add_argument("--dry-run", action="store_true", help="show what a retry would embed, change nothing")
     a.add_argument("--json", action="store_true")
+    a.add_argument("--password-stdin", action="store_true",
+                   help="a locked PDF's job: read its password from stdin (one line), unlock it, retry")
     a.set_defaults(func=commands.retry)
 
     a = sub.add_parser("bulk", help="retry, cancel, reindex or delete every job a filter matches")
     a.add_argument("action", choices=["retry", "cancel", "reindex", "delete"])
     a.add_argument("--dataset")
     a.add_argument("--status", action="append", choices=STATUSES)
-    a.add_argument("--stage", action="append", choices=["queued", "parsing", "chunking", "embedding", "indexing", "done"])
+    a.add_argument("--stage", action="append", choices=["queued", "parsing", "ocr", "chunking", "embedding", "indexing", "done"])
     a.add_argument("--kind", action="append", choices=["transient", "permanent", "user_action_required"])
     a.add_argument("--name", help="file name contains this")
     a.add_argument("--yes", action="store_true", help="do it; without it, only show what it would change and cost")
@@ -131,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--days", type=int, help="older than this many days (default: SLUICE_RETENTION_DAYS)")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.prune)
+
+    a = sub.add_parser("webhooks", help="recent webhook deliveries per endpoint (SLUICE_WEBHOOK_URLS)")
+    a.add_argument("--endpoint", help="only the deliveries to this URL")
+    a.add_argument("--limit", type=int, default=50)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=commands.webhooks)
 
     a = sub.add_parser("cancel", help="cancel pending, retrying or running jobs")
     a.add_argument("job_ids", nargs="+", type=int)

@@ -40,6 +40,7 @@ def _pages() -> list:
         st.Page("views/jobs.py", title="Jobs", icon=":material/list_alt:"),
         st.Page("views/dead_letters.py", title="Dead letters", icon=":material/report:"),
         st.Page("views/search.py", title="Search", icon=":material/search:"),
+        st.Page("views/document.py", title="Document", icon=":material/description:"),
         st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
         st.Page("views/integrity.py", title="Integrity", icon=":material/fact_check:"),
     ]

@@ -24,6 +24,7 @@ DATASET_KEY = "dataset"
 OPERATOR_KEY = "sluice_operator"
 FLASH_KEY = "sluice_flash"
 JOBS_PAGE = "views/jobs.py"
+DOCUMENT_PAGE = "views/document.py"
 
 STATUS_ICON = {  # Material icons: they come with Streamlit's own font, so every browser draws them
     "pending": ":material/schedule:", "running": ":material/progress_activity:", "retrying": ":material/replay:",
@@ -114,6 +115,13 @@ def plain(value: object) -> str:
     """
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", " ".join(str(value).splitlines()))
 
+
+
+def highlighted(snippet: str) -> str:
+    """A search snippet whose matched words come wrapped in ``**``: everything shown as text, only
+    the matches bold (a ``**`` inside the document's own text at worst moves a highlight)."""
+    parts = snippet.split("**")
+    return "".join(f"**{plain(p)}**" if i % 2 and p else plain(p) for i, p in enumerate(parts))
 
 
 def status_badge(status: str, where=st) -> None:

@@ -23,6 +23,7 @@ from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.ingest import IngestResult, ingest_stream
 from sluice.ops.reads import bulk_preview, ctx, dead_letter_ids, document_ids, job_rows
+from sluice.ops.unlock import LOCKED_CODES, unlock_and_retry  # noqa: F401  (LOCKED_CODES: for the console)
 from sluice.pipeline import reconcile as reconciling
 from sluice.pipeline.queue import dispatch_now, publish
 from sluice.pipeline.reconcile_report import ReconcileReport
@@ -98,6 +99,16 @@ def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry") -> Ac
     report = _transition(jobs.retry, who, "retry jobs", ids, queues_work=True, reason=reason)
     report.warnings = [o for o in outlooks if o]
     return report
+
+
+def retry_with_password(who: Operator, job_id: int, password: str) -> ActionReport:
+    """A password-protected PDF's job: decrypt it with ``password`` and queue it again (sluice.ops.unlock)."""
+    try:
+        require_operator(who, "unlock files")
+    except ReadOnlyOperator as exc:
+        return _refused([job_id], exc)
+    result = unlock_and_retry(ctx(), int(job_id), password, actor=who.actor)
+    return ActionReport([result], dispatch_outbox() if result.ok else "")
 
 
 def retry_dead(who: Operator, *, kind: str | None = None, code: str | None = None,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from sqlmodel import Session, func, select
 
 from sluice.pipeline.context import Context
-from sluice.storage import jobs
+from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
     job_ids = [j["id"] for j in before.jobs]
     ids = _vector_ids(ctx, collection, document_id, job_ids)
     ctx.vectors.delete(collection, ids=ids)
+    lexical.delete_jobs(ctx.engine, job_ids)
     blob_removed = False
     if shared == 0:
         blob_removed = ctx.blobs.delete(blob_key)

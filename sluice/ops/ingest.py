@@ -19,16 +19,18 @@ from sqlmodel import Session
 
 from sluice.errors import PipelineError
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import sniff_type
+from sluice.pipeline.formats import ZIP
+from sluice.pipeline.parse import ParseLimits, archive_type, sniff_type
 from sluice.pipeline.queue import dispatch_now
-from sluice.storage import jobs
+from sluice.storage import jobs, queries
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset
 from sluice.storage.models import JobStatus
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_SUFFIXES = {".pdf", ".txt", ".md", ".markdown"}
+SUPPORTED_SUFFIXES = {".pdf", ".txt", ".md", ".markdown", ".docx", ".pptx", ".html", ".htm", ".xhtml", ".epub",
+                      ".csv", ".tsv"}
 SNIFF_BYTES = 8192
 MAX_NAME = 200
 
@@ -80,6 +82,16 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
             message=f"the file is larger than the upload limit of {s.max_upload_bytes // (1024 * 1024)} MB",
             fix_hint="Split the file, or raise SLUICE_MAX_UPLOAD_BYTES.",
         )
+    if media_type == ZIP:  # which archive it is, or a bomb, shows in its directory: refused ones are not kept
+        try:
+            media_type = archive_type(ctx.blobs.path(key), name=display, limits=ParseLimits.from_settings(s))
+        except PipelineError as err:
+            with Session(ctx.engine) as session:
+                kept = queries.blob_in_use(session=session, blob_key=key)
+            if not kept:
+                ctx.blobs.delete(key)
+            return IngestResult(display, False, dataset=dataset, error_kind=err.kind.value, error_code=err.code,
+                                message=err.message, fix_hint=err.hint)
     with Session(ctx.engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name=dataset)
         document, job, created = jobs.create_upload(

@@ -18,7 +18,7 @@ from sqlmodel import Session
 
 from sluice.pipeline.chunk import split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import ParseLimits, open_document
+from sluice.pipeline.parse import OcrOptions, ParseLimits, open_document
 from sluice.storage.models import Dataset, Document, Job
 from sluice.storage.vectors import chunk_id
 
@@ -64,7 +64,8 @@ def document_texts(ctx: Context, document: Document) -> list[str]:
     in a child process with the workers' limits, never in the calling (console) process."""
     s = ctx.settings
     parsed = open_document(ctx.blobs.path(document.blob_key), media_type=document.media_type,
-                           max_pages=s.max_pages, limits=ParseLimits.from_settings(s), name=document.filename)
+                           max_pages=s.max_pages, limits=ParseLimits.from_settings(s), name=document.filename,
+                           ocr=OcrOptions.from_settings(s))
     try:
         return [piece for _, text in parsed.pages()
                 for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)]

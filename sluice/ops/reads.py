@@ -17,9 +17,10 @@ from sluice.ops.preview import Preview, preview_jobs
 from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
 from sluice.pipeline.reconcile_report import last_report
-from sluice.storage import pauses, queries
+from sluice.storage import pauses, queries, webhooks
 from sluice.storage.jobs import get_job
 from sluice.storage.models import JobStatus, utcnow
+from sluice.storage.settings import redact_url
 
 ACTIVE = tuple(s.value for s in JobStatus.active())
 FINAL = tuple(s.value for s in JobStatus.final())
@@ -297,9 +298,11 @@ def retry_cost(job_ids: list[int]) -> Preview:
 # --- search ----------------------------------------------------------------------------------------------
 
 
-def search(query: str, dataset: str, k: int) -> list:
+def search(query: str, dataset: str, k: int, *, mode: str = "hybrid", filename: str | None = None,
+           pages: str | None = None, media_type: str | None = None) -> list:
     """The best chunks of one dataset, from each document's active job only (sluice.ops.search)."""
-    return run_search(ctx(), query=query, dataset=dataset, k=k)
+    return run_search(ctx(), query=query, dataset=dataset, k=k, mode=mode, filename=filename, pages=pages,
+                      media_type=media_type)
 
 
 # --- integrity ----------------------------------------------------------------------------------------------
@@ -401,3 +404,25 @@ def document_ids(job_ids: list[int]) -> dict[int, int]:
     """Document id -> the first of ``job_ids`` that belongs to it."""
     with _session() as session:
         return queries.document_ids_of_jobs(session=session, job_ids=job_ids)
+
+
+# --- webhooks --------------------------------------------------------------------------------------------
+
+
+def webhook_log(endpoint: str | None = None, limit: int = 50) -> dict:
+    """Per endpoint (configured or still holding deliveries): counts; and the latest deliveries.
+    URLs are shown with any password masked; bodies are not shown (the job page has the job)."""
+    with _session() as session:
+        summary = {row["endpoint"]: row for row in webhooks.summary(session=session)}
+        rows = webhooks.recent(session=session, endpoint=endpoint, limit=limit)
+    for url in ctx().settings.webhook_urls:
+        summary.setdefault(url, {"endpoint": url, "delivered": 0, "waiting": 0, "gave_up": 0,
+                                 "last_delivered_at": None})
+    endpoints = [{**row, "endpoint": redact_url(url), "configured": url in ctx().settings.webhook_urls}
+                 for url, row in sorted(summary.items())]
+    deliveries = [{"id": r.id, "endpoint": redact_url(r.endpoint), "event": r.event, "job_id": r.job_id,
+                   "event_id": r.event_id, "state": webhooks.delivery_state(r), "attempts": r.attempts,
+                   "created_at": webhooks.iso(r.created_at), "next_attempt_at": webhooks.iso(r.next_attempt_at),
+                   "delivered_at": webhooks.iso(r.delivered_at), "last_status": r.last_status, "last_error": r.last_error}
+                  for r in rows]
+    return {"endpoints": endpoints, "deliveries": deliveries}

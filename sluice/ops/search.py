@@ -1,21 +1,37 @@
 """Search one dataset: only chunks of each document's active (succeeded) job are answered.
 
-A document's chunks of a running, failed, cancelled or superseded run are in the collection for a
+Two rankers: dense (the vectors in Chroma) and lexical (the words in the job database, see
+``sluice.storage.lexical``). ``hybrid`` fuses their rankings by reciprocal rank fusion; a query with
+a quoted phrase answers only chunks holding the phrase. ``lexical`` never loads the model.
+
+A document's chunks of a running, failed, cancelled or superseded run are in the stores for a
 while; filtering on the document's active job keeps them out, so search never shows two pipeline
 versions of one document and never loses a document while its new version is being built.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, select
 
 from sluice.pipeline.context import Context
+from sluice.storage import lexical
+from sluice.storage.lexical import Filters
 from sluice.storage.models import Dataset, Document
+
+MODES = ("hybrid", "dense", "lexical")
+RRF_K = 60  # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
+STRICT_WEIGHT = 2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
+LEXICAL_DEPTH = 50  # candidates the lexical ranker gives the fusion, at least (cheap: one indexed query)
+DENSE_DEPTH = 20  # candidates the dense ranker gives it, at least (Chroma returns texts and metadata)
 
 
 class UnknownDataset(LookupError):
+    pass
+
+
+class BadQuery(ValueError):
     pass
 
 
@@ -29,6 +45,10 @@ class SearchHit:
     document_id: int
     chunk_id: str
     pipeline_version: str
+    matched: list[str] = field(default_factory=list)  # which rankers found it: dense, lexical
+    snippet: str = ""  # the text around the first match, matched words in **bold**
+    where: str = ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
+    ocr: bool = False  # the text was read by OCR from a page image
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -42,23 +62,142 @@ def get_dataset(ctx: Context, name: str) -> Dataset:
     return ds
 
 
-def search(ctx: Context, *, query: str, dataset: str, k: int = 5) -> list[SearchHit]:
-    query = query.strip()
-    if not query or k <= 0:
+def parse_pages(value: str | None) -> tuple[int | None, int | None]:
+    """``"3-7"``, ``"3-"``, ``"-7"`` or ``"5"`` as (first, last) page numbers."""
+    if not value:
+        return None, None
+    first, sep, last = value.strip().partition("-")
+    try:
+        a = int(first) if first.strip() else None
+        b = (int(last) if last.strip() else None) if sep else a
+    except ValueError:
+        raise BadQuery(f"pages {value!r}: write A-B, A-, -B or one page number") from None
+    if a is not None and b is not None and a > b:
+        raise BadQuery(f"pages {value!r}: the first page is after the last")
+    return a, b
+
+
+def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "hybrid",
+           filename: str | None = None, pages: str | None = None, media_type: str | None = None) -> list[SearchHit]:
+    if mode not in MODES:
+        raise BadQuery(f"mode {mode!r}: one of {', '.join(MODES)}")
+    page_from, page_to = parse_pages(pages)
+    filters = Filters(filename=filename or None, media_type=media_type or None, page_from=page_from, page_to=page_to)
+    parsed = lexical.parse_query(query)
+    if parsed.empty or k <= 0:
         return []
     ds = get_dataset(ctx, dataset)
+    for again in (False, True):
+        lexical_hits: list[lexical.LexicalHit] = []
+        dense_hits: list[SearchHit] = []
+        if mode in ("hybrid", "lexical"):
+            lexical_hits = lexical.search(ctx.engine, dataset_id=ds.id, query=parsed, n=max(LEXICAL_DEPTH, k * 4),
+                                          filters=filters)
+        if mode in ("hybrid", "dense"):
+            depth = max(DENSE_DEPTH, k * 2) if mode == "hybrid" else k
+            dense_hits = _dense(ctx, ds, query.replace('"', " ").strip(), depth, filters)
+        if mode != "hybrid":
+            break
+        # Each ranker read the active jobs at its own moment: a document whose new version became
+        # active in between would be answered in both versions. One read decides for both; after a
+        # switch the new version is complete in both stores, so one more round finds it there.
+        active = _active_jobs(ctx, {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits})
+        if all(active.get(h.document_id) == h.job_id for h in [*lexical_hits, *dense_hits]):
+            break
+        if again:
+            lexical_hits = [h for h in lexical_hits if active.get(h.document_id) == h.job_id]
+            dense_hits = [h for h in dense_hits if active.get(h.document_id) == h.job_id]
+
+    if mode == "dense":
+        hits = dense_hits[:k]
+    elif mode == "lexical":
+        hits = [_from_lexical(h, ctx) for h in lexical_hits[:k]]
+    else:
+        hits = _fuse(ctx, dense_hits, lexical_hits, required=bool(parsed.quoted))[:k]
+    for h in hits:
+        h.snippet = lexical.snippet(h.text, parsed)
+    return hits
+
+
+def _from_lexical(h: lexical.LexicalHit, ctx: Context, score: float | None = None) -> SearchHit:
+    return SearchHit(filename=h.filename, page=h.page, score=round(h.score if score is None else score, 4),
+                     text=h.text, job_id=h.job_id, document_id=h.document_id, chunk_id=h.chunk_id,
+                     pipeline_version=_version(h.chunk_id), matched=["lexical"])
+
+
+def _version(cid: str) -> str:
+    parts = cid.split("-")
+    return parts[1] if len(parts) == 3 else ""
+
+
+def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool) -> list[SearchHit]:
+    """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare token
+    is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it count."""
+    scores: dict[str, float] = {}
+    hits: dict[str, SearchHit] = {}
+    for rank, h in enumerate(lex, start=1):
+        scores[h.chunk_id] = (STRICT_WEIGHT if h.strict else 1.0) / (RRF_K + rank)
+        hits[h.chunk_id] = _from_lexical(h, ctx)
+    for rank, h in enumerate(dense, start=1):
+        if required and h.chunk_id not in hits:
+            continue
+        scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+        if h.chunk_id in hits:
+            hits[h.chunk_id].matched = ["dense", "lexical"]
+        else:
+            hits[h.chunk_id] = h
+    order = sorted(scores, key=lambda cid: (-scores[cid], cid))
+    out = []
+    for cid in order:
+        h = hits[cid]
+        h.score = round(scores[cid], 5)
+        out.append(h)
+    return out
+
+
+def _active_jobs(ctx: Context, document_ids: set[int]) -> dict[int, int | None]:
+    """document id -> the job whose chunks search serves, for the live documents among these."""
+    if not document_ids:
+        return {}
+    with Session(ctx.engine) as session:
+        return dict(session.exec(select(Document.id, Document.active_job_id)
+                                 .where(Document.id.in_(document_ids), Document.deleted_at.is_(None))).all())
+
+
+def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | None:
+    """Documents the file name and media type filters allow (None: no such filter)."""
+    if not (filters.filename or filters.media_type):
+        return None
+    stmt = select(Document.id).where(Document.dataset_id == ds.id, Document.deleted_at.is_(None))
+    if filters.filename:
+        stmt = stmt.where(Document.filename.ilike(f"%{filters.filename}%"))
+    if filters.media_type:
+        stmt = stmt.where(Document.media_type == filters.media_type)
+    with Session(ctx.engine) as session:
+        return list(session.exec(stmt).all())
+
+
+def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> list[SearchHit]:
+    if not query:
+        return []
+    clauses: list[dict] = []
+    doc_ids = _document_ids(ctx, ds, filters)
+    if doc_ids is not None:
+        if not doc_ids:
+            return []
+        clauses.append({"document_id": {"$in": doc_ids}})
+    if filters.page_from is not None:
+        clauses.append({"page": {"$gte": filters.page_from}})
+    if filters.page_to is not None:
+        clauses.append({"page": {"$lte": filters.page_to}})
+    where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
     vector = ctx.query_encoder.encode([query])[0]
     total = ctx.vectors.count(ds.collection)
-    n = min(total, max(20, k * 4))
+    n = min(total, max(20, k * 2))  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
-        hits = ctx.vectors.query(ds.collection, vector, n=n)
-        doc_ids = {int(h.metadata.get("document_id", -1)) for h in hits}
-        with Session(ctx.engine) as session:
-            active = dict(session.exec(
-                select(Document.id, Document.active_job_id).where(Document.id.in_(doc_ids),
-                                                                  Document.deleted_at.is_(None))
-            ).all())
+        hits = ctx.vectors.query(ds.collection, vector, n=n, where=where)
+        active = _active_jobs(ctx, {int(h.metadata.get("document_id", -1)) for h in hits})
         kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == int(h.metadata["job_id"])]
         # A document whose active job switched between the query and this read lost all its hits;
         # its new chunks were complete before the switch, so one more query finds them.
@@ -67,13 +206,14 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5) -> list[Search
         if switched and not requeried:
             requeried = True
             continue
-        if len(kept) >= k or n >= total:
+        if len(kept) >= k or n >= total or len(hits) < n:
             break
         n = min(total, n * 4)
     return [
         SearchHit(filename=str(h.metadata.get("filename", "")), page=int(h.metadata.get("page", 0)),
                   score=round(h.score, 4), text=h.text, job_id=int(h.metadata["job_id"]),
                   document_id=int(h.metadata.get("document_id", 0)), chunk_id=h.id,
-                  pipeline_version=str(h.metadata.get("pipeline_version", "")))
+                  pipeline_version=str(h.metadata.get("pipeline_version", "")), matched=["dense"],
+                  where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)))
         for h in kept[:k]
     ]

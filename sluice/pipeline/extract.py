@@ -6,10 +6,15 @@ address-space limit, and the parent (sluice.pipeline.parse) reads its pages as t
 kills it on a deadline or a cancel. The child writes one JSON object per line on stdout:
 
     {"t": "open", "pages": N, "warnings": [...]}     the file opened; N pages will follow
-    {"t": "page", "n": 3, "text": "..."}             one page, in order from 1
+    {"t": "ocr", "n": 3}                             page 3 has no usable text layer: OCR starts on it
+    {"t": "page", "n": 3, "text": "...", "ocr": true} one page, in order from 1 ("ocr" when OCR read it)
     {"t": "warn", "text": "..."}                     something the job should say (page skipped, text cut)
     {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
+
+``python -m sluice.pipeline.extract --decrypt '<json request>' OUT`` reads a password on stdin
+(never on the command line, which other users of the machine can read), and writes the PDF
+without its encryption to OUT: {"t": "decrypted", "pages": N}, or an error ("wrong_password").
 
 This module imports nothing from Sluice but the reading order and the fault points, so the child
 starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the parent.
@@ -27,7 +32,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sluice.pipeline import faults
+from sluice.pipeline import faults, formats, ocr
 from sluice.pipeline.chunk import meaningful
 from sluice.pipeline.reading import page_text
 
@@ -37,6 +42,10 @@ MARKDOWN = "text/markdown"
 TEXT_PAGE_CHARS = 20_000  # plain text is read in slices of this size, reported as "pages"
 
 NO_TEXT_HINT = "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."
+OCR_OFF_HINT = ("The file has no text layer and OCR is off (SLUICE_OCR_MODE=off). Set SLUICE_OCR_MODE=auto "
+                "and retry, or run it through OCR yourself and upload again.")
+NO_TEXT_BY_OCR_HINT = ("OCR read every page image and found no words: the pages are pictures. There is nothing "
+                       "to index; if they are scans of text, scan again at 300 dpi or more and upload that file.")
 DAMAGED_HINT = "The PDF is damaged. Re-export it from its source and upload again; retrying will not help."
 MEMORY_HINT = ("The file needs more memory to read than a worker allows; it may be built to exhaust memory. "
                "Re-export or split it, or raise SLUICE_PARSE_MAX_MEMORY_MB if the file is trusted.")
@@ -64,6 +73,11 @@ class Request:
     max_document_chars: int = 20_000_000
     max_memory_mb: int = 0  # 0 = no address-space limit
     cpu_seconds: int = 0  # 0 = no CPU limit
+    ocr: str = "auto"  # auto: pages without usable text that show an image (or undecodable fonts); always; off
+    ocr_dpi: int = 200
+    ocr_language: str = "eng"
+    archive_max_entries: int = 10_000
+    archive_max_bytes: int = 500 * 1024 * 1024
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -109,9 +123,64 @@ def read(req: Request) -> Iterator[dict]:
         yield from _read_pdf(req)
     elif req.media_type in (TEXT, MARKDOWN):
         yield from _read_text(req)
+    elif req.media_type in SECTIONED:
+        try:
+            yield from _read_sections(req)
+        except formats.FormatRefusal as exc:
+            raise Refusal(exc.kind, exc.code, exc.message, exc.hint) from exc
     else:
         raise Refusal("user_action_required", "unsupported_type", f"unsupported file type {req.media_type}",
                       "Sluice indexes PDF, .txt and .md files.")
+
+
+SECTIONED = (formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
+
+
+def _sections(req: Request) -> list[tuple[str, str]]:
+    if req.media_type in (formats.HTML, formats.CSV):
+        if os.path.getsize(req.path) > 4 * req.max_document_chars:
+            raise _too_much_text(req)
+        with open(req.path, "rb") as fh:
+            text = decode_text(fh.read())
+        return formats.html_sections(text) if req.media_type == formats.HTML else formats.csv_sections(text)
+    archive = formats.BoundedZip(req.path, name=req.name, max_entries=req.archive_max_entries,
+                                 max_bytes=req.archive_max_bytes)
+    try:
+        archive.check_all()
+        if req.media_type == formats.EPUB:
+            return formats.epub_sections(archive)
+    finally:
+        archive.close()
+    reader = formats.docx_sections if req.media_type == formats.DOCX else formats.pptx_sections
+    return reader(req.path)
+
+
+def _read_sections(req: Request) -> Iterator[dict]:
+    """A document read as labelled sections (a slide, a section under a heading, a range of rows),
+    each sent as one page with its label in "where"."""
+    try:
+        sections = _sections(req)
+    except (formats.FormatRefusal, Refusal):
+        raise
+    except Exception as exc:  # a damaged file: the libraries raise their own errors
+        if _is_memory_error(exc):
+            raise
+        raise Refusal("permanent", "unreadable_document", f"{req.name} cannot be read: {_plain(exc, req)}",
+                      "Re-export the file from its source and upload it again; retrying will not help.") from exc
+    sections = [(label, clean_text(text)) for label, text in sections]
+    if not any(meaningful(text) for _, text in sections):
+        raise Refusal("user_action_required", "no_text", f"{req.name} holds no meaningful text",
+                      "Upload a file that has text in it.")
+    if len(sections) > req.max_pages:
+        raise Refusal("user_action_required", "too_many_pages",
+                      f"{req.name} has {len(sections)} sections, over the limit of {req.max_pages}",
+                      "Split the file, or raise SLUICE_MAX_PAGES.")
+    if sum(len(text) for _, text in sections) > req.max_document_chars:
+        raise _too_much_text(req)
+    yield {"t": "open", "pages": len(sections), "warnings": []}
+    for number, (label, text) in enumerate(sections, start=1):
+        yield {"t": "page", "n": number, "text": text if meaningful(text) else "", "where": label}
+    yield {"t": "end", "warnings": []}
 
 
 def _read_text(req: Request) -> Iterator[dict]:
@@ -167,7 +236,7 @@ def _is_memory_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or bool(_NO_MEMORY.search(str(exc)))
 
 
-def _read_pdf(req: Request) -> Iterator[dict]:
+def _open_pdf(req: Request):
     # PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed (0.3 s, with numpy);
     # extraction needs neither, and the child pays its imports once per file.
     for optional in ("pymupdf.layout", "pymupdf4llm"):
@@ -177,7 +246,7 @@ def _read_pdf(req: Request) -> Iterator[dict]:
     pymupdf.TOOLS.mupdf_display_errors(False)
     pymupdf.TOOLS.mupdf_display_warnings(False)
     try:
-        doc = pymupdf.open(req.path, filetype="pdf")
+        return pymupdf.open(req.path, filetype="pdf")
     except pymupdf.EmptyFileError as exc:
         raise Refusal("permanent", "empty_file", f"{req.name} is empty (0 bytes)",
                       "Upload the file again; it arrived empty.") from exc
@@ -185,10 +254,14 @@ def _read_pdf(req: Request) -> Iterator[dict]:
         if _is_memory_error(exc):
             raise
         raise _unreadable(req, _plain(exc, req)) from exc
+
+
+def _read_pdf(req: Request) -> Iterator[dict]:
+    doc = _open_pdf(req)
     try:
         if doc.needs_pass:
             raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                          "Remove the password and upload the file again.")
+                          PASSWORD_HINT)
         try:
             count = doc.page_count
         except Exception as exc:
@@ -218,6 +291,10 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     number_only: list[int] = []
     too_big: list[int] = []  # pages that need more memory than the limit to extract (text bombs)
     has_images = has_drawings = False
+    read_by_ocr: list[int] = []  # pages whose text OCR read
+    ocr_tried: list[int] = []
+    pictures: list[int] = []  # pages where OCR ran and found no text
+    ocr_missing = ""  # why OCR could not run (Tesseract or the language not installed)
     placeholder = False
     first_error = ""
     meaningful_pages = 0
@@ -231,11 +308,34 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 (lost if repaired else undecodable).append(number)
                 raw = ""
             text = clean_text(raw)
+            pictured = False
+            if not meaningful(text):  # a scan may carry a stamped page number and nothing else
+                pictured = bool(page.get_images(full=False))
+                has_images = has_images or pictured
             if not text.strip():
-                has_images = has_images or bool(page.get_images(full=False))
                 has_drawings = has_drawings or bool(page.get_cdrawings())
                 if repaired and number not in lost and _contents_lost(doc, page):
                     lost.append(number)
+            # Not a page of undecodable text: its font may be lost too, and OCR would read the
+            # fallback glyphs as a shifted alphabet ("JBSCPVS" for "Harbour"). "always" reads them all.
+            wants_ocr = req.ocr == "always" or (req.ocr == "auto" and pictured)
+            if wants_ocr and not ocr_missing:
+                yield {"t": "ocr", "n": number}
+                ocr_tried.append(number)
+                try:
+                    png, dpi = ocr.render(page, req.ocr_dpi)
+                    seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
+                    png = None
+                except ocr.OcrUnavailable as exc:
+                    ocr_missing = str(exc)
+                    ocr_tried.pop()
+                    seen = ""
+                if meaningful(seen) or req.ocr == "always":
+                    text = seen
+                if meaningful(seen):
+                    read_by_ocr.append(number)
+                    if number in undecodable:
+                        undecodable.remove(number)
         except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
             if _is_memory_error(exc):  # MuPDF frees what the page took; the next page gets it back
                 page = raw = text = None
@@ -245,7 +345,7 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 continue
             if isinstance(exc, ValueError) and "encrypted" in str(exc):  # "document closed or encrypted"
                 raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                              "Remove the password and upload the file again.") from exc
+                              PASSWORD_HINT) from exc
             broken.append(number)
             first_error = first_error or _plain(exc, req)
             yield {"t": "page", "n": number, "text": ""}
@@ -260,11 +360,17 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
         if XFA_PLACEHOLDER in " ".join(text.lower().split()):
             placeholder = True
         if not meaningful(text):
-            (number_only if text.strip() else empty).append(number)
+            if number in ocr_tried:
+                pictures.append(number)
+            else:
+                (number_only if text.strip() else empty).append(number)
             text = ""
         else:
             meaningful_pages += 1
-        yield {"t": "page", "n": number, "text": text}
+        if number in read_by_ocr and text:
+            yield {"t": "page", "n": number, "text": text, "ocr": True}
+        else:
+            yield {"t": "page", "n": number, "text": text}
 
     warnings: list[str] = []
     if too_big and meaningful_pages == 0:
@@ -287,9 +393,18 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
             raise Refusal("user_action_required", "undecodable_text",
                           f"{req.name} has text only in fonts whose characters cannot be decoded "
                           "(they map glyphs to no letters)", NO_TEXT_HINT)
+        if has_images and ocr_tried and not ocr_missing:
+            raise Refusal("user_action_required", "no_text_even_by_ocr",
+                          f"no text found, even by OCR: {req.name} holds images without text "
+                          f"(OCR read {_pages(ocr_tried)})", NO_TEXT_BY_OCR_HINT)
         if has_images:
+            hint = NO_TEXT_HINT
+            if ocr_missing:
+                hint = f"OCR cannot run: {ocr_missing}. Install it and retry, or run the file through OCR yourself."
+            elif req.ocr == "off":
+                hint = OCR_OFF_HINT
             raise Refusal("user_action_required", "no_text_layer",
-                          f"{req.name} has no extractable text (scanned images only)", NO_TEXT_HINT)
+                          f"{req.name} has no extractable text (scanned images only)", hint)
         if has_drawings:
             raise Refusal("user_action_required", "no_text_drawings_only",
                           f"{req.name} has no text and no images: its pages hold only drawings",
@@ -304,8 +419,15 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                         "skipped (a text bomb, or an extremely dense page)")
     if broken:
         warnings.append(f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})")
+    if read_by_ocr:
+        warnings.append(f"{_pages(read_by_ocr)}: no usable text layer; the text was read by OCR "
+                        f"(Tesseract, {req.ocr_language}), check it against the original")
+    if ocr_missing:
+        warnings.append(f"OCR could not run ({ocr_missing}); pages without a text layer were skipped")
     if undecodable:
         warnings.append(f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)")
+    if pictures:
+        warnings.append(f"{_pages(pictures)}: images only, OCR found no text, skipped")
     if number_only:
         warnings.append(f"{_pages(number_only)}: only a page number, skipped")
     if empty:
@@ -359,8 +481,38 @@ def _limit_resources(req: Request) -> None:
         pass
 
 
+PASSWORD_HINT = ("Give the password on the job's page in the console, or with `sluice retry JOB "
+                 "--password-stdin`; or remove the password and upload the file again.")
+WRONG_PASSWORD_HINT = ("Enter the password again (it is case-sensitive), or remove the password from the file "
+                       "and upload it again.")
+
+
+def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
+    """Open a password-protected PDF with ``password`` and write it unencrypted to ``out_path``."""
+    import pymupdf
+
+    doc = _open_pdf(req)
+    try:
+        if not doc.needs_pass:
+            raise Refusal("user_action_required", "not_password_protected",
+                          f"{req.name} opens without a password", "Retry the job without a password.")
+        if not doc.authenticate(password):
+            raise Refusal("user_action_required", "wrong_password",
+                          f"wrong password: the password given does not open {req.name}", WRONG_PASSWORD_HINT)
+        pages = doc.page_count
+        doc.save(out_path, encryption=pymupdf.PDF_ENCRYPT_NONE, garbage=1, deflate=True)
+    finally:
+        doc.close()
+    yield {"t": "decrypted", "pages": pages}
+
+
 def main(argv: list[str]) -> int:
-    req = Request(**json.loads(argv[0]))
+    if argv[0] == "--decrypt":
+        req = Request(**json.loads(argv[1]))
+        messages = decrypt(req, sys.stdin.buffer.read().decode("utf-8"), argv[2])
+    else:
+        req = Request(**json.loads(argv[0]))
+        messages = read(req)
     _limit_resources(req)
     out = sys.stdout.buffer
 
@@ -370,7 +522,7 @@ def main(argv: list[str]) -> int:
         out.flush()
 
     try:
-        for message in read(req):
+        for message in messages:
             send(message)
     except Refusal as exc:
         send({"t": "error", "kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint})

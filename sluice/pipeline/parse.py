@@ -26,6 +26,7 @@ from pathlib import Path
 import filetype
 
 from sluice.errors import PermanentError, PipelineError, TransientError, UserActionError
+from sluice.pipeline import formats
 from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner and tests use them here)
     MARKDOWN,
     MEMORY_HINT,
@@ -38,7 +39,8 @@ from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner an
     decode_text,
 )
 
-SUPPORTED = (PDF, TEXT, MARKDOWN)
+SUPPORTED = (PDF, TEXT, MARKDOWN, formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
+SUPPORTED_NAMES = "PDF, Word (.docx), PowerPoint (.pptx), EPUB, HTML, CSV, .txt and .md files"
 TICK_SECONDS = 0.25  # how often a parent waiting for the child checks its deadline and the job's cancel
 
 def sniff_type(head: bytes, filename: str = "") -> str:
@@ -47,6 +49,8 @@ def sniff_type(head: bytes, filename: str = "") -> str:
         raise PermanentError("empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty.")
     if _looks_like_pdf(head):
         return PDF
+    if head.startswith(b"PK\x03\x04"):
+        return formats.ZIP  # which kind (or a bomb) is told by ``archive_type`` once the file is stored
     kind = filetype.guess(head)
     if kind is not None and not kind.mime.startswith("text/"):
         shown = f"{kind.mime} (.{kind.extension})"
@@ -54,14 +58,32 @@ def sniff_type(head: bytes, filename: str = "") -> str:
         said = f" although its name ends in {claimed}" if claimed else ""
         raise UserActionError(
             "unsupported_type", f"unsupported file type: the bytes are {shown}{said}",
-            "Sluice indexes PDF, .txt and .md files. Convert the file to PDF or text and upload it again.",
+            f"Sluice indexes {SUPPORTED_NAMES}. Convert the file to one of those and upload it again.",
         )
     if _looks_like_text(head):
+        text = decode_text(head)
+        if _looks_like_html(text):
+            return formats.HTML
+        if filename.lower().endswith((".csv", ".tsv")) and formats.looks_like_csv(text):
+            return formats.CSV
         return MARKDOWN if filename.lower().endswith((".md", ".markdown")) else TEXT
     raise UserActionError(
         "unsupported_type", "unsupported file type: the bytes are neither PDF nor text",
-        "Sluice indexes PDF, .txt and .md files. Convert the file and upload it again.",
+        f"Sluice indexes {SUPPORTED_NAMES}. Convert the file and upload it again.",
     )
+
+
+_HTML_START = re.compile(r"^(?:\s|<!--.*?-->)*<(?:!doctype\s+html|html[\s>])", re.IGNORECASE | re.DOTALL)
+
+
+def _looks_like_html(text: str) -> bool:
+    """A page that begins as HTML does (a doctype or an <html> tag, after blanks and comments), or
+    a fragment with both a <head> or <body> tag and a closing tag."""
+    text = text.lstrip("\ufeff")
+    if _HTML_START.match(text[:4096]):
+        return True
+    lower = text[:8192].lower()
+    return ("<body" in lower or "<head" in lower) and "</" in lower
 
 
 _PDF_OBJECT = re.compile(rb"\d{1,10}[ \t\r\n]+\d{1,5}[ \t\r\n]+obj\b")
@@ -103,11 +125,27 @@ class ParseLimits:
     max_document_chars: int = 20_000_000
     max_memory_mb: int = 1024
     seconds: float = 900.0
+    archive_max_entries: int = 10_000
+    archive_max_bytes: int = 500 * 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings) -> ParseLimits:
         return cls(settings.parse_max_page_chars, settings.parse_max_document_chars,
-                   settings.parse_max_memory_mb, settings.stage_timeout_seconds)
+                   settings.parse_max_memory_mb, settings.stage_timeout_seconds,
+                   settings.archive_max_entries, settings.archive_max_uncompressed_mb * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class OcrOptions:
+    """How pages without a usable text layer are read: SLUICE_OCR_MODE, _DPI and _LANGUAGE."""
+
+    mode: str = "auto"  # auto | always | off
+    dpi: int = 200
+    language: str = "eng"
+
+    @classmethod
+    def from_settings(cls, settings) -> OcrOptions:
+        return cls(settings.ocr_mode, settings.ocr_dpi, settings.ocr_language)
 
 
 Waiting = Callable[[int, int], None]  # called with (pages done, page count) while the child works
@@ -117,6 +155,13 @@ def _timeout(name: str, seconds: float) -> PermanentError:
     return PermanentError("stage_timeout", f"parsing {name} took longer than {seconds:.0f}s",
                           "The document is too heavy to process in time. Split it, or raise "
                           "SLUICE_STAGE_TIMEOUT_SECONDS.")
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds the sluice package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 class _Child:
@@ -129,12 +174,9 @@ class _Child:
         self.deadline = time.monotonic() + limits.seconds
         self.buffer = b""
         self.stderr = tempfile.TemporaryFile()
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])  # the folder that holds the sluice package
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sluice.pipeline.extract", json.dumps(asdict(request))],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=env, close_fds=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=_child_env(), close_fds=True,
         )
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.selector = selectors.DefaultSelector()
@@ -210,6 +252,10 @@ class ParsedDocument:
     page_count: int
     warnings: list[str] = field(default_factory=list)
     _child: _Child | None = None
+    ocr_pages: list[int] = field(default_factory=list)  # pages whose text OCR read
+    where: dict[int, str] = field(default_factory=dict)  # page -> "slide 3", "rows 2-201" (not for PDFs)
+    # Called with (page, page count) when OCR starts on a page and while it runs; None = not told.
+    on_ocr: Waiting | None = None
 
     def pages(self) -> Iterator[tuple[int, str]]:
         """Yield (page number from 1, text) one page at a time; raise a classified error when the
@@ -217,13 +263,23 @@ class ParsedDocument:
         child, done = self._child, 0
         if child is None:
             return
+        waiting = child.waiting
         try:
             while True:
                 message = child.next(done, self.page_count)
                 kind = message["t"]
                 if kind == "page":
                     done = message["n"]
+                    child.waiting = waiting
+                    if message.get("ocr"):
+                        self.ocr_pages.append(done)
+                    if message.get("where"):
+                        self.where[done] = message["where"]
                     yield done, message["text"]
+                elif kind == "ocr" and self.on_ocr is not None:
+                    page, on_ocr = message["n"], self.on_ocr
+                    on_ocr(page, self.page_count)
+                    child.waiting = lambda _done, total, page=page, on_ocr=on_ocr: on_ocr(page, total)
                 elif kind == "warn":
                     self.warnings.append(message["text"])
                 elif kind == "end":
@@ -241,18 +297,22 @@ class ParsedDocument:
 
 
 def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseLimits | None = None,
-                  name: str = "the file", waiting: Waiting | None = None) -> ParsedDocument:
+                  name: str = "the file", waiting: Waiting | None = None,
+                  ocr: OcrOptions | None = None) -> ParsedDocument:
     """Start reading a stored blob as the type detected at upload, in a child process; return once
     its page count is known. ``name`` stands for the blob in every message (never its path);
     ``waiting(done, total)`` is called every quarter second while the child works, so a caller
     can stop it (raise) on a cancel or its own deadline."""
     limits = limits or ParseLimits()
+    ocr = ocr or OcrOptions()
     if media_type not in SUPPORTED:
         raise UserActionError("unsupported_type", f"unsupported file type {media_type}",
-                              "Sluice indexes PDF, .txt and .md files.")
+                              f"Sluice indexes {SUPPORTED_NAMES}.")
     request = Request(path=str(path), media_type=media_type, name=name, max_pages=max_pages,
                       max_page_chars=limits.max_page_chars, max_document_chars=limits.max_document_chars,
-                      max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5)
+                      max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5,
+                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language,
+                      archive_max_entries=limits.archive_max_entries, archive_max_bytes=limits.archive_max_bytes)
     child = _Child(request, limits, waiting)
     try:
         message = child.next(0, 0)
@@ -264,3 +324,40 @@ def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseL
         child.close()
         raise
     return ParsedDocument(media_type, message["pages"], list(message["warnings"]), _child=child)
+
+
+def decrypt_pdf(path: Path, password: str, out: Path, *, limits: ParseLimits | None = None,
+                name: str = "the file") -> int:
+    """Write the password-protected PDF at ``path`` to ``out`` without its encryption; return its
+    page count. The child process that opens it gets the password on its stdin, never in its
+    arguments or environment. A wrong password raises UserActionError("wrong_password")."""
+    limits = limits or ParseLimits()
+    request = Request(path=str(path), media_type=PDF, name=name, max_memory_mb=limits.max_memory_mb,
+                      cpu_seconds=int(limits.seconds) + 5)
+    try:
+        done = subprocess.run([sys.executable, "-m", "sluice.pipeline.extract", "--decrypt",
+                               json.dumps(asdict(request)), str(out)],
+                              input=password.encode("utf-8"), capture_output=True, env=_child_env(),
+                              timeout=limits.seconds, close_fds=True, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise _timeout(name, limits.seconds) from exc
+    lines = done.stdout.decode("utf-8", "replace").splitlines()
+    message = json.loads(lines[-1]) if lines else {}
+    if message.get("t") == "decrypted":
+        return int(message["pages"])
+    if message.get("t") == "error":
+        raise _refusal(message)
+    tail = done.stderr.decode("utf-8", "replace")[-2000:].replace(password, "***") if password else ""
+    raise TransientError("parser_failed", f"the decryption process stopped with exit code {done.returncode}",
+                         "Try again; if it keeps failing, the detail shows why.", detail=tail)
+
+
+def archive_type(path: Path, *, name: str, limits: ParseLimits | None = None) -> str:
+    """The type of a stored ZIP upload (DOCX, PPTX or EPUB); a classified error for a zip bomb or
+    another archive. Reads only the archive's directory, never decompresses."""
+    limits = limits or ParseLimits()
+    try:
+        return formats.archive_type(path, name=name, max_entries=limits.archive_max_entries,
+                                    max_bytes=limits.archive_max_bytes)
+    except formats.FormatRefusal as exc:
+        raise _refusal({"kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint}) from exc

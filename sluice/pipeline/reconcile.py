@@ -190,6 +190,10 @@ class _DatasetAudit:
             spool.seek(0)
             self._confirm_spooled(fresh, spool)
         self._confirm_missing(first, fresh)
+        # The lexical index, judged the same way (its module builds on this one).
+        from sluice.pipeline.reconcile_lexical import audit_lexical
+
+        audit_lexical(self)
         for start in range(0, len(self.late_mismatches), BATCH):
             self._mismatches(fresh, self.late_mismatches[start:start + BATCH])
         self._summarise_repairs()

@@ -37,10 +37,13 @@ class Finding:
     mismatches: list[dict] = field(default_factory=list)  # {id, fields: {name: [stored, expected]}}
     orphan_sources: dict[str, int] = field(default_factory=dict)  # why they are orphans -> count
     repair: list[str] = field(default_factory=list)  # proposed (dry run) or done (repair)
+    # The same problems in the lexical index: {"missing": n, "orphans": n, "mismatched": n}.
+    lexical: dict[str, int] = field(default_factory=dict)
+    lexical_ids: list[str] = field(default_factory=list)  # a sample of the rows concerned
 
     @property
     def problems(self) -> int:
-        return self.missing + self.orphans + self.mismatched
+        return self.missing + self.orphans + self.mismatched + sum(self.lexical.values())
 
     def to_dict(self) -> dict:
         return {**asdict(self), "problems": self.problems}
@@ -58,6 +61,11 @@ class DatasetSummary:
     mismatched: int = 0
     in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
     pages: int = 0
+    # The lexical index (rows in the job database), judged apart from the vectors above.
+    lexical_rows: int = 0
+    lexical_missing: int = 0
+    lexical_orphans: int = 0
+    lexical_mismatched: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,8 +98,13 @@ class ReconcileReport:
         return sum(d.mismatched for d in self.datasets)
 
     @property
+    def lexical_problems(self) -> dict[str, int]:
+        return {kind: sum(getattr(d, f"lexical_{kind}") for d in self.datasets)
+                for kind in ("missing", "orphans", "mismatched")}
+
+    @property
     def problems(self) -> int:
-        return self.missing + self.orphans + self.mismatched
+        return self.missing + self.orphans + self.mismatched + sum(self.lexical_problems.values())
 
     @property
     def clean(self) -> bool:
@@ -106,7 +119,10 @@ class ReconcileReport:
         return {
             "delete_orphans": self.orphans,
             "fix_metadata": self.mismatched,
-            "rebuild_documents": sum(1 for f in self.findings if f.missing and f.document_id is not None),
+            "rebuild_documents": sum(1 for f in self.findings
+                                     if (f.missing or f.lexical.get("missing")) and f.document_id is not None),
+            "delete_lexical_orphans": self.lexical_problems["orphans"],
+            "fix_lexical_fields": self.lexical_problems["mismatched"],
             "missing_chunks": self.missing,
         }
 
@@ -115,7 +131,7 @@ class ReconcileReport:
             "repair": self.repair, "actor": self.actor, "scope": self.scope, "started_at": self.started_at,
             "finished_at": self.finished_at, "seconds": self.seconds, "clean": self.clean,
             "chunks": self.chunks, "missing": self.missing, "orphans": self.orphans,
-            "mismatched": self.mismatched, "repair_plan": self.repair_plan(),
+            "mismatched": self.mismatched, "lexical": self.lexical_problems, "repair_plan": self.repair_plan(),
             "datasets": [d.to_dict() for d in self.datasets],
             "findings": [f.to_dict() for f in self.findings],
             "actions": self.actions, "errors": self.errors, "queued": self.queued,

@@ -1,4 +1,5 @@
-"""Periodic recovery: take back stalled jobs, publish the outbox, re-publish stranded jobs.
+"""Periodic recovery: take back stalled jobs, publish the outbox, re-publish stranded jobs; and
+(in a thread of its own) deliver webhook events.
 
 Together these make the job database, not the queue, the source of truth: a Redis outage, a flushed
 queue or a worker killed mid-job delays jobs but never strands them.
@@ -15,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session
 
+from sluice.pipeline import webhooks
 from sluice.pipeline.context import Context
 from sluice.storage import jobs, outbox
 
@@ -57,6 +59,16 @@ def run_once(ctx: Context, *, publish: Callable[[int], None],
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
     return report
+
+
+def deliver_webhooks(ctx: Context) -> webhooks.DeliveryReport:
+    """Post the due webhook events (run by a thread of its own in each worker: a slow endpoint must
+    not hold the recovery of jobs). Without a secret nothing can be signed, so nothing is sent."""
+    s = ctx.settings
+    if s.webhook_secret is None:
+        return webhooks.DeliveryReport()
+    return webhooks.deliver_due(engine=ctx.engine, secret=s.webhook_secret.get_secret_value(),
+                                timeout=s.webhook_timeout_seconds, max_age_seconds=s.webhook_max_age_seconds)
 
 
 def _reap(ctx: Context) -> list[int]:

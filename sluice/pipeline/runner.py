@@ -31,8 +31,8 @@ from sluice.errors import (
 from sluice.pipeline import faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
-from sluice.pipeline.parse import NO_TEXT_HINT, PDF, ParseLimits, open_document
-from sluice.storage import jobs
+from sluice.pipeline.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
+from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
 
@@ -302,6 +302,7 @@ def _remove_partial(ctx: Context, job: Job) -> None:
         return
     try:
         ctx.vectors.delete(dataset.collection, where={"job_id": job.id})
+        lexical.delete_job(ctx.engine, job.id)
     except Exception as exc:  # reconcile finds and removes such orphans later
         log.warning("job %s: could not remove partial vectors: %s", job.id, exc)
 
@@ -330,7 +331,9 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
     parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages,
                            limits=ParseLimits.from_settings(s), name=document.filename,
-                           waiting=lambda done, total: report.update(Stage.parsing, done, total))
+                           waiting=lambda done, total: report.update(Stage.parsing, done, total),
+                           ocr=OcrOptions.from_settings(s))
+    parsed.on_ocr = lambda page, total: report.update(Stage.ocr, page, total)
     report.page_count = parsed.page_count
     pages: list[tuple[int, str]] = []
     chars = 0
@@ -360,6 +363,8 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         report.update(Stage.chunking, i, len(pages))
     del pages
     total = len(chunks)
+    by_ocr = set(parsed.ocr_pages)
+    where = parsed.where
 
     # Embedding and writing, batch by batch. Ids already in the index (an earlier attempt wrote
     # them) are neither embedded nor rewritten: upserting existing ids is ~12x slower than adding.
@@ -375,7 +380,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
                  if cid not in existing]
         if batch:
-            e, c = _embed_and_add(ctx, collection, job, document, batch, report)
+            e, c = _embed_and_add(ctx, collection, job, document, batch, report, by_ocr, where)
             embedded += e
             cached += c
         faults.hit("embed_batch")
@@ -398,13 +403,17 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
         log.warning("job %s: %d of its %d chunks are not in the index; writing them again", job.id,
                     len(missing), total)
         for start in range(0, len(missing), bs):
-            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs], report)
+            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs], report, by_ocr,
+                                  where)
             embedded += e
             cached += c
     else:
         raise TransientError("index_incomplete", f"the index holds {total - len(missing)} of the {total} "
                              "chunks of this job after writing the missing ones again",
                              "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.")
+    # The lexical index: every chunk's words under the same ids, all rewritten in one transaction.
+    lexical.write_job(ctx.engine, dataset_id=dataset.id, document_id=document.id, job_id=job.id,
+                      rows=[lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)])
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
 
@@ -416,13 +425,15 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> Outcome:
     for old in superseded:
         try:
             ctx.vectors.delete(collection, where={"job_id": old})
+            lexical.delete_job(ctx.engine, old)
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("could not remove chunks of superseded job %s: %s", old, exc)
     return Outcome(job.id, "succeeded", f"{total} chunks")
 
 
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
-                   batch: list[tuple[str, Chunk]], report: Reporter) -> tuple[int, int]:
+                   batch: list[tuple[str, Chunk]], report: Reporter, by_ocr: set[int] = frozenset(),
+                   where: dict[int, str] | None = None) -> tuple[int, int]:
     texts = [c.text for _, c in batch]
     vectors = ctx.cache.get_many(texts)
     missing = [i for i, v in enumerate(vectors) if v is None]
@@ -433,7 +444,8 @@ def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
             vectors[i] = vec
     metadatas = [
         {"job_id": job.id, "document_id": document.id, "pipeline_version": job.pipeline_version,
-         "position": c.position, "page": c.page, "filename": document.filename, "sha256": document.sha256}
+         "position": c.position, "page": c.page, "filename": document.filename, "sha256": document.sha256,
+         "ocr": c.page in by_ocr, **({"where": where[c.page]} if where and c.page in where else {})}
         for _, c in batch
     ]
     import numpy as np

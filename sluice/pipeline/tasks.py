@@ -115,6 +115,7 @@ def start_recovery_loop() -> None:
              get_context().instance_id, get_context().pipeline_version, s.embedder, s.embed_precision,
              ", ".join(k for k, v in s.secrets_status().items() if v) or "none")
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
+    threading.Thread(target=_webhook_loop, name="sluice-webhooks", daemon=True).start()
     if s.embedder == "sentence-transformers":
         threading.Thread(target=_export_query_encoder, name="sluice-export", daemon=True).start()
 
@@ -164,3 +165,16 @@ def _recovery_loop() -> None:
         except Exception as exc:  # never let the loop die; the next round tries again
             log.warning("recovery round failed: %s", exc)
         time.sleep(interval)
+
+
+def _webhook_loop() -> None:
+    """Webhook deliveries, beside the recovery loop and at its pace, never in a job's way."""
+    ctx = get_context()
+    while True:
+        try:
+            report = recovery.deliver_webhooks(ctx)
+            if report.anything:
+                log.info("webhooks: %s", report)
+        except Exception as exc:  # never let the loop die; the next round tries again
+            log.warning("webhook round failed: %s", exc)
+        time.sleep(ctx.settings.recovery_interval_seconds)

@@ -11,6 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from sluice.storage import lexical
 from sluice.storage.files import private_dir, private_file
 from sluice.storage.models import Dataset, Instance
 
@@ -82,6 +83,7 @@ def init_schema(engine: Engine) -> None:
     for attempt in range(10):
         try:
             SQLModel.metadata.create_all(engine)
+            lexical.init_schema(engine)
             break
         except (OperationalError, ProgrammingError, IntegrityError) as exc:
             text = str(exc).lower()

@@ -13,7 +13,9 @@ not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, befor
 ``before_supersede`` (a success read the document's other jobs, before it writes),
 ``before_fail_write`` (a failure read the job, before it writes), ``before_verify`` (the runner
 wrote its chunks, before it checks the index), ``reconcile_before_delete`` (repair confirmed
-orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the lease gone).
+orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the lease gone),
+``webhook_selected`` (a webhook dispatcher read a due delivery, before it claims it),
+``webhook_claimed`` (it claimed the delivery, before it posts).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database

@@ -3,7 +3,8 @@
 Every update is compare-and-set: on ``version`` for operator and claim transitions, and on the
 fencing token ``lease`` (plus status running) for what a worker writes during its attempt. A
 transition that loses the race changes nothing and says so. Each transition writes a JobEvent in
-the same transaction; transitions that need the job published again write an Outbox row too.
+the same transaction; transitions that need the job published again write an Outbox row too, and
+the final ones (succeeded, failed, cancelled) their webhook events (``storage.webhooks``).
 
     pending ──claim──▶ running ──succeed──▶ succeeded ──reindex──▶ pending
        ▲                 │ fail(transient, budget left) ▶ retrying ──claim──▶ running
@@ -28,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from sluice.errors import JobCancelled, LeaseLost, TransientError
-from sluice.storage import faults, pauses
+from sluice.storage import faults, pauses, webhooks
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
@@ -380,6 +381,7 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
                   message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
                   data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
                         "warnings": len(warnings), "stages": stages or {}})
+        webhooks.record(session, job, "job.succeeded")
         for text in warnings:
             add_event(session, job, "warning", actor=worker_id, message=text)
         superseded, lost = [], False
@@ -502,6 +504,7 @@ def _fail_once(*, session: Session, job_id: int, lease: int, kind: ErrorKind, co
             return None
         add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
                   to_status=JobStatus.failed, data=data, message=errors["error_message"])
+        webhooks.record(session, job, "job.failed")
     session.commit()
     return job
 
@@ -541,6 +544,7 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
         return None
     add_event(session, job, "cancelled", actor=actor, from_status=before, to_status=JobStatus.cancelled,
               message=msg, data={"stage": _val(job.stage), "done": job.done, "total": job.total})
+    webhooks.record(session, job, "job.cancelled")
     session.commit()
     return job
 
@@ -848,3 +852,17 @@ def ensure_version_job(*, session: Session, document: Document, pipeline_version
         return ActionResult(0, True, f"document {document.id}: a job of pipeline {version} was just created"), False
     return ActionResult(job.id, True, f"job {job.id} queued to build {document.filename} with pipeline "
                                       f"{version}"), created
+
+
+def action_rejected(*, session: Session, job_id: int, actor: str, code: str, message: str, hint: str) -> bool:
+    """A failed job whose fix the operator tried, and that fix did not work (a wrong password): it
+    stays failed as user_action_required, and its error now says why. False if it is not failed."""
+    job = get_job(session=session, job_id=job_id)
+    if job is None or job.status != JobStatus.failed:
+        return False
+    ok = _cas(session, job, where=[Job.status == JobStatus.failed], error_kind=ErrorKind.user_action_required,
+              error_code=code, error_message=message, fix_hint=hint, error_detail=None)
+    if ok:
+        add_event(session, job, "action_rejected", actor=actor, message=message, data={"code": code})
+    session.commit()
+    return ok

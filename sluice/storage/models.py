@@ -1,4 +1,4 @@
-"""SQLModel tables: datasets, documents, jobs, their events, and the outbox.
+"""SQLModel tables: datasets, documents, jobs, their events, the outbox and webhook deliveries.
 
 The job database is the source of truth for every job; Redis only carries job ids.
 """
@@ -41,6 +41,7 @@ class JobStatus(str, Enum):
 class Stage(str, Enum):
     queued = "queued"
     parsing = "parsing"
+    ocr = "ocr"  # parsing, on a page that OCR reads (done = that page, total = the page count)
     chunking = "chunking"
     embedding = "embedding"
     indexing = "indexing"
@@ -49,6 +50,7 @@ class Stage(str, Enum):
 
 STAGE_UNITS = {
     Stage.parsing: "pages",
+    Stage.ocr: "pages",
     Stage.chunking: "pages",
     Stage.embedding: "chunks",
     Stage.indexing: "chunks",
@@ -187,3 +189,32 @@ class Outbox(SQLModel, table=True):
     sent_at: datetime | None = None
     publish_attempts: int = 0
     last_error: str | None = Field(default=None, max_length=500)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event for one endpoint, written in the transaction that ended the job, delivered later.
+
+    No foreign key to the job: the delivery log says what was sent even after retention removed the
+    job. ``next_attempt_at`` is also the claim: a dispatcher moves it past its own timeout before it
+    posts, by compare-and-set, so two dispatchers never post one row at the same time.
+    """
+
+    __tablename__ = "webhook_delivery"
+    __table_args__ = (
+        Index("ix_webhook_due", "delivered_at", "gave_up_at", "next_attempt_at"),
+        Index("ix_webhook_endpoint_created", "endpoint", "created_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    event_id: str = Field(max_length=40, index=True)  # the same for every endpoint of one event
+    endpoint: str = Field(max_length=500)
+    job_id: int = Field(index=True)
+    event: str = Field(max_length=40)
+    body: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+    attempts: int = 0
+    next_attempt_at: datetime = Field(default_factory=utcnow)
+    last_status: int | None = None
+    last_error: str | None = Field(default=None, max_length=500)
+    delivered_at: datetime | None = None
+    gave_up_at: datetime | None = None

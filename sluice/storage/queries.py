@@ -348,3 +348,8 @@ def document_ids_of_jobs(*, session: Session, job_ids: list[int]) -> dict[int, i
                                            .order_by(Job.id)).all():
             found.setdefault(doc_id, job_id)
     return found
+
+
+def blob_in_use(*, session: Session, blob_key: str) -> bool:
+    """Whether any document (live or deleted) names this blob."""
+    return session.exec(select(Document.id).where(Document.blob_key == blob_key)).first() is not None

@@ -5,7 +5,8 @@
 - A superseded job (an older pipeline version of a document whose newer job serves search) finished
   before the cutoff goes entirely, with its events and outbox rows: its chunks were removed when it
   was superseded.
-- Outbox rows published before the cutoff go (they only ever mattered until sent).
+- Outbox rows published before the cutoff go (they only ever mattered until sent), and so do
+  webhook deliveries delivered or given up before it (the rest are still being tried).
 - Dead letters stay, with their history, until an operator dismisses them; a dismissed one is then
   treated like a succeeded job: its row and its final ``failed`` event stay.
 - Active, cancelled and deleted jobs are never touched.
@@ -21,7 +22,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, true
 from sqlmodel import Session, select
 
-from sluice.storage.models import Job, JobEvent, JobStatus, Outbox
+from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, WebhookDelivery
 
 BATCH = 500
 
@@ -33,6 +34,7 @@ class PruneReport:
     events: int = 0  # event rows of old succeeded / dismissed jobs
     superseded_jobs: int = 0  # superseded job rows, with their events and outbox rows
     outbox: int = 0  # published outbox rows
+    webhooks: int = 0  # webhook deliveries delivered or given up
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,7 +42,8 @@ class PruneReport:
     def describe(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
         return (f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
-                f"{self.superseded_jobs:,} superseded job(s) and {self.outbox:,} published outbox row(s); "
+                f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) and "
+                f"{self.webhooks:,} finished webhook delivery(ies); "
                 "dead letters not dismissed are kept")
 
 
@@ -89,5 +92,12 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
         report.outbox = session.exec(select(func.count()).select_from(Outbox).where(sent)).one()
     else:
         report.outbox = session.execute(delete(Outbox).where(sent)).rowcount
+        session.commit()
+    # webhook deliveries that are over (delivered or given up)
+    over = (WebhookDelivery.delivered_at < cutoff) | (WebhookDelivery.gave_up_at < cutoff)
+    if dry_run:
+        report.webhooks = session.exec(select(func.count()).select_from(WebhookDelivery).where(over)).one()
+    else:
+        report.webhooks = session.execute(delete(WebhookDelivery).where(over)).rowcount
         session.commit()
     return report

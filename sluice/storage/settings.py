@@ -107,6 +107,15 @@ class Settings(BaseSettings):
     parse_max_document_chars: int = Field(20_000_000, ge=1000)
     parse_max_memory_mb: int = Field(1024, ge=0, description="0 = no address-space limit on the parser")
 
+    # ZIP-based uploads (.docx, .pptx, .epub): refused beyond these (zip bombs)
+    archive_max_entries: int = Field(10_000, ge=1)
+    archive_max_uncompressed_mb: int = Field(500, ge=1)
+
+    # OCR of pages without a usable text layer (Debian's tesseract-ocr; ``make ocr``)
+    ocr_mode: Literal["auto", "always", "off"] = "auto"
+    ocr_dpi: int = Field(200, ge=72, le=600)
+    ocr_language: str = Field("eng", pattern=r"^[A-Za-z_]{3,20}(\+[A-Za-z_]{3,20})*$")
+
     # Console
     console_address: str = "127.0.0.1"
     console_port: int = 8501
@@ -114,6 +123,12 @@ class Settings(BaseSettings):
     # Prometheus metrics (``sluice serve metrics``)
     metrics_address: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=1, le=65535)
+
+    # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is cancelled.
+    webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_secret: SecretStr | None = None
+    webhook_timeout_seconds: float = Field(5.0, gt=0, le=60)
+    webhook_max_age_seconds: float = Field(24 * 3600.0, gt=0)
     console_password: SecretStr | None = None
     console_readonly_password: SecretStr | None = None
     login_max_failures: int = Field(5, ge=1)
@@ -127,7 +142,7 @@ class Settings(BaseSettings):
     # always: sign-in for every connection; off: nobody signs in (an authenticating proxy in front).
     console_sign_in: Literal["auto", "always", "off"] = "auto"
 
-    @field_validator("console_hosts", "console_trusted_proxies", mode="before")
+    @field_validator("console_hosts", "console_trusted_proxies", "webhook_urls", mode="before")
     @classmethod
     def _comma_list(cls, v):
         if isinstance(v, str):
@@ -143,6 +158,15 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"{item!r} is not an address or network (e.g. 127.0.0.1 or 10.0.0.0/24)") from None
         return v
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _webhook_urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{redact_url(url)!r} is not an http(s):// URL (e.g. https://hooks.example/sluice)")
+        return list(dict.fromkeys(v))
 
     @field_validator("queue_redis_url", "cache_redis_url")
     @classmethod
@@ -181,7 +205,10 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"SLUICE_CHROMA_URL is plain http:// to {chroma.hostname}: SLUICE_CHROMA_TOKEN would travel "
                     "in clear; use https:// (a TLS proxy in front of Chroma)")
-        for name in ("console_password", "console_readonly_password", "chroma_token"):
+        if self.webhook_urls and self.webhook_secret is None:
+            raise ValueError("SLUICE_WEBHOOK_URLS is set but SLUICE_WEBHOOK_SECRET is not: every event is signed "
+                             "with it (set a long random value and give it to the receivers)")
+        for name in ("console_password", "console_readonly_password", "chroma_token", "webhook_secret"):
             secret = getattr(self, name)
             if secret is not None and secret.get_secret_value() in ("", "changeme", "change-me"):
                 raise ValueError(f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it")
@@ -190,6 +217,8 @@ class Settings(BaseSettings):
     def __repr_args__(self):
         """repr() and str() show URLs with their passwords masked (SecretStr fields mask themselves)."""
         for name, value in super().__repr_args__():
+            if name and name.endswith("_urls") and isinstance(value, list):
+                value = [redact_url(url) for url in value]
             yield name, redact_url(value) if name and name.endswith("_url") and isinstance(value, str) else value
 
     # Derived values -------------------------------------------------------------------------
@@ -223,6 +252,7 @@ class Settings(BaseSettings):
             "SLUICE_CONSOLE_PASSWORD": self.console_password is not None,
             "SLUICE_CONSOLE_READONLY_PASSWORD": self.console_readonly_password is not None,
             "SLUICE_CHROMA_TOKEN": self.chroma_token is not None,
+            "SLUICE_WEBHOOK_SECRET": self.webhook_secret is not None,
             "queue Redis password": bool(url_password(self.queue_redis_url)),
             "cache Redis password": bool(url_password(self.cache_redis_url)),
             "database password": bool(url_password(self.database_url)) if self.database_url else False,
@@ -234,10 +264,12 @@ class Settings(BaseSettings):
         for name in type(self).model_fields:
             value = getattr(self, name)
             key = f"SLUICE_{name.upper()}"
-            if isinstance(value, SecretStr) or name.endswith(("password", "token")):
+            if isinstance(value, SecretStr) or name.endswith(("password", "token", "secret")):
                 out[key] = "set" if value else "not set"
             elif name.endswith("_url"):
                 out[key] = redact_url(str(value)) if value else ""
+            elif name.endswith("_urls"):
+                out[key] = ", ".join(redact_url(url) for url in value)
             else:
                 out[key] = str(value)
         return out

@@ -133,8 +133,11 @@ else:
         preview = (f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), rewrites "
                    f"the metadata of **{plan['fix_metadata']:,}** chunk(s), and queues a rebuild of "
                    f"**{plan['rebuild_documents']:,}** document(s) with missing chunks ({plan['missing_chunks']:,} "
-                   "chunks, taken from the embedding cache where it has them). Every change is recorded on "
-                   "the job it concerns.")
+                   "chunks, taken from the embedding cache where it has them)"
+                   + (f"; in the lexical index it deletes **{plan['delete_lexical_orphans']:,}** orphan row(s) and "
+                      f"fixes **{plan['fix_lexical_fields']:,}**"
+                      if plan.get("delete_lexical_orphans") or plan.get("fix_lexical_fields") else "")
+                   + ". Every change is recorded on the job it concerns.")
         st.info(preview, icon=":material/build:")
         ui.confirm_button("Repair", key="reconcile_repair", disabled=not who.can_act or runs.running,
                           prompt=preview, on_confirm=lambda: _run_reconcile(True))

@@ -29,6 +29,13 @@ def _do(action, verb: str, job_id: int) -> None:
     ui.flash_outcome(action(who, [job_id]), verb)
 
 
+def _unlock(job_id: int, key: str) -> None:
+    """Give the typed password to the action, then forget it: the field is emptied at once."""
+    password = st.session_state.get(key, "")
+    st.session_state[key] = ""
+    ui.flash_outcome(actions.retry_with_password(who, job_id, password), "Unlock and retry")
+
+
 def _close() -> None:
     st.query_params.pop("job", None)
 
@@ -41,11 +48,13 @@ def show_detail(d: reads.JobDetail) -> None:
     head.subheader(f"Job {job_id} · {ui.plain(r['filename'])}")
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
+    box.page_link(ui.DOCUMENT_PAGE, label="Open the document: its chunks, pages and versions",
+                  query_params={"doc": f"doc:{r['document_id']}"})
 
     cells = ui.job_cells(r)
     retried = sum(1 for e in d.events if e["kind"] == "retried")
     attempts = cells["attempts"] + (f" (after {retried} manual retr{'y' if retried == 1 else 'ies'})" if retried else "")
-    pages = r["page_count"] or (r["total"] if r["stage"] in ("parsing", "chunking") else None)
+    pages = r["page_count"] or (r["total"] if r["stage"] in ("parsing", "ocr", "chunking") else None)
     chunks = r["chunk_count"] or (r["total"] if r["stage"] in ("embedding", "indexing") else None)
     facts = [("Stage", cells["progress"] or r["stage"]), ("Attempts", attempts), ("Dataset", d.dataset),
              ("Pages", pages), ("Chunks", chunks), ("Worker", r["worker_id"]),
@@ -84,8 +93,15 @@ def show_detail(d: reads.JobDetail) -> None:
             with box.expander("Error detail (for developers)"):
                 st.code(d.error_detail, language=None)
 
-    acts = box.container(horizontal=True)
     can = who.can_act
+    if r["status"] == "failed" and r["error_code"] in actions.LOCKED_CODES:
+        with box.form(f"unlock_{job_id}", border=False):
+            st.text_input("Password of the PDF", type="password", key=f"password_{job_id}", disabled=not can,
+                          help="Used once to decrypt the file; it is not stored, logged or sent to the queue.")
+            st.form_submit_button("Unlock and retry", type="primary", disabled=not can,
+                                  on_click=_unlock, args=(job_id, f"password_{job_id}"))
+
+    acts = box.container(horizontal=True)
     with acts:
         if r["status"] in ("pending", "retrying", "running") and not r["cancel_requested"]:
             ui.confirm_button("Cancel job", key=f"cancel_{job_id}", disabled=not can,

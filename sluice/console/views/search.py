@@ -1,10 +1,11 @@
-"""Search: the best chunks of one dataset; only chunks of each document's succeeded job are answered."""
+"""Search: the best chunks of one dataset; only chunks of each document's succeeded job are answered.
+Hybrid (words and meaning), dense or lexical; "an exact phrase" in quotes; filters by file, pages and type."""
 
 import streamlit as st
 
 from sluice.console import ui
 from sluice.ops import reads
-from sluice.ops.search import UnknownDataset
+from sluice.ops.search import MODES, BadQuery, UnknownDataset
 
 sc = ui.scope()
 st.title("Search")
@@ -17,13 +18,21 @@ with st.form("search_form"):
     dataset = c2.selectbox("Dataset", names, index=names.index(default) if default in names else 0,
                            key="search_dataset")
     k = c3.number_input("k", min_value=1, max_value=50, value=5, key="search_k")
+    f1, f2, f3, f4 = st.columns([2, 3, 2, 2])
+    mode = f1.selectbox("Ranking", MODES, key="search_mode",
+                        help="hybrid fuses word matches and meaning; lexical never loads the model")
+    file_filter = f2.text_input("File name contains", key="search_file")
+    pages = f3.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
+    media_type = f4.selectbox("Type", ["any", "application/pdf", "text/plain", "text/markdown"],
+                              key="search_media_type")
     submitted = st.form_submit_button("Search", type="primary")
 
 if query.strip():
     try:
         with st.spinner("Searching (the first search loads the embedding model)..."):
-            hits = reads.search(query, dataset, int(k))
-    except UnknownDataset as exc:
+            hits = reads.search(query, dataset, int(k), mode=mode, filename=file_filter or None,
+                                pages=pages or None, media_type=None if media_type == "any" else media_type)
+    except (UnknownDataset, BadQuery) as exc:
         st.error(ui.plain(exc))
         hits = None
     except Exception as exc:  # Chroma unreachable, model failed to load
@@ -37,9 +46,16 @@ if query.strip():
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
                 top, score = st.columns([5, 1])
-                top.markdown(f"**{i}. {ui.plain(h.filename)}** · page {h.page}")
-                top.page_link(ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)})
+                top.markdown(f"**{i}. {ui.plain(h.filename)}** · {ui.plain(h.where) if h.where else f'page {h.page}'}"
+                             + (" · text read by OCR" if h.ocr else "") + f" · found by {' and '.join(h.matched)}")
+                links = top.container(horizontal=True)
+                links.page_link(ui.DOCUMENT_PAGE, label="Open document",
+                                query_params={"doc": f"doc:{h.document_id}", "chunk": h.chunk_id.rsplit("-", 1)[-1]})
+                links.page_link(ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)})
                 score.metric("score", f"{h.score:.3f}")
-                st.text(h.text)
+                st.markdown(ui.highlighted(h.snippet))
+                with st.expander("Whole chunk"):
+                    st.text(h.text)
 else:
-    st.caption("Searches one dataset. Scores are cosine similarity (1 is identical).")
+    st.caption('Searches one dataset. Put "an exact phrase" in quotes. Hybrid and lexical scores rank, nothing '
+               "more; dense scores are cosine similarity (1 is identical).")

@@ -1,4 +1,5 @@
-"""System: the configuration in force (secrets only as set / not set), services, versions, datasets."""
+"""System: the configuration in force (secrets only as set / not set), services, versions, datasets,
+and the webhook delivery log."""
 
 import pandas as pd
 import streamlit as st
@@ -57,3 +58,21 @@ with right:
                "servers' own versions are under Services above.")
     st.dataframe(pd.DataFrame(sorted(health.versions().items()), columns=["package (installed here)", "version"]),
                  hide_index=True)
+
+st.subheader("Webhooks")
+hooks = reads.webhook_log(limit=50)
+if not hooks["endpoints"]:
+    st.caption("No endpoints: set SLUICE_WEBHOOK_URLS (and SLUICE_WEBHOOK_SECRET) to have a signed JSON event "
+               "posted when a job succeeds, becomes a dead letter or is cancelled.")
+for e in hooks["endpoints"]:
+    note = "" if e["configured"] else " (no longer configured)"
+    st.markdown(ui.plain(f"{e['endpoint']}{note}: {e['delivered']:,} delivered, {e['waiting']:,} waiting, "
+                         f"{e['gave_up']:,} given up; last delivered {ui.ago(e['last_delivered_at'])}"))
+    rows = [d for d in hooks["deliveries"] if d["endpoint"] == e["endpoint"]]
+    if rows:
+        st.dataframe(pd.DataFrame([{
+            "event": d["event"], "job": d["job_id"], "state": d["state"], "attempts": d["attempts"],
+            "created": ui.local_time(d["created_at"]),
+            "delivered / next try": ui.local_time(d["delivered_at"] or d["next_attempt_at"]),
+            "HTTP": d["last_status"], "last error": d["last_error"] or "",
+        } for d in rows]), hide_index=True)

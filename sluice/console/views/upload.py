@@ -22,7 +22,7 @@ target = st.selectbox("Into dataset", names, index=names.index(sc.dataset or "de
                       help="Defaults to the dataset picked in the sidebar.")
 
 with st.form("upload_form", clear_on_submit=True):
-    files = st.file_uploader("PDF, text or Markdown files", accept_multiple_files=True,
+    files = st.file_uploader("PDF, Word, PowerPoint, EPUB, HTML, CSV, text or Markdown files", accept_multiple_files=True,
                              disabled=not who.can_act, key="upload_files",
                              help="Any file may be chosen; each one gets a line below saying what became of it.")
     submitted = st.form_submit_button("Upload and index", type="primary", disabled=not who.can_act)

@@ -1,0 +1,85 @@
+"""One document: metadata, jobs and versions, the chunks search serves (in order, with pages), the
+source page rendered with the chosen chunk located on it, and the original file for operators."""
+
+import streamlit as st
+
+from sluice.console import ui
+from sluice.ops import document_view, reads
+from sluice.ops.access import ReadOnlyOperator
+from sluice.ops.documents import UnknownReference
+
+who = ui.operator()
+st.title("Document")
+
+ref = st.query_params.get("doc") or ""
+typed = st.text_input("Job id or doc:ID", value=ref, key="document_ref",
+                      help="A job id names its document; doc:42 names document 42.")
+if typed.strip() and typed.strip() != ref:
+    st.query_params["doc"] = typed.strip()
+    st.query_params.pop("chunk", None)
+    ref = typed.strip()
+if not ref:
+    st.caption("Open a document from a search hit or a job, or type a job id or doc:ID.")
+    st.stop()
+try:
+    doc = document_view.view(reads.ctx(), ref)
+except UnknownReference as exc:
+    st.error(str(exc))
+    st.stop()
+
+info = doc.info
+st.subheader(ui.plain(info.filename))
+facts = [("Dataset", info.dataset), ("Type", doc.media_type), ("Size", f"{info.size:,} bytes"),
+         ("Pages", doc.page_count), ("Chunks served", doc.chunk_count), ("Uploaded", doc.created_at[:19])]
+for col, (label, value) in zip(st.columns(len(facts)), facts, strict=True):
+    col.markdown(f"**{label}**  \n{ui.plain(value) if value not in (None, '') else '—'}")
+st.caption(f"sha256 {info.sha256}")
+if info.deleted:
+    st.warning("This document was deleted: its jobs and their history stay, nothing of it is searchable.")
+
+if who.can_act:
+    try:
+        data, name, media_type = document_view.original(reads.ctx(), who, info.document_id)
+        st.download_button("Download the original", data, file_name=name, mime=media_type, key="document_download")
+    except (FileNotFoundError, ReadOnlyOperator) as exc:
+        st.caption(f"The original cannot be downloaded: {exc}")
+else:
+    st.caption("Signed in read-only: you see the document and its chunks; downloading the original is for operators.")
+
+st.markdown("**Jobs and versions**")
+st.dataframe([{"job": j["id"], "status": j["status"], "pipeline version": j["pipeline_version"],
+               "chunks": j["chunk_count"], "serves search": j["id"] == info.active_job_id} for j in info.jobs],
+             hide_index=True, key="document_jobs")
+for j in info.jobs[-3:]:
+    st.page_link(ui.JOBS_PAGE, label=f"job {j['id']} ({j['status']})", query_params={"job": str(j["id"])})
+
+st.markdown("**Chunks, in order**")
+if not doc.chunk_count:
+    st.info("No job of this document serves search, so it has no chunks to show.")
+    st.stop()
+per = document_view.CHUNKS_PER_PAGE
+wanted = st.query_params.get("chunk")
+start_page = int(wanted) // per + 1 if wanted and wanted.isdigit() else 1
+pages = max(1, -(-doc.chunk_count // per))
+page_no = st.number_input(f"Page of chunks (of {pages})", min_value=1, max_value=pages, value=min(start_page, pages),
+                          key="document_chunk_page")
+rows = document_view.chunks(reads.ctx(), info.document_id, offset=(page_no - 1) * per, limit=per)
+labels = [f"#{c.position} · page {c.page}" for c in rows]
+default = next((i for i, c in enumerate(rows) if wanted and wanted.isdigit() and c.position == int(wanted)), 0)
+picked = st.radio("Chunk to locate on its page", range(len(rows)), index=default, format_func=labels.__getitem__,
+                  horizontal=True, key="document_chunk")
+left, right = st.columns([1, 1])
+with left:
+    for c in rows:
+        with st.container(border=True):
+            st.caption(f"chunk {c.position} · page {c.page}")
+            st.text(c.text)
+with right:
+    chosen = rows[picked]
+    image = document_view.page_image(reads.ctx(), info.document_id, chosen.page, locate=chosen.text)
+    if image is None:
+        st.caption("No page image: only PDF pages are rendered.")
+    else:
+        png, found = image
+        st.image(png, caption=f"page {chosen.page}" + (", the chunk highlighted" if found else
+                                                        ", the chunk's words were not found on it as written"))

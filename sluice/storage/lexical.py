@@ -1,0 +1,440 @@
+"""The lexical index: every indexed chunk's words, in the job database, beside the vectors.
+
+A dense model cannot rank a rare token (an invoice number, a product code, a name): the words of
+each chunk are kept in a full-text index of the job database, SQLite FTS5 (ranked by BM25) or
+PostgreSQL full text (a ``tsvector`` column with a GIN index, ranked by ``ts_rank``), so every
+process that reaches the job database reaches the index.
+
+Rows carry the chunk id the vectors carry (``vectors.chunk_id``), the job, the document, the
+position and the page. They obey the index contract with the vectors: a job writes its rows
+idempotently (all of them, in one transaction, whatever an earlier attempt left), cancel, delete,
+supersede and reconcile remove them, and search serves only rows of each document's active job.
+
+Text is tokenised here, the same way for chunks and queries, so both engines see the same tokens:
+NFKC, lower case, runs of letters and digits; runs of Chinese, Japanese and Korean characters
+(written without spaces) become overlapping character bigrams, so a sentence finds its document.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection, Engine
+
+_WORD = re.compile(r"[^\W_]+")
+_CJK = re.compile(
+    "([\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f"
+    "\U00020000-\U0002fa1f]+)"
+)
+_PHRASE = re.compile(r'"([^"]*)"')
+BATCH = 500  # rows per insert statement
+CANDIDATES = 200  # best full-text matches joined and filtered at first, more when too few survive
+
+
+def _word_tokens(word: str) -> list[str]:
+    """Tokens of one run of letters and digits: itself, or CJK bigrams for its CJK parts."""
+    out: list[str] = []
+    for i, part in enumerate(_CJK.split(word)):
+        if not part:
+            continue
+        if i % 2 == 0:  # not CJK
+            out.append(part)
+        elif len(part) == 1:
+            out.append(part)
+        else:
+            out.extend(part[j:j + 2] for j in range(len(part) - 1))
+    return out
+
+
+def normalise(word: str) -> str:
+    return unicodedata.normalize("NFKC", word).lower()
+
+
+def tokens(value: str) -> list[str]:
+    """The tokens of a text, in order (positions matter for phrases)."""
+    out: list[str] = []
+    for m in _WORD.finditer(normalise(value)):
+        out.extend(_word_tokens(m.group()))
+    return out
+
+
+@dataclass(frozen=True)
+class Query:
+    """What an operator typed: phrases (quoted, or one typed word of several tokens such as
+    ``XJ-4471`` or a CJK sentence) that must all match, and the bare tokens for a looser match."""
+
+    groups: tuple[tuple[str, ...], ...]
+    quoted: tuple[tuple[str, ...], ...] = ()
+    terms: tuple[str, ...] = field(default=())
+
+    @property
+    def empty(self) -> bool:
+        return not self.groups
+
+
+def parse_query(value: str) -> Query:
+    groups: list[tuple[str, ...]] = []
+    quoted: list[tuple[str, ...]] = []
+    for m in _PHRASE.finditer(value):
+        t = tuple(tokens(m.group(1)))
+        if t:
+            groups.append(t)
+            quoted.append(t)
+    rest = _PHRASE.sub(" ", value).replace('"', " ")
+    for word in rest.split():
+        t = tuple(tokens(word))
+        if t:
+            groups.append(t)
+    seen: dict[str, None] = {}
+    for g in groups:
+        for t in g:
+            seen.setdefault(t, None)
+    return Query(tuple(groups), tuple(quoted), tuple(seen))
+
+
+@dataclass(frozen=True)
+class Row:
+    chunk_id: str
+    position: int
+    page: int
+    text: str
+
+
+@dataclass(frozen=True)
+class LexicalHit:
+    chunk_id: str
+    document_id: int
+    job_id: int
+    position: int
+    page: int
+    text: str
+    filename: str
+    media_type: str
+    score: float  # larger is better
+    strict: bool = True  # it holds every typed word and phrase (not only some of the tokens)
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Narrow a search: file name (case-insensitive substring), media type, page range."""
+
+    filename: str | None = None
+    media_type: str | None = None
+    page_from: int | None = None
+    page_to: int | None = None
+
+
+# --- schema ------------------------------------------------------------------------------------------------
+
+_TABLE = """CREATE TABLE IF NOT EXISTS lexical_chunk (
+    id {id} PRIMARY KEY,
+    dataset_id INTEGER NOT NULL,
+    chunk_id VARCHAR(120) NOT NULL,
+    document_id INTEGER NOT NULL,
+    job_id INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    page INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    {terms} NOT NULL,
+    UNIQUE (dataset_id, chunk_id))"""
+_INDEXES = [
+    "CREATE INDEX IF NOT EXISTS ix_lexical_chunk_job ON lexical_chunk (job_id, position)",
+    "CREATE INDEX IF NOT EXISTS ix_lexical_chunk_document ON lexical_chunk (document_id)",
+]
+_SQLITE = [
+    _TABLE.format(id="INTEGER", terms="terms TEXT"),
+    *_INDEXES,
+    # External content: the words live once, in lexical_chunk; triggers keep the index in step,
+    # also when someone deletes rows by hand.
+    """CREATE VIRTUAL TABLE IF NOT EXISTS lexical_fts USING fts5(
+        terms, content='lexical_chunk', content_rowid='id', tokenize='unicode61 remove_diacritics 0')""",
+    """CREATE TRIGGER IF NOT EXISTS lexical_chunk_ai AFTER INSERT ON lexical_chunk BEGIN
+        INSERT INTO lexical_fts(rowid, terms) VALUES (new.id, new.terms); END""",
+    """CREATE TRIGGER IF NOT EXISTS lexical_chunk_ad AFTER DELETE ON lexical_chunk BEGIN
+        INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms); END""",
+    """CREATE TRIGGER IF NOT EXISTS lexical_chunk_au AFTER UPDATE OF terms ON lexical_chunk BEGIN
+        INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
+        INSERT INTO lexical_fts(rowid, terms) VALUES (new.id, new.terms); END""",
+]
+_POSTGRES = [
+    _TABLE.format(id="BIGSERIAL", terms="tsv TSVECTOR"),
+    *_INDEXES,
+    "CREATE INDEX IF NOT EXISTS ix_lexical_chunk_tsv ON lexical_chunk USING GIN (tsv)",
+]
+
+
+def _postgres(conn: Connection | Engine) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def init_schema(engine: Engine) -> None:
+    """Create the lexical tables if missing (``db.init_schema`` calls it, and retries a lost race)."""
+    with engine.begin() as conn:
+        for stmt in _POSTGRES if _postgres(engine) else _SQLITE:
+            conn.execute(text(stmt))
+
+
+# --- writing and removing -------------------------------------------------------------------------------------
+
+
+def _tsvector(toks: Sequence[str]) -> str:
+    """A tsvector literal with positions (tokens hold only letters and digits: no quoting needed)."""
+    return " ".join(f"'{t}':{min(i + 1, 16383)}" for i, t in enumerate(toks))
+
+
+def write_job(engine: Engine, *, dataset_id: int, document_id: int, job_id: int, rows: Iterable[Row]) -> int:
+    """Make the job's rows exactly ``rows``, in one transaction (a re-run writes the same ids again,
+    and what an older run left beyond the new count goes). Returns how many rows it wrote."""
+    pg = _postgres(engine)
+    params = []
+    for r in rows:
+        toks = tokens(r.text)
+        params.append({"dataset_id": dataset_id, "chunk_id": r.chunk_id, "document_id": document_id,
+                       "job_id": job_id, "position": r.position, "page": r.page, "text": r.text,
+                       "terms": _tsvector(toks) if pg else " ".join(toks)})
+    column, value = ("tsv", "CAST(:terms AS tsvector)") if pg else ("terms", ":terms")
+    insert = text(f"INSERT INTO lexical_chunk (dataset_id, chunk_id, document_id, job_id, position, page, text, "
+                  f"{column}) VALUES (:dataset_id, :chunk_id, :document_id, :job_id, :position, :page, :text, "
+                  f"{value})")
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :job_id"), {"job_id": job_id})
+        # A chunk id is the same for the same bytes and pipeline version: a row another job of this
+        # dataset left with these ids (never the case unless by hand) must not block the insert.
+        for start in range(0, len(params), BATCH):
+            part = params[start:start + BATCH]
+            conn.execute(text("DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids")
+                         .bindparams(_expanding("ids")),
+                         {"d": dataset_id, "ids": [p["chunk_id"] for p in part]})
+            conn.execute(insert, part)
+    return len(params)
+
+
+def _expanding(name: str):
+    from sqlalchemy import bindparam
+
+    return bindparam(name, expanding=True)
+
+
+def delete_job(engine: Engine, job_id: int) -> int:
+    """Remove every row a job wrote (cancel, supersede, delete). Returns how many went."""
+    with engine.begin() as conn:
+        return conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}).rowcount
+
+
+def delete_jobs(engine: Engine, job_ids: Sequence[int]) -> int:
+    if not job_ids:
+        return 0
+    with engine.begin() as conn:
+        return conn.execute(text("DELETE FROM lexical_chunk WHERE job_id IN :ids").bindparams(_expanding("ids")),
+                            {"ids": list(job_ids)}).rowcount
+
+
+def delete_ids(engine: Engine, dataset_id: int, chunk_ids: Sequence[str]) -> int:
+    n = 0
+    with engine.begin() as conn:
+        for start in range(0, len(chunk_ids), BATCH):
+            n += conn.execute(text("DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids")
+                              .bindparams(_expanding("ids")),
+                              {"d": dataset_id, "ids": list(chunk_ids[start:start + BATCH])}).rowcount
+    return n
+
+
+def update_fields(engine: Engine, dataset_id: int, fixes: Sequence[tuple[str, dict]]) -> None:
+    """Rewrite job_id / document_id / position of rows (reconcile's metadata repair)."""
+    allowed = {"job_id", "document_id", "position"}
+    with engine.begin() as conn:
+        for cid, values in fixes:
+            values = {k: v for k, v in values.items() if k in allowed}
+            if not values:
+                continue
+            sets = ", ".join(f"{k} = :{k}" for k in values)
+            conn.execute(text(f"UPDATE lexical_chunk SET {sets} WHERE dataset_id = :d AND chunk_id = :cid"),
+                         {**values, "d": dataset_id, "cid": cid})
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def iter_rows(engine: Engine, dataset_id: int, *, page_size: int = 5000):
+    """(chunk_id, job_id, document_id, position) of every row of a dataset, page by page."""
+    last = ""
+    while True:
+        with engine.connect() as conn:
+            page = conn.execute(text("SELECT chunk_id, job_id, document_id, position FROM lexical_chunk "
+                                     "WHERE dataset_id = :d AND chunk_id > :last ORDER BY chunk_id LIMIT :n"),
+                                {"d": dataset_id, "last": last, "n": page_size}).all()
+        if not page:
+            return
+        yield [tuple(r) for r in page]
+        if len(page) < page_size:
+            return
+        last = page[-1][0]
+
+
+def get_fields(engine: Engine, dataset_id: int, chunk_ids: Sequence[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    with engine.connect() as conn:
+        for start in range(0, len(chunk_ids), BATCH):
+            for cid, jid, did, pos in conn.execute(
+                    text("SELECT chunk_id, job_id, document_id, position FROM lexical_chunk "
+                         "WHERE dataset_id = :d AND chunk_id IN :ids").bindparams(_expanding("ids")),
+                    {"d": dataset_id, "ids": list(chunk_ids[start:start + BATCH])}):
+                out[cid] = {"job_id": jid, "document_id": did, "position": pos}
+    return out
+
+
+def count_job(engine: Engine, job_id: int) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT COUNT(*) FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}).scalar_one()
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    chunk_id: str
+    position: int
+    page: int
+    text: str
+
+
+def job_chunks(engine: Engine, job_id: int, *, offset: int = 0, limit: int = 50) -> list[ChunkRow]:
+    """A job's chunks in order (the document view), one page of them."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT chunk_id, position, page, text FROM lexical_chunk WHERE job_id = :j "
+                                 "ORDER BY position LIMIT :n OFFSET :o"), {"j": job_id, "n": limit, "o": offset})
+        return [ChunkRow(*r) for r in rows]
+
+
+def _fts5_expr(query: Query, *, loose: bool) -> str:
+    if loose:
+        return " OR ".join(f'"{t}"' for t in query.terms)
+    return " AND ".join('"' + " ".join(g) + '"' for g in query.groups)
+
+
+def _tsquery_expr(query: Query, *, loose: bool) -> str:
+    if loose:
+        return " | ".join(f"'{t}'" for t in query.terms)
+    return " & ".join("(" + " <-> ".join(f"'{t}'" for t in g) + ")" for g in query.groups)
+
+
+def search(engine: Engine, *, dataset_id: int, query: Query, n: int, filters: Filters | None = None,
+           loose: bool = True) -> list[LexicalHit]:
+    """The best ``n`` chunks of the dataset's active jobs for the query, best first.
+
+    Every group (quoted phrase, typed word) must match; when no chunk has them all and ``loose``
+    allows (no quoted phrase), chunks holding any of the tokens answer instead (``strict`` False).
+    """
+    if query.empty or n <= 0:
+        return []
+    hits = _run(engine, dataset_id, query, n, filters, loose=False)
+    if not hits and loose and not query.quoted and len(query.terms) > 1:
+        hits = [replace(h, strict=False) for h in _run(engine, dataset_id, query, n, filters, loose=True)]
+    return hits
+
+
+def _run(engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters | None, *,
+         loose: bool) -> list[LexicalHit]:
+    pg = _postgres(engine)
+    params: dict = {"d": dataset_id, "n": n}
+    where = ["l.dataset_id = :d"]
+    f = filters or Filters()
+    if f.filename:
+        where.append("LOWER(d.filename) LIKE :fn")
+        params["fn"] = f"%{f.filename.lower()}%"
+    if f.media_type:
+        where.append("d.media_type = :mt")
+        params["mt"] = f.media_type
+    if f.page_from is not None:
+        where.append("l.page >= :pf")
+        params["pf"] = f.page_from
+    if f.page_to is not None:
+        where.append("l.page <= :pt")
+        params["pt"] = f.page_to
+    active = "JOIN document d ON d.id = l.document_id AND d.active_job_id = l.job_id AND d.deleted_at IS NULL"
+    cols = "l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, d.filename, d.media_type"
+    if pg:
+        params["q"] = _tsquery_expr(query, loose=loose)
+        matches = "FROM lexical_chunk, CAST(:q AS tsquery) AS q(q) WHERE tsv @@ q.q AND dataset_id = :d"
+        ranked = f"SELECT id, ts_rank(tsv, q.q, 1) AS score {matches} ORDER BY score DESC LIMIT :m"
+    else:
+        params["q"] = _fts5_expr(query, loose=loose)
+        matches = "FROM lexical_fts WHERE lexical_fts MATCH :q"
+        ranked = f"SELECT rowid AS id, -bm25(lexical_fts) AS score {matches} ORDER BY score DESC LIMIT :m"
+    # Rank in the full-text index alone, then join only the best: carrying every match's text through
+    # the join and the sort cost as much as the ranking. When filters or inactive jobs leave fewer
+    # than asked, rank more, until every match was seen.
+    sql = (f"SELECT {cols}, f.score FROM ({ranked}) f JOIN lexical_chunk l ON l.id = f.id {active} "
+           f"WHERE {' AND '.join(where)} ORDER BY f.score DESC, l.chunk_id LIMIT :n")
+    params["m"] = max(CANDIDATES, 4 * n)
+    with engine.connect() as conn:
+        while True:
+            rows = conn.execute(text(sql), params).all()
+            if len(rows) >= n or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one() <= params["m"]:
+                return [_hit(r) for r in rows]
+            params["m"] *= 8
+
+
+def _hit(r) -> LexicalHit:
+    return LexicalHit(chunk_id=r[0], document_id=r[1], job_id=r[2], position=r[3], page=r[4], text=r[5],
+                      filename=r[6], media_type=r[7], score=float(r[8]))
+
+
+# --- highlighting ----------------------------------------------------------------------------------------------
+
+
+def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:
+    """Where the query's tokens occur in a text, as (start, end) character offsets."""
+    wanted = set(query.terms)
+    if not wanted:
+        return []
+    spans: list[tuple[int, int]] = []
+    for m in _WORD.finditer(value):
+        word = m.group()
+        norm = normalise(word)
+        if len(norm) != len(word):  # offsets would drift: judge the word as a whole
+            if any(t in wanted for t in _word_tokens(norm)):
+                spans.append(m.span())
+            continue
+        pos = 0
+        for i, part in enumerate(_CJK.split(norm)):
+            if i % 2 == 0:
+                if part and part in wanted:
+                    spans.append((m.start() + pos, m.start() + pos + len(part)))
+            elif len(part) == 1:
+                if part in wanted:
+                    spans.append((m.start() + pos, m.start() + pos + 1))
+            else:
+                for j in range(len(part) - 1):
+                    if part[j:j + 2] in wanted:
+                        spans.append((m.start() + pos + j, m.start() + pos + j + 2))
+            pos += len(part)
+    merged: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(e, merged[-1][1]))
+        else:
+            merged.append((s, e))
+    return merged
+
+
+def snippet(value: str, query: Query, *, width: int = 240, mark: tuple[str, str] = ("**", "**")) -> str:
+    """A window of the text around the first match, matched words wrapped in ``mark``."""
+    flat = " ".join(value.split())
+    spans = matched_spans(flat, query)
+    if not spans:
+        return flat[:width] + ("..." if len(flat) > width else "")
+    start = max(0, spans[0][0] - width // 3)
+    end = min(len(flat), start + width)
+    out, at = [], start
+    for s, e in spans:
+        if e <= start or s >= end:
+            continue
+        s, e = max(s, start), min(e, end)
+        out.append(flat[at:s])
+        out.append(f"{mark[0]}{flat[s:e]}{mark[1]}")
+        at = e
+    out.append(flat[at:end])
+    return ("..." if start > 0 else "") + "".join(out) + ("..." if end < len(flat) else "")
