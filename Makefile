@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval browser ocr wild-tools wild-corpus clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-fairness browser ocr wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -63,10 +63,15 @@ bench: setup ocr
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/ocr.py --out BENCHMARKS.md
 	$(BIN)/python -m bench.retrieval
+	$(BIN)/python bench/fairness.py --fifo
 
 ## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
 bench-retrieval: setup
 	$(BIN)/python -m bench.retrieval
+
+## bench-fairness: 2,000 jobs queued in one dataset, one upload to another: when does it start?
+bench-fairness: setup
+	$(BIN)/python bench/fairness.py --fifo
 
 bench-quick: setup
 	$(BIN)/python bench/run.py --quick

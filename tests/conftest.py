@@ -28,6 +28,9 @@ for _key in [k for k in os.environ if k.startswith("SLUICE_") and k not in ("SLU
     del os.environ[_key]
 os.environ.update({
     "SLUICE_ENV_FILE": "",
+    # Tests that publish and then look at the queue expect every job published at once; the
+    # dispatch window (priority and fairness) is tested where it is the point (tests/test_fairness.py).
+    "SLUICE_DISPATCH_PER_THREAD": "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",

@@ -7,7 +7,7 @@ import time
 
 from sqlmodel import Session, select
 
-from sluice.storage.models import Dataset, Job, JobEvent, JobStatus
+from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus
 
 FINAL = {s.value for s in JobStatus.final()}
 
@@ -44,6 +44,24 @@ def wait_for(ctx, job_ids, statuses=FINAL, timeout: float = 60.0) -> list[Job]:
             states = {j.id: (j.status.value, j.stage.value, j.done, j.total, j.error_message) for j in jobs}
             raise AssertionError(f"jobs not in {sorted(statuses)} after {timeout}s: {states}")
         time.sleep(0.1)
+
+
+def make_job(engine, dataset: str, n: int) -> Job:
+    """A pending job (with its document, event and outbox row) for made-up bytes number ``n``."""
+    from sluice.storage import jobs
+    from sluice.storage.db import ensure_dataset
+
+    sha = f"{n:064x}"
+    with Session(engine, expire_on_commit=False) as session:
+        ds = ensure_dataset(session=session, name=dataset)
+        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="text/plain", filename=f"d{n}.txt",
+                       blob_key=sha)
+        session.add(doc)
+        session.flush()
+        job, _ = jobs.create_job(session=session, document=doc, pipeline_version="v1",
+                                 idempotency_key=f"{ds.id}:{sha}:v1", max_attempts=3)
+        session.commit()
+        return job
 
 
 def collection(ctx, name: str = "default") -> str:

@@ -9,20 +9,15 @@ from sqlalchemy import update
 from sqlmodel import Session, func, select
 
 from sluice.storage import jobs, retention
-from sluice.storage.db import ensure_dataset, get_engine
-from sluice.storage.models import Document, Job, JobEvent, JobStatus, Outbox, utcnow
+from sluice.storage.db import get_engine
+from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, utcnow
+from tests.helpers import make_job
 
 
 def _job(engine, n: int, status: JobStatus, *, days_ago: int, dismissed: bool = False) -> int:
-    sha = f"{n:064x}"
+    made = make_job(engine, "default", n)
     with Session(engine, expire_on_commit=False) as session:
-        ds = ensure_dataset(session=session, name="default")
-        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="text/plain", filename=f"d{n}.txt",
-                       blob_key=sha)
-        session.add(doc)
-        session.flush()
-        job, _ = jobs.create_job(session=session, document=doc, pipeline_version="v1",
-                                 idempotency_key=f"{ds.id}:{sha}:v1", max_attempts=3)
+        job = session.get(Job, made.id)
         for kind in ("claimed", "attempt_failed", "claimed", {"succeeded": "succeeded", "failed": "failed"}
                      .get(status.value, "claimed")):
             jobs.add_event(session, job, kind, message=kind)

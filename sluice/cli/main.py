@@ -13,6 +13,10 @@
     sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
     sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
     sluice recover                                       one round of recovery (reaper, outbox)
+    sluice pause [--dataset NAME] [--reason TEXT] [--list]  stop starting jobs (all, or one dataset)
+    sluice resume [--dataset NAME]                       lift that pause; waiting jobs are published
+    sluice run-next JOB_ID...                            move waiting jobs to the front of the queue
+    sluice priority N|default JOB_ID... | --dataset NAME  higher priority starts first
     sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
     sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
     sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
@@ -29,6 +33,7 @@ import sys
 from collections.abc import Sequence
 
 from sluice.cli import commands
+from sluice.cli.scheduling import add_pause_commands, add_priority_commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
 from sluice.storage.files import use_private_umask
@@ -158,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=serve)
 
     add_integrity_commands(sub)
+    add_pause_commands(sub)
+    add_priority_commands(sub)
     return p
 
 

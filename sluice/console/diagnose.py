@@ -52,8 +52,9 @@ def why_waiting(row: dict, *, position: QueuePosition | None, workers: int | Non
             return "warning", (f"Not on the queue yet: publishing it failed ({err}). The worker's recovery "
                                "publishes it as soon as the queue answers.")
         return ("warning" if no_workers else "info"), (
-            "Not on the queue yet: its message waits in the outbox until the next dispatch (the worker's "
-            f"recovery runs every few seconds); {worker_note}.")
+            "Not on the queue yet: its message waits in the outbox until the next dispatch. The queue holds "
+            "only a few messages per worker thread; the next go by priority, then to the dataset with the "
+            f"least work under way, then the oldest (`sluice run-next` moves a job to the front); {worker_note}.")
     if position is None:
         return "info", f"{ahead} job(s) wait ahead of this one; {worker_note}."
     if position.beyond_scan:

@@ -129,6 +129,27 @@ def dismiss(who: Operator, ids: Iterable[int]) -> ActionReport:
     return _transition(jobs.dismiss, who, "dismiss dead letters", ids, queues_work=False)
 
 
+def run_next(who: Operator, ids: Iterable[int]) -> ActionReport:
+    """Move waiting jobs to the front of what the dispatcher publishes next."""
+    return _transition(jobs.run_next, who, "move jobs in the queue", ids, queues_work=True)
+
+
+def set_priority(who: Operator, ids: Iterable[int], priority: int | None) -> ActionReport:
+    return _transition(jobs.set_priority, who, "move jobs in the queue", ids, queues_work=True, priority=priority)
+
+
+def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -> tuple[bool, str]:
+    """The priority of the dataset's jobs that have none of their own (higher goes first; None: 0)."""
+    try:
+        require_operator(who, "set dataset priorities")
+    except ReadOnlyOperator as exc:
+        return False, str(exc)
+    with Session(ctx().engine) as session:
+        if not jobs.set_dataset_priority(session=session, dataset_id=dataset_id, priority=priority):
+            return False, f"no dataset {dataset_id}"
+    return True, f"dataset priority set to {0 if priority is None else priority}"
+
+
 # --- uploads and datasets ----------------------------------------------------------------------------------
 
 

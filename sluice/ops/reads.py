@@ -17,7 +17,7 @@ from sluice.ops.preview import Preview, preview_jobs
 from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
 from sluice.pipeline.reconcile_report import last_report
-from sluice.storage import queries, webhooks
+from sluice.storage import pauses, queries, webhooks
 from sluice.storage.jobs import get_job
 from sluice.storage.models import JobStatus, utcnow
 from sluice.storage.settings import redact_url
@@ -201,6 +201,7 @@ class JobDetail:
     unsent: list[dict] = field(default_factory=list)
     waiting_ahead: int = 0
     published_at: datetime | None = None  # when its last queue message went out
+    paused: str = ""  # the pause that keeps this waiting job from starting, in words
 
 
 END_OF_PHASE = {"succeeded", "attempt_failed", "failed", "cancelled"}
@@ -248,7 +249,15 @@ def job_detail(job_id: int) -> JobDetail | None:
         return JobDetail(row=queries.job_row(job), dataset=names.get(job.dataset_id, ""),
                          error_detail=job.error_detail, events=events, phases=phases_of(events),
                          unsent=unsent, waiting_ahead=ahead,
-                         published_at=queries.last_published(session=session, job_id=job_id))
+                         published_at=queries.last_published(session=session, job_id=job_id),
+                         paused=_paused(session, job))
+
+
+def _paused(session: Session, job) -> str:
+    if job.status not in (JobStatus.pending, JobStatus.retrying):
+        return ""
+    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+    return pauses.describe(held, queries.dataset_names(session=session).get(job.dataset_id)) if held else ""
 
 
 # --- dead letters ----------------------------------------------------------------------------------------

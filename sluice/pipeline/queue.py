@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Callable
 
 import redis
@@ -25,6 +26,7 @@ from sluice.pipeline.serializer import JsonSerializer
 from sluice.storage.outbox import DispatchResult, dispatch
 from sluice.storage.settings import get_settings
 
+WINDOW_RECOUNT_SECONDS = 3.0
 _READER = JsonSerializer()  # what queue inspection reads entries with, whatever the instance was given
 
 
@@ -69,10 +71,28 @@ def dispatch_now(engine: Engine, *, via: Callable[[int], None] | None = None) ->
     """Publish due outbox rows now (through ``via``, the queue by default); returns what was sent and
     the operator's note (empty when everything went)."""
     try:
-        result = dispatch(engine=engine, publish=via or publish)
+        result = dispatch(engine=engine, publish=via or publish, window=dispatch_window())
     except Exception as exc:  # the job database itself hiccuped; the workers publish later
         result = DispatchResult(error=f"{type(exc).__name__}: {exc}")
     return result, queue_note(result.error)
+
+
+_threads_seen: list[float] = [0.0, 1.0]  # when the worker threads alive were last counted, and how many
+
+
+def dispatch_window() -> int:
+    """How many messages the dispatcher keeps on the queue: SLUICE_DISPATCH_PER_THREAD for each
+    worker thread alive (counted from the presence keys, at most every few seconds), 0 for no window."""
+    per = get_settings().dispatch_per_thread
+    if not per:
+        return 0
+    if time.monotonic() - _threads_seen[0] > WINDOW_RECOUNT_SECONDS:
+        try:
+            _threads_seen[1] = float(sum(int(w.get("threads") or 1) for w in workers_alive()))
+        except redis.RedisError:
+            pass  # keep the last count; the publish that follows says the queue is down
+        _threads_seen[0] = time.monotonic()
+    return per * max(1, int(_threads_seen[1]))
 
 
 def queue_order(limit: int | None = None) -> list[int]:

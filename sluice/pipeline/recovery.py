@@ -39,7 +39,9 @@ _database_down_at: float | None = None  # monotonic time this process last found
 
 
 def run_once(ctx: Context, *, publish: Callable[[int], None],
-             queued_job_ids: Callable[[], list[int]] | None = None) -> RecoveryReport:
+             queued_job_ids: Callable[[], list[int]] | None = None, window: int = 0) -> RecoveryReport:
+    """One round: reap, re-publish the stranded, publish the outbox (keeping at most ``window``
+    messages on the queue; 0: no window)."""
     s = ctx.settings
     report = RecoveryReport()
     report.reaped = _reap(ctx)
@@ -53,7 +55,7 @@ def run_once(ctx: Context, *, publish: Callable[[int], None],
             with Session(ctx.engine) as session:
                 report.republished = outbox.redeliver_stranded(
                     session=session, older_than_seconds=s.redeliver_after_seconds, queued_job_ids=queued)
-    sent = outbox.dispatch(engine=ctx.engine, publish=publish)
+    sent = outbox.dispatch(engine=ctx.engine, publish=publish, window=window)
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
     return report

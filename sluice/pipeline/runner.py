@@ -203,10 +203,14 @@ class Reporter:
             return True
 
 
-def run_job(job_id: int, *, ctx: Context) -> RunOutcome:
+def run_job(job_id: int, *, ctx: Context, after_claim: Callable[[], object] | None = None) -> RunOutcome:
+    """Claim and run the job. ``after_claim`` runs once the claim is decided either way: the message
+    left the queue, so the dispatcher may put the next one there."""
     s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
         claim = jobs.claim(session=session, job_id=job_id, worker_id=ctx.worker_id, lease_seconds=s.lease_seconds)
+    if after_claim is not None:
+        after_claim()
     if not claim.claimed:
         return RunOutcome(job_id, "noop", claim.reason)
     job = claim.job

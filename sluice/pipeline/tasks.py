@@ -20,7 +20,14 @@ from huey import crontab
 
 from sluice.pipeline import recovery
 from sluice.pipeline.context import get_context
-from sluice.pipeline.queue import get_huey, publish, queued_job_ids, worker_key
+from sluice.pipeline.queue import (
+    dispatch_now,
+    dispatch_window,
+    get_huey,
+    publish,
+    queued_job_ids,
+    worker_key,
+)
 from sluice.pipeline.runner import run_job
 from sluice.storage.files import use_private_umask
 from sluice.storage.settings import get_settings, redact_url
@@ -48,11 +55,12 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
                   ctx.settings.queue_name, redact_url(ctx.settings.queue_redis_url))
         process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
         return
-    run_job(int(job_id), ctx=ctx)
+    # The claim took this message off the queue's window: publish the next one the dispatcher chooses.
+    run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine))
 
 
 def recover_once() -> recovery.RecoveryReport:
-    return recovery.run_once(get_context(), publish=publish, queued_job_ids=queued_job_ids)
+    return recovery.run_once(get_context(), publish=publish, queued_job_ids=queued_job_ids, window=dispatch_window())
 
 
 @huey.periodic_task(crontab(minute="*"), name="sluice.recover")

@@ -24,12 +24,12 @@ from datetime import datetime, timedelta
 from itertools import count
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
-from sluice.storage import faults, webhooks
+from sluice.storage import faults, models, pauses, webhooks
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import STAGE_UNITS, Document, Job, JobEvent, JobStatus, Outbox, Stage
 
@@ -262,9 +262,12 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         add_event(session, job, "noop", message=reason, actor=worker_id)
         session.commit()
         return ClaimResult(job, False, reason)
+    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+    if held is not None:
+        return _refuse_paused(session, job, held, worker_id, now)
     before = job.status
     ok = _cas(
-        session, job, where=[Job.status.in_(CLAIMABLE)],
+        session, job, where=[Job.status.in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
         status=JobStatus.running, stage=Stage.parsing, done=0, total=0,
         attempt=job.attempt + 1, lease=job.lease + 1, worker_id=worker_id,
         heartbeat_at=now, started_at=job.started_at or now, next_attempt_at=None,
@@ -273,6 +276,9 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     if not ok:
         session.rollback()
         job = get_job(session=session, job_id=job_id)
+        held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+        if held is not None and job.status in CLAIMABLE:  # paused between our look and our claim
+            return _refuse_paused(session, job, held, worker_id, now)
         reason = f"delivery ignored: claimed concurrently (now {job.status.value})"
         add_event(session, job, "noop", message=reason, actor=worker_id)
         session.commit()
@@ -281,6 +287,17 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
               message=f"attempt {job.attempt} of {job.max_attempts}", data={"lease": job.lease})
     session.commit()
     return ClaimResult(job, True)
+
+
+def _refuse_paused(session: Session, job: Job, held: Any, worker_id: str, now: datetime) -> ClaimResult:
+    """The job's dataset (or the whole queue) is paused: leave the job waiting with an unsent outbox
+    row, which the dispatcher publishes once the pause is lifted."""
+    reason = f"delivery ignored: {pauses.describe(held)}; it runs when resumed"
+    if _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+        add_event(session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope})
+        _publish(session, job, max(now, job.next_attempt_at or now))
+    session.commit()
+    return ClaimResult(job, False, reason)
 
 
 def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int,
@@ -634,6 +651,43 @@ def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str =
         results.append(ActionResult(jid, ok, f"job {jid} queued again ({reason})" if ok
                                     else f"job {jid} changed meanwhile; try again"))
     return results
+
+
+def set_priority(*, session: Session, job_ids: Iterable[int], actor: str, priority: int | None,
+                 verb: str = "priority set") -> list[ActionResult]:
+    """Give waiting jobs a priority (higher is published first; None: their dataset's again)."""
+    results = []
+    for jid, job in _load_many(session, job_ids):
+        if job is None or job.status not in CLAIMABLE:
+            state = "does not exist" if job is None else f"is {job.status.value}"
+            results.append(ActionResult(jid, False, f"job {jid} {state}; only waiting jobs (pending, "
+                                        "retrying) can be moved in the queue"))
+            continue
+        before = job.priority
+        ok = _cas(session, job, where=[Job.status.in_(CLAIMABLE)], priority=priority)
+        if ok:
+            add_event(session, job, "priority", actor=actor, message=f"{verb}: {priority}",
+                      data={"from": before, "to": priority})
+        session.commit()
+        results.append(ActionResult(jid, ok, f"job {jid}: {verb} ({priority})" if ok
+                                    else f"job {jid} changed meanwhile; try again"))
+    return results
+
+
+def run_next(*, session: Session, job_ids: Iterable[int], actor: str) -> list[ActionResult]:
+    """Move waiting jobs to the front: a priority above every other waiting job's."""
+    top = session.execute(
+        select(func.max(func.coalesce(Job.priority, models.Dataset.priority, 0)))
+        .join(models.Dataset, models.Dataset.id == Job.dataset_id).where(Job.status.in_(CLAIMABLE))
+    ).scalar() or 0
+    return set_priority(session=session, job_ids=job_ids, actor=actor, priority=top + 1, verb="run next")
+
+
+def set_dataset_priority(*, session: Session, dataset_id: int, priority: int | None) -> bool:
+    """The priority of a dataset's jobs that have none of their own (None: the default, 0)."""
+    done = session.execute(update(models.Dataset).where(models.Dataset.id == dataset_id).values(priority=priority)).rowcount
+    session.commit()
+    return bool(done)
 
 
 def _from_status(session: Session, job_ids: Iterable[int], *, source: JobStatus, refusal: str, event: str,

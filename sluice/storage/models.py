@@ -73,6 +73,7 @@ class Dataset(SQLModel, table=True):
     # Chroma collection of this dataset; unique per row so instances can share one Chroma server.
     collection: str = Field(unique=True, max_length=80)
     created_at: datetime = Field(default_factory=utcnow)
+    priority: int | None = None  # its jobs' priority when they have none of their own (higher first; None = 0)
 
 
 class Document(SQLModel, table=True):
@@ -119,6 +120,7 @@ class Job(SQLModel, table=True):
 
     attempt: int = 0  # attempts used of the current budget (reset by a manual retry)
     max_attempts: int = 5
+    priority: int | None = None  # higher is published first; None = its dataset's priority
     lease: int = 0  # fencing token: bumped by every claim, never reset
     version: int = 0  # compare-and-set column: bumped by every update
 
@@ -163,6 +165,18 @@ class JobEvent(SQLModel, table=True):
     actor: str = Field(default="system", max_length=120)
     message: str = Field(default="", sa_column=Column(Text))
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+
+
+class Pause(SQLModel, table=True):
+    """A pause in force: of one dataset, or of the whole queue (``dataset_id`` None, ``scope`` "all").
+    Its jobs are not claimed or published while the row exists; resuming deletes it."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=40, unique=True)  # "all" or "dataset:<id>": one pause per scope
+    dataset_id: int | None = Field(default=None, foreign_key="dataset.id", index=True)
+    paused_by: str = Field(max_length=120)
+    paused_at: datetime = Field(default_factory=utcnow)
+    reason: str = Field(default="", sa_column=Column(Text))
 
 
 class Outbox(SQLModel, table=True):

@@ -6,18 +6,20 @@ not import Huey. A failed publish leaves the row unsent; the recovery loop tries
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import exists, func, or_, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from sluice.storage import faults
+from sluice.storage import faults, pauses
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import CLAIMABLE, republish
-from sluice.storage.models import Job, JobStatus, Outbox
+from sluice.storage.models import Dataset, Job, JobStatus, Outbox
 
 
 @dataclass
@@ -27,8 +29,13 @@ class DispatchResult:
     error: str | None = None
 
 
-def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 1000) -> DispatchResult:
-    """Publish due outbox rows in order; stop at the first publish error (the queue is down).
+def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 1000,
+             window: int = 0) -> DispatchResult:
+    """Publish due outbox rows, the most urgent first; stop at the first publish error (the queue is down).
+
+    With a ``window``, only that many messages are kept on the queue (published, not yet claimed):
+    the rows chosen are the highest priority, then the dataset with the least work in flight or
+    running, then the oldest (see ``choose``). Without one, every due row goes, by priority then age.
 
     Rows are first marked sent in one conditional UPDATE, so concurrent dispatchers (every worker
     and console runs one) never publish the same row twice; rows that could not be published are
@@ -37,13 +44,7 @@ def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 100
     result = DispatchResult()
     with Session(engine) as session:
         now = db_now(session)
-        due = session.exec(
-            select(Outbox.id, Outbox.job_id, Job.status)
-            .join(Job, Job.id == Outbox.job_id)
-            .where(Outbox.sent_at.is_(None), Outbox.available_at <= now)
-            .order_by(Outbox.id)
-            .limit(limit)
-        ).all()
+        due = choose(session=session, now=now, limit=limit, window=window)
         if not due:
             return result
         claimed = set(session.execute(
@@ -80,6 +81,69 @@ def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 100
     return result
 
 
+def _priority() -> Any:
+    return func.coalesce(Job.priority, Dataset.priority, 0)
+
+
+def _due(now: datetime) -> list[Any]:
+    return [Outbox.sent_at.is_(None), Outbox.available_at <= now, ~pauses.covering(Job.dataset_id)]
+
+
+def load_by_dataset(*, session: Session) -> tuple[int, dict[int, int]]:
+    """Messages in flight (jobs waiting whose message was sent and not yet claimed), and per dataset
+    those plus its running jobs."""
+    unsent = exists().where(Outbox.job_id == Job.id, Outbox.sent_at.is_(None))
+    rows = session.execute(
+        select(Job.dataset_id, Job.status, func.count())
+        .where(Job.status.in_((*CLAIMABLE, JobStatus.running)), or_(Job.status == JobStatus.running, ~unsent))
+        .group_by(Job.dataset_id, Job.status)
+    ).all()
+    load: dict[int, int] = defaultdict(int)
+    for dataset_id, _, n in rows:
+        load[dataset_id] += n
+    return sum(n for _, status, n in rows if status != JobStatus.running), load
+
+
+def choose(*, session: Session, now: datetime, limit: int, window: int) -> list[tuple[int, int, JobStatus]]:
+    """The due outbox rows to publish now: (row id, job id, job status), in publishing order.
+
+    With a window: as many as it has room for; each next one is the head of the dataset whose head
+    has the highest priority, then the least work in flight and running, then the oldest row. So a
+    dataset with thousands of jobs queued and another with one take turns; "run next" (a higher job
+    priority) goes before both.
+    """
+    if not window:
+        return [tuple(r) for r in session.execute(
+            select(Outbox.id, Outbox.job_id, Job.status)
+            .join(Job, Job.id == Outbox.job_id).join(Dataset, Dataset.id == Job.dataset_id)
+            .where(*_due(now)).order_by(_priority().desc(), Outbox.id).limit(limit)
+        ).all()]
+    in_flight, load = load_by_dataset(session=session)
+    room = min(limit, window - in_flight)
+    if room <= 0:
+        return []
+    rank = func.row_number().over(partition_by=Job.dataset_id, order_by=(_priority().desc(), Outbox.id))
+    heads = (
+        select(Outbox.id.label("row_id"), Outbox.job_id, Job.status, Job.dataset_id,
+               _priority().label("priority"), rank.label("rank"))
+        .join(Job, Job.id == Outbox.job_id).join(Dataset, Dataset.id == Job.dataset_id)
+        .where(*_due(now))
+        .subquery()
+    )
+    queues: dict[int, deque] = defaultdict(deque)
+    for row in session.execute(select(heads).where(heads.c.rank <= room).order_by(heads.c.rank)).all():
+        queues[row.dataset_id].append(row)
+    chosen = []
+    while queues and len(chosen) < room:
+        dataset_id = min(queues, key=lambda d: (-queues[d][0].priority, load[d], queues[d][0].row_id))
+        row = queues[dataset_id].popleft()
+        chosen.append((row.row_id, row.job_id, JobStatus(row.status)))
+        load[dataset_id] += 1
+        if not queues[dataset_id]:
+            del queues[dataset_id]
+    return chosen
+
+
 def unsent_count(*, session: Session) -> int:
     return session.exec(select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))).one()
 
@@ -106,6 +170,7 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
         .join(last_sent, last_sent.c.job_id == Job.id)
         .where(
             Job.status.in_(CLAIMABLE),
+            ~pauses.covering(Job.dataset_id),
             (Job.next_attempt_at.is_(None)) | (Job.next_attempt_at <= cutoff),
             last_sent.c.unsent == 0,
             last_sent.c.last_sent < cutoff,

@@ -87,6 +87,10 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(5.0, gt=0, description="how often a running job says it is alive")
     recovery_interval_seconds: float = Field(5.0, gt=0)
     redeliver_after_seconds: float = Field(60.0, gt=0)
+    # Messages the dispatcher keeps on the queue (published, not yet claimed) per worker thread alive.
+    # What waits beyond stays in the outbox, where priority and fairness across datasets choose what
+    # goes next. 0 = no window: every due job is published at once (first in, first out).
+    dispatch_per_thread: int = Field(2, ge=0, description="0 = publish everything at once")
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
     retention_days: int = Field(30, ge=0, description="0 = keep everything")
     # A dependency outage (Chroma, the database) is not the job's failure: the job waits, looking

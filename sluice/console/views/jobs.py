@@ -66,7 +66,10 @@ def show_detail(d: reads.JobDetail) -> None:
     elif r["status"] in reads.ACTIVE:
         box.caption(r["progress"])
 
-    if r["status"] in reads.ACTIVE:
+    if d.paused:
+        box.warning(f"**Paused**: this job does not start until resumed. {ui.plain(d.paused[0].upper() + d.paused[1:])}."
+                    " Resume it on the Overview page or with `sluice resume`.", icon=":material/pause_circle:")
+    elif r["status"] in reads.ACTIVE:
         position = health.queue_position(job_id) if r["status"] == "pending" else None
         queue = health.queue_state()
         why = diagnose.why_waiting(
@@ -105,6 +108,10 @@ def show_detail(d: reads.JobDetail) -> None:
                               prompt=("Stop this job? A running job stops at its next batch and its partial "
                                       "chunks are removed; it can be retried later."),
                               on_confirm=lambda: _do(actions.cancel, "Cancel", job_id))
+        if r["status"] in ("pending", "retrying"):
+            st.button("Run next", key=f"run_next_{job_id}", disabled=not can,
+                      help="Publish this job before every other waiting job (a priority above theirs).",
+                      on_click=_do, args=(actions.run_next, "Run next", job_id))
         outlook = actions.retry_outlook(r)
         if outlook:  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
             st.page_link("views/upload.py", label="Upload a fixed file", icon=":material/upload_file:")

@@ -4,8 +4,9 @@ import pandas as pd
 import streamlit as st
 
 from sluice.console import ui
-from sluice.ops import health, reads
+from sluice.ops import health, pausing, reads
 
+who = ui.operator()
 sc = ui.scope()
 st.title("Overview")
 ui.scope_caption(sc)
@@ -26,6 +27,29 @@ if not queue.reachable:
 elif not queue.workers and ov.active:
     st.warning(f"No worker is alive, and {ov.active} job(s) are waiting. Start one with `sluice serve worker`.",
                icon=":material/warning:")
+
+
+
+def _pause_flash(done: pausing.PauseResult) -> None:
+    ui.flash("success" if done.ok else "error", ui.plain(done.message))
+    if done.queue_note:
+        ui.flash("warning", ui.plain(done.queue_note))
+
+
+held = pausing.active()
+for p in held:
+    line, button = st.columns([5, 1])
+    line.warning(f"**Paused**: {ui.plain(p['text'])}. Its jobs do not start; running jobs finish; uploads are "
+                 "accepted.", icon=":material/pause_circle:")
+    button.button("Resume", key=f"resume_{p['scope']}", type="primary", disabled=not who.can_act,
+                  on_click=lambda d=p["dataset_id"]: _pause_flash(pausing.resume(who, dataset_id=d)))
+target = "the whole queue" if sc.dataset_id is None else f"dataset {ui.plain(sc.dataset)}"
+if not any(p["dataset_id"] == sc.dataset_id for p in held):
+    with st.expander(f"Pause {target}"):
+        st.text_input("Reason (shown to other operators)", key="pause_reason")
+        ui.confirm_button(f"Pause {target}", key="pause_scope", disabled=not who.can_act, danger=False,
+                          prompt=f"Stop starting jobs of {target}? Running jobs finish; uploads are still accepted.",
+                          on_confirm=lambda: _pause_flash(pausing.pause(who, dataset_id=sc.dataset_id, reason=st.session_state.get("pause_reason", ""))))
 
 cols = st.columns(8)
 for col, status in zip(cols, ["pending", "running", "retrying", "succeeded", "failed", "cancelled",

@@ -1,0 +1,74 @@
+"""Pause and resume the whole queue or one dataset, for both front ends (see sluice.storage.pauses).
+
+Pausing and resuming are operator actions (refused to a read-only operator); anyone may read what is
+paused. Resuming publishes at once what waited, through the outbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlmodel import Session
+
+from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
+from sluice.ops.reads import ctx
+from sluice.pipeline.queue import dispatch_now
+from sluice.storage import pauses
+from sluice.storage.queries import dataset_names
+
+
+@dataclass(frozen=True)
+class PauseResult:
+    ok: bool
+    message: str
+    queue_note: str = ""
+
+
+def _what(dataset_id: int | None) -> str:
+    if dataset_id is None:
+        return "the whole queue"
+    with Session(ctx().engine) as session:
+        return f"dataset {dataset_names(session=session).get(dataset_id, dataset_id)}"
+
+
+def pause(who: Operator, *, dataset_id: int | None = None, reason: str = "") -> PauseResult:
+    """Stop starting jobs of the dataset (None: of every dataset); running jobs finish."""
+    try:
+        require_operator(who, "pause the queue")
+    except ReadOnlyOperator as exc:
+        return PauseResult(False, str(exc))
+    with Session(ctx().engine) as session:
+        row, made = pauses.pause(session=session, dataset_id=dataset_id, actor=who.actor, reason=reason)
+        text = pauses.describe(row, None if dataset_id is None else _what(dataset_id).removeprefix("dataset "))
+    if not made:
+        return PauseResult(True, f"{_what(dataset_id)} was already {text}")
+    return PauseResult(True, f"{_what(dataset_id)} is {text}; running jobs finish, uploads are still accepted")
+
+
+def resume(who: Operator, *, dataset_id: int | None = None) -> PauseResult:
+    """Lift the pause of the dataset (None: of the whole queue) and publish what waited."""
+    try:
+        require_operator(who, "resume the queue")
+    except ReadOnlyOperator as exc:
+        return PauseResult(False, str(exc))
+    with Session(ctx().engine) as session:
+        lifted = pauses.resume(session=session, dataset_id=dataset_id)
+    if not lifted:
+        return PauseResult(False, f"{_what(dataset_id)} was not paused")
+    note = dispatch_now(ctx().engine)[1]
+    left = active()
+    more = f"; still in force: {'; '.join(p['text'] for p in left)}" if left else ""
+    return PauseResult(True, f"{_what(dataset_id)} resumed{more}", note)
+
+
+def active() -> list[dict]:
+    """Every pause in force: scope, dataset, paused_by, paused_at, reason, text."""
+    with Session(ctx().engine) as session:
+        return pauses.active(session=session)
+
+
+def pause_of(dataset_id: int) -> str:
+    """What stops the jobs of this dataset ("" when nothing does)."""
+    with Session(ctx().engine) as session:
+        row = pauses.pause_for(session=session, dataset_id=dataset_id)
+        return pauses.describe(row, _what(dataset_id).removeprefix("dataset ")) if row else ""
