@@ -263,3 +263,39 @@ def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, b
     [done] = wait_for(ctx, [r.job_id], timeout=60)
     assert done.status == JobStatus.succeeded, (done.error_code, done.error_message)
     assert not traces(ctx, services, [tmp_path, services.workdir], password)  # console log included
+
+
+def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(ctx, console, browser, start_worker):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queue import publish
+    from sluice.storage.db import ensure_dataset
+
+    with Session(ctx.engine) as session:
+        ensure_dataset(session=session, name="kb")
+    start_worker()
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    _open(page, f"{console}/?dataset=kb", "Overview")
+    page.get_by_text("Pause dataset kb").first.click()  # the expander
+    page.get_by_label("Reason (shown to other operators)").fill("nightly index rebuild")
+    page.locator(".st-key-pause_scope button").click()
+    page.locator(".st-key-pause_scope-yes button").click()
+    _text(page, "nightly index rebuild")  # the Overview says what is paused, by whom and why
+    _shoot(page, "overview-paused")
+
+    # Uploads are still taken; the paused dataset's job waits (it is not even published), and its page
+    # says why.
+    r = ingest_bytes(ctx, b"Lock keepers open the gates at high water. " * 40, dataset="kb",
+                     filename="locks.txt", publish=publish)
+    _open(page, f"{console}/jobs?job={r.job_id}&dataset=kb", "Jobs")
+    _text(page, "Paused")
+    assert job(ctx, r.job_id).status == JobStatus.pending
+    assert "claimed" not in [e.kind for e in events(ctx, r.job_id)]
+
+    _open(page, f"{console}/?dataset=kb", "Overview")
+    page.get_by_role("button", name="Resume").click()
+    [done] = wait_for(ctx, [r.job_id], timeout=90)  # resume publishes what waited
+    assert done.status == JobStatus.succeeded
+    page.reload()
+    page.get_by_role("heading", name="Overview", exact=True).wait_for()
+    assert page.get_by_text("nightly index rebuild").count() == 0
