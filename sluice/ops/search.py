@@ -199,6 +199,12 @@ def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | No
         return list(session.exec(stmt).all())
 
 
+def _job_of(hit) -> int | None:
+    """The job a vector belongs to (None for a vector no Sluice job wrote)."""
+    job = hit.metadata.get("job_id")
+    return int(job) if job is not None else None
+
+
 def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> list[SearchHit]:
     if not query:
         return []
@@ -218,22 +224,25 @@ def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> l
     n = min(total, max(20, k * 2))  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
-        hits = ctx.vectors.query(ds.collection, vector, n=n, where=where)
+        vanished_before = ctx.vectors.vanished_hits
+        hits = [h for h in ctx.vectors.query(ds.collection, vector, n=n, where=where) if _job_of(h) is not None]
+        vanished = ctx.vectors.vanished_hits - vanished_before
         active = _active_jobs(ctx, {int(h.metadata.get("document_id", -1)) for h in hits})
-        kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == int(h.metadata["job_id"])]
+        kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == _job_of(h)]
         # A document whose active job switched between the query and this read lost all its hits;
-        # its new chunks were complete before the switch, so one more query finds them.
-        switched = any(active.get(int(h.metadata.get("document_id", -1))) not in (None, int(h.metadata["job_id"]))
-                       for h in hits)
+        # its new chunks were complete before the switch, so one more query finds them. Chunks
+        # deleted while the query ran (a superseded version) left holes: the same one more query.
+        switched = vanished > 0 or any(
+            active.get(int(h.metadata.get("document_id", -1))) not in (None, _job_of(h)) for h in hits)
         if switched and not requeried:
             requeried = True
             continue
-        if len(kept) >= k or n >= total or len(hits) < n:
+        if len(kept) >= k or n >= total or len(hits) + vanished < n:
             break
         n = min(total, n * 4)
     return [
         SearchHit(filename=str(h.metadata.get("filename", "")), page=int(h.metadata.get("page", 0)),
-                  score=round(h.score, 4), text=h.text, job_id=int(h.metadata["job_id"]),
+                  score=round(h.score, 4), text=h.text, job_id=_job_of(h),
                   document_id=int(h.metadata.get("document_id", 0)), chunk_id=h.id,
                   pipeline_version=str(h.metadata.get("pipeline_version", "")), matched=["dense"],
                   where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)),

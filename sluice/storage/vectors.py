@@ -139,6 +139,7 @@ class VectorStore:
         self._collections: dict[str, Any] = {}
         self._groups: dict[str, GroupCommit] = {}
         self._lock = threading.Lock()
+        self.vanished_hits = 0  # query results deleted while the query ran (left out)
 
     @property
     def client(self):
@@ -255,8 +256,15 @@ class VectorStore:
             include=["documents", "metadatas", "distances"]))
         hits = []
         for i, cid in enumerate(res["ids"][0]):
+            meta = res["metadatas"][0][i]
+            if meta is None:
+                # Chroma finds the id in its vector index, then reads the record: a delete landing in
+                # between leaves an id without metadata or text. That chunk is gone; leave it out.
+                with self._lock:
+                    self.vanished_hits += 1
+                continue
             hits.append(Hit(id=cid, score=1.0 - float(res["distances"][0][i]),
-                            text=res["documents"][0][i] or "", metadata=dict(res["metadatas"][0][i] or {})))
+                            text=res["documents"][0][i] or "", metadata=dict(meta)))
         return hits
 
     def drop_collection(self, name: str) -> None:
