@@ -93,6 +93,37 @@ def test_chroma_down_for_many_rounds_spends_no_attempt_and_the_job_resumes(datab
     assert len(ids_of_job(ctx, r.job_id)) == j.chunk_count
 
 
+def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_once(database_url, make_ctx):
+    """Chroma restarting: the job's request is refused, and by the time the worker asks Chroma
+    whether it is down, it answers. The refusal itself says it was an outage: no attempt spent."""
+    from sluice.storage import faults
+    from sluice.storage.vectors import VectorStore
+    from tests.servers import free_port
+
+    ctx = make_ctx()
+    down = VectorStore(f"http://127.0.0.1:{free_port()}", timeout=5)  # the refusal a stopped Chroma gives
+    refused: list[str] = []
+
+    def refuse(**_):
+        if not refused:
+            try:
+                down.heartbeat()
+            except Exception as exc:
+                refused.append(repr(exc))
+                raise
+            raise AssertionError("nothing listens there, yet it answered")
+
+    r = ingest_bytes(ctx, doc(1), dataset="default", filename="restart.txt")
+    with faults.hook("embed_batch", refuse):
+        assert run_rounds(ctx, r.job_id, 2) == ["retrying", "succeeded"]
+    assert refused
+    j = job(ctx, r.job_id)
+    assert (j.attempt, j.waiting_for) == (1, None)
+    [wait] = [e for e in events(ctx, r.job_id) if e.kind == "waiting"]
+    assert wait.message.startswith("waiting for Chroma at ") and "attempt not counted" in wait.message
+    assert len(ids_of_job(ctx, r.job_id)) == j.chunk_count
+
+
 def test_an_outage_longer_than_the_maximum_is_a_dead_letter_that_says_so(database_url, make_ctx):
     from sluice.storage.vectors import VectorStore
     from tests.servers import free_port
@@ -149,7 +180,9 @@ def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, s
 
     done = wait_for(ctx, ids, timeout=120)
     assert [j.status.value for j in done] == ["succeeded"] * 20
-    assert [j.attempt for j in done] == [1] * 20  # the outage spent no attempt
+    spent = {j.id: [(e.kind, e.stage, e.attempt, e.actor, e.message[:200]) for e in events(ctx, j.id)
+                    if e.kind != "waiting"] for j in done if j.attempt != 1}
+    assert not spent, f"the outage spent attempts: {spent}"
     waited = [i for i, j in outage.items() if j.waiting_for]
     assert waited and all(outage[i].waiting_for.startswith("Chroma at ") for i in waited)
     for j in done:

@@ -235,7 +235,7 @@ def run_job(job_id: int, *, ctx: Context, after_claim: Callable[[], object] | No
         return RunOutcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
-        waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err)
+        waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err, exc)
         log.info("job %s attempt %s failed: %s %s%s", job_id, job.attempt, err.kind.value, err.message,
                  f" (waiting for {waiting_for})" if waiting_for else "")
 
@@ -274,11 +274,34 @@ def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], Jo
             time.sleep(s.outage_poll_seconds)
 
 
-def _outage(ctx: Context, err: PipelineError) -> str | None:
+# A request the server refused or dropped unanswered: it was down (or going down) when the job asked.
+_REFUSED = ("connection refused", "connecterror", "connection reset", "server disconnected",
+            "remoteprotocolerror", "connection aborted", "broken pipe")
+
+
+def _refused_by_chroma(exc: BaseException) -> bool:
+    """Did Chroma refuse or drop this request? Then its outage caused the failure, even when it is
+    answering again by the time anyone asks (a restart): the attempt is not the job's."""
+    seen: set[int] = set()
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    from_http = any(type(x).__module__.split(".")[0] in ("httpx", "httpcore", "chromadb") for x in chain)
+    refused = any(w in f"{type(x).__name__} {x}".lower() for x in chain for w in _REFUSED)
+    return from_http and refused
+
+
+def _outage(ctx: Context, err: PipelineError, exc: BaseException | None = None) -> str | None:
     """After a transient failure: is a service the job needs down? Then it is an outage, not the
-    job's failure. Asked of the services themselves, so a slow request of one job counts as its own."""
+    job's failure. A request Chroma refused says so by itself; otherwise the services are asked,
+    so a slow request of one job counts as its own."""
     if err.kind != ErrorKind.transient or err.code not in ("service_unavailable", "internal_error"):
         return None
+    if exc is not None and _refused_by_chroma(exc):
+        return f"Chroma at {ctx.settings.chroma_url}"
     try:
         ctx.vectors.heartbeat()
     except Exception as exc:
