@@ -6,6 +6,7 @@ the same functions as the console, so both front ends refuse, queue and word thi
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -167,11 +168,53 @@ def datasets(args) -> int:
         ok, message = actions.create_dataset(cli_operator(), args.create)
         if not ok:
             return _fail(message)
+    if args.name:
+        return dataset_settings(args)
+    if args.set or args.unset or args.yes:
+        return _fail("name the dataset: sluice datasets NAME --set KEY=VALUE")
     rows = reads.dataset_summaries()
     if args.json:
         print_json(rows)
         return 0
     table(rows, [("name", "DATASET"), ("documents", "DOCUMENTS"), ("chunks", "CHUNKS")], empty="no datasets")
+    return 0
+
+
+def dataset_settings(args) -> int:
+    from sluice.ops.dataset_settings import UnknownDataset
+
+    assignments: dict[str, str | None] = {key.strip(): None for key in args.unset}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            return _fail(f"--set {item!r}: write KEY=VALUE, e.g. --set chunk_size=400")
+        assignments[key.strip()] = value
+    if not assignments:
+        try:
+            view = actions.dataset_settings(args.name)
+        except UnknownDataset as exc:
+            return _fail(str(exc))
+        if args.json:
+            print_json(view.to_dict())
+            return 0
+        table([{**r.to_dict(), "source": "this dataset" if r.source == "dataset" else "default (SLUICE_*)"}
+               for r in view.rows],
+              [("key", "SETTING"), ("value", "VALUE"), ("source", "FROM"), ("description", "MEANING")], empty="")
+        print(f"pipeline {view.pipeline_version}"
+              + (f"; changed by {view.changed_by} at {view.changed_at:%Y-%m-%d %H:%M} UTC" if view.changed_at else "")
+              + (f"; {view.to_rebuild} document(s) still on another version (sluice reindex --all --dataset "
+                 f"{shlex.quote(args.name)})" if view.to_rebuild else ""))
+        return 0
+    change = (actions.set_dataset_settings(cli_operator(), args.name, assignments) if args.yes
+              else actions.preview_dataset_settings(args.name, assignments))
+    if args.json:
+        print_json(change.to_dict())
+        return 0 if change.ok else 1
+    if not change.ok:
+        return _fail(change.message)
+    print(change.message)
+    if not args.yes:
+        print("(nothing changed; add --yes to save the settings and reindex this dataset)")
     return 0
 
 

@@ -4,6 +4,9 @@
     sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
     sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
     sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
+    sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
+                                                         a dataset's parse settings; a change shows its
+                                                         cost, and with --yes reindexes that dataset
     sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
                   [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
     sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
@@ -91,8 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.show)
 
-    a = sub.add_parser("datasets", help="datasets with document and chunk counts")
+    a = sub.add_parser("datasets", help="datasets with document and chunk counts; one dataset's parse settings")
+    a.add_argument("name", nargs="?", help="one dataset: show (and with --set, change) its parse settings")
     a.add_argument("--create", metavar="NAME")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="chunk_size, chunk_overlap, ocr_mode (auto|always|off) or ocr_language")
+    a.add_argument("--unset", action="append", default=[], metavar="KEY", help="back to the SLUICE_* default")
+    a.add_argument("--yes", action="store_true", help="apply the change (without: show what it would cost)")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.datasets)
 

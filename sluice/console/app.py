@@ -43,6 +43,7 @@ def _pages() -> list:
         st.Page("views/document.py", title="Document", icon=":material/description:"),
         st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
         st.Page("views/integrity.py", title="Integrity", icon=":material/fact_check:"),
+        st.Page("views/datasets.py", title="Datasets", icon=":material/folder_data:"),
     ]
 
 

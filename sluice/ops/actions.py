@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from sqlmodel import Session
 
+from sluice.ops import dataset_settings as dataset_config
 from sluice.ops import documents
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
@@ -180,6 +181,25 @@ def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
     with Session(ctx().engine) as session:
         ensure_dataset(session=session, name=name)
     return True, f"dataset {name!r} is ready"
+
+
+def dataset_settings(name: str) -> dataset_config.SettingsView:
+    """What the dataset parses with now (anyone may look)."""
+    return dataset_config.current(ctx(), name)
+
+
+def preview_dataset_settings(name: str, assignments: dict[str, str | None]) -> dataset_config.SettingsChange:
+    """What a change of the dataset's parse settings would cost, before anything is written."""
+    return dataset_config.propose(ctx(), name, assignments)
+
+
+def set_dataset_settings(who: Operator, name: str, assignments: dict[str, str | None]) -> dataset_config.SettingsChange:
+    """Save the dataset's parse settings (KEY -> value; None unsets) and rebuild that dataset with them."""
+    try:
+        require_operator(who, "change dataset settings")
+    except ReadOnlyOperator as exc:
+        return dataset_config.SettingsChange(False, str(exc), dataset=name)
+    return dataset_config.apply(ctx(), name, assignments, actor=who.actor, publish=publish)
 
 
 # --- integrity: delete, reconcile, reindex to the version in force -----------------------------------------

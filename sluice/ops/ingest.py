@@ -96,7 +96,7 @@ def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO
         ds = ensure_dataset(session=session, name=dataset)
         document, job, created = jobs.create_upload(
             session=session, dataset_id=ds.id, sha256=key, size=size, media_type=media_type, filename=display,
-            pipeline_version=ctx.pipeline_version, max_attempts=s.max_attempts, actor=actor)
+            pipeline_version=ctx.version_for(ds), max_attempts=s.max_attempts, actor=actor)
     result = IngestResult(display, True, job_id=job.id, document_id=document.id, dataset=dataset,
                           duplicate=not created, status=job.status.value)
     if not created:

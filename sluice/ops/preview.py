@@ -20,6 +20,7 @@ from sluice.pipeline.chunk import split_text
 from sluice.pipeline.context import Context
 from sluice.pipeline.parse import OcrOptions, ParseLimits, open_document
 from sluice.storage.models import Dataset, Document, Job
+from sluice.storage.settings import Settings
 from sluice.storage.vectors import chunk_id
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,14 @@ class Preview:
         return text
 
 
-def document_texts(ctx: Context, document: Document) -> list[str]:
-    """The chunk texts the runner would make of this document with the current settings; parsed
-    in a child process with the workers' limits, never in the calling (console) process."""
-    s = ctx.settings
+def document_texts(ctx: Context, document: Document, settings: Settings | None = None) -> list[str]:
+    """The chunk texts the runner would make of this document with its dataset's settings (or with
+    ``settings``, for a change not made yet); parsed in a child process with the workers' limits,
+    never in the calling (console) process."""
+    if settings is None:
+        with Session(ctx.engine) as session:
+            settings = ctx.settings_for(session.get(Dataset, document.dataset_id))
+    s = settings
     parsed = open_document(ctx.blobs.path(document.blob_key), media_type=document.media_type,
                            max_pages=s.max_pages, limits=ParseLimits.from_settings(s), name=document.filename,
                            ocr=OcrOptions.from_settings(s))
@@ -82,10 +87,11 @@ class _Count:
 
 
 def count_work(ctx: Context, *, document: Document, collection: str, pipeline_version: str,
-               job_id: int | None = None) -> _Count:
-    """What running a job of ``pipeline_version`` for ``document`` would do now."""
+               job_id: int | None = None, settings: Settings | None = None) -> _Count:
+    """What running a job of ``pipeline_version`` for ``document`` would do now (chunked with
+    ``settings``, by default its dataset's)."""
     try:
-        texts = document_texts(ctx, document)
+        texts = document_texts(ctx, document, settings)
     except Exception as exc:  # missing blob, unreadable file: the job will fail the same way
         log.info("preview: document %s cannot be read: %s", document.id, exc)
         return _Count(readable=False)

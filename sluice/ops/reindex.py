@@ -29,6 +29,7 @@ from sluice.storage.models import Dataset, Document, Job, JobStatus
 log = logging.getLogger(__name__)
 
 SAMPLE = 20  # documents parsed for the preview
+EACH = "of each dataset"  # the target when datasets with their own parse settings differ
 BATCH = 200  # documents per transaction when creating jobs
 
 
@@ -43,6 +44,7 @@ class Candidate:
     target_job_id: int | None  # an existing job of the new version, if any
     target_status: str | None
     action: str  # create | retry | revive | reindex | underway
+    to_version: str = ""  # the version its dataset's settings make now
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,12 +65,14 @@ class ReindexPlan:
                 "candidates": [c.to_dict() for c in self.candidates]}
 
     def describe(self) -> str:
+        target = (f"pipeline {self.pipeline_version}" if self.pipeline_version != EACH
+                  else "its dataset's pipeline version")
         if not self.documents:
-            text = f"every document is on pipeline {self.pipeline_version}: nothing to reindex"
+            text = f"every document is on {target}: nothing to reindex"
         else:
             p = self.preview
             about = "about " if p.estimated else ""
-            text = (f"{self.documents} document(s) to rebuild with pipeline {self.pipeline_version} "
+            text = (f"{self.documents} document(s) to rebuild with {target} "
                     f"({self.old_chunks:,} chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} "
                     f"in the embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed")
             if p.unreadable:
@@ -97,55 +101,73 @@ class ReindexResult:
                 "jobs": [r.job_id for r in self.results if r.ok]}
 
 
-def candidates(ctx: Context, *, dataset: str | None = None) -> list[Candidate]:
-    """Live documents whose active, succeeded job is of another pipeline version than ``ctx``'s."""
-    target = ctx.pipeline_version
+def candidates(ctx: Context, *, dataset: str | None = None, proposed: Dataset | None = None) -> list[Candidate]:
+    """Live documents whose active, succeeded job is of another pipeline version than their
+    dataset's (the process's settings with the dataset's own parse settings). ``proposed``: one
+    dataset with parse settings not saved yet (the preview of a change)."""
+    out = []
     with Session(ctx.engine) as session:
-        stmt = (select(Document, Job, Dataset.name)
-                .join(Job, Job.id == Document.active_job_id)
-                .join(Dataset, Dataset.id == Document.dataset_id)
-                .where(Document.deleted_at.is_(None), Job.status == JobStatus.succeeded,
-                       Job.pipeline_version != target)
-                .order_by(Document.id))
+        stmt = select(Dataset).order_by(Dataset.id)
         if dataset:
             stmt = stmt.where(Dataset.name == dataset)
-        rows = session.exec(stmt).all()
-        keys = {jobs.idempotency_key(dataset_id=doc.dataset_id, sha256=doc.sha256, pipeline_version=target): doc.id for doc, _, _ in rows}
-        existing = {}
-        key_list = list(keys)
-        for start in range(0, len(key_list), 500):
-            part = key_list[start:start + 500]
-            for jid, key, status in session.exec(select(Job.id, Job.idempotency_key, Job.status)
-                                                 .where(Job.idempotency_key.in_(part))).all():
-                existing[keys[key]] = (jid, JobStatus(status))
-    out = []
-    for doc, job, name in rows:
-        target_id, status = existing.get(doc.id, (None, None))
-        out.append(Candidate(document_id=doc.id, dataset=name, filename=doc.filename, active_job_id=job.id,
-                             from_version=job.pipeline_version, chunk_count=job.chunk_count or 0,
-                             target_job_id=target_id, target_status=status.value if status else None,
-                             action=jobs.ACTION_FOR_STATUS[status]))
+        for ds in [proposed] if proposed is not None else session.exec(stmt).all():
+            target = ctx.version_for(ds)
+            rows = session.exec(select(Document, Job)
+                                .join(Job, Job.id == Document.active_job_id)
+                                .where(Document.dataset_id == ds.id, Document.deleted_at.is_(None),
+                                       Job.status == JobStatus.succeeded, Job.pipeline_version != target)
+                                .order_by(Document.id)).all()
+            keys = {jobs.idempotency_key(dataset_id=ds.id, sha256=doc.sha256, pipeline_version=target): doc.id
+                    for doc, _ in rows}
+            existing = {}
+            key_list = list(keys)
+            for start in range(0, len(key_list), 500):
+                part = key_list[start:start + 500]
+                for jid, key, status in session.exec(select(Job.id, Job.idempotency_key, Job.status)
+                                                     .where(Job.idempotency_key.in_(part))).all():
+                    existing[keys[key]] = (jid, JobStatus(status))
+            for doc, job in rows:
+                target_id, status = existing.get(doc.id, (None, None))
+                out.append(Candidate(document_id=doc.id, dataset=ds.name, filename=doc.filename, active_job_id=job.id,
+                                     from_version=job.pipeline_version, chunk_count=job.chunk_count or 0,
+                                     target_job_id=target_id, target_status=status.value if status else None,
+                                     action=jobs.ACTION_FOR_STATUS[status], to_version=target))
     return out
 
 
-def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE) -> ReindexPlan:
-    """The preview of ``reindex --all``: documents, about how many chunks, how many from the cache."""
-    found = candidates(ctx, dataset=dataset)
+def target_version(ctx: Context, dataset: str | None, found: list[Candidate]) -> str:
+    """The version a reindex builds: the dataset's, or the process's when every dataset uses it."""
+    if dataset:
+        with Session(ctx.engine) as session:
+            ds = session.exec(select(Dataset).where(Dataset.name == dataset)).first()
+        if ds is not None:
+            return ctx.version_for(ds)
+    versions = {c.to_version for c in found}
+    return versions.pop() if len(versions) == 1 else ctx.pipeline_version if not versions else EACH
+
+
+def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE,
+         proposed: Dataset | None = None) -> ReindexPlan:
+    """The preview of ``reindex --all``: documents, about how many chunks, how many from the cache.
+    ``proposed``: the same for one dataset under parse settings not saved yet."""
+    found = candidates(ctx, dataset=dataset, proposed=proposed)
+    settings = ctx.settings_for(proposed) if proposed is not None else None
     todo = [c for c in found if c.action != "underway"]
     with Session(ctx.engine) as session:
         collections = {d.name: d.collection for d in session.exec(select(Dataset)).all()}
         sampled = [(c, session.get(Document, c.document_id)) for c in todo[:sample]]
         leases = {c.target_job_id: session.get(Job, c.target_job_id).lease
                   for c, _ in sampled if c.target_job_id}
-    counts = (count_work(ctx, document=doc, collection=collections[c.dataset], pipeline_version=ctx.pipeline_version,
-                         job_id=c.target_job_id if leases.get(c.target_job_id) else None)
+    counts = (count_work(ctx, document=doc, collection=collections[c.dataset], pipeline_version=c.to_version,
+                         job_id=c.target_job_id if leases.get(c.target_job_id) else None, settings=settings)
               for c, doc in sampled)
     # Documents differ in size: extrapolate by the chunks they have today, not by their number.
     old_sampled = sum(c.chunk_count for c, _ in sampled)
     old_total = sum(c.chunk_count for c in todo)
     preview = accumulate(counts, total_jobs=len(todo), total_documents=len(todo),
                          scale=old_total / old_sampled if old_sampled else None)
-    return ReindexPlan(pipeline_version=ctx.pipeline_version, documents=len(todo),
+    version = ctx.version_for(proposed) if proposed is not None else target_version(ctx, dataset, found)
+    return ReindexPlan(pipeline_version=version, documents=len(todo),
                        underway=len(found) - len(todo), old_chunks=old_total,
                        preview=preview, candidates=found)
 
@@ -153,19 +175,18 @@ def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE) -> R
 def reindex_all(ctx: Context, *, actor: str, dataset: str | None = None,
                 publish: Callable[[int], None] | None = None) -> ReindexResult:
     """Queue a job of the current pipeline version for every document still on another version."""
-    reason = f"reindex --all to pipeline {ctx.pipeline_version}"
     found = candidates(ctx, dataset=dataset)
-    result = ReindexResult(ctx.pipeline_version, underway=sum(c.action == "underway" for c in found))
-    todo = [c.document_id for c in found if c.action != "underway"]
+    result = ReindexResult(target_version(ctx, dataset, found), underway=sum(c.action == "underway" for c in found))
+    todo = [c for c in found if c.action != "underway"]
     for start in range(0, len(todo), BATCH):
         with Session(ctx.engine) as session:
-            for doc_id in todo[start:start + BATCH]:
-                document = session.get(Document, doc_id)
-                done, _ = jobs.ensure_version_job(session=session, document=document, pipeline_version=ctx.pipeline_version,
+            for c in todo[start:start + BATCH]:
+                document = session.get(Document, c.document_id)
+                done, _ = jobs.ensure_version_job(session=session, document=document, pipeline_version=c.to_version,
                                                   max_attempts=ctx.settings.max_attempts, actor=actor,
-                                                  reason=reason)
+                                                  reason=f"reindex --all to pipeline {c.to_version}")
                 result.results.append(done)
     if publish is not None and result.queued:
         result.queue_error = dispatch_now(ctx.engine, via=publish)[0].error
-    log.info("reindex --all to %s: %d queued, %d under way", ctx.pipeline_version, result.queued, result.underway)
+    log.info("reindex --all to %s: %d queued, %d under way", result.pipeline_version, result.queued, result.underway)
     return result

@@ -25,10 +25,12 @@ from sluice.pipeline.embed import (
     model_path,
     resolve_precision,
 )
+from sluice.storage import dataset_settings
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine, instance_id
 from sluice.storage.files import private_dir
+from sluice.storage.models import Dataset
 from sluice.storage.settings import Settings, get_settings
 from sluice.storage.vectors import VectorStore
 
@@ -51,6 +53,12 @@ def pipeline_version(settings: Settings, precision: str | None = None) -> str:
         precision = "fp32" if settings.embedder == "hash" else resolve_precision(settings.embed_precision)
     if precision != "fp32":
         spec["precision"] = precision
+    # OCR changes the text of scanned pages. Only what differs from the defaults enters the spec, so
+    # versions made before OCR counted stay what they were.
+    if settings.ocr_mode != "auto":
+        spec["ocr"] = settings.ocr_mode
+    if settings.ocr_language != "eng":
+        spec["ocr_language"] = settings.ocr_language
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     return f"v{digest}"
 
@@ -105,6 +113,17 @@ class Context:
     @cached_property
     def pipeline_version(self) -> str:
         return pipeline_version(self.settings, self.precision)
+
+    def settings_for(self, dataset: Dataset) -> Settings:
+        """This process's settings with the dataset's own parse settings in place."""
+        return dataset_settings.effective(self.settings, dataset.parse_settings)
+
+    def version_for(self, dataset: Dataset) -> str:
+        """The pipeline version of the dataset's documents: the process's, unless the dataset sets
+        its own chunking or OCR."""
+        if not dataset_settings.overrides_of(dataset.parse_settings):
+            return self.pipeline_version
+        return pipeline_version(self.settings_for(dataset), self.precision)
 
     @cached_property
     def precision(self) -> str:

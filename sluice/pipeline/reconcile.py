@@ -377,25 +377,26 @@ class _DatasetAudit:
         return out
 
     def _rebuild(self, f: Finding, job: _Job, missing: int) -> None:
-        if job.version == self.ctx.pipeline_version:
+        target = self.ctx.version_for(self.ds)
+        if job.version == target:
             verb = "reindex" if job.status == JobStatus.succeeded else "retry"
             plan = f"{verb} job {job.id}: the re-run adds the {missing} missing chunk(s) from the embedding cache"
         else:
-            plan = (f"queue a job of pipeline {self.ctx.pipeline_version} (job {job.id} was built by "
+            plan = (f"queue a job of pipeline {target} (job {job.id} was built by "
                     f"{job.version}, which the settings no longer make)")
         if not self.repair:
             f.repair.append(plan)
             return
         reason = f"reconcile: {missing} chunk(s) missing from the index"
         with Session(self.ctx.engine) as session:
-            if job.version == self.ctx.pipeline_version:
+            if job.version == target:
                 fn = jobs.reindex if job.status == JobStatus.succeeded else jobs.retry
                 [result] = fn(session=session, job_ids=[job.id], actor=self.actor, reason=reason)
                 queued = result.ok
             else:
                 document = session.get(Document, job.document_id)
                 result, queued = jobs.ensure_version_job(
-                    session=session, document=document, pipeline_version=self.ctx.pipeline_version,
+                    session=session, document=document, pipeline_version=target,
                     max_attempts=self.ctx.settings.max_attempts,
                     actor=self.actor, reason=reason)
         f.repair.append(result.message)

@@ -331,19 +331,21 @@ def _remove_partial(ctx: Context, job: Job) -> None:
 
 
 def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
-    s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
-    if job.pipeline_version != ctx.pipeline_version:
+    # The dataset's own parse settings (read with the job, so a change needs no worker restart).
+    s = ctx.settings_for(dataset)
+    version = ctx.version_for(dataset)
+    if job.pipeline_version != version:
         # Chunk ids carry the job's version; chunking with other settings would mislabel them. During
         # a rolling change of settings a worker of the job's version may come: wait for one.
         raise WaitingError(
             "pipeline_version_mismatch",
             f"this job builds pipeline version {job.pipeline_version}, but this worker's chunking and "
-            f"model settings make {ctx.pipeline_version}",
+            f"model settings (with dataset {dataset.name!r}'s own) make {version}",
             "Give every worker the same SLUICE_CHUNK_* and SLUICE_EMBED* settings as the console, or run "
-            "`sluice reindex --all` to build the version now in force.",
+            f"`sluice reindex --all --dataset {dataset.name}` to build the version now in force.",
             waiting_for=f"a worker of pipeline {job.pipeline_version}",
         )
     path = ctx.blobs.path(document.blob_key)

@@ -833,6 +833,41 @@ def ensure_version_job(*, session: Session, document: Document, pipeline_version
                                       f"{version}"), created
 
 
+RESTAMPABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.failed)
+
+
+def restamp(*, session: Session, dataset_id: int, from_version: str, to_version: str, actor: str) -> list[int]:
+    """The dataset's parse settings changed from those making ``from_version`` to those making
+    ``to_version``: its jobs of the old version that are not running (waiting, due for a retry, or
+    dead letters) build the new version instead, or no worker would ever take them. Each by
+    compare-and-set; one whose document already has a job of the new version is left alone (that
+    job supersedes it when it succeeds). A job running now finishes on the old version; the
+    dataset's reindex then rebuilds its document. Returns the ids restamped."""
+    done: list[int] = []
+    if from_version == to_version:
+        return done
+    found = session.exec(select(Job).where(Job.dataset_id == dataset_id, Job.pipeline_version == from_version,
+                                           Job.status.in_(RESTAMPABLE)).order_by(Job.id)).all()
+    for job in found:
+        document = session.get(Document, job.document_id)
+        key = idempotency_key(dataset_id=dataset_id, sha256=document.sha256, pipeline_version=to_version)
+        if session.exec(select(Job.id).where(Job.idempotency_key == key)).first() is not None:
+            continue
+        status = job.status
+        try:
+            if _cas(session, job, where=[Job.status == status, Job.pipeline_version == from_version],
+                    pipeline_version=to_version, idempotency_key=key):
+                add_event(session, job, "restamped", actor=actor,
+                          message=f"the dataset's parse settings changed: this job builds pipeline {to_version} "
+                                  f"instead of {from_version}",
+                          data={"from_version": from_version, "to_version": to_version})
+                done.append(job.id)
+            session.commit()
+        except IntegrityError:  # a job of the new version was just made for this document
+            session.rollback()
+    return done
+
+
 def action_rejected(*, session: Session, job_id: int, actor: str, code: str, message: str, hint: str) -> bool:
     """A failed job whose fix the operator tried, and that fix did not work (a wrong password): it
     stays failed as user_action_required, and its error now says why. False if it is not failed."""
