@@ -514,8 +514,43 @@ def main(argv: list[str]) -> int:
         req = Request(**json.loads(argv[0]))
         messages = read(req)
     _limit_resources(req)
-    out = sys.stdout.buffer
+    return _send_all(req, messages, sys.stdout.buffer)
 
+
+def forked(request: dict, out, err_path: str, env: dict[str, str]) -> None:
+    """One document, in a process forked from the parse fork server (``sluice.pipeline.parse``),
+    where this module and PyMuPDF are already imported: a child costs a fork, not an interpreter
+    start and an import of PyMuPDF (about 0.3 s of CPU, more than a small document's encoding).
+    The same as ``main``: the calling process's environment, the same limits, the same messages,
+    written to ``out`` (a pipe's write end), errors to the file ``err_path``."""
+    from multiprocessing import forkserver
+
+    server = os.getppid()
+    # Every child of a fork server holds the write end of the pipe that keeps the server alive
+    # while a client may still ask for a fork. Dropped here: a worker killed mid-parse ends its
+    # fork server, and the fork server's end ends this child (PR_SET_PDEATHSIG below).
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        forkserver._forkserver._forkserver_alive_fd = None
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(err_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 2)
+    os.close(fd)
+    req = Request(**request)
+    messages = read(req)
+    _limit_resources(req)
+    if os.getppid() != server:  # the fork server ended before the death signal was armed
+        os._exit(1)
+    with os.fdopen(out.fileno(), "wb", closefd=False) as stream:
+        code = _send_all(req, messages, stream)
+    out.close()
+    if code:
+        sys.exit(code)
+
+
+def _send_all(req: Request, messages: Iterator[dict], out) -> int:
     def send(message: dict) -> None:
         # UTF-8 whatever the locale; a lone surrogate from a broken font becomes "?"
         out.write(json.dumps(message, ensure_ascii=False).encode("utf-8", "replace") + b"\n")

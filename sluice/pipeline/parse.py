@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import multiprocessing
 import os
 import re
 import selectors
@@ -38,6 +39,7 @@ from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner an
     clean_text,
     decode_text,
 )
+from sluice.pipeline.forking import ExtractProcess
 
 SUPPORTED = (PDF, TEXT, MARKDOWN, formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
 SUPPORTED_NAMES = "PDF, Word (.docx), PowerPoint (.pptx), EPUB, HTML, CSV, .txt and .md files"
@@ -164,6 +166,39 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+class _Forked:
+    """A forked extraction process with the face of the ``subprocess.Popen`` the parser used before."""
+
+    def __init__(self, request: Request, err_path: str) -> None:
+        from sluice.pipeline import extract
+
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        self.process = ExtractProcess(target=extract.forked, args=(asdict(request), writer, err_path, _child_env()),
+                                       name="sluice-extract", daemon=True)
+        try:
+            self.process.start()
+        finally:
+            writer.close()  # the child holds the only write end: its exit is the reader's end of file
+        self.stdout = reader
+        self.pid = self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired("sluice-extract", timeout)
+        return self.process.exitcode
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+
 class _Child:
     """One extraction process and the JSON lines it writes."""
 
@@ -173,14 +208,11 @@ class _Child:
         self.waiting = waiting
         self.deadline = time.monotonic() + limits.seconds
         self.buffer = b""
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.pipeline.extract", json.dumps(asdict(request))],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.stderr, env=_child_env(), close_fds=True,
-        )
+        self.stderr = tempfile.NamedTemporaryFile(prefix="sluice-extract-", suffix=".err")
+        self.proc = _Forked(request, self.stderr.name)
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.selector = selectors.DefaultSelector()
-        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
+        self.selector.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
 
     def next(self, done: int, total: int) -> dict:
         """The next message; calls ``waiting`` on every tick, kills the child past its deadline."""
