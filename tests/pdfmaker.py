@@ -149,16 +149,43 @@ SCANNED_TEXT = [
 ]
 
 
-def scanned(pages: list[str] | None = None, *, dpi: int = 150) -> bytes:
+CHEAP_SCAN_TEXT = (
+    "The harbour board met on a wet Tuesday to read the quarterly report of the pump station. "
+    "Pressure at the river valve stayed under four bar, and the meter readings of the municipal "
+    "housing blocks matched the ledger to the cent. The committee asked the tenant association "
+    "for a schedule of payments, and the archive kept the minutes of the storm season in a "
+    "cabinet by the observatory door. Invoice No. 17 for 4,700 EUR was approved without a vote.")
+
+
+def scanned(pages: list[str] | None = None, *, dpi: int = 150, turn: float = 0.0, speckle: float = 0.0) -> bytes:
     """A scan of known text: each page typeset, rendered to a grey image at ``dpi``, and only the
-    image kept (no text layer), as a flatbed scanner would write it."""
+    image kept (no text layer), as a flatbed scanner would write it. A cheap scanner's page:
+    ``turn`` degrees counter-clockwise (negative: clockwise), and ``speckle``, the share of pixels
+    flipped from ink to paper or back at random places."""
     source = text_pdf(pages or SCANNED_TEXT)
     with pymupdf.open(stream=source, filetype="pdf") as src:
         out = pymupdf.open()
         for page in src:
             pix = page.get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY)
+            if turn or speckle:
+                pix = _cheap_scanner(pix, turn, speckle)
             out.new_page(width=page.rect.width, height=page.rect.height).insert_image(page.rect, pixmap=pix)
         return out.tobytes(deflate=True)
+
+
+def _cheap_scanner(pix, turn: float, speckle: float):
+    import random
+
+    from PIL import Image
+
+    img = Image.frombytes("L", (pix.width, pix.height), pix.samples)
+    if turn:
+        img = img.rotate(turn, resample=Image.Resampling.BICUBIC, fillcolor=255)
+    px, rng = img.load(), random.Random(7)
+    for _ in range(int(img.width * img.height * speckle)):
+        x, y = rng.randrange(img.width), rng.randrange(img.height)
+        px[x, y] = 255 - px[x, y]
+    return pymupdf.Pixmap(pymupdf.csGRAY, img.width, img.height, img.tobytes(), False)
 
 
 def two_column_form() -> bytes:

@@ -44,6 +44,29 @@ def test_character_accuracy_on_a_150_dpi_scan_of_known_text(tmp_path):
         assert _accuracy(truth, text) >= 0.95, text
 
 
+def test_a_cheap_scanners_turned_and_speckled_page_reads_at_150_dpi(tmp_path):
+    # turned 0.8 degrees, 2% of pixels flipped: Tesseract alone read 86% of this page's characters
+    data = pdfmaker.scanned([pdfmaker.CHEAP_SCAN_TEXT], dpi=150, turn=0.8, speckle=0.02)
+    parsed, pages, _ = read(tmp_path, data, dpi=150)
+    assert parsed.ocr_pages == [1]
+    assert _accuracy(pdfmaker.CHEAP_SCAN_TEXT, pages[0][1]) >= 0.95, pages[0][1]
+
+
+def test_a_page_turned_clockwise_by_two_degrees_reads_at_150_dpi(tmp_path):
+    # turned 2 degrees clockwise, not speckled: Tesseract alone read 75% of the characters
+    text = pdfmaker.CHEAP_SCAN_TEXT
+    data = pdfmaker.scanned([text], dpi=150, turn=-2.0)
+    parsed, pages, _ = read(tmp_path, data, dpi=150)
+    assert _accuracy(text, pages[0][1]) >= 0.95, pages[0][1]
+
+
+def test_a_speckled_150_dpi_scan_read_at_300_dpi_is_read_at_its_own_resolution(tmp_path):
+    # rendered at 300 dpi each speck became a blot: Tesseract read nothing and the file was refused
+    data = pdfmaker.scanned([pdfmaker.CHEAP_SCAN_TEXT], dpi=150, turn=0.8, speckle=0.02)
+    parsed, pages, _ = read(tmp_path, data, dpi=300)
+    assert _accuracy(pdfmaker.CHEAP_SCAN_TEXT, pages[0][1]) >= 0.95, pages[0][1]
+
+
 def test_a_scanned_pdf_is_found_by_a_phrase_from_it(ctx):
     j = run(ctx, pdfmaker.scanned(), "scan.pdf")
     assert j.status == JobStatus.succeeded, (j.error_code, j.error_message)
@@ -90,6 +113,15 @@ def test_ocr_always_reads_pages_that_have_text(tmp_path):
     parsed, pages, seen = read(tmp_path, pdfmaker.text_pdf(pdfmaker.SCANNED_TEXT), mode="always")
     assert parsed.ocr_pages == [1, 2]
     assert _accuracy(pdfmaker.SCANNED_TEXT[0], pages[0][1]) >= 0.95
+
+
+def test_ocr_always_reads_typed_text_over_a_coarse_page_background_sharply(tmp_path):
+    # a scan is read at its own resolution; typed text over a 36 dpi background image is not a scan
+    doc = pymupdf.open(stream=pdfmaker.text_pdf(pdfmaker.SCANNED_TEXT[:1]), filetype="pdf")
+    background = pymupdf.Pixmap(pymupdf.csGRAY, 306, 396, bytes([235]) * (306 * 396), False)
+    doc[0].insert_image(doc[0].rect, pixmap=background, overlay=False)
+    parsed, pages, _ = read(tmp_path, doc.tobytes(), mode="always", dpi=200)
+    assert _accuracy(pdfmaker.SCANNED_TEXT[0], pages[0][1]) >= 0.95, pages[0][1]
 
 
 def test_without_tesseract_the_job_says_what_to_install(tmp_path, monkeypatch):

@@ -76,6 +76,7 @@ class Request:
     ocr: str = "auto"  # auto: pages without usable text that show an image (or undecodable fonts); always; off
     ocr_dpi: int = 200
     ocr_language: str = "eng"
+    ocr_cleanup: bool = True  # despeckle and straighten scans before Tesseract (off: as rendered)
     archive_max_entries: int = 10_000
     archive_max_bytes: int = 500 * 1024 * 1024
 
@@ -323,7 +324,7 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 yield {"t": "ocr", "n": number}
                 ocr_tried.append(number)
                 try:
-                    png, dpi = ocr.render(page, req.ocr_dpi)
+                    png, dpi = ocr.render(page, req.ocr_dpi, cleanup=req.ocr_cleanup)
                     seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
                     png = None
                 except ocr.OcrUnavailable as exc:

@@ -144,6 +144,7 @@ class OcrOptions:
     mode: str = "auto"  # auto | always | off
     dpi: int = 200
     language: str = "eng"
+    cleanup: bool = True  # despeckle and straighten scans first; off only to measure what that gains
 
     @classmethod
     def from_settings(cls, settings) -> OcrOptions:
@@ -343,7 +344,7 @@ def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseL
     request = Request(path=str(path), media_type=media_type, name=name, max_pages=max_pages,
                       max_page_chars=limits.max_page_chars, max_document_chars=limits.max_document_chars,
                       max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5,
-                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language,
+                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language, ocr_cleanup=ocr.cleanup,
                       archive_max_entries=limits.archive_max_entries, archive_max_bytes=limits.archive_max_bytes)
     child = _Child(request, limits, waiting)
     try:
