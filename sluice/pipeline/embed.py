@@ -72,6 +72,44 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+class Encoding:
+    """A batch on the lanes: its parts, encoding or queued."""
+
+    def __init__(self, n: int, dim: int, parts: list[list[int]], futures: list) -> None:
+        self.n, self.dim, self.parts, self.futures = n, dim, parts, futures
+
+    def result(self) -> np.ndarray:
+        out = np.empty((self.n, self.dim), dtype=np.float32)
+        for part, future in zip(self.parts, self.futures, strict=True):
+            out[part] = future.result()
+        return out
+
+    def cancel(self) -> None:
+        """Drop the parts not started yet (the attempt ended before it needed them)."""
+        for future in self.futures:
+            future.cancel()
+
+
+class Deferred:
+    """The encoding of an embedder without lanes (the hash embedder, test doubles): made by the
+    caller's thread when it asks for the result, as a plain ``encode`` would be."""
+
+    def __init__(self, embedder: Embedder, texts: list[str]) -> None:
+        self.embedder, self.texts = embedder, texts
+
+    def result(self) -> np.ndarray:
+        return self.embedder.encode(self.texts)
+
+    def cancel(self) -> None:
+        pass
+
+
+def submit(embedder: Embedder, texts: list[str]) -> Encoding | Deferred:
+    """Start encoding ``texts`` on the embedder's lanes when it has them (else when the result is asked)."""
+    start = getattr(embedder, "submit", None)
+    return start(texts) if start is not None else Deferred(embedder, texts)
+
+
 class SentenceTransformerEmbedder:
     """The real model, loaded once per process and shared by all worker threads.
 
@@ -106,13 +144,15 @@ class SentenceTransformerEmbedder:
         log.info("loaded %s (%s, %d lanes of one torch thread)", self.model_id, self.precision, self.lanes)
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        return self.submit(texts).result()
+
+    def submit(self, texts: list[str]) -> Encoding:
+        """Queue ``texts`` on the lanes and return at once: the caller writes the previous batch while
+        the lanes encode this one (``Encoding.result()`` waits for it)."""
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         parts = [order[i:i + self.PART] for i in range(0, len(order), self.PART)]
         futures = [self._pool.submit(self._encode_part, [texts[i] for i in part]) for part in parts]
-        for part, future in zip(parts, futures, strict=True):
-            out[part] = future.result()
-        return out
+        return Encoding(len(texts), self.dim, parts, futures)
 
     def _encode_part(self, texts: list[str]) -> np.ndarray:
         import torch

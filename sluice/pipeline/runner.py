@@ -28,7 +28,7 @@ from sluice.errors import (
     WaitingError,
     classify,
 )
-from sluice.pipeline import faults
+from sluice.pipeline import embed, faults
 from sluice.pipeline.chunk import Chunk, split_text
 from sluice.pipeline.context import Context
 from sluice.pipeline.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
@@ -401,15 +401,28 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     embedded = cached = 0
     bs = s.embed_batch_size
     report.update(Stage.embedding, 0, total)
-    for start in range(0, total, bs):
-        batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
-                 if cid not in existing]
-        if batch:
-            e, c = _embed_and_add(ctx, collection, job, document, batch, report, by_ocr, where)
-            embedded += e
-            cached += c
-        faults.hit("embed_batch")
-        report.update(Stage.embedding, min(total, start + bs), total, embedded_count=embedded, cached_count=cached)
+    # Two batches in flight: while the lanes encode one, this thread writes the one before (cache,
+    # Chroma) and looks up the next, so the model never waits for a write. A batch counts as
+    # embedded once its vectors exist and are in the store.
+    in_flight: _Batch | None = None
+    try:
+        for start in range(0, total, bs):
+            batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
+                     if cid not in existing]
+            ahead = _Batch.start(ctx, batch, end=min(total, start + bs))
+            if in_flight is not None:
+                e, c = in_flight.finish(ctx, collection, job, document, report, by_ocr, where)
+                embedded, cached = embedded + e, cached + c
+                report.update(Stage.embedding, in_flight.end, total, embedded_count=embedded, cached_count=cached)
+            in_flight = ahead
+        if in_flight is not None:
+            e, c = in_flight.finish(ctx, collection, job, document, report, by_ocr, where)
+            embedded, cached = embedded + e, cached + c
+            report.update(Stage.embedding, in_flight.end, total, embedded_count=embedded, cached_count=cached)
+            in_flight = None
+    finally:
+        if in_flight is not None:  # the attempt ended early: the lanes need not encode what is queued
+            in_flight.cancel()
 
     # Indexing: drop what an older run left beyond the new chunk count, then verify.
     report.update(Stage.indexing, 0, total)
@@ -459,23 +472,54 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
 def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
                    batch: list[tuple[str, Chunk]], report: Reporter, by_ocr: set[int] = frozenset(),
                    where: dict[int, str] | None = None) -> tuple[int, int]:
-    texts = [c.text for _, c in batch]
-    vectors = ctx.cache.get_many(texts)
-    missing = [i for i, v in enumerate(vectors) if v is None]
-    if missing:
-        fresh = ctx.embedder.encode([texts[i] for i in missing])
-        ctx.cache.put_many([texts[i] for i in missing], fresh)
-        for i, vec in zip(missing, fresh, strict=True):
-            vectors[i] = vec
-    metadatas = [
-        {"job_id": job.id, "document_id": document.id, "pipeline_version": job.pipeline_version,
-         "position": c.position, "page": c.page, "filename": document.filename, "sha256": document.sha256,
-         "ocr": c.page in by_ocr, **({"where": where[c.page]} if where and c.page in where else {})}
-        for _, c in batch
-    ]
-    import numpy as np
+    return _Batch.start(ctx, batch, end=0).finish(ctx, collection, job, document, report, by_ocr, where)
 
-    report.check()  # an encode may have outlived the attempt: never write for an attempt that is over
-    ctx.vectors.add(collection, ids=[cid for cid, _ in batch], embeddings=np.stack(vectors),
-                    documents=texts, metadatas=metadatas)
-    return len(missing), len(batch) - len(missing)
+
+@dataclass
+class _Batch:
+    """One batch on its way: looked up in the embedding cache, its misses encoding on the lanes."""
+
+    items: list[tuple[str, Chunk]]
+    vectors: list
+    missing: list[int]
+    encoding: object | None
+    end: int  # chunks of the document up to this batch's end (for progress)
+
+    @classmethod
+    def start(cls, ctx: Context, items: list[tuple[str, Chunk]], *, end: int) -> _Batch:
+        if not items:
+            return cls(items, [], [], None, end)
+        texts = [c.text for _, c in items]
+        vectors = ctx.cache.get_many(texts)
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        encoding = embed.submit(ctx.embedder, [texts[i] for i in missing]) if missing else None
+        return cls(items, vectors, missing, encoding, end)
+
+    def finish(self, ctx: Context, collection: str, job: Job, document: Document, report: Reporter,
+               by_ocr: set[int] = frozenset(), where: dict[int, str] | None = None) -> tuple[int, int]:
+        """Wait for the encoding, cache it, write the batch to the store; (embedded, from cache)."""
+        if self.items:
+            texts = [c.text for _, c in self.items]
+            if self.encoding is not None:
+                fresh = self.encoding.result()
+                ctx.cache.put_many([texts[i] for i in self.missing], fresh)
+                for i, vec in zip(self.missing, fresh, strict=True):
+                    self.vectors[i] = vec
+            metadatas = [
+                {"job_id": job.id, "document_id": document.id, "pipeline_version": job.pipeline_version,
+                 "position": c.position, "page": c.page, "filename": document.filename,
+                 "sha256": document.sha256, "ocr": c.page in by_ocr,
+                 **({"where": where[c.page]} if where and c.page in where else {})}
+                for _, c in self.items
+            ]
+            import numpy as np
+
+            report.check()  # an encode may have outlived the attempt: never write for an attempt that is over
+            ctx.vectors.add(collection, ids=[cid for cid, _ in self.items], embeddings=np.stack(self.vectors),
+                            documents=texts, metadatas=metadatas)
+        faults.hit("embed_batch")
+        return len(self.missing), len(self.items) - len(self.missing)
+
+    def cancel(self) -> None:
+        if self.encoding is not None:
+            self.encoding.cancel()
