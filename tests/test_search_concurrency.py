@@ -54,3 +54,23 @@ def test_search_leaves_out_chunks_deleted_while_it_queries(make_ctx):
         churn.stop = True
     churn.result(timeout=60)
     assert churn.rounds > 0
+
+
+def test_a_search_of_every_dataset_encodes_the_query_once(make_ctx):
+    from sluice.ops import reads
+    from sluice.pipeline.embed import HashEmbedder
+
+    class Counting(HashEmbedder):
+        calls = 0
+
+        def encode(self, texts):
+            Counting.calls += len(texts)
+            return super().encode(texts)
+
+    ctx = make_ctx(embedder=Counting())
+    for name in ("alpha", "beta", "gamma"):
+        indexed(ctx, [f"{name}-harbour"], dataset=name)
+    Counting.calls = 0
+    hits = reads.search("harbour section", None, 60, mode="dense")
+    assert {h.filename for h in hits} == {"alpha-harbour.txt", "beta-harbour.txt", "gamma-harbour.txt"}
+    assert Counting.calls == 1

@@ -199,6 +199,20 @@ def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | No
         return list(session.exec(stmt).all())
 
 
+_last_query: tuple = (None, None, None)  # (encoder, query, vector): a search of every dataset encodes once
+
+
+def _query_vector(ctx: Context, query: str):
+    global _last_query
+    encoder = ctx.query_encoder
+    held_encoder, held_query, vector = _last_query
+    if held_encoder is encoder and held_query == query:
+        return vector
+    vector = encoder.encode([query])[0]
+    _last_query = (encoder, query, vector)
+    return vector
+
+
 def _job_of(hit) -> int | None:
     """The job a vector belongs to (None for a vector no Sluice job wrote)."""
     job = hit.metadata.get("job_id")
@@ -219,7 +233,7 @@ def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> l
     if filters.page_to is not None:
         clauses.append({"page": {"$lte": filters.page_to}})
     where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
-    vector = ctx.query_encoder.encode([query])[0]
+    vector = _query_vector(ctx, query)
     total = ctx.vectors.count(ds.collection)
     n = min(total, max(20, k * 2))  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
