@@ -147,6 +147,28 @@ def generate_big(path: Path, *, pages: int, seed: int = 11) -> Path:
     return path
 
 
+def generate_small(out_dir: Path, *, documents: int, seed: int = 17) -> list[Path]:
+    """``documents`` short PDFs of 1 to 3 pages (about one chunk a page): a stream of small uploads."""
+    import pymupdf
+
+    rng = random.Random(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    topic_names = sorted(TOPICS)
+    paths = []
+    for d in range(documents):
+        topic = TOPICS[topic_names[d % len(topic_names)]]
+        doc = pymupdf.open()
+        for p in range(rng.randint(1, 3)):
+            para = " ".join(_sentence(rng, topic["words"]) for _ in range(rng.randint(5, 7)))
+            lines = [f"Notice {d + 1}, page {p + 1}", ""] + textwrap.wrap(para, 95)
+            doc.new_page(width=595, height=842).insert_text((50, 60), "\n".join(lines), fontsize=9, fontname="helv")
+        path = out_dir / f"notice-{d:03d}.pdf"
+        doc.save(path, garbage=3, deflate=True)
+        doc.close()
+        paths.append(path)
+    return paths
+
+
 def sample_pdfs(samples_dir: Path, *, quick: bool = False) -> list[Path]:
     """The text PDFs of the shared sample set (in quick mode only the small ones)."""
     if not samples_dir.is_dir():

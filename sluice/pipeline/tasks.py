@@ -117,16 +117,31 @@ def start_recovery_loop() -> None:
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
     threading.Thread(target=_webhook_loop, name="sluice-webhooks", daemon=True).start()
     if s.embedder == "sentence-transformers":
+        threading.Thread(target=_load_model, name="sluice-model", daemon=True).start()
         threading.Thread(target=_export_query_encoder, name="sluice-export", daemon=True).start()
 
 
+def _load_model() -> None:
+    """Load the model as the worker starts, beside the first job's parsing instead of after it (a job
+    asking for it meanwhile waits for this load, never starts a second one)."""
+    try:
+        get_context().embedder  # noqa: B018 - loads and keeps it
+    except Exception as exc:  # the first job meets the same error, classified, on its own
+        log.warning("could not load the embedding model at start: %s", exc)
+
+
 def _export_query_encoder() -> None:
-    """Once per model and data directory: the ONNX export that makes a cold `sluice search` fast."""
+    """Once per model and data directory: the ONNX export that makes a cold `sluice search` fast.
+    At the lowest CPU priority: it must not take the cores from the first jobs."""
     from pathlib import Path
 
     from sluice.pipeline import query_encoder
     from sluice.pipeline.embed import model_path
 
+    try:  # Linux: a thread has its own nice value
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # pragma: no cover - elsewhere the export runs at normal priority
+        pass
     s = get_settings()
     try:
         query_encoder.export(Path(model_path(s.embed_model)), s.data_dir)
