@@ -65,6 +65,8 @@ class EventTail:
     histograms and counters since the oldest event the database keeps."""
 
     KINDS = ("claimed", "succeeded", "attempt_failed", "failed")
+    # Other ends of an attempt: they count in neither figure, but the attempt is over.
+    ENDS = ("cancelled", "superseded", "deleted", "waiting")
     BATCH = 10_000
     MAX_BATCHES = 20  # per scrape: a long log is caught up over a few scrapes, never in one slow one
 
@@ -77,7 +79,7 @@ class EventTail:
 
     def advance(self) -> None:
         for _ in range(self.MAX_BATCHES):
-            events = events_after(self.last_id, self.KINDS, limit=self.BATCH)
+            events = events_after(self.last_id, self.KINDS + self.ENDS, limit=self.BATCH)
             for e in events:
                 self._take(e)
             if len(events) < self.BATCH:
@@ -90,6 +92,8 @@ class EventTail:
             self.claimed_at[e["job_id"]] = e["at"]
             return
         started = self.claimed_at.pop(e["job_id"], None)
+        if e["kind"] in self.ENDS:
+            return
         if e["kind"] == "succeeded":
             if started is not None:
                 self.job_seconds.observe(max(0.0, (e["at"] - started).total_seconds()))
