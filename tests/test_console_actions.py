@@ -199,3 +199,30 @@ def test_bulk_reindex_from_the_jobs_page_acts_on_every_match_not_only_the_page(c
     assert {_job(ctx, i).status for i in done} == {JobStatus.pending}
     assert all(events(ctx, i)[-1].kind == "reindex_requested" for i in done)
     assert f"Reindex: {len(done)} job(s)" in texts(at)
+
+
+def test_the_bulk_preview_counts_in_the_database_and_reads_ids_only_for_its_sample(ctx, monkeypatch):
+    """The Jobs page previews a bulk action on every refresh: it counts jobs and documents in SQL and
+    reads job ids only for the sample the cost parses, never all of them."""
+    from sluice.ops import preview, reads
+    from sluice.storage.queries import JobFilter
+    from tests.seed import seed_jobs
+
+    seed_jobs(ctx.engine, 80, dataset="default", seed=5)
+    with Session(ctx.engine) as session:
+        done = [j.id for j in session.query(Job).filter(Job.status == JobStatus.succeeded)]
+        docs = {j.document_id for j in session.query(Job).filter(Job.status == JobStatus.succeeded)}
+    assert len(done) > 10
+    monkeypatch.setattr(reads, "SAMPLE", 5)
+    f = JobFilter(statuses=["succeeded"])
+
+    plan = reads.bulk_preview("reindex", f, ids=False, with_cost=False)
+    assert (plan.applicable, plan.documents, plan.job_ids) == (len(done), len(docs), [])
+    parsed: list[int] = []
+    real = preview.count_work
+    monkeypatch.setattr(preview, "count_work", lambda *a, **k: parsed.append(k["document"].id) or real(*a, **k))
+    plan = reads.bulk_preview("reindex", f, ids=False, with_cost=True)
+    assert plan.job_ids == sorted(done)[:5] and len(parsed) <= 5
+    assert f"{len(done)} job(s)" in plan.cost  # the cost stands for all of them, extrapolated
+    full = reads.bulk_preview("reindex", f, with_cost=False)
+    assert full.job_ids == sorted(done) and full.applicable == len(done)

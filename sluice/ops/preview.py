@@ -19,6 +19,7 @@ from sqlmodel import Session
 from sluice.pipeline.chunk import split_text
 from sluice.pipeline.context import Context
 from sluice.pipeline.parse import OcrOptions, ParseLimits, open_document
+from sluice.storage import queries
 from sluice.storage.models import Dataset, Document, Job
 from sluice.storage.settings import Settings
 from sluice.storage.vectors import chunk_id
@@ -125,13 +126,16 @@ def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: in
 
 
 def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE,
-                 budget_seconds: float = BUDGET_SECONDS) -> Preview:
-    """What retrying (or reindexing) these jobs would cost, counted as the runner will do it."""
+                 budget_seconds: float = BUDGET_SECONDS, total_jobs: int | None = None,
+                 total_documents: int | None = None) -> Preview:
+    """What retrying (or reindexing) these jobs would cost, counted as the runner will do it. Only
+    the first ``sample`` jobs are read; ``total_jobs`` and ``total_documents``, when the caller
+    counted them (say, in SQL), stand for all of them, else the ids given do."""
     ids = list(dict.fromkeys(int(i) for i in job_ids))
     found: list[tuple[Job, Document, str]] = []
     with Session(ctx.engine) as session:
         collections = {}
-        for jid in ids:
+        for jid in ids[:sample]:
             job = session.get(Job, jid)
             if job is None:
                 continue
@@ -147,4 +151,11 @@ def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE,
             yield count_work(ctx, document=doc, collection=coll, pipeline_version=job.pipeline_version,
                              job_id=job.id if job.lease else None)
 
-    return accumulate(counts(), total_jobs=len(found), total_documents=len({d.id for _, d, _ in found}))
+    if total_documents is None:
+        if len(ids) <= sample:
+            total_documents = len({d.id for _, d, _ in found})
+        else:
+            with Session(ctx.engine) as session:
+                total_documents = len(queries.document_ids_of_jobs(session=session, job_ids=ids))
+    return accumulate(counts(), total_jobs=total_jobs if total_jobs is not None else len(ids),
+                      total_documents=total_documents)

@@ -13,7 +13,7 @@ from sqlmodel import Session
 
 from sluice.ops import documents, drain, reindex
 from sluice.ops.drain import DrainEstimate
-from sluice.ops.preview import Preview, preview_jobs
+from sluice.ops.preview import SAMPLE, Preview, preview_jobs
 from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
 from sluice.pipeline.reconcile_report import last_report
@@ -370,16 +370,13 @@ BULK_APPLIES_TO = {  # which of the matching jobs each bulk action can change
 class BulkPreview:
     action: str
     matching: int  # jobs the filter matches
-    job_ids: list[int]  # those the action applies to
+    applicable: int  # those the action applies to
     documents: int  # distinct documents among them (what delete removes)
+    job_ids: list[int] = field(default_factory=list)  # those jobs (only with ids=True)
     cost: str = ""  # what retry / reindex would embed; what delete removes
 
-    @property
-    def applicable(self) -> int:
-        return len(self.job_ids)
-
     def describe(self) -> str:
-        if not self.job_ids:
+        if not self.applicable:
             return f"{self.matching:,} job(s) match; none of them can be {_past(self.action)}."
         text = f"{self.matching:,} job(s) match; {self.applicable:,} can be {_past(self.action)}"
         return text + (f". {self.cost}" if self.cost else ".")
@@ -389,16 +386,23 @@ def _past(action: str) -> str:
     return {"retry": "retried", "cancel": "cancelled", "reindex": "reindexed", "delete": "deleted"}[action]
 
 
-def bulk_preview(action: str, f: queries.JobFilter, *, with_cost: bool = True) -> BulkPreview:
-    """What a bulk action over everything ``f`` matches would change, and cost, before it does."""
+def bulk_preview(action: str, f: queries.JobFilter, *, with_cost: bool = True, ids: bool = True) -> BulkPreview:
+    """What a bulk action over everything ``f`` matches would change, and cost, before it does. Counted
+    by the database; the job ids are read only with ``ids`` (to act on them), and for the cost only
+    those of the sample it parses (a page that refreshes every few seconds never reads 100,000 ids)."""
+    statuses = BULK_APPLIES_TO[action]
     with _session() as session:
         matching = queries.count_jobs(session=session, f=f)
-        ids = queries.matching_job_ids(session=session, f=f, statuses=BULK_APPLIES_TO[action])
-        documents = len(queries.document_ids_of_jobs(session=session, job_ids=ids))
-    preview = BulkPreview(action, matching, ids, documents)
-    if with_cost and ids and action in ("retry", "reindex"):
-        preview.cost = "Cost: " + retry_cost(ids).describe()
-    elif action == "delete" and ids:
+        applicable, documents = queries.count_applicable(session=session, f=f, statuses=statuses)
+        wanted = with_cost and applicable and action in ("retry", "reindex")
+        job_ids = (queries.matching_job_ids(session=session, f=f, statuses=statuses) if ids
+                   else queries.matching_job_ids(session=session, f=f, statuses=statuses, limit=SAMPLE)
+                   if wanted else [])
+    preview = BulkPreview(action, matching, applicable, documents, job_ids)
+    if wanted:
+        preview.cost = "Cost: " + preview_jobs(ctx(), job_ids, total_jobs=applicable,
+                                               total_documents=documents).describe()
+    elif action == "delete" and applicable:
         preview.cost = (f"Removes {documents:,} document(s) with their chunks and files; their jobs stay as "
                         "history, marked deleted")
     return preview

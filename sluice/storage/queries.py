@@ -68,6 +68,13 @@ def matching_job_ids(*, session: Session, f: JobFilter, statuses: list[str] | No
     return list(session.exec(stmt.order_by(Job.id).limit(limit)).all())
 
 
+def count_applicable(*, session: Session, f: JobFilter, statuses: list[str]) -> tuple[int, int]:
+    """(jobs, distinct documents) a filter matches among ``statuses``, counted by the database."""
+    stmt = _apply(select(func.count(), func.count(func.distinct(Job.document_id))).select_from(Job), f)
+    jobs, documents = session.exec(stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))).one()
+    return int(jobs), int(documents)
+
+
 def count_jobs(*, session: Session, f: JobFilter | None = None) -> int:
     return session.exec(_apply(select(func.count()).select_from(Job), f or JobFilter())).one()
 

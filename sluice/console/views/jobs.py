@@ -254,7 +254,7 @@ with st.expander(f"Act on all {page.total:,} matching job(s)"):
                "Each job gets its own entry in its history.")
     bulk_action = st.segmented_control("Action", ["retry", "cancel", "reindex", "delete"], key="bulk_action")
     if bulk_action:
-        plan = reads.bulk_preview(bulk_action, f, with_cost=st.toggle(
+        plan = reads.bulk_preview(bulk_action, f, ids=False, with_cost=st.toggle(
             "Count the embedding cost (parses a sample of the documents)", key="bulk_cost",
             disabled=bulk_action not in ("retry", "reindex")))
         st.info(plan.describe(), icon=":material/preview:")
