@@ -166,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("serve", help="run one of the Procfile's processes")
     a.add_argument("what", choices=["queue", "cache", "chroma", "worker", "console", "metrics"])
-    a.add_argument("--workers", type=int, default=2)
+    a.add_argument("--workers", type=int, default=4,
+                   help="worker threads (default 4: jobs share the model's lanes, one per core, so more jobs than "
+                        "cores keep the lanes busy between one job's writes and the next one's parse)")
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)
 
