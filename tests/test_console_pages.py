@@ -361,3 +361,17 @@ def test_every_page_and_a_bulk_retry_on_each_job_store(database_url, make_ctx):
     assert_ok(at)
     with Session(ctx.engine) as session:
         assert {session.get(Job, i).status for i in ids["failed:password_protected"]} == {JobStatus.pending}
+
+
+def test_a_running_job_is_judged_by_the_database_clock_not_the_consoles(seeded, monkeypatch):
+    """The console's host runs two minutes ahead: a healthy running job (heartbeat just written with
+    the database's clock) must not read as stalled."""
+    from datetime import timedelta
+
+    from sluice.storage import models
+
+    real = models.utcnow
+    monkeypatch.setattr(models, "utcnow", lambda: real() + timedelta(seconds=120))
+    at = open_console("jobs", query={"job": str(seeded["running"][0])})
+    page = texts(at)
+    assert "Running on seed-host:4242 (embedding 320/500 chunks)" in page and "Stalled" not in page

@@ -18,6 +18,7 @@ from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
 from sluice.pipeline.reconcile_report import last_report
 from sluice.storage import pauses, queries, webhooks
+from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
 from sluice.storage.models import JobStatus, utcnow
 from sluice.storage.settings import redact_url
@@ -33,6 +34,13 @@ def ctx() -> Context:
 
 def _session() -> Session:
     return Session(ctx().engine, expire_on_commit=False)
+
+
+def database_now():
+    """The job database's clock: heartbeats, leases and due times are written with it, so "how long
+    ago" is judged with it too (this host's clock may be off)."""
+    with _session() as session:
+        return db_now(session)
 
 
 # --- datasets ------------------------------------------------------------------------------------------

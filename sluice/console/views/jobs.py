@@ -74,7 +74,7 @@ def show_detail(d: reads.JobDetail) -> None:
         queue = health.queue_state()
         why = diagnose.why_waiting(
             r, position=position, workers=len(queue.workers) if queue.reachable else None, unsent=d.unsent,
-            ahead=d.waiting_ahead, lease_seconds=reads.ctx().settings.lease_seconds, now=utcnow(),
+            ahead=d.waiting_ahead, lease_seconds=reads.ctx().settings.lease_seconds, now=reads.database_now(),
             published_at=d.published_at, redeliver_after=reads.ctx().settings.redeliver_after_seconds)
         if why:
             getattr(box, why[0])(why[1])
