@@ -187,3 +187,26 @@ def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, s
     assert waited and all(outage[i].waiting_for.startswith("Chroma at ") for i in waited)
     for j in done:
         assert len(ids_of_job(ctx, j.id)) == j.chunk_count
+
+
+def test_a_claim_while_the_database_does_not_answer_waits_and_runs_the_job(make_ctx, monkeypatch):
+    """The message is already off the queue when the worker claims: a job database that does not
+    answer at that moment must not cost the message (recovery would republish it only a minute later)."""
+    from sqlalchemy.exc import OperationalError
+
+    from sluice.pipeline.runner import run_job
+    from sluice.storage import jobs
+
+    ctx = make_ctx(SLUICE_OUTAGE_POLL_SECONDS="0.05")
+    r = ingest_bytes(ctx, doc(1), dataset="default", filename="claim-outage.txt")
+    real, refused = jobs.claim, []
+
+    def down_twice(**kwargs):
+        if len(refused) < 2:
+            refused.append(1)
+            raise OperationalError("SELECT", {}, Exception("could not connect to server: Connection refused"))
+        return real(**kwargs)
+
+    monkeypatch.setattr(jobs, "claim", down_twice)
+    assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    assert len(refused) == 2 and job(ctx, r.job_id).attempt == 1

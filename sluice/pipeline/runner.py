@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
@@ -37,6 +38,7 @@ from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PROGRESS_EVERY_SECONDS = 0.5
 VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are written again in between
@@ -207,8 +209,14 @@ def run_job(job_id: int, *, ctx: Context, after_claim: Callable[[], object] | No
     """Claim and run the job. ``after_claim`` runs once the claim is decided either way: the message
     left the queue, so the dispatcher may put the next one there."""
     s = ctx.settings
-    with Session(ctx.engine, expire_on_commit=False) as session:
-        claim = jobs.claim(session=session, job_id=job_id, worker_id=ctx.worker_id, lease_seconds=s.lease_seconds)
+
+    def take() -> jobs.ClaimResult:
+        with Session(ctx.engine, expire_on_commit=False) as session:
+            return jobs.claim(session=session, job_id=job_id, worker_id=ctx.worker_id, lease_seconds=s.lease_seconds)
+
+    # The message is already off the queue: while the job database does not answer, hold it here and
+    # claim when it does, instead of dropping it for recovery to republish a minute later.
+    claim = _when_the_database_answers(ctx, job_id, take)
     if after_claim is not None:
         after_claim()
     if not claim.claimed:
@@ -256,11 +264,11 @@ def run_job(job_id: int, *, ctx: Context, after_claim: Callable[[], object] | No
         beat.stop()
 
 
-def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], Job | None]) -> Job | None:
-    """Write the attempt's outcome, waiting (up to SLUICE_MAX_OUTAGE_SECONDS) while the job database
-    does not answer: the outcome is not lost, and the job is not left running for the reaper to
-    count as a lost worker. Its heartbeat, beating again once the database is back, keeps the
-    reaper off (which also waits a lease after an outage of its own)."""
+def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]) -> T:
+    """Claim the job, or write the attempt's outcome, waiting (up to SLUICE_MAX_OUTAGE_SECONDS) while
+    the job database does not answer: the message or the outcome is not lost, and the job is not left
+    running for the reaper to count as a lost worker. Its heartbeat, beating again once the database
+    is back, keeps the reaper off (which also waits a lease after an outage of its own)."""
     s = ctx.settings
     deadline = time.monotonic() + s.max_outage_seconds
     while True:
@@ -269,8 +277,8 @@ def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], Jo
         except DATABASE_DOWN as exc:
             if time.monotonic() > deadline:
                 raise
-            log.warning("job %s: the job database does not answer (%s); its outcome is written when it "
-                        "does", job_id, str(exc).splitlines()[0][:200])
+            log.warning("job %s: the job database does not answer (%s); trying again when it does", job_id,
+                        str(exc).splitlines()[0][:200])
             time.sleep(s.outage_poll_seconds)
 
 
