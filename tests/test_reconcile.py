@@ -330,6 +330,7 @@ def _synthetic_store(ctx, *, documents: int, chunks_each: int, dim: int = 2) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two walks of 200,000 chunks, one traced: over 300 s on a loaded 2-core machine
 def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
     name, made = _synthetic_store(ctx, documents=200, chunks_each=1000)
     coll = ctx.vectors.collection(name)

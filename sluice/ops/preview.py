@@ -151,11 +151,14 @@ def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE,
             yield count_work(ctx, document=doc, collection=coll, pipeline_version=job.pipeline_version,
                              job_id=job.id if job.lease else None)
 
-    if total_documents is None:
-        if len(ids) <= sample:
-            total_documents = len({d.id for _, d, _ in found})
+    if total_jobs is None or total_documents is None:
+        if len(ids) <= sample:  # all of them were read: count what exists
+            jobs_found, documents_found = len(found), len({d.id for _, d, _ in found})
         else:
             with Session(ctx.engine) as session:
-                total_documents = len(queries.document_ids_of_jobs(session=session, job_ids=ids))
-    return accumulate(counts(), total_jobs=total_jobs if total_jobs is not None else len(ids),
-                      total_documents=total_documents)
+                first_job_of = queries.document_ids_of_jobs(session=session, job_ids=ids)
+                jobs_found = queries.count_existing_jobs(session=session, job_ids=ids)
+            documents_found = len(first_job_of)
+        total_jobs = jobs_found if total_jobs is None else total_jobs
+        total_documents = documents_found if total_documents is None else total_documents
+    return accumulate(counts(), total_jobs=total_jobs, total_documents=total_documents)

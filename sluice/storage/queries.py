@@ -348,6 +348,12 @@ def document_ids_of_jobs(*, session: Session, job_ids: list[int]) -> dict[int, i
     return found
 
 
+def count_existing_jobs(*, session: Session, job_ids: list[int]) -> int:
+    """How many of these ids are jobs that exist."""
+    return sum(session.exec(select(func.count()).select_from(Job).where(Job.id.in_(job_ids[start:start + 1000]))).one()
+               for start in range(0, len(job_ids), 1000))
+
+
 def blob_in_use(*, session: Session, blob_key: str) -> bool:
     """Whether any document (live or deleted) names this blob."""
     return session.exec(select(Document.id).where(Document.blob_key == blob_key)).first() is not None
