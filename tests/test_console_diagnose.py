@@ -111,7 +111,7 @@ def test_drain_estimate_counts_work_left_at_the_busy_rate_not_the_idle_average()
     finished = [(t0 + timedelta(seconds=7 * i), t0 + timedelta(seconds=7 * (i + 1)), 600, 3_000_000)
                 for i in range(4)]
     active = [("queued", 0, 0, 3_000_000)] * 3 + [("embedding", 300, 600, 3_000_000)]
-    est = drain.estimate(finished=finished, active=active)
+    est = drain.estimate(finished=finished, active=drain.WorkLeft.of(active))
     assert est.busy_seconds == 28 and est.chunks_per_second == pytest.approx(2400 / 28)
     assert est.remaining_chunks == pytest.approx(3 * 600 + 300)
     assert est.eta == timedelta(seconds=2100 / (2400 / 28))
@@ -126,6 +126,7 @@ def test_busy_time_is_the_union_of_attempts_that_overlap():
 
 
 def test_drain_estimate_admits_when_there_is_no_rate():
-    assert drain.estimate(finished=[], active=[("queued", 0, 0, 100)]).eta is None
-    assert "no rate" in drain.estimate(finished=[], active=[("queued", 0, 0, 100)]).describe()
-    assert drain.estimate(finished=[], active=[]).eta == timedelta(0)
+    queued = drain.WorkLeft.of([("queued", 0, 0, 100)])
+    assert drain.estimate(finished=[], active=queued).eta is None
+    assert "no rate" in drain.estimate(finished=[], active=queued).describe()
+    assert drain.estimate(finished=[], active=drain.WorkLeft()).eta == timedelta(0)

@@ -120,6 +120,22 @@ def test_schema_on_a_fresh_and_on_an_existing_database(database_url):
         assert session.get(Job, job_id).status == JobStatus.pending
 
 
+def test_an_index_a_newer_version_defines_is_made_on_an_existing_database(database_url):
+    """``create_all`` makes the indexes of new tables only; an upgraded Sluice must add its new ones."""
+    from sqlalchemy import text
+
+    engine = get_engine(database_url)
+    new_job(engine, 1)
+    with engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_job_status_finished"))
+    assert "ix_job_status_finished" not in {ix["name"] for ix in inspect(engine).get_indexes("job")}
+    dispose_engines()
+    again = get_engine(database_url)
+    init_schema(again)
+    assert "ix_job_status_finished" in {ix["name"] for ix in inspect(again).get_indexes("job")}
+    init_schema(again)  # and a second start finds nothing to do
+
+
 def test_several_processes_create_the_schema_at_once(database_url):
     """Workers and consoles starting together on an empty database all come up."""
     engines = [make_engine(database_url) for _ in range(4)]
@@ -414,3 +430,79 @@ def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, s
             sha = session.get(Document, j.document_id).sha256
         assert ids_of_job(ctx, j.id) == [chunk_id(sha, j.pipeline_version, i) for i in range(j.chunk_count)]
         assert [e.kind for e in events(ctx, j.id)].count("claimed") == 1
+
+
+# --- what the overview counts ------------------------------------------------------------------------
+
+
+def test_throughput_buckets_are_counted_by_the_database_exactly_as_finish_times_fall(engine):
+    """The overview's throughput is grouped in SQL: each finished job lands in the bucket its finish
+    time falls in, boundaries included, on SQLite and PostgreSQL alike (checked against the plain
+    rule, bucket = start + width * ((finished - start) // width))."""
+    from sluice.storage.queries import throughput
+
+    now = utcnow().replace(second=30, microsecond=250_000)
+    for minutes, width in ((60, 1), (24 * 60, 60)):
+        since = now - timedelta(minutes=minutes)
+        start = since.replace(second=0, microsecond=0)
+        step = timedelta(minutes=width)
+        offsets = [since - start, step, step - timedelta(microseconds=1), step * 3 + timedelta(seconds=59.999),
+                   step * 5, now - start - timedelta(microseconds=1), -timedelta(seconds=1)]
+        rows = []  # (finished_at, status, chunks)
+        for i, off in enumerate(offsets):
+            rows.append((start + off, JobStatus.succeeded, 10 + i))
+            rows.append((start + off, JobStatus.failed, 0))
+        rows.append((start + step * 2, JobStatus.running, 99))  # not finished: never counted
+        dataset = f"throughput-{width}"
+        ids = [new_job(engine, 10_000 * width + i, dataset=dataset) for i in range(len(rows))]
+        with Session(engine) as session:
+            for job_id, (finished, status, chunks) in zip(ids, rows, strict=True):
+                job = session.get(Job, job_id)
+                job.finished_at, job.status, job.chunk_count = finished, status, chunks
+                session.add(job)
+            session.commit()
+
+        expected: dict = {}
+        for finished, status, chunks in rows:
+            if finished < since or status not in (JobStatus.succeeded, JobStatus.failed):
+                continue
+            b = expected.setdefault(start + step * ((finished - start) // step), [0, 0, 0])
+            if status == JobStatus.succeeded:
+                b[0] += 1
+                b[2] += chunks
+            else:
+                b[1] += 1
+        with Session(engine) as session:
+            dataset_id = session.get(Job, ids[0]).dataset_id
+            got = throughput(session=session, minutes=minutes, now=now, bucket_minutes=width, dataset_id=dataset_id)
+        assert len(got) == minutes // width + 1
+        counted = {b["minute"]: [b["succeeded"], b["failed"], b["chunks"]] for b in got if b["succeeded"] or b["failed"]}
+        assert counted == expected, (minutes, width)
+        assert sum(v[0] for v in expected.values()) == len(offsets) - 1  # the one before `since` is left out
+
+
+def test_work_left_is_summed_by_the_database_by_the_same_rule_as_per_job(engine):
+    """The drain estimate's work left comes as sums from the database (not a row per active job);
+    the sums follow the per-job rule of ``drain.WorkLeft.of`` on SQLite and PostgreSQL alike."""
+    from sluice.ops.drain import WorkLeft
+    from sluice.storage.queries import remaining_work
+
+    # (status, stage, done, total, document bytes)
+    cases = [(JobStatus.pending, Stage.queued, 0, 0, 1_000), (JobStatus.running, Stage.parsing, 3, 9, 2_000),
+             (JobStatus.running, Stage.embedding, 40, 100, 3_000), (JobStatus.running, Stage.embedding, 7, 0, 4_000),
+             (JobStatus.running, Stage.embedding, 120, 100, 5_000), (JobStatus.running, Stage.indexing, 0, 64, 6_000),
+             (JobStatus.retrying, Stage.chunking, 2, 5, 7_000), (JobStatus.succeeded, Stage.done, 9, 9, 8_000),
+             (JobStatus.failed, Stage.embedding, 1, 50, 9_000)]
+    ids = [new_job(engine, 500 + i, dataset="drain") for i in range(len(cases))]
+    with Session(engine) as session:
+        for job_id, (status, stage, done, total, size) in zip(ids, cases, strict=True):
+            job = session.get(Job, job_id)
+            job.status, job.stage, job.done, job.total = status, stage, done, total
+            session.get(Document, job.document_id).size = size
+            session.add(job)
+        session.commit()
+        dataset_id = session.get(Job, ids[0]).dataset_id
+        summed = WorkLeft(*remaining_work(session=session, dataset_id=dataset_id))
+    per_job = WorkLeft.of([(stage.value, done, total, size) for status, stage, done, total, size in cases
+                           if status in JobStatus.active()])
+    assert summed == per_job == WorkLeft(jobs=7, chunks=60, unknown_jobs=4, unknown_bytes=1_000 + 2_000 + 4_000 + 7_000)

@@ -64,20 +64,38 @@ def busy_seconds(intervals: list[tuple[datetime, datetime]]) -> float:
     return total
 
 
-def estimate(*, finished: list[tuple], active: list[tuple]) -> DrainEstimate:
-    """``finished``: (start, finish, chunks, bytes) of recent successes; ``active``: (stage, done,
-    total, bytes) of every active job."""
+@dataclass(frozen=True)
+class WorkLeft:
+    """What the active jobs have left, summed: exact chunks for jobs already embedding (or indexing:
+    embedded already, nothing left), and the jobs and bytes whose chunks are not known yet."""
+
+    jobs: int = 0
+    chunks: int = 0
+    unknown_jobs: int = 0
+    unknown_bytes: int = 0
+
+    @classmethod
+    def of(cls, active: list[tuple]) -> WorkLeft:
+        """From (stage, done, total, bytes) per active job: the rule the database sums the same way
+        (``sluice.storage.queries.remaining_work``)."""
+        chunks = unknown_jobs = unknown_bytes = 0
+        for stage, done, total, size in active:
+            if stage in EMBEDDING_STAGES and total:
+                chunks += max(0, total - done) if stage == "embedding" else 0
+            else:
+                unknown_jobs += 1
+                unknown_bytes += size or 0
+        return cls(len(active), chunks, unknown_jobs, unknown_bytes)
+
+
+def estimate(*, finished: list[tuple], active: WorkLeft) -> DrainEstimate:
+    """``finished``: (start, finish, chunks, bytes) of recent successes; ``active``: the work left."""
     done_chunks = sum(c or 0 for _, _, c, _ in finished)
     done_bytes = sum(b or 0 for _, _, _, b in finished)
     busy = busy_seconds([(s, f) for s, f, _, _ in finished])
     rate = done_chunks / busy if busy > 0 and done_chunks else None
     per_byte = done_chunks / done_bytes if done_bytes else None
     per_job = done_chunks / len(finished) if finished else 0.0
-    left = 0.0
-    for stage, done, total, size in active:
-        if stage in EMBEDDING_STAGES and total:
-            left += max(0, total - done) if stage == "embedding" else 0  # indexing: embedded already
-        else:
-            left += (size or 0) * per_byte if per_byte else per_job
-    return DrainEstimate(active=len(active), remaining_chunks=left, chunks_per_second=rate,
+    unknown = active.unknown_bytes * per_byte if per_byte else active.unknown_jobs * per_job
+    return DrainEstimate(active=active.jobs, remaining_chunks=active.chunks + unknown, chunks_per_second=rate,
                          busy_seconds=busy, basis_jobs=len(finished))

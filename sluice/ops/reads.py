@@ -107,7 +107,7 @@ def overview(dataset_id: int | None) -> Overview:
             drain=drain.estimate(
                 finished=queries.recent_attempts(session=session, since=now - timedelta(minutes=RATE_WINDOW_MINUTES),
                                                  dataset_id=dataset_id),
-                active=queries.remaining_work(session=session, dataset_id=dataset_id)),
+                active=drain.WorkLeft(*queries.remaining_work(session=session, dataset_id=dataset_id))),
         )
 
 

@@ -91,6 +91,7 @@ def init_schema(engine: Engine) -> None:
                 raise
             time.sleep(0.05 * (attempt + 1))
     add_missing_columns(engine)
+    add_missing_indexes(engine)
     with Session(engine) as session:
         ensure_instance(session=session)
         ensure_dataset(session=session, name=DEFAULT_DATASET)
@@ -114,6 +115,20 @@ def instance_id(engine: Engine) -> str:
         return ensure_instance(session=session)
 
 
+def _present_tables(engine: Engine):
+    """An inspector, and the tables of the model that the database already has."""
+    from sqlalchemy import inspect
+
+    inspector = inspect(engine)
+    return inspector, [t for t in SQLModel.metadata.sorted_tables if inspector.has_table(t.name)]
+
+
+def _made_by_another(exc: Exception) -> bool:
+    """A process that lost the race to make the same column or index sees this, and moves on."""
+    text = str(exc).lower()
+    return "duplicate" in text or "exists" in text
+
+
 def add_missing_columns(engine: Engine) -> list[str]:
     """Add the nullable columns a newer Sluice defines to tables an older one created.
 
@@ -121,14 +136,12 @@ def add_missing_columns(engine: Engine) -> list[str]:
     default), so an existing database takes them with a plain ADD COLUMN; a process that loses the
     race to another adding the same column sees "duplicate" and moves on.
     """
-    from sqlalchemy import inspect, text
+    from sqlalchemy import text
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     added = []
-    inspector = inspect(engine)
-    for table in SQLModel.metadata.sorted_tables:
-        if not inspector.has_table(table.name):
-            continue
+    inspector, tables = _present_tables(engine)
+    for table in tables:
         present = {c["name"] for c in inspector.get_columns(table.name)}
         for column in table.columns:
             if column.name in present or not column.nullable:
@@ -139,7 +152,28 @@ def add_missing_columns(engine: Engine) -> list[str]:
                     conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
                 added.append(f"{table.name}.{column.name}")
             except (OperationalError, ProgrammingError) as exc:
-                if "duplicate" not in str(exc).lower() and "exists" not in str(exc).lower():
+                if not _made_by_another(exc):
+                    raise
+    return added
+
+
+def add_missing_indexes(engine: Engine) -> list[str]:
+    """Create the indexes a newer Sluice defines on tables an older one created (``create_all``
+    creates the indexes of the tables it creates, and no others)."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    added = []
+    inspector, tables = _present_tables(engine)
+    for table in tables:
+        present = {ix["name"] for ix in inspector.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name in present:
+                continue
+            try:
+                index.create(engine, checkfirst=True)
+                added.append(index.name)
+            except (OperationalError, ProgrammingError) as exc:
+                if not _made_by_another(exc):
                     raise
     return added
 
