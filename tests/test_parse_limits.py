@@ -221,7 +221,9 @@ def _state(pid: int) -> str:
 
 def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_never_reruns_the_main_script(tmp_path):
     """A child per document, without an interpreter start and a PyMuPDF import each time (about
-    0.3 s of CPU, more than encoding a small document): it is forked from the parse fork server.
+    0.3 s of CPU, more than encoding a small document): it is forked from the parse fork server,
+    which holds PyMuPDF without its optional layout modules (a fork of 144 MB cost 9.5 ms of CPU, of
+    50 MB 4.7 ms).
     The calling program's main script (a worker's, the console's) is not run again there."""
     import subprocess
     import sys
@@ -242,11 +244,59 @@ def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_neve
         "            parent = int(fh.read().rsplit(')', 1)[1].split()[1])\n"
         "        with open(f'/proc/{parent}/cmdline', 'rb') as fh:\n"
         "            server = fh.read()\n"
+        "        with open(f'/proc/{parent}/maps', 'rb') as fh:\n"
+        "            maps = fh.read()\n"
         "        text = ' '.join(t for _, t in parsed.pages())\n"
-        "        print(parent != os.getpid(), b'forkserver' in server, b'extract_preload' in server, text, flush=True)\n"
+        "        print(parent != os.getpid(), b'forkserver' in server, b'extract_preload' in server,\n"
+        "              b'onnxruntime' in maps or b'numpy' in maps, text, flush=True)\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["True True True A page about the ferry timetable."] * 2
+    # ... and the server holds no optional layout modules (onnxruntime, numpy: about 100 MB that
+    # every fork would copy the page tables of)
+    assert done.stdout.splitlines() == ["True True True False A page about the ferry timetable."] * 2
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(tmp_path, monkeypatch):
+    """A fork per tiny .txt cost more CPU than the job's own work: files up to IN_WORKER_TEXT_BYTES
+    are read in the worker by the same code. Same pages, same warnings, same refusals as a child;
+    a larger file still goes to a child."""
+    from sluice.errors import PipelineError
+    from sluice.pipeline import parse
+
+    files = {"note.txt": "Tides and currents. " * 400, "notes.md": "# Harbour\n\nThe tide table. " * 50,
+             "blank.txt": " .. \n\n - ", "latin1.txt": "Caf\xe9 cr\xe8me, na\xefve. " * 20}
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1.txt" else "utf-8"))
+    big = tmp_path / "big.txt"
+    big.write_text("Many words about the harbour. " * 10_000)
+
+    def answer(path: Path, *, limits=None):
+        media = parse.MARKDOWN if path.suffix == ".md" else parse.TEXT
+        try:
+            doc = parse.open_document(path, media_type=media, max_pages=100, limits=limits, name=path.name)
+            return doc.page_count, list(doc.pages()), doc.warnings
+        except PipelineError as exc:
+            return type(exc).__name__, exc.code, str(exc)
+
+    started = []
+    real_child = parse._Child
+    monkeypatch.setattr(parse, "_Child", lambda *a, **kw: started.append(a[0].name) or real_child(*a, **kw))
+    in_worker = {name: answer(tmp_path / name) for name in files}
+    assert started == []  # no child for any of them
+    assert in_worker["blank.txt"][:2] == ("UserActionError", "no_text")
+    note = files["note.txt"]
+    assert in_worker["note.txt"][0] == -(-len(note) // parse.TEXT_PAGE_CHARS)
+    assert "".join(t for _, t in in_worker["note.txt"][1]).strip() == note.strip()
+    too_long = answer(tmp_path / "note.txt", limits=parse.ParseLimits(max_document_chars=1000))
+    assert too_long[:2] == ("UserActionError", "too_much_text") and started == []
+
+    assert big.stat().st_size > parse.IN_WORKER_TEXT_BYTES
+    assert answer(big)[0] == -(-big.stat().st_size // parse.TEXT_PAGE_CHARS) and started == ["big.txt"]  # a large file is read by a child
+
+    monkeypatch.setattr(parse, "IN_WORKER_TEXT_BYTES", -1)  # every file to a child: the same answers
+    assert {name: answer(tmp_path / name) for name in files} == in_worker
+    assert answer(tmp_path / "note.txt", limits=parse.ParseLimits(max_document_chars=1000)) == too_long
+    assert len(started) == 1 + len(files) + 1

@@ -62,6 +62,10 @@ class Refusal(Exception):
         super().__init__(message)
         self.kind, self.code, self.message, self.hint = kind, code, message, hint
 
+    def message_of(self) -> dict:
+        """The protocol's error message for this refusal."""
+        return {"t": "error", "kind": self.kind, "code": self.code, "message": self.message, "hint": self.hint}
+
 
 @dataclass
 class Request:
@@ -237,11 +241,15 @@ def _is_memory_error(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or bool(_NO_MEMORY.search(str(exc)))
 
 
-def _open_pdf(req: Request):
-    # PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed (0.3 s, with numpy);
-    # extraction needs neither, and the child pays its imports once per file.
+def skip_optional_pymupdf_imports() -> None:
+    """PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed: 0.3 s and, with numpy
+    and onnxruntime, about 100 MB. Extraction needs neither; call this before PyMuPDF is imported."""
     for optional in ("pymupdf.layout", "pymupdf4llm"):
         sys.modules.setdefault(optional, None)
+
+
+def _open_pdf(req: Request):
+    skip_optional_pymupdf_imports()
     import pymupdf
 
     pymupdf.TOOLS.mupdf_display_errors(False)
@@ -561,7 +569,7 @@ def _send_all(req: Request, messages: Iterator[dict], out) -> int:
         for message in messages:
             send(message)
     except Refusal as exc:
-        send({"t": "error", "kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint})
+        send(exc.message_of())
     except BaseException as exc:
         if _is_memory_error(exc):
             send({"t": "error", "kind": "user_action_required", "code": "parse_memory_limit",
