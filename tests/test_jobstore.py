@@ -506,3 +506,30 @@ def test_work_left_is_summed_by_the_database_by_the_same_rule_as_per_job(engine)
     per_job = WorkLeft.of([(stage.value, done, total, size) for status, stage, done, total, size in cases
                            if status in JobStatus.active()])
     assert summed == per_job == WorkLeft(jobs=7, chunks=60, unknown_jobs=4, unknown_bytes=1_000 + 2_000 + 4_000 + 7_000)
+
+
+def test_a_compare_and_set_writes_the_job_row_once(engine):
+    """A transition is one fenced UPDATE. The session must not write the same values a second time
+    after it (unfenced, by id alone): that doubled every claim's and every success's writes."""
+    from sqlalchemy import event
+
+    job_id = new_job(engine, 1)
+    writes: list[str] = []
+
+    def seen(conn, cursor, statement, params, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE JOB "):
+            writes.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        claimed = claim(engine, job_id)
+        assert claimed.job is not None and len(writes) == 1, writes
+        writes.clear()
+        with Session(engine, expire_on_commit=False) as session:
+            jobs.succeed(session=session, job_id=job_id, lease=claimed.job.lease, chunk_count=3, page_count=1,
+                         worker_id="w1", embedded=3, cached=0)
+        assert len(writes) == 1 and "job.version = " in writes[0], writes  # fenced by the version it read
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    done = get(engine, job_id)
+    assert (done.status, done.chunk_count, done.version) == (JobStatus.succeeded, 3, claimed.job.version + 1)

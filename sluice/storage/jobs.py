@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import func, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, select
 
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
@@ -109,9 +110,10 @@ def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), now: datetime
     result = session.execute(stmt)
     if result.rowcount != 1:
         return False
-    for key, value in values.items():
-        setattr(job, key, value)
-    job.version += 1
+    # The row holds these values now: set them as loaded, not as changes (a plain setattr would make
+    # the session write the same values again, unfenced, at the next flush).
+    for key, value in {**values, "version": job.version + 1}.items():
+        set_committed_value(job, key, value)
     return True
 
 
