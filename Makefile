@@ -7,7 +7,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-fairness browser ocr wild-tools wild-corpus clean
+.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness browser ocr wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -57,17 +57,22 @@ test-fast: setup ocr
 lint: setup
 	$(BIN)/ruff check .
 
-## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, fairness): about 15 minutes
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness): about 19 minutes
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
 bench: setup ocr browser
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/ocr.py --pages 4 --out BENCHMARKS.md
+	$(BIN)/python bench/cpu.py --out BENCHMARKS.md
 	$(BIN)/python bench/fairness.py --fifo
 
 ## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
 bench-retrieval: setup
 	$(BIN)/python -m bench.retrieval
+
+## bench-cpu: where the CPU goes, per chunk and per document: the model against everything else
+bench-cpu: setup
+	$(BIN)/python bench/cpu.py
 
 ## bench-fairness: 2,000 jobs queued in one dataset, one upload to another: when does it start?
 bench-fairness: setup

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ if str(ROOT) not in sys.path:
 
 import pymupdf  # noqa: E402
 
+from bench.report import load_average, write_section  # noqa: E402
 from sluice.pipeline.parse import PDF, OcrOptions, ParseLimits, open_document  # noqa: E402
 
 WORDS = ("harbour crane ledger invoice quarterly revenue municipal housing pump river delta storm "
@@ -103,23 +103,6 @@ def table(rows: list[dict], load: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def load_average() -> str:
-    try:
-        return "/".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return ""
-
-
-def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else ""
-    pattern = re.compile(r"^## OCR \(Tesseract.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _m: section + "\n", text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=10)
@@ -131,7 +114,7 @@ def main() -> int:
     section = table(rows, load_average())
     print(section)
     if args.out:
-        write_section(args.out, section)
+        write_section(args.out, "## OCR (Tesseract", section)
     return 0
 
 

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Protocol
@@ -140,6 +141,8 @@ class SentenceTransformerEmbedder:
         self.dim = int(self.model.get_embedding_dimension()) if hasattr(
             self.model, "get_embedding_dimension") else int(self.model.get_sentence_embedding_dimension())
         self._pool = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="embed-lane")
+        self.cpu_seconds = 0.0  # CPU time the lanes spent encoding (what the rest of a pipeline is set against)
+        self._cpu_lock = threading.Lock()
         self._encode_part(["warm up"])  # the tokenizer settles its settings before lanes share it
         log.info("loaded %s (%s, %d lanes of one torch thread)", self.model_id, self.precision, self.lanes)
 
@@ -157,10 +160,15 @@ class SentenceTransformerEmbedder:
     def _encode_part(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        with torch.inference_mode():
-            out = self.model.encode(texts, batch_size=len(texts), convert_to_tensor=True, show_progress_bar=False)
-            # Normalised in float32: a bf16 norm is only good to about three digits.
-            return torch.nn.functional.normalize(out.float(), dim=1).cpu().numpy()
+        started = time.thread_time()
+        try:
+            with torch.inference_mode():
+                out = self.model.encode(texts, batch_size=len(texts), convert_to_tensor=True, show_progress_bar=False)
+                # Normalised in float32: a bf16 norm is only good to about three digits.
+                return torch.nn.functional.normalize(out.float(), dim=1).cpu().numpy()
+        finally:
+            with self._cpu_lock:
+                self.cpu_seconds += time.thread_time() - started
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)
