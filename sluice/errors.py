@@ -145,13 +145,23 @@ def classify(exc: BaseException) -> PipelineError:
     )
 
 
-def _looks_like_connection_error(exc: BaseException) -> bool:
-    # chromadb's HttpClient wraps transport failures in plain exceptions with these words.
+# A service that refused or dropped the connection: proof it was down (or restarting) at that moment.
+# chromadb's HttpClient wraps transport failures in plain exceptions with these words.
+_REFUSED_WORDS = ("connection refused", "could not connect", "connecterror", "connection reset",
+                  "server disconnected", "remoteprotocolerror", "connection aborted", "broken pipe")
+# No answer in time: the service may be down, or only slow.
+_TIMEOUT_WORDS = ("timed out", "timeout")
+
+
+def refused_connection(exc: BaseException) -> bool:
+    """Did a service refuse or drop this connection (not merely answer late)?"""
     text = f"{type(exc).__name__} {exc}".lower()
-    return any(
-        w in text
-        for w in ("connection refused", "could not connect", "connecterror", "timed out", "timeout")
-    )
+    return any(w in text for w in _REFUSED_WORDS)
+
+
+def _looks_like_connection_error(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return refused_connection(exc) or any(w in text for w in _TIMEOUT_WORDS)
 
 
 _AUTH_WORDS = ("unauthorized", "forbidden", "invalid username-password", "wrongpass", "noauth",

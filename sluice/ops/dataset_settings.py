@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from sluice.errors import SettingsError
 from sluice.ops import reindex as reindexing
+from sluice.ops.search import UnknownDataset, dataset_named
 from sluice.pipeline import ocr
 from sluice.pipeline.context import Context
 from sluice.pipeline.queue import queue_note
@@ -80,20 +81,11 @@ class SettingsChange:
                 "restamped": self.restamped, "reindex": self.reindex.to_dict() if self.reindex else None}
 
 
-class UnknownDataset(LookupError):
-    pass
-
-
-def _dataset(session: Session, name: str) -> Dataset:
-    ds = session.exec(select(Dataset).where(Dataset.name == name)).first()
-    if ds is None:
-        raise UnknownDataset(f"no dataset named {name!r}")
-    return ds
 
 
 def current(ctx: Context, name: str) -> SettingsView:
     with Session(ctx.engine) as session:
-        ds = _dataset(session, name)
+        ds = dataset_named(session, name)
     eff = ctx.settings_for(ds)
     own = dataset_settings.overrides_of(ds.parse_settings)
     rows = [SettingRow(k, getattr(eff, k), "dataset" if k in own else "default", dataset_settings.DESCRIPTIONS[k])
@@ -106,7 +98,7 @@ def propose(ctx: Context, name: str, assignments: dict[str, str | None], *, prev
     """What the change would be and cost (documents, chunks, cache), without writing anything."""
     try:
         with Session(ctx.engine) as session:
-            ds = _dataset(session, name)
+            ds = dataset_named(session, name)
         after = dataset_settings.change(ctx.settings, ds.parse_settings, assignments)
     except (UnknownDataset, SettingsError) as exc:
         return SettingsChange(False, str(exc), dataset=name)
@@ -136,7 +128,7 @@ def apply(ctx: Context, name: str, assignments: dict[str, str | None], *, actor:
     if not change.ok:
         return change
     with Session(ctx.engine) as session:
-        ds = _dataset(session, name)
+        ds = dataset_named(session, name)
         ds.parse_settings = change.after or None
         ds.settings_changed_at = db_now(session)
         ds.settings_changed_by = actor

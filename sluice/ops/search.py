@@ -60,7 +60,12 @@ class SearchHit:
 
 def get_dataset(ctx: Context, name: str) -> Dataset:
     with Session(ctx.engine) as session:
-        ds = session.exec(select(Dataset).where(Dataset.name == name)).first()
+        return dataset_named(session, name)
+
+
+def dataset_named(session: Session, name: str) -> Dataset:
+    """The dataset called ``name``, read in ``session``; UnknownDataset when there is none."""
+    ds = session.exec(select(Dataset).where(Dataset.name == name)).first()
     if ds is None:
         raise UnknownDataset(f"no dataset named {name!r}")
     return ds

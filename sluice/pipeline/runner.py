@@ -28,6 +28,7 @@ from sluice.errors import (
     UserActionError,
     WaitingError,
     classify,
+    refused_connection,
 )
 from sluice.pipeline import embed, faults
 from sluice.pipeline.chunk import Chunk, split_text
@@ -283,10 +284,6 @@ def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]
 
 
 # A request the server refused or dropped unanswered: it was down (or going down) when the job asked.
-_REFUSED = ("connection refused", "connecterror", "connection reset", "server disconnected",
-            "remoteprotocolerror", "connection aborted", "broken pipe")
-
-
 def _refused_by_chroma(exc: BaseException) -> bool:
     """Did Chroma refuse or drop this request? Then its outage caused the failure, even when it is
     answering again by the time anyone asks (a restart): the attempt is not the job's."""
@@ -298,8 +295,7 @@ def _refused_by_chroma(exc: BaseException) -> bool:
         chain.append(e)
         e = e.__cause__ or e.__context__
     from_http = any(type(x).__module__.split(".")[0] in ("httpx", "httpcore", "chromadb") for x in chain)
-    refused = any(w in f"{type(x).__name__} {x}".lower() for x in chain for w in _REFUSED)
-    return from_http and refused
+    return from_http and any(refused_connection(x) for x in chain)
 
 
 def _outage(ctx: Context, err: PipelineError, exc: BaseException | None = None) -> str | None:
@@ -413,20 +409,24 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     # Chroma) and looks up the next, so the model never waits for a write. A batch counts as
     # embedded once its vectors exist and are in the store.
     in_flight: _Batch | None = None
+
+    def write(batch: _Batch) -> None:
+        """Write a batch whose vectors are being made (cache, Chroma), then say it is embedded."""
+        nonlocal embedded, cached
+        e, c = batch.finish(ctx, collection, job, document, report, by_ocr, where)
+        embedded, cached = embedded + e, cached + c
+        report.update(Stage.embedding, batch.end, total, embedded_count=embedded, cached_count=cached)
+
     try:
         for start in range(0, total, bs):
             batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
                      if cid not in existing]
             ahead = _Batch.start(ctx, batch, end=min(total, start + bs))
             if in_flight is not None:
-                e, c = in_flight.finish(ctx, collection, job, document, report, by_ocr, where)
-                embedded, cached = embedded + e, cached + c
-                report.update(Stage.embedding, in_flight.end, total, embedded_count=embedded, cached_count=cached)
+                write(in_flight)
             in_flight = ahead
         if in_flight is not None:
-            e, c = in_flight.finish(ctx, collection, job, document, report, by_ocr, where)
-            embedded, cached = embedded + e, cached + c
-            report.update(Stage.embedding, in_flight.end, total, embedded_count=embedded, cached_count=cached)
+            write(in_flight)
             in_flight = None
     finally:
         if in_flight is not None:  # the attempt ended early: the lanes need not encode what is queued
