@@ -14,6 +14,7 @@ from sqlmodel import Session
 from sluice.ops import documents, drain, reindex
 from sluice.ops.drain import DrainEstimate
 from sluice.ops.preview import SAMPLE, Preview, preview_jobs
+from sluice.ops.search import query_vector
 from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
 from sluice.pipeline.reconcile_report import last_report
@@ -311,9 +312,11 @@ def search(query: str, dataset: str | None, k: int, *, mode: str = "hybrid", fil
     """The best chunks of one dataset (``None``: of every dataset, merged by score), from each
     document's active job only (sluice.ops.search)."""
     names = [dataset] if dataset else [d.name for d in datasets()]
+    # Every dataset's dense search asks with the same vector: encoded once, here.
+    vector = query_vector(ctx(), query) if len(names) > 1 and mode in ("hybrid", "dense") else None
     hits = [h for name in names
             for h in run_search(ctx(), query=query, dataset=name, k=k, mode=mode, filename=filename, pages=pages,
-                                media_type=media_type)]
+                                media_type=media_type, vector=vector)]
     return sorted(hits, key=lambda h: -h.score)[:k] if not dataset else hits
 
 

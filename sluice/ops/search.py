@@ -87,7 +87,10 @@ def parse_pages(value: str | None) -> tuple[int | None, int | None]:
 
 
 def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "hybrid",
-           filename: str | None = None, pages: str | None = None, media_type: str | None = None) -> list[SearchHit]:
+           filename: str | None = None, pages: str | None = None, media_type: str | None = None,
+           vector=None) -> list[SearchHit]:
+    """The best ``k`` chunks of ``dataset`` for ``query``; ``vector``: the query already encoded
+    (``query_vector``), else it is encoded here when the mode needs it."""
     if mode not in MODES:
         raise BadQuery(f"mode {mode!r}: one of {', '.join(MODES)}")
     page_from, page_to = parse_pages(pages)
@@ -104,7 +107,9 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "h
                                           filters=filters)
         if mode in ("hybrid", "dense"):
             depth = max(DENSE_DEPTH, k * 2) if mode == "hybrid" else k
-            dense_hits = _dense(ctx, ds, query.replace('"', " ").strip(), depth, filters)
+            if vector is None:
+                vector = query_vector(ctx, query)
+            dense_hits = _dense(ctx, ds, vector, depth, filters)
         if mode != "hybrid":
             break
         # Each ranker read the active jobs at its own moment: a document whose new version became
@@ -204,18 +209,11 @@ def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | No
         return list(session.exec(stmt).all())
 
 
-_last_query: tuple = (None, None, None)  # (encoder, query, vector): a search of every dataset encodes once
-
-
-def _query_vector(ctx: Context, query: str):
-    global _last_query
-    encoder = ctx.query_encoder
-    held_encoder, held_query, vector = _last_query
-    if held_encoder is encoder and held_query == query:
-        return vector
-    vector = encoder.encode([query])[0]
-    _last_query = (encoder, query, vector)
-    return vector
+def query_vector(ctx: Context, query: str):
+    """The query as dense search encodes it (None when nothing is left to encode): a search of
+    several datasets encodes it once and passes it to each (``search(..., vector=)``)."""
+    text = query.replace('"', " ").strip()
+    return ctx.query_encoder.encode([text])[0] if text else None
 
 
 def _job_of(hit) -> int | None:
@@ -224,8 +222,8 @@ def _job_of(hit) -> int | None:
     return int(job) if job is not None else None
 
 
-def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> list[SearchHit]:
-    if not query:
+def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[SearchHit]:
+    if vector is None:
         return []
     clauses: list[dict] = []
     doc_ids = _document_ids(ctx, ds, filters)
@@ -238,14 +236,12 @@ def _dense(ctx: Context, ds: Dataset, query: str, k: int, filters: Filters) -> l
     if filters.page_to is not None:
         clauses.append({"page": {"$lte": filters.page_to}})
     where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
-    vector = _query_vector(ctx, query)
     total = ctx.vectors.count(ds.collection)
     n = min(total, max(20, k * 2))  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
-        vanished_before = ctx.vectors.vanished_hits
-        hits = [h for h in ctx.vectors.query(ds.collection, vector, n=n, where=where) if _job_of(h) is not None]
-        vanished = ctx.vectors.vanished_hits - vanished_before
+        answered = ctx.vectors.query(ds.collection, vector, n=n, where=where)
+        hits, vanished = [h for h in answered if _job_of(h) is not None], answered.vanished
         active = _active_jobs(ctx, {int(h.metadata.get("document_id", -1)) for h in hits})
         kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == _job_of(h)]
         # A document whose active job switched between the query and this read lost all its hits;

@@ -30,6 +30,12 @@ class Hit:
     metadata: dict[str, Any]
 
 
+class QueryHits(list):
+    """The hits of one query, and how many of its answers were deleted while it ran (left out)."""
+
+    vanished: int = 0
+
+
 def chunk_id(sha256: str, pipeline_version: str, position: int) -> str:
     """Stable id of a chunk: the same document, pipeline version and position give the same id."""
     return f"{chunk_prefix(sha256, pipeline_version)}{position:06d}"
@@ -139,7 +145,7 @@ class VectorStore:
         self._collections: dict[str, Any] = {}
         self._groups: dict[str, GroupCommit] = {}
         self._lock = threading.Lock()
-        self.vanished_hits = 0  # query results deleted while the query ran (left out)
+        self.vanished_hits = 0  # query results deleted while a query ran (left out), in all queries so far
 
     @property
     def client(self):
@@ -248,18 +254,19 @@ class VectorStore:
     def count(self, name: str) -> int:
         return self._on(name, lambda coll: coll.count())
 
-    def query(self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None) -> list[Hit]:
+    def query(self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None) -> QueryHits:
         if n <= 0:
-            return []
+            return QueryHits()
         res = self._on(name, lambda coll: coll.query(
             query_embeddings=[np.asarray(embedding, dtype=np.float32)], n_results=n, where=where,
             include=["documents", "metadatas", "distances"]))
-        hits = []
+        hits = QueryHits()
         for i, cid in enumerate(res["ids"][0]):
             meta = res["metadatas"][0][i]
             if meta is None:
                 # Chroma finds the id in its vector index, then reads the record: a delete landing in
                 # between leaves an id without metadata or text. That chunk is gone; leave it out.
+                hits.vanished += 1
                 with self._lock:
                     self.vanished_hits += 1
                 continue
