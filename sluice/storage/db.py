@@ -159,8 +159,9 @@ def add_missing_columns(engine: Engine) -> list[str]:
 
 def add_missing_indexes(engine: Engine) -> list[str]:
     """Create the indexes a newer Sluice defines on tables an older one created (``create_all``
-    creates the indexes of the tables it creates, and no others)."""
-    from sqlalchemy.exc import OperationalError, ProgrammingError
+    creates the indexes of the tables it creates, and no others). PostgreSQL may answer a process
+    that loses the race with a duplicate key in its catalog (an IntegrityError)."""
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     added = []
     inspector, tables = _present_tables(engine)
@@ -172,7 +173,7 @@ def add_missing_indexes(engine: Engine) -> list[str]:
             try:
                 index.create(engine, checkfirst=True)
                 added.append(index.name)
-            except (OperationalError, ProgrammingError) as exc:
+            except (OperationalError, ProgrammingError, IntegrityError) as exc:
                 if not _made_by_another(exc):
                     raise
     return added
