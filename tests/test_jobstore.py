@@ -135,6 +135,18 @@ def test_an_index_a_newer_version_defines_is_made_on_an_existing_database(databa
     assert "ix_job_status_finished" in {ix["name"] for ix in inspect(again).get_indexes("job")}
     init_schema(again)  # and a second start finds nothing to do
 
+    # Several upgraded processes starting at once on that database all come up, with one index.
+    with again.begin() as conn:
+        conn.execute(text("DROP INDEX ix_job_status_finished"))
+    engines = [make_engine(database_url) for _ in range(4)]
+    try:
+        _, errors = together(init_schema, [(e,) for e in engines])
+        assert errors == []
+        assert [ix["name"] for ix in inspect(engines[0]).get_indexes("job")].count("ix_job_status_finished") == 1
+    finally:
+        for e in engines:
+            e.dispose()
+
 
 def test_several_processes_create_the_schema_at_once(database_url):
     """Workers and consoles starting together on an empty database all come up."""
