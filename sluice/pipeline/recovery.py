@@ -8,12 +8,9 @@ queue or a worker killed mid-job delays jobs but never strands them.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import text
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session
 
 from sluice.pipeline import webhooks
@@ -33,9 +30,6 @@ class RecoveryReport:
     @property
     def anything(self) -> bool:
         return bool(self.reaped or self.published or self.republished or self.publish_error)
-
-
-_database_down_at: float | None = None  # monotonic time this process last found the job database down
 
 
 def run_once(ctx: Context, *, publish: Callable[[int], None],
@@ -72,17 +66,20 @@ def deliver_webhooks(ctx: Context) -> webhooks.DeliveryReport:
 
 
 def _reap(ctx: Context) -> list[int]:
-    """Take back stale running jobs, but not within a lease of an outage of the job database: no
-    worker could write a heartbeat while it was down, so every running job looks stale right after."""
-    global _database_down_at
+    """Take back stale running jobs, but not within a lease of a silence of every reaper (the job
+    database down, or no worker at all: see ``jobs.reaper_may_reap``): no worker could write a
+    heartbeat then, so every running job looks stale right after."""
     s = ctx.settings
-    try:
-        with Session(ctx.engine) as session:
-            if _database_down_at is not None and time.monotonic() - _database_down_at < s.lease_seconds:
-                session.execute(text("SELECT 1"))  # still answering? then just wait out the lease
-                return []
-            return jobs.reap(session=session, lease_seconds=s.lease_seconds,
-                             base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
-    except (OperationalError, DisconnectionError, InterfaceError):
-        _database_down_at = time.monotonic()
-        raise
+    with Session(ctx.engine) as session:
+        if not jobs.reaper_may_reap(session=session, lease_seconds=s.lease_seconds,
+                                    silence_seconds=silence_seconds(s)):
+            return []
+        return jobs.reap(session=session, lease_seconds=s.lease_seconds,
+                         base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+
+
+def silence_seconds(s) -> float:
+    """How long no reaper may tick before the fleet counts it as an outage: half a lease (a job's
+    heartbeat is then at most that plus one beat old: not stale yet), and never less than three
+    recovery rounds."""
+    return max(s.lease_seconds / 2, 3 * s.recovery_interval_seconds)

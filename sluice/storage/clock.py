@@ -45,7 +45,11 @@ def _postgresql(element, compiler, **kw) -> str:
 
 def db_now(session: Session) -> datetime:
     """The database's current time, aware, in UTC."""
-    value = session.execute(select(current_time())).scalar_one()
+    return as_utc(session.execute(select(current_time())).scalar_one())
+
+
+def as_utc(value: datetime | str) -> datetime:
+    """A time read from the database, aware, in UTC (SQLite returns naive times, or text)."""
     if isinstance(value, str):  # a dialect that returns text
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)

@@ -31,8 +31,17 @@ from sqlmodel import Session, select
 
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
 from sluice.storage import faults, models, pauses, webhooks
-from sluice.storage.clock import current_time, db_now
-from sluice.storage.models import STAGE_UNITS, Document, Job, JobEvent, JobStatus, Outbox, Stage
+from sluice.storage.clock import as_utc, current_time, db_now
+from sluice.storage.models import (
+    STAGE_UNITS,
+    Document,
+    Instance,
+    Job,
+    JobEvent,
+    JobStatus,
+    Outbox,
+    Stage,
+)
 
 CLAIMABLE = (JobStatus.pending, JobStatus.retrying)
 RETRYABLE = (JobStatus.failed, JobStatus.cancelled)
@@ -551,6 +560,30 @@ def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: 
         return _cancelled(session, job, actor=worker_id)
 
     return _while_ours(session, job_id, lease, once)
+
+
+def reaper_may_reap(*, session: Session, lease_seconds: float, silence_seconds: float) -> bool:
+    """One reaper's tick, recorded for the whole fleet; False while no running job may be taken back.
+
+    Every worker's recovery loop ticks here every few seconds. A silence longer than
+    ``silence_seconds`` since the last tick of any of them means that no reaper found the database
+    answering meanwhile: it was down (and no worker could write a heartbeat either), or no worker
+    ran at all. Either way every running job may look stale for reasons that are not its own, so
+    no reaper takes one back for a lease from now. Kept in the database, it holds for reapers that
+    never saw the outage themselves (their loop slept through it, or they started after it).
+    """
+    now = db_now(session)
+    row = session.exec(select(Instance).with_for_update()).first()
+    if row is None:
+        return True
+    last = as_utc(row.reaper_tick_at) if row.reaper_tick_at is not None else None
+    if last is not None and (now - last).total_seconds() > silence_seconds:
+        row.reap_after = now + timedelta(seconds=lease_seconds)
+    row.reaper_tick_at = now
+    reap_after = as_utc(row.reap_after) if row.reap_after is not None else None
+    session.add(row)
+    session.commit()
+    return reap_after is None or now >= reap_after
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,

@@ -64,6 +64,10 @@ class Instance(SQLModel, table=True):
     id: int = Field(default=1, primary_key=True)
     instance_id: str = Field(max_length=40, unique=True)
     created_at: datetime = Field(default_factory=utcnow)
+    # The reapers' shared clock: when one last found the database answering, and, after a silence
+    # (the database down, or no worker at all), the time before which no running job is taken back.
+    reaper_tick_at: datetime | None = None
+    reap_after: datetime | None = None
 
 
 class Dataset(SQLModel, table=True):
