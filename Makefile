@@ -57,7 +57,7 @@ test-fast: setup ocr
 lint: setup
 	$(BIN)/ruff check .
 
-## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness): about 19 minutes
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness): about 16 minutes
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
 bench: setup ocr browser
 	$(BIN)/pip install -q -e '.[bench]'
