@@ -296,6 +296,16 @@ def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
     assert big.stat().st_size > parse.IN_WORKER_TEXT_BYTES
     assert answer(big)[0] == -(-big.stat().st_size // parse.TEXT_PAGE_CHARS) and started == ["big.txt"]  # a large file is read by a child
 
+    # A failure that is not a refusal says what a child's death says, with the file's name, not its path.
+    def broken(_request):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "note.txt"))
+        yield
+
+    with monkeypatch.context() as m:
+        m.setattr(parse, "read", broken)
+        failed = answer(tmp_path / "note.txt")
+    assert failed[:2] == ("TransientError", "parser_failed") and str(tmp_path) not in failed[2], failed
+
     monkeypatch.setattr(parse, "IN_WORKER_TEXT_BYTES", -1)  # every file to a child: the same answers
     assert {name: answer(tmp_path / name) for name in files} == in_worker
     assert answer(tmp_path / "note.txt", limits=parse.ParseLimits(max_document_chars=1000)) == too_long

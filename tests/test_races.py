@@ -508,11 +508,15 @@ def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(dat
 # --- 8. an outage of the job database ----------------------------------------------------------------------
 
 
-def test_the_reaper_waits_a_lease_after_the_database_was_down(database_url, make_ctx):
+def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_takes_dead_jobs(
+        database_url, make_ctx, monkeypatch):
     """No worker can write a heartbeat while the job database is down, so right after it every
     running job looks stale. The reapers keep a shared tick in the database: after a silence of all
-    of them, none takes a job back for a lease. That holds for a reaper that never saw the outage
-    itself (its loop slept through it, or it started after) -- here, the only one there is."""
+    of them, a reaper waits a grace (a few beats) before it takes jobs back. That holds for a reaper
+    that never saw the outage itself (its loop slept through it, or it started after) -- here, the
+    only one there is. A job whose worker lives beats during the grace and stays; a dead one is
+    taken back in the same round, so a reaper that always comes after a silence (``sluice recover``
+    with no worker up) still reaps."""
     from datetime import timedelta
 
     from sqlalchemy import update
@@ -522,24 +526,50 @@ def test_the_reaper_waits_a_lease_after_the_database_was_down(database_url, make
 
     ctx = make_ctx()
     assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # a tick: the database answers
-    job_id = new_job(ctx.engine, 1)
-    claim(ctx.engine, job_id)
-    make_stale(ctx.engine, job_id)  # no heartbeat could land while it was down ...
+    alive, dead = new_job(ctx.engine, 1), new_job(ctx.engine, 2)
+    for job_id in (alive, dead):
+        claim(ctx.engine, job_id)
+        make_stale(ctx.engine, job_id)  # no heartbeat could land while it was down ...
 
-    def shift(**seconds_back: float) -> None:  # move the shared record back, as time passing would
+    def silence() -> None:  # ... and no reaper could tick: the last tick moves back, as time passing would
         with Session(ctx.engine) as session:
-            row = session.exec(select(Instance)).one()
-            session.execute(update(Instance).values(**{k: getattr(row, k) - timedelta(seconds=v)
-                                                       for k, v in seconds_back.items()}))
+            tick = session.exec(select(Instance)).one().reaper_tick_at
+            session.execute(update(Instance).values(
+                reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 1)))
             session.commit()
 
-    shift(reaper_tick_at=recovery.silence_seconds(ctx.settings) + 1)  # ... and no reaper could tick
-    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []
-    assert get(ctx.engine, job_id).status == JobStatus.running
-    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # still within the lease
+    waits: list[float] = []
 
-    shift(reap_after=ctx.settings.lease_seconds + 1)  # a lease later: really stale
-    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == [job_id]
+    def the_live_worker_beats(seconds: float) -> None:
+        waits.append(seconds)
+        with Session(ctx.engine) as session:
+            assert jobs.heartbeat(session=session, job_id=alive, lease=get(ctx.engine, alive).lease)
+
+    monkeypatch.setattr(recovery, "_sleep", the_live_worker_beats)
+    silence()
+    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == [dead]
+    assert get(ctx.engine, alive).status == JobStatus.running
+    assert len(waits) == 1 and 0 < waits[0] <= recovery.grace_seconds(ctx.settings)
+
+    # Every round after a silence (an operator's `sluice recover`, no worker up) still reaps.
+    make_stale(ctx.engine, alive)
+    monkeypatch.setattr(recovery, "_sleep", waits.append)
+    silence()
+    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == [alive]
+    assert len(waits) == 2
+    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # nothing stale is left
+
+
+def test_a_silence_short_enough_to_go_unnoticed_never_makes_a_heartbeat_stale(make_ctx):
+    """Whatever the settings, a silence shorter than the one that counts as an outage cannot age a
+    live heartbeat past the lease (two beats to spare); the wait never exceeds a lease."""
+    from sluice.pipeline import recovery
+
+    for lease, beat, interval in ((60, 5, 5), (30, 5, 10), (10, 2, 30), (2, 0.2, 0.5)):
+        s = make_ctx(SLUICE_LEASE_SECONDS=str(lease), SLUICE_HEARTBEAT_SECONDS=str(beat),
+                     SLUICE_RECOVERY_INTERVAL_SECONDS=str(interval)).settings
+        assert recovery.silence_seconds(s) + 2 * beat <= lease or recovery.silence_seconds(s) == beat
+        assert 0 < recovery.grace_seconds(s) <= lease
 
 
 def test_an_attempts_outcome_waits_for_the_database_to_answer(database_url, make_ctx, monkeypatch):

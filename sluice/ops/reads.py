@@ -21,6 +21,7 @@ from sluice.pipeline.reconcile_report import last_report
 from sluice.storage import pauses, queries, webhooks
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
+from sluice.storage.lexical import parse_query
 from sluice.storage.models import JobStatus, utcnow
 from sluice.storage.settings import redact_url
 
@@ -313,7 +314,8 @@ def search(query: str, dataset: str | None, k: int, *, mode: str = "hybrid", fil
     document's active job only (sluice.ops.search)."""
     names = [dataset] if dataset else [d.name for d in datasets()]
     # Every dataset's dense search asks with the same vector: encoded once, here.
-    vector = query_vector(ctx(), query) if len(names) > 1 and mode in ("hybrid", "dense") else None
+    several = len(names) > 1 and mode in ("hybrid", "dense") and not parse_query(query).empty
+    vector = query_vector(ctx(), query) if several else None
     hits = [h for name in names
             for h in run_search(ctx(), query=query, dataset=name, k=k, mode=mode, filename=filename, pages=pages,
                                 media_type=media_type, vector=vector)]

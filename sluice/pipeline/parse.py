@@ -293,9 +293,20 @@ class _InWorker:
             return next(self._messages)
         except Refusal as exc:
             return exc.message_of()
+        except Exception as exc:  # what a child's death would say (the file's name, never its path)
+            raise TransientError("parser_failed", f"reading {self.name} failed ({type(exc).__name__})",
+                                 "Sluice retries this; if it keeps failing, the detail shows why.",
+                                 detail=f"{type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
         self._messages.close()
+
+
+def _small_text(path: Path, media_type: str) -> bool:
+    try:
+        return media_type in (TEXT, MARKDOWN) and os.path.getsize(path) <= IN_WORKER_TEXT_BYTES
+    except OSError:  # a child says what is wrong with the file, as for any other
+        return False
 
 
 def _refusal(message: dict) -> PipelineError:
@@ -373,8 +384,7 @@ def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseL
                       max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5,
                       ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language, ocr_cleanup=ocr.cleanup,
                       archive_max_entries=limits.archive_max_entries, archive_max_bytes=limits.archive_max_bytes)
-    small_text = media_type in (TEXT, MARKDOWN) and os.path.getsize(path) <= IN_WORKER_TEXT_BYTES
-    child = _InWorker(request, waiting) if small_text else _Child(request, limits, waiting)
+    child = _InWorker(request, waiting) if _small_text(path, media_type) else _Child(request, limits, waiting)
     try:
         message = child.next(0, 0)
         if message["t"] == "error":

@@ -8,6 +8,7 @@ queue or a worker killed mid-job delays jobs but never strands them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -66,20 +67,36 @@ def deliver_webhooks(ctx: Context) -> webhooks.DeliveryReport:
 
 
 def _reap(ctx: Context) -> list[int]:
-    """Take back stale running jobs, but not within a lease of a silence of every reaper (the job
-    database down, or no worker at all: see ``jobs.reaper_may_reap``): no worker could write a
-    heartbeat then, so every running job looks stale right after."""
+    """Take back stale running jobs, but not within a grace after a silence of every reaper (the job
+    database down, or no worker at all: see ``jobs.reaper_wait``): no worker could write a
+    heartbeat then, so every running job looks stale right after; the live ones beat again within
+    the grace."""
     s = ctx.settings
     with Session(ctx.engine) as session:
-        if not jobs.reaper_may_reap(session=session, lease_seconds=s.lease_seconds,
-                                    silence_seconds=silence_seconds(s)):
-            return []
+        wait = jobs.reaper_wait(session=session, silence_seconds=silence_seconds(s), grace_seconds=grace_seconds(s))
+    if wait is None:
+        return []
+    if wait > 0:
+        log.info("reaper: the reapers were silent (job database down, or no worker); waiting %.0fs for the "
+                 "heartbeats of live workers before taking jobs back", wait)
+        _sleep(wait)
+    with Session(ctx.engine) as session:
         return jobs.reap(session=session, lease_seconds=s.lease_seconds,
                          base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
 
 
+_sleep = time.sleep  # the wait for heartbeats (tests stand in a worker's beat here)
+
+
 def silence_seconds(s) -> float:
-    """How long no reaper may tick before the fleet counts it as an outage: half a lease (a job's
-    heartbeat is then at most that plus one beat old: not stale yet), and never less than three
-    recovery rounds."""
-    return max(s.lease_seconds / 2, 3 * s.recovery_interval_seconds)
+    """How long no reaper may tick before the fleet counts it as an outage: half a lease and at least
+    three recovery rounds, but short enough that the heartbeats an unnoticed silence held back are
+    not yet stale (two beats under the lease)."""
+    wanted = max(s.lease_seconds / 2, 3 * s.recovery_interval_seconds)
+    return max(min(wanted, s.lease_seconds - 2 * s.heartbeat_seconds), s.heartbeat_seconds)
+
+
+def grace_seconds(s) -> float:
+    """How long after a silence every reaper waits: three beats (a live worker's heartbeat thread
+    tries again every beat), never more than a lease."""
+    return min(s.lease_seconds, 3 * s.heartbeat_seconds)

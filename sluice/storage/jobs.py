@@ -562,28 +562,35 @@ def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: 
     return _while_ours(session, job_id, lease, once)
 
 
-def reaper_may_reap(*, session: Session, lease_seconds: float, silence_seconds: float) -> bool:
-    """One reaper's tick, recorded for the whole fleet; False while no running job may be taken back.
+def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: float) -> float | None:
+    """One reaper's tick, recorded for the whole fleet; returns how many seconds this reaper waits
+    before it takes running jobs back (0: now), or None when another reaper holds the record at
+    this moment (it reaps this round; this one skips it).
 
     Every worker's recovery loop ticks here every few seconds. A silence longer than
     ``silence_seconds`` since the last tick of any of them means that no reaper found the database
     answering meanwhile: it was down (and no worker could write a heartbeat either), or no worker
-    ran at all. Either way every running job may look stale for reasons that are not its own, so
-    no reaper takes one back for a lease from now. Kept in the database, it holds for reapers that
-    never saw the outage themselves (their loop slept through it, or they started after it).
+    ran at all. Either way a running job's heartbeat may be stale for reasons that are not its own,
+    so no reaper takes one back within ``grace_seconds`` of the end of the silence: enough for the
+    heartbeats of live workers to land again. Kept in the database, it holds for reapers that never
+    saw the outage themselves (their loop slept through it, or they started after it). A reaper
+    that finds a silence waits out the grace and then reaps in the same round, so one that always
+    ticks after a silence (``sluice recover`` with no worker up) still takes dead jobs back.
     """
     now = db_now(session)
-    row = session.exec(select(Instance).with_for_update()).first()
+    # SKIP LOCKED: a reaper frozen between its read and its commit must not stop every other one.
+    row = session.exec(select(Instance).with_for_update(skip_locked=True)).first()
     if row is None:
-        return True
+        session.rollback()
+        return None
     last = as_utc(row.reaper_tick_at) if row.reaper_tick_at is not None else None
     if last is not None and (now - last).total_seconds() > silence_seconds:
-        row.reap_after = now + timedelta(seconds=lease_seconds)
+        row.reap_after = now + timedelta(seconds=grace_seconds)
     row.reaper_tick_at = now
     reap_after = as_utc(row.reap_after) if row.reap_after is not None else None
     session.add(row)
     session.commit()
-    return reap_after is None or now >= reap_after
+    return max(0.0, (reap_after - now).total_seconds()) if reap_after is not None else 0.0
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
