@@ -33,17 +33,10 @@ if str(ROOT) not in sys.path:
 
 from bench import corpus as corpus_mod  # noqa: E402
 from bench.report import load_average, write_section  # noqa: E402
-from bench.system import Services, clean_environment  # noqa: E402
+from bench.system import Services, clean_environment, cpu_seconds  # noqa: E402
 
 SAMPLES = Path(os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples"))
 TITLE = "## Where the CPU goes"
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User and system CPU of a process and of its children that have ended (all threads)."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def fork_servers() -> list[int]:
@@ -80,8 +73,9 @@ def account(svc: Services, paths: list[Path], *, name: str) -> dict:
 
     def snapshot() -> dict[str, float]:
         return {"process": time.process_time(), "encode": embedder.cpu_seconds,
-                "parsing": sum(tree_cpu_seconds(pid) for pid in servers),
-                "chroma": tree_cpu_seconds(svc.chroma.pid), "cache": tree_cpu_seconds(svc.cache.pid)}
+                "parsing": sum(cpu_seconds(pid, children=True) for pid in servers),
+                "chroma": cpu_seconds(svc.chroma.pid, children=True),
+                "cache": cpu_seconds(svc.cache.pid, children=True)}
 
     before, chunks = snapshot(), 0
     for job_id in ids:

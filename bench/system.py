@@ -42,11 +42,12 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (all its threads)."""
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds a process has used so far (all its threads); with `children`, also
+    those of its children that have ended and been waited for."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 def as_epoch(value: datetime) -> float:
