@@ -560,6 +560,54 @@ def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_t
     assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # nothing stale is left
 
 
+def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(database_url, make_ctx, monkeypatch):
+    """A worker's recovery loop keeps the grace after a silence as state: the round goes on to
+    publish the outbox at once (no wait in line), and a later round reaps once the grace is over,
+    without a new tick moving it on. A job whose worker beats meanwhile stays."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from sluice.pipeline import recovery
+    from sluice.storage.models import Instance
+
+    ctx = make_ctx()
+    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # a tick: the database answers
+    alive, dead = new_job(ctx.engine, 1), new_job(ctx.engine, 2)
+    for job_id in (alive, dead):
+        claim(ctx.engine, job_id)
+        make_stale(ctx.engine, job_id)
+    waiting = new_job(ctx.engine, 3)  # its outbox row is due
+    with Session(ctx.engine) as session:
+        tick = session.exec(select(Instance)).one().reaper_tick_at
+        session.execute(update(Instance).values(
+            reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 1)))
+        session.commit()
+
+    def no_wait_in_line(seconds: float) -> None:
+        raise AssertionError(f"the loop's round waited {seconds}s in line")
+
+    clock = [1000.0]
+    monkeypatch.setattr(recovery, "_sleep", no_wait_in_line)
+    monkeypatch.setattr(recovery, "_monotonic", lambda: clock[0])
+    hold, published = recovery.ReapHold(), []
+
+    report = recovery.run_once(ctx, publish=published.append, hold=hold)
+    assert report.reaped == [] and waiting in published
+    assert 0 < report.reap_held_seconds <= recovery.grace_seconds(ctx.settings)
+    assert hold.remaining() == report.reap_held_seconds
+
+    clock[0] += report.reap_held_seconds / 2  # a round within the grace: still held
+    assert recovery.run_once(ctx, publish=published.append, hold=hold).reaped == []
+    with Session(ctx.engine) as session:  # the live worker's beat lands within the grace
+        assert jobs.heartbeat(session=session, job_id=alive, lease=get(ctx.engine, alive).lease)
+
+    clock[0] += report.reap_held_seconds  # the grace is over: this round reaps
+    done = recovery.run_once(ctx, publish=published.append, hold=hold)
+    assert done.reaped == [dead] and hold.due is None and done.reap_held_seconds == 0
+    assert get(ctx.engine, alive).status == JobStatus.running
+
+
 def test_a_silence_short_enough_to_go_unnoticed_never_makes_a_heartbeat_stale(make_ctx):
     """Whatever the settings, a silence shorter than the one that counts as an outage cannot age a
     live heartbeat past the lease (two beats to spare); the wait never exceeds a lease."""

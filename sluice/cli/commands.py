@@ -318,7 +318,7 @@ def recover(args) -> int:
 
     result = recover_once()
     print_json({"reaped": result.reaped, "published": result.published, "republished": result.republished,
-                "publish_error": result.publish_error})
+                "publish_error": result.publish_error, "reap_waited_seconds": round(result.reap_waited_seconds, 1)})
     return 0
 
 

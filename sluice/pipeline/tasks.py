@@ -59,8 +59,9 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
     run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine))
 
 
-def recover_once() -> recovery.RecoveryReport:
-    return recovery.run_once(get_context(), publish=publish, queued_job_ids=queued_job_ids, window=dispatch_window())
+def recover_once(hold: recovery.ReapHold | None = None) -> recovery.RecoveryReport:
+    return recovery.run_once(get_context(), publish=publish, queued_job_ids=queued_job_ids, window=dispatch_window(),
+                             hold=hold)
 
 
 @huey.periodic_task(crontab(minute="*"), name="sluice.recover")
@@ -167,6 +168,7 @@ def _recovery_loop() -> None:
     interval = ctx.settings.recovery_interval_seconds
     me = {"id": ctx.worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
           "instance": ctx.instance_id}
+    hold = recovery.ReapHold()  # the grace after a silence never stops the outbox or the presence key
     while True:
         try:
             huey.storage.conn.set(f"{worker_key()}:{ctx.worker_id}", json.dumps({**me, "threads": _threads, "seen": time.time()}),
@@ -174,12 +176,12 @@ def _recovery_loop() -> None:
         except redis.RedisError as exc:
             log.warning("queue Redis unreachable: %s", exc)
         try:
-            report = recover_once()
+            report = recover_once(hold)
             if report.anything:
                 log.info("recovery: %s", report)
         except Exception as exc:  # never let the loop die; the next round tries again
             log.warning("recovery round failed: %s", exc)
-        time.sleep(interval)
+        time.sleep(min(interval, hold.remaining()) if hold.due is not None else interval)
 
 
 def _webhook_loop() -> None:
