@@ -375,3 +375,37 @@ def test_a_running_job_is_judged_by_the_database_clock_not_the_consoles(seeded, 
     at = open_console("jobs", query={"job": str(seeded["running"][0])})
     page = texts(at)
     assert "Running on seed-host:4242 (embedding 320/500 chunks)" in page and "Stalled" not in page
+
+
+def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(ctx):
+    """The fleet's reaper tick is on the System page: never run, ran recently, silent too long, and
+    the grace after a silence during which no running job is taken back."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+    from sqlmodel import select
+
+    from sluice.pipeline import recovery
+    from sluice.storage.models import Instance
+
+    def system() -> str:
+        at = open_console()
+        at.switch_page("views/system.py").run()
+        assert_ok(at)
+        return texts(at)
+
+    assert "no worker's recovery round has run yet" in system()
+    recovery.run_once(ctx, publish=lambda _id: None)
+    page = system()
+    assert "the last round of any worker ran" in page and "is held for" not in page
+
+    with Session(ctx.engine) as session:  # every reaper silent for longer than counts as an outage
+        tick = session.exec(select(Instance)).one().reaper_tick_at
+        session.execute(update(Instance).values(
+            reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 5)))
+        session.commit()
+    assert "No worker's recovery round has run for" in system()
+
+    recovery.run_once(ctx, publish=lambda _id: None, hold=recovery.ReapHold())  # the tick after it
+    page = system()
+    assert "Taking stalled jobs back is held for" in page and "the last round of any worker ran" in page

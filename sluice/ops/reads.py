@@ -18,7 +18,7 @@ from sluice.ops.search import query_vector
 from sluice.ops.search import search as run_search
 from sluice.pipeline.context import Context, get_context
 from sluice.pipeline.reconcile_report import last_report
-from sluice.storage import pauses, queries, webhooks
+from sluice.storage import jobs, pauses, queries, webhooks
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
 from sluice.storage.lexical import parse_query
@@ -36,6 +36,12 @@ def ctx() -> Context:
 
 def _session() -> Session:
     return Session(ctx().engine, expire_on_commit=False)
+
+
+def reaper_state() -> jobs.ReaperState:
+    """When any worker's reaper last ran, and whether reaping is held after a silence of all of them."""
+    with _session() as session:
+        return jobs.reaper_state(session=session)
 
 
 def database_now():

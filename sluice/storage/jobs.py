@@ -593,6 +593,23 @@ def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: floa
     return max(0.0, (reap_after - now).total_seconds()) if reap_after is not None else 0.0
 
 
+@dataclass(frozen=True)
+class ReaperState:
+    """What the fleet's reapers last did, on the database's clock (see ``reaper_wait``)."""
+    last_tick_seconds_ago: float | None  # None: no reaper has ticked yet (no worker ever ran)
+    held_for_seconds: float  # > 0: reaping waits this much longer after a silence of every reaper
+
+
+def reaper_state(*, session: Session) -> ReaperState:
+    now = db_now(session)
+    row = session.exec(select(Instance)).first()
+    if row is None or row.reaper_tick_at is None:
+        return ReaperState(None, 0.0)
+    reap_after = as_utc(row.reap_after) if row.reap_after is not None else None
+    held = max(0.0, (reap_after - now).total_seconds()) if reap_after is not None else 0.0
+    return ReaperState(max(0.0, (now - as_utc(row.reaper_tick_at)).total_seconds()), held)
+
+
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
          now: datetime | None = None) -> list[int]:
     """Take back running jobs whose heartbeat is older than the lease; returns their ids.

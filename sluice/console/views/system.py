@@ -6,6 +6,7 @@ import streamlit as st
 
 from sluice.console import ui
 from sluice.ops import health, reads
+from sluice.pipeline import recovery
 
 context = reads.ctx()
 settings = context.settings
@@ -20,6 +21,19 @@ queue = health.queue_state()
 if queue.reachable:
     st.caption(f"Queue `{settings.queue_name}`: {queue.queued:,} queued, {queue.scheduled:,} scheduled; "
                f"{len(queue.workers)} worker(s) alive.")
+
+reaper = reads.reaper_state()
+if reaper.last_tick_seconds_ago is None:
+    st.caption("Recovery: no worker's recovery round has run yet; stalled jobs are taken back once a worker runs.")
+elif reaper.last_tick_seconds_ago > recovery.silence_seconds(settings):
+    st.warning(f"No worker's recovery round has run for {ui.duration(reaper.last_tick_seconds_ago)}: jobs whose "
+               "worker died are not taken back until a worker runs (or `sluice recover` is run).")
+else:
+    st.caption(f"Recovery: the last round of any worker ran {ui.duration(reaper.last_tick_seconds_ago)} ago.")
+if reaper.held_for_seconds > 0:
+    st.info(f"Taking stalled jobs back is held for {ui.duration(reaper.held_for_seconds)} more: every worker's "
+            "recovery was silent (job database down, or no worker), so no heartbeat could be written meanwhile. "
+            "Live workers beat again within this grace; jobs that stay silent are then retried.")
 
 st.caption(f"Instance `{context.instance_id}`: made with this job database; every queue message carries it, "
            "and workers of another instance on the same queue leave this instance's messages alone.")
