@@ -81,8 +81,6 @@ class SettingsChange:
                 "restamped": self.restamped, "reindex": self.reindex.to_dict() if self.reindex else None}
 
 
-
-
 def current(ctx: Context, name: str) -> SettingsView:
     with Session(ctx.engine) as session:
         ds = dataset_named(session, name)

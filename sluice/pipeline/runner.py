@@ -283,7 +283,6 @@ def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]
             time.sleep(s.outage_poll_seconds)
 
 
-# A request the server refused or dropped unanswered: it was down (or going down) when the job asked.
 def _refused_by_chroma(exc: BaseException) -> bool:
     """Did Chroma refuse or drop this request? Then its outage caused the failure, even when it is
     answering again by the time anyone asks (a restart): the attempt is not the job's."""

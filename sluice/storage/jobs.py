@@ -31,7 +31,7 @@ from sqlmodel import Session, select
 
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
 from sluice.storage import faults, models, pauses, webhooks
-from sluice.storage.clock import as_utc, current_time, db_now
+from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
     Document,
@@ -583,14 +583,13 @@ def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: floa
     if row is None:
         session.rollback()
         return None
-    last = as_utc(row.reaper_tick_at) if row.reaper_tick_at is not None else None
-    if last is not None and (now - last).total_seconds() > silence_seconds:
+    if row.reaper_tick_at is not None and (now - row.reaper_tick_at).total_seconds() > silence_seconds:
         row.reap_after = now + timedelta(seconds=grace_seconds)
     row.reaper_tick_at = now
-    reap_after = as_utc(row.reap_after) if row.reap_after is not None else None
+    wait = _held_for(row, now)
     session.add(row)
     session.commit()
-    return max(0.0, (reap_after - now).total_seconds()) if reap_after is not None else 0.0
+    return wait
 
 
 @dataclass(frozen=True)
@@ -605,9 +604,12 @@ def reaper_state(*, session: Session) -> ReaperState:
     row = session.exec(select(Instance)).first()
     if row is None or row.reaper_tick_at is None:
         return ReaperState(None, 0.0)
-    reap_after = as_utc(row.reap_after) if row.reap_after is not None else None
-    held = max(0.0, (reap_after - now).total_seconds()) if reap_after is not None else 0.0
-    return ReaperState(max(0.0, (now - as_utc(row.reaper_tick_at)).total_seconds()), held)
+    return ReaperState(max(0.0, (now - row.reaper_tick_at).total_seconds()), _held_for(row, now))
+
+
+def _held_for(row: Instance, now: datetime) -> float:
+    """Seconds until the reapers may take jobs back (0: now)."""
+    return max(0.0, (row.reap_after - now).total_seconds()) if row.reap_after is not None else 0.0
 
 
 def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
