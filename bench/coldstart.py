@@ -47,7 +47,7 @@ def _until(proc: ManagedProcess, t0: float, timeout: float, done, what: str) -> 
 
 def worker_first_chunk(svc: Services, *, name: str, timeout: float = 300) -> dict:
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     env = svc.configure(f"{name}-worker", SLUICE_EMBED_PRECISION="auto")
     ctx = svc.context()

@@ -63,7 +63,7 @@ def account(svc: Services, paths: list[Path], *, name: str) -> dict:
                   SLUICE_RECOVERY_INTERVAL_SECONDS="3600")
     ctx = svc.context()
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     embedder = ctx.embedder
     warm = corpus_mod.generate_big(svc.workdir / f"{name}-warm.pdf", pages=2, seed=99)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 def corpus_chunks(paths: list[Path], *, size: int, overlap: int) -> list[str]:
     """The chunks Sluice makes of these files: the pipeline's own parser and chunker, in order."""
-    from sluice.pipeline.chunk import split_text
-    from sluice.pipeline.parse import PDF, open_document
+    from sluice.pipeline.parsing.parse import PDF, open_document
+    from sluice.pipeline.running.chunk import split_text
 
     out: list[str] = []
     for path in paths:
@@ -80,7 +80,7 @@ def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overla
     import pymupdf
     from chromadb.config import Settings as ChromaSettings
 
-    from sluice.pipeline.chunk import split_text
+    from sluice.pipeline.running.chunk import split_text
 
     host, port = chroma_url.rsplit("//", 1)[1].split(":")
     client = chromadb.HttpClient(host=host, port=int(port), settings=ChromaSettings(anonymized_telemetry=False))
@@ -107,13 +107,13 @@ def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overla
 
 
 def load_embedder(precision: str):
-    from sluice.pipeline.embed import SentenceTransformerEmbedder
+    from sluice.pipeline.running.embed import SentenceTransformerEmbedder
 
     return SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision=precision)
 
 
 def available_cores() -> int:
-    from sluice.pipeline.embed import available_cores as cores
+    from sluice.pipeline.running.embed import available_cores as cores
 
     return cores()
 

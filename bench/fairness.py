@@ -25,7 +25,7 @@ def one_run(svc: Services, *, jobs: int, workers: int, window: int) -> dict:
     from sqlmodel import Session, select
 
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from sluice.storage.models import Job, JobEvent
 
     env = svc.configure(f"fair-{window}-{jobs}", SLUICE_EMBEDDER="hash", SLUICE_DISPATCH_PER_THREAD=str(window))

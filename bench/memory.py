@@ -14,7 +14,7 @@ def worker_peak(svc: Services, path: Path, *, settings: dict[str, str]) -> dict:
     env = svc.configure(f"mem-{uuid.uuid4().hex[:6]}", **settings)
     ctx = svc.context()
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     worker = svc.start_worker(env, "mem", workers=2)
     try:

@@ -4,7 +4,7 @@
 
 Each page of known text (ten-point to twelve-point body text, as in office documents) is typeset
 with PyMuPDF, rendered to a grey image at the scan resolution and kept as an image only, as a
-flatbed scanner writes it. The parser (sluice.pipeline.parse, in its child process, with Tesseract)
+flatbed scanner writes it. The parser (sluice.pipeline.parsing.parse, in its child process, with Tesseract)
 reads the file back; character accuracy is 1 - the edit distance share of difflib's matcher
 between the known and the read text (spaces collapsed); speed is pages per second of the whole
 parse, child start included. The degraded scan (turned 0.8 degrees, 2% of pixels flipped) is read
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 import pymupdf  # noqa: E402
 
 from bench.report import load_average, write_section  # noqa: E402
-from sluice.pipeline.parse import PDF, OcrOptions, ParseLimits, open_document  # noqa: E402
+from sluice.pipeline.parsing.parse import PDF, OcrOptions, ParseLimits, open_document  # noqa: E402
 
 WORDS = ("harbour crane ledger invoice quarterly revenue municipal housing pump river delta storm "
          "season archive observatory contract clause tenant payment schedule engine valve pressure "

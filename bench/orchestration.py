@@ -27,7 +27,7 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
     from sqlmodel import Session, select
 
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from sluice.storage.models import Job
     from sluice.storage.outbox import dispatch
 

@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sluice.pipeline.extract import PDF, Refusal, Request, read  # noqa: E402
-from sluice.pipeline.parse import open_document  # noqa: E402
+from sluice.pipeline.parsing.extract import PDF, Refusal, Request, read  # noqa: E402
+from sluice.pipeline.parsing.parse import open_document  # noqa: E402
 
 SAMPLES = ROOT.parent / "shared" / "corpus" / "pdf-samples"
 

@@ -46,7 +46,7 @@ def main(spec_path: str) -> None:
     from llama_index.core.constants import DEFAULT_EMBED_BATCH_SIZE
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-    from sluice.pipeline.embed import model_path
+    from sluice.pipeline.running.embed import model_path
 
     # One model for both setups (loading it is outside the timed windows anyway); the default
     # setup is HuggingFaceEmbedding as constructed with nothing but the model.

@@ -111,7 +111,7 @@ def versions() -> dict[str, str]:
 
 def header(*, started: str, seconds: float, load_start: tuple, load_end: tuple, quick: bool, precision: str,
            corpus: str, extra: list[str]) -> str:
-    from sluice.pipeline.embed import cpu_has_bf16
+    from sluice.pipeline.running.embed import cpu_has_bf16
 
     vers = ", ".join(f"{k} {v}" for k, v in versions().items())
     lines = [

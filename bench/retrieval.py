@@ -115,7 +115,7 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
 
     from sluice.ops.ingest import ingest_path
     from sluice.ops.search import search
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     work = svc.workdir
     gen, facts = corpus_mod.generate(work / "retrieval-corpus", documents=documents, pages=pages, seed=31)
@@ -168,7 +168,7 @@ def latency(svc: Services, *, chunks: int, queries: int, database_url: str | Non
 
     from sluice.ops.ingest import ingest_bytes
     from sluice.ops.search import search
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     settings = {"SLUICE_EMBEDDER": "hash", "SLUICE_MAX_CHUNKS": "10000"}
     if database_url:

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(svc: Services, plan: Plan) -> dict:
     from bench.sluice_runs import ingest_corpus, recall_ranks
-    from sluice.pipeline.embed import cpu_has_bf16, resolve_precision
+    from sluice.pipeline.running.embed import cpu_has_bf16, resolve_precision
 
     work = svc.workdir
     gen_paths, facts = corpus_mod.generate(work / "corpus", documents=plan.documents, pages=plan.pages)

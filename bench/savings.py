@@ -23,7 +23,7 @@ def dedupe_answer(ctx, publish, paths: list[Path], *, repeats: int) -> dict:
     from sqlmodel import Session, select
 
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.queue import queue_depth
+    from sluice.pipeline.queueing.broker import queue_depth
     from sluice.storage.models import Job
 
     def embedded_total() -> int:
@@ -77,7 +77,7 @@ def crash_at_90(svc: Services, path: Path, *, chunks: int, settings: dict[str, s
     env = svc.configure(f"crash-{uuid.uuid4().hex[:6]}", **FAST_RECOVERY, **settings)
     ctx = svc.context()
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     doomed = svc.start_worker({**env, "SLUICE_FAULTS": f"embed_batch@{crash_batch}=exit"}, "crash-a", workers=1)
     survivor = None

@@ -20,7 +20,7 @@ def ingest_corpus(svc: Services, paths: list[Path], *, name: str, settings: dict
     env = svc.configure(name, **settings)
     ctx = svc.context()
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     worker = svc.start_worker(env, name, workers=workers)
     try:

@@ -89,9 +89,9 @@ class Services:
     def configure(self, name: str, **settings: str) -> dict[str, str]:
         """Point this process at a fresh data directory with these settings; return the environment
         for workers. Queue and cache are flushed: no run profits from an earlier one."""
-        from sluice.pipeline.context import set_context
+        from sluice.pipeline.running.context import set_context
+        from sluice.settings import reset_settings_cache
         from sluice.storage.db import dispose_engines
-        from sluice.storage.settings import reset_settings_cache
 
         for key in [k for k in os.environ if k.startswith("SLUICE_") and k not in KEEP]:
             del os.environ[key]
@@ -105,8 +105,8 @@ class Services:
         return dict(os.environ)
 
     def context(self):
-        from sluice.pipeline.context import Context, set_context
-        from sluice.storage.settings import get_settings
+        from sluice.pipeline.running.context import Context, set_context
+        from sluice.settings import get_settings
 
         ctx = Context(get_settings())
         set_context(ctx)

@@ -346,8 +346,8 @@ import json, sys
 from pathlib import Path
 from sluice.errors import classify
 from sluice.ops.ingest import SNIFF_BYTES
-from sluice.pipeline.chunk import split_text
-from sluice.pipeline.parse import PDF, open_document, sniff_type
+from sluice.pipeline.running.chunk import split_text
+from sluice.pipeline.parsing.parse import PDF, open_document, sniff_type
 for line in sys.stdin:
     path = Path(line.strip())
     try:
@@ -421,7 +421,7 @@ def in_order(text: str, paragraphs: list[str]) -> int:
 def reading_order(out: Path) -> list[str]:
     import pymupdf
 
-    from sluice.pipeline.parse import PDF, open_document
+    from sluice.pipeline.parsing.parse import PDF, open_document
     from tests.pdfmaker import SENTENCES_LEFT, SENTENCES_RIGHT
 
     rows = []

@@ -71,9 +71,9 @@ FAST_RECOVERY = {
 
 
 def _reset_process_state() -> None:
-    from sluice.pipeline.context import set_context
+    from sluice.pipeline.running.context import set_context
+    from sluice.settings import reset_settings_cache
     from sluice.storage.db import dispose_engines
-    from sluice.storage.settings import reset_settings_cache
 
     reset_settings_cache()
     set_context(None)
@@ -113,8 +113,8 @@ def sluice_env(store_env, services):
 
 @pytest.fixture
 def ctx(sluice_env):
-    from sluice.pipeline.context import Context, set_context
-    from sluice.storage.settings import get_settings
+    from sluice.pipeline.running.context import Context, set_context
+    from sluice.settings import get_settings
 
     context = Context(get_settings())
     set_context(context)
@@ -124,8 +124,8 @@ def ctx(sluice_env):
 @pytest.fixture
 def make_ctx(sluice_env, monkeypatch):
     """Build a context after changing settings: make_ctx(SLUICE_CHUNK_SIZE="400")."""
-    from sluice.pipeline.context import Context, set_context
-    from sluice.storage.settings import get_settings, reset_settings_cache
+    from sluice.pipeline.running.context import Context, set_context
+    from sluice.settings import get_settings, reset_settings_cache
 
     def build(embedder=None, **env):
         for key, value in env.items():

@@ -20,7 +20,7 @@ def job(ctx, job_id: int) -> Job:
 def run_file(ctx, data: bytes, filename: str, dataset: str = "default") -> Job:
     """Ingest bytes and run their job in this process, without a queue; the job as it ended."""
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     r = ingest_bytes(ctx, data, dataset=dataset, filename=filename)
     run_job(r.job_id, ctx=ctx)

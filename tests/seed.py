@@ -81,7 +81,7 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
     Labels: succeeded, superseded, pending, running, retrying, cancelled, failed:<code>. Nothing is
     published; no worker is needed (succeeded jobs run in this process through the real runner).
     """
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     out: dict[str, list[int]] = {}
 

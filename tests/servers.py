@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from sluice.storage.servers import chroma_argv, free_loopback_port, redis_argv, wait_listening
+from sluice.servers.processes import chroma_argv, free_loopback_port, redis_argv, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +100,7 @@ class ChromaServer(ManagedProcess):
 
 def consumer_argv(workers: int = 2, kind: str = "thread") -> list[str]:
     exe = str(Path(sys.executable).with_name("huey_consumer"))
-    return [exe, "sluice.pipeline.tasks.huey", "-k", kind, "-w", str(workers), "-d", "0.05"]
+    return [exe, "sluice.pipeline.queueing.worker.huey", "-k", kind, "-w", str(workers), "-d", "0.05"]
 
 
 class Consumer(ManagedProcess):

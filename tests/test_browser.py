@@ -243,7 +243,7 @@ def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, b
     import secrets
 
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from tests.test_passwords import locked_pdf, traces
 
     password = "Pw-" + secrets.token_urlsafe(12)
@@ -269,7 +269,7 @@ def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, b
 
 def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(ctx, console, browser, start_worker):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from sluice.storage.db import ensure_dataset
 
     with Session(ctx.engine) as session:

@@ -25,7 +25,7 @@ from sqlmodel import Session
 
 from sluice.errors import classify
 from sluice.ops.ingest import ingest_path
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, ErrorKind, JobStatus
 from sluice.storage.vectors import VectorStore, chunk_id
 from tests.helpers import collection, events, ids_of_job, job, wait_for
@@ -131,7 +131,7 @@ def test_https_and_a_bearer_token_end_to_end(make_ctx, start_worker, services, s
     with ChromaProxy(services.chroma.url, tls=tls) as proxy:
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         ctx = make_ctx(SLUICE_CHROMA_URL=proxy.url, SLUICE_CHROMA_TOKEN=TOKEN)
-        from sluice.pipeline.queue import publish
+        from sluice.pipeline.queueing.publishing import publish
 
         worker = start_worker(workers=1)
         result = ingest_path(ctx, samples / "004-pdflatex-4-pages.pdf", dataset="default", publish=publish)
@@ -194,7 +194,7 @@ def test_a_dead_chroma_is_retried_and_a_worker_with_the_right_url_finishes(make_
     dead = f"http://127.0.0.1:{_dead_port()}"
     # A long attempt budget with a slower backoff: the job keeps waiting while Chroma is away.
     ctx = make_ctx(SLUICE_CHROMA_URL=dead, SLUICE_MAX_ATTEMPTS="50", SLUICE_RETRY_BASE_SECONDS="1")
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     lost = start_worker(workers=1, name="no-chroma")
     result = ingest_path(ctx, samples / "001-minimal-document.pdf", dataset="default", publish=publish)

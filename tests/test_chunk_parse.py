@@ -4,8 +4,15 @@ import pymupdf
 import pytest
 
 from sluice.errors import PermanentError, UserActionError
-from sluice.pipeline.chunk import chunk_pages, split_text
-from sluice.pipeline.parse import MARKDOWN, PDF, TEXT, decode_text, open_document, sniff_type
+from sluice.pipeline.parsing.parse import (
+    MARKDOWN,
+    PDF,
+    TEXT,
+    decode_text,
+    open_document,
+    sniff_type,
+)
+from sluice.pipeline.running.chunk import chunk_pages, split_text
 
 
 def test_split_is_deterministic_bounded_and_overlapping():

@@ -3,7 +3,7 @@
 import json
 
 from sluice.cli.main import main
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from tests.helpers import events, job
 
 
@@ -78,7 +78,7 @@ def test_ingest_wait_fails_when_a_job_fails(ctx, capsys, samples, start_worker):
 
 
 def test_bad_setting_is_named(capsys, monkeypatch, sluice_env):
-    from sluice.storage.settings import reset_settings_cache
+    from sluice.settings import reset_settings_cache
 
     monkeypatch.setenv("SLUICE_MAX_ATTEMPTS", "zero")
     reset_settings_cache()

@@ -23,7 +23,7 @@ def _job(ctx, job_id: int) -> Job:
 
 
 def test_retry_from_job_detail_queues_the_job_again(ctx, seeded):
-    from sluice.pipeline.queue import queued_job_ids
+    from sluice.pipeline.queueing.broker import queued_job_ids
 
     job_id = seeded["failed:chroma_unreachable"][0]  # transient: a retry is the helpful action
     at = open_console("jobs", query={"job": str(job_id)})
@@ -128,7 +128,7 @@ def test_retry_selected_and_dismiss_selected(ctx, seeded):
 def test_a_retried_dead_letter_fails_again_through_a_real_worker(ctx, start_worker, samples):
     """The encrypted sample PDF: its retry runs for real and lands back in dead letters."""
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from tests.helpers import wait_for
 
     start_worker()

@@ -10,7 +10,7 @@ import pytest
 from sluice.ops.access import Operator, ReadOnlyOperator
 from sluice.ops.document_view import original
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from tests.apptest import assert_ok, open_console, texts
 
 
@@ -62,7 +62,7 @@ def test_a_read_only_user_sees_the_document_but_cannot_download_it(make_ctx):
     ctx = make_ctx(SLUICE_CONSOLE_PASSWORD="full-rights-5b1e", SLUICE_CONSOLE_READONLY_PASSWORD="look-only-7c2d")
     r = _indexed(ctx)
     at = open_console(query={"doc": str(r.job_id)})
-    at.switch_page("views/document.py")
+    at.switch_page("views/document_page.py")
     at.run()
     at.text_input(key="login_password").set_value("look-only-7c2d")
     at.button[0].click().run()

@@ -7,8 +7,8 @@ from sqlmodel import Session
 
 from sluice.console import auth
 from sluice.ops import access
+from sluice.settings import SettingsError, load_settings
 from sluice.storage.models import Job, JobStatus
-from sluice.storage.settings import SettingsError, load_settings
 from tests.apptest import assert_ok, open_console, texts
 from tests.seed import seed_every_state
 
@@ -70,7 +70,7 @@ def test_lockout_after_repeated_failures_holds_across_sessions(guarded):
 def test_read_only_operator_sees_everything_but_cannot_act(ctx, guarded, seeded):
     failed = seeded["failed:corrupt_pdf"][0]
     at = open_console()
-    at.switch_page("views/jobs.py")  # a deep link to a job, opened before signing in
+    at.switch_page("views/jobs_page.py")  # a deep link to a job, opened before signing in
     at.query_params["job"] = str(failed)
     at.run()
     assert "Sign in to the operator console" in texts(at) and not at.dataframe
@@ -86,10 +86,10 @@ def test_read_only_operator_sees_everything_but_cannot_act(ctx, guarded, seeded)
     at.query_params["job"] = str(seeded["running"][0])
     at.run()
     assert at.button(key=f"cancel_{seeded['running'][0]}").disabled
-    at.switch_page("views/dead_letters.py").run()
+    at.switch_page("views/dead_letters_page.py").run()
     assert_ok(at)
     assert all(b.disabled for b in at.button if b.key and b.key.startswith(("retry_", "dismiss_")))
-    at.switch_page("views/upload.py").run()
+    at.switch_page("views/upload_page.py").run()
     assert at.get("file_uploader")[0].proto.disabled
 
 

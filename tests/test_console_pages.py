@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlmodel import Session
 
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Job, JobStatus
 from tests.apptest import assert_ok, metric, open_console, texts
 from tests.helpers import until
@@ -58,7 +58,8 @@ def test_first_visit_says_what_to_do_first_and_a_bad_dataset_link_says_so(ctx):
 
 def test_overview_sees_a_live_worker_and_queued_messages(ctx, start_worker):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish, workers_alive
+    from sluice.pipeline.queueing.broker import workers_alive
+    from sluice.pipeline.queueing.publishing import publish
 
     start_worker(workers=2)
     # every worker thread counts itself in on start; the presence key says so within a round or two
@@ -81,12 +82,12 @@ def test_overview_warns_when_the_queue_redis_is_down(seeded, services):
         assert "The queue Redis is unreachable" in texts(at)
         assert metric(at, "Queue depth") == "unknown"
         assert metric(at, "Workers alive") == "unknown"
-        at.switch_page("views/jobs.py")
+        at.switch_page("views/jobs_page.py")
         at.query_params["job"] = str(seeded["pending"][0])
         at.run()
         assert_ok(at)
         assert "queue Redis is unreachable" in texts(at)
-        at.switch_page("views/system.py").run()
+        at.switch_page("views/system_page.py").run()
         assert_ok(at)
         assert "queue Redis" in texts(at) and "unreachable" in texts(at)
     finally:
@@ -177,7 +178,8 @@ def test_a_dead_letter_that_a_retry_cannot_fix_leads_with_what_helps(ctx, seeded
 
 
 def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seeded):
-    from sluice.pipeline.queue import publish, queued_job_ids
+    from sluice.pipeline.queueing.broker import queued_job_ids
+    from sluice.pipeline.queueing.publishing import publish
     from sluice.storage.outbox import dispatch
 
     pending = seeded["pending"][0]
@@ -215,10 +217,10 @@ def test_every_page_can_be_narrowed_to_one_dataset(ctx, seeded):
     assert_ok(at)
     assert "of 30" in texts(at) and "dataset archive" in texts(at)
     assert "dataset" not in at.dataframe[0].value.columns
-    at.switch_page("views/overview.py").run()
+    at.switch_page("views/overview_page.py").run()
     assert sum(int(metric(at, s).replace(",", "")) for s in
                ("pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted")) == 30
-    at.switch_page("views/dead_letters.py").run()
+    at.switch_page("views/dead_letters_page.py").run()
     assert all(set(df.value["dataset"]) == {"archive"} for df in at.dataframe)
 
 
@@ -295,7 +297,7 @@ def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx,
 
 def test_search_keeps_the_query_in_the_url_says_so_when_empty_spans_all_datasets_and_hides_weak_hits(ctx):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     for name, words in (("default", "lighthouse keeper logbook"), ("contracts", "lighthouse tender invoice")):
         r = ingest_bytes(ctx, ((words + " entry. ") * 40).encode(), dataset=name, filename=f"{name}.txt")
@@ -351,10 +353,10 @@ def test_every_page_and_a_bulk_retry_on_each_job_store(database_url, make_ctx):
     for page in ("upload", "jobs", "dead_letters", "search", "system"):
         at.switch_page(f"views/{page}.py").run()
         assert_ok(at)
-    at.switch_page("views/jobs.py").run()
+    at.switch_page("views/jobs_page.py").run()
     at.text_input(key="q").set_value("protected").run()
     assert sorted(at.dataframe[0].value["file"]) == ["password_protected-0.pdf", "password_protected-1.pdf"]
-    at.switch_page("views/dead_letters.py").run()
+    at.switch_page("views/dead_letters_page.py").run()
     at.sidebar.selectbox(key="dataset").set_value("default").run()
     at.button(key="retry_all:user_action_required:password_protected").click().run()
     at.button(key="retry_all:user_action_required:password_protected:yes").click().run()
@@ -385,12 +387,12 @@ def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(ctx):
     from sqlalchemy import update
     from sqlmodel import select
 
-    from sluice.pipeline import recovery
+    from sluice.pipeline.queueing import recovery
     from sluice.storage.models import Instance
 
     def system() -> str:
         at = open_console()
-        at.switch_page("views/system.py").run()
+        at.switch_page("views/system_page.py").run()
         assert_ok(at)
         return texts(at)
 

@@ -36,7 +36,7 @@ def wait_until(predicate, timeout=60, what="condition"):
 
 
 def test_crash_after_indexing_before_success_is_redelivered_without_duplicates(ctx, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     doomed = start_worker(env={"SLUICE_FAULTS": "after_index=exit"}, name="doomed")
     r = ingest_bytes(ctx, LONG, dataset="default", filename="guide.txt", publish=publish)
@@ -62,7 +62,7 @@ def test_crash_after_indexing_before_success_is_redelivered_without_duplicates(c
 
 
 def test_kill9_mid_embedding_then_new_worker_and_reaper_finish_the_job(ctx, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     victim = start_worker(env={"SLUICE_FAULTS": "embed_batch=sleep:0.4", "SLUICE_EMBED_BATCH_SIZE": "8"},
                           name="victim")
@@ -85,7 +85,7 @@ def test_kill9_mid_embedding_then_new_worker_and_reaper_finish_the_job(ctx, star
 
 
 def test_same_job_delivered_twice_at_once_runs_once(ctx, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     slow = {"SLUICE_FAULTS": "embed_batch=sleep:0.2", "SLUICE_EMBED_BATCH_SIZE": "16"}
     start_worker(env=slow, workers=1, name="a")
@@ -108,7 +108,7 @@ def test_same_job_delivered_twice_at_once_runs_once(ctx, start_worker):
 def test_cancel_pending_and_running_jobs_leaves_no_vectors(ctx, start_worker):
     from sqlmodel import Session
 
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from sluice.storage import jobs
 
     pending = ingest_bytes(ctx, b"never to be indexed. " * 300, dataset="default", filename="p.txt",

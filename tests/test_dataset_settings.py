@@ -11,10 +11,10 @@ import pytest
 from sqlmodel import Session, select
 
 from sluice.cli.main import main
-from sluice.ops import dataset_settings as config
+from sluice.ops import settings_changes
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 from tests import pdfmaker
 from tests.helpers import events, ids_of_job, job
@@ -39,7 +39,7 @@ def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(da
     before_b = active_jobs(ctx, "beta")
 
     # The preview costs the change under the new settings and writes nothing.
-    change = config.propose(ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"})
+    change = settings_changes.propose(ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"})
     assert change.ok and change.from_version == ctx.pipeline_version != change.to_version
     assert (change.plan.documents, change.plan.preview.sampled) == (3, 3)
     assert change.plan.preview.chunks > sum(j.chunk_count for j in a.values())  # smaller chunks: more
@@ -47,7 +47,7 @@ def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(da
     assert dataset_row(ctx, "alpha").parse_settings is None
     assert len(ctx_jobs(ctx)) == 5
 
-    done = config.apply(ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"}, actor="test")
+    done = settings_changes.apply(ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"}, actor="test")
     assert done.ok and done.applied and done.reindex.queued == 3, done.message
     row = dataset_row(ctx, "alpha")
     assert row.parse_settings == {"chunk_size": 300, "chunk_overlap": 30} and row.settings_changed_by == "test"
@@ -76,7 +76,7 @@ def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(da
     assert job(ctx, r.job_id).pipeline_version == ctx.pipeline_version
 
     # Unsetting goes back to the process's settings (and the old version, whose jobs are superseded now).
-    back = config.apply(ctx, "alpha", {"chunk_size": None, "chunk_overlap": None}, actor="test")
+    back = settings_changes.apply(ctx, "alpha", {"chunk_size": None, "chunk_overlap": None}, actor="test")
     assert back.ok and back.to_version == ctx.pipeline_version and back.reindex.queued == 3
     assert dataset_row(ctx, "alpha").parse_settings is None
 
@@ -96,7 +96,7 @@ def test_a_job_waiting_under_the_old_settings_builds_the_new_ones(database_url, 
     r = ingest_bytes(ctx, text("harbour"), dataset="alpha", filename="harbour.txt")  # queued, not run yet
     old = job(ctx, r.job_id).pipeline_version
 
-    done = config.apply(ctx, "alpha", {"chunk_size": "400"}, actor="test")
+    done = settings_changes.apply(ctx, "alpha", {"chunk_size": "400"}, actor="test")
     assert done.ok and done.restamped == [r.job_id] and done.reindex.queued == 0
     j = job(ctx, r.job_id)
     assert j.pipeline_version == done.to_version != old and j.idempotency_key.endswith(done.to_version)
@@ -120,18 +120,18 @@ def test_bad_settings_are_refused_and_nothing_is_written(ctx):
         ("ocr_language", "eng; rm"): "ocr_language: String should match pattern",
     }
     for (key, value), words in cases.items():
-        change = config.apply(ctx, "alpha", {key: value}, actor="test")
+        change = settings_changes.apply(ctx, "alpha", {key: value}, actor="test")
         assert not change.ok and words in change.message, change.message
-    assert config.apply(ctx, "nowhere", {"chunk_size": "400"}, actor="test").message == "no dataset named 'nowhere'"
+    assert settings_changes.apply(ctx, "nowhere", {"chunk_size": "400"}, actor="test").message == "no dataset named 'nowhere'"
     assert dataset_row(ctx, "alpha").parse_settings is None
     assert len(ctx_jobs(ctx)) == 1
 
 
 @pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs Debian's tesseract-ocr: `make ocr`")
 def test_ocr_off_in_one_dataset_leaves_its_scans_to_the_operator_and_the_other_reads_them(ctx):
-    assert config.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok is False  # no such dataset yet
+    assert settings_changes.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok is False  # no such dataset yet
     ingest_bytes(ctx, text("harbour"), dataset="typed-only", filename="harbour.txt")
-    assert config.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok
+    assert settings_changes.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok
 
     off = ingest_bytes(ctx, pdfmaker.scanned(), dataset="typed-only", filename="scan.pdf")
     on = ingest_bytes(ctx, pdfmaker.scanned(), dataset="default", filename="scan.pdf")
@@ -142,7 +142,7 @@ def test_ocr_off_in_one_dataset_leaves_its_scans_to_the_operator_and_the_other_r
     assert search(ctx, query="fog horn sounded twice a minute", dataset="default", k=1)[0].ocr
 
     # Turning OCR back on (auto) in that dataset and retrying reads the scan.
-    back = config.apply(ctx, "typed-only", {"ocr_mode": None}, actor="test")
+    back = settings_changes.apply(ctx, "typed-only", {"ocr_mode": None}, actor="test")
     assert back.ok and off.job_id in back.restamped
     from sluice.storage import jobs
 

@@ -9,8 +9,8 @@ from sluice.cli.main import main as cli
 from sluice.ops.documents import delete_document, document_info, parse_reference
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
-from sluice.pipeline.reconcile import reconcile
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.reconcile.audit import reconcile
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
 from tests.helpers import Background, events, ids_of_job, job
 

@@ -19,7 +19,7 @@ TEXT_PDFS = ["001-minimal-document.pdf", "004-pdflatex-4-pages.pdf", "011-google
 
 SEARCHER = r"""
 import json, sys
-from sluice.pipeline.context import get_context
+from sluice.pipeline.running.context import get_context
 from sluice.ops.search import search
 ctx = get_context()
 ctx.vectors.heartbeat()

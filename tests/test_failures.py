@@ -7,8 +7,8 @@ from datetime import timedelta
 from sqlmodel import Session
 
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.embed import HashEmbedder
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.embed import HashEmbedder
+from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.jobs import backoff_delay
 from sluice.storage.models import Job, JobStatus, utcnow

@@ -61,7 +61,7 @@ def test_one_upload_to_a_quiet_dataset_starts_within_about_two_jobs(make_ctx, st
     """200 jobs queued in one dataset, then one in another: with a real consumer the lone job starts
     after at most a window's worth of the big dataset's jobs, not after the 200."""
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     ctx = make_ctx(SLUICE_DISPATCH_PER_THREAD="2")  # two worker threads: four messages on the queue
     big = [ingest_bytes(ctx, f"big document {n}. ".encode() * 40, dataset="big", filename=f"b{n}.txt",

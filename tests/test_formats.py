@@ -9,8 +9,8 @@ from sqlmodel import Session, select
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
-from sluice.pipeline import formats
-from sluice.pipeline.parse import sniff_type
+from sluice.pipeline.parsing import formats
+from sluice.pipeline.parsing.parse import sniff_type
 from sluice.storage.models import Document, JobStatus
 from tests.helpers import collection
 from tests.helpers import run_file as run

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import JobStatus
 from tests.helpers import job, wait_for
 
@@ -159,7 +159,7 @@ def test_mutated_pdfs_all_end_classified(make_ctx, samples):
 
 def test_a_worker_survives_a_batch_of_mutated_pdfs(make_ctx, samples, start_worker):
     ctx = make_ctx(SLUICE_MAX_ATTEMPTS="1")
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     worker = start_worker(workers=2)
     corpus = load_corpus(samples)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sluice.ops import gate
-from sluice.storage.settings import load_settings
+from sluice.settings import load_settings
 
 
 def conn(peer="127.0.0.1", **headers):

@@ -1,7 +1,7 @@
 """Running the same job twice, directly and through a second queue delivery, changes nothing."""
 
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from tests.helpers import collection, events, ids_of_job, job, wait_for
 
 TEXT = ("Sluice keeps every job's truth. " * 40 + "\n\n") * 30
@@ -25,7 +25,7 @@ def test_second_direct_run_is_a_noop_with_same_ids(ctx):
 
 
 def test_second_queue_delivery_is_a_noop(ctx, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     start_worker()
     r = ingest_bytes(ctx, TEXT.encode(), dataset="default", filename="doc.txt", publish=publish)

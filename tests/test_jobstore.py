@@ -426,7 +426,7 @@ def test_a_stranded_job_is_published_again(engine):
 def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, samples):
     """Upload, a real huey_consumer, parse, embed, index: the same code on either database."""
     from sluice.ops.ingest import ingest_path
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     ctx = make_ctx()
     assert ctx.engine.dialect.name == ("sqlite" if database_url.startswith("sqlite") else "postgresql")

@@ -1,8 +1,10 @@
 """The package's floors only look down: no module imports from a floor above its own.
 
-    sluice.errors < sluice.storage < sluice.pipeline < sluice.ops < sluice.console, sluice.cli
+    the ground (errors, settings, files, faults) < sluice.storage, sluice.servers < sluice.pipeline
+        < sluice.ops < sluice.console, sluice.cli
 
-The two front ends sit side by side and never import each other. Imports are read from the source
+The ground floor's modules may import each other; the other floors that share a level (storage and
+servers, the two front ends) sit side by side and never import each other. Imports are read from the source
 (every ``import`` and ``from ... import``, also those inside functions), so a lazy import cannot
 hide an upward arrow.
 """
@@ -16,7 +18,8 @@ from pathlib import Path
 import sluice
 
 PACKAGE = Path(sluice.__file__).resolve().parent
-FLOORS = {"errors": 0, "storage": 1, "pipeline": 2, "ops": 3, "console": 4, "cli": 4}
+GROUND = ("errors", "settings", "files", "faults")
+FLOORS = {**dict.fromkeys(GROUND, 0), "storage": 1, "servers": 1, "pipeline": 2, "ops": 3, "console": 4, "cli": 4}
 
 
 def _floor(module: str) -> str | None:
@@ -62,7 +65,7 @@ def test_no_module_imports_from_a_floor_above_it():
             other = _floor(target)
             if other is None or other == own:
                 continue
-            if FLOORS[other] > FLOORS[own] or (FLOORS[other] == FLOORS[own]):
+            if FLOORS[other] > FLOORS[own] or (FLOORS[other] == FLOORS[own] and own not in GROUND):
                 upward.append(f"{module}:{line} imports {target}")
     assert not upward, "imports that look up a floor (or sideways between front ends):\n" + "\n".join(upward)
 
@@ -78,3 +81,101 @@ def test_every_floor_is_a_module_or_package():
 def test_no_generic_top_level_packages_are_installed():
     for name in ("storage", "pipeline", "console"):
         assert importlib.util.find_spec(name) is None, f"a top-level {name!r} package is importable"
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the sluice modules it imports (a ``from package import name`` that names a module is an
+    edge to that module, not to the package)."""
+    modules = {module: path for path, module in _modules()}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                    if node.level else node.module or ""
+                subs = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+                targets = subs if len(subs) == len(node.names) else [base, *subs]
+            graph[module] |= {t for t in targets if t in modules and t != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_between_modules():
+    """Lazy imports inside functions count: a cycle hidden in a function is still a cycle."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, "modules that import each other, directly or around a loop:\n" + \
+        "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _private_imports(path: Path, module: str) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
+                if node.level else node.module or ""
+            if base.split(".")[0] != "sluice" or base == module:
+                continue
+            found += [f"{module}:{node.lineno} imports {base}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [line for path, module in _modules() for line in _private_imports(path, module)]
+    assert not private, "private names imported across modules (make them public or pass them in):\n" + \
+        "\n".join(private)
+
+
+def test_no_two_modules_share_a_name():
+    names: dict[str, list[str]] = {}
+    for path, module in _modules():
+        if path.name != "__init__.py":
+            names.setdefault(path.stem, []).append(module)
+    shared = {name: mods for name, mods in names.items() if len(mods) > 1}
+    assert not shared, f"module names used twice: {shared}"

@@ -8,8 +8,8 @@ from sluice.ops import reindex
 from sluice.ops.documents import delete_document
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
-from sluice.pipeline.reconcile import reconcile
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.reconcile.audit import reconcile
+from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Document, JobStatus
 from tests.helpers import ids_of_job, job

@@ -10,7 +10,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from tests.servers import ManagedProcess, free_port, wait_port
 
 

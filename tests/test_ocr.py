@@ -9,8 +9,8 @@ import pytest
 
 from sluice.errors import UserActionError
 from sluice.ops.search import search
-from sluice.pipeline import ocr
-from sluice.pipeline.parse import PDF, OcrOptions, open_document
+from sluice.pipeline.parsing import ocr
+from sluice.pipeline.parsing.parse import PDF, OcrOptions, open_document
 from sluice.storage.models import JobStatus
 from tests import pdfmaker
 from tests.helpers import collection, events

@@ -14,7 +14,7 @@ def doc(i: int) -> bytes:
 
 
 def test_upload_while_queue_is_down_is_published_when_it_returns(ctx, services, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     start_worker()
     services.queue.stop()
@@ -34,7 +34,7 @@ def test_upload_while_queue_is_down_is_published_when_it_returns(ctx, services, 
 @pytest.mark.slow
 def test_queue_redis_lost_mid_flight_with_jobs_queued(ctx, services, start_worker):
     """Stop the queue with jobs queued, bring it back empty: the database republishes them."""
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     results = [ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
                for i in range(8)]
@@ -62,7 +62,7 @@ def test_queue_redis_lost_mid_flight_with_jobs_queued(ctx, services, start_worke
 
 def run_rounds(ctx, job_id: int, rounds: int) -> list[str]:
     """Run the job as its due retries come (no waiting: a round is due within a second)."""
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     return [run_job(job_id, ctx=ctx).result for _ in range(rounds)]
 
@@ -96,7 +96,7 @@ def test_chroma_down_for_many_rounds_spends_no_attempt_and_the_job_resumes(datab
 def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_once(database_url, make_ctx):
     """Chroma restarting: the job's request is refused, and by the time the worker asks Chroma
     whether it is down, it answers. The refusal itself says it was an outage: no attempt spent."""
-    from sluice.storage import faults
+    from sluice import faults
     from sluice.storage.vectors import VectorStore
     from tests.servers import free_port
 
@@ -156,7 +156,7 @@ def test_a_worker_of_another_pipeline_version_leaves_the_job_waiting_for_its_own
 def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, start_worker):
     """Chroma goes away with jobs under way and stays away for many times the retry budget (5
     attempts at 0.2-2 s here): every job waits, and all finish when it is back."""
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     start_worker(env={"SLUICE_FAULTS": "embed_batch=sleep:0.05", "SLUICE_EMBED_BATCH_SIZE": "4"})
     results = [ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
@@ -194,7 +194,7 @@ def test_a_claim_while_the_database_does_not_answer_waits_and_runs_the_job(make_
     answer at that moment must not cost the message (recovery would republish it only a minute later)."""
     from sqlalchemy.exc import OperationalError
 
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
     from sluice.storage import jobs
 
     ctx = make_ctx(SLUICE_OUTAGE_POLL_SECONDS="0.05")

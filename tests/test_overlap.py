@@ -5,10 +5,10 @@ embedded once its vector is in the store."""
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from sluice import faults
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline import embed
-from sluice.pipeline.runner import run_job
-from sluice.storage import faults
+from sluice.pipeline.running import embed
+from sluice.pipeline.running.runner import run_job
 from tests.helpers import ids_of_job, job
 from tests.test_reconcile import text
 

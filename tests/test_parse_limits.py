@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.preview import preview_jobs
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.models import JobStatus
 from tests import pdfmaker
@@ -81,7 +81,7 @@ def _extract_children() -> list[int]:
             continue
     servers = {pid for pid, parent in parents.items() if parent == me and b"forkserver" in commands.get(pid, b"")}
     return [int(pid) for pid, parent in parents.items()
-            if (parent == me and pid not in servers and b"sluice.pipeline.extract" in commands.get(pid, b""))
+            if (parent == me and pid not in servers and b"sluice.pipeline.parsing.extract" in commands.get(pid, b""))
             or (parent in servers and pid in commands)]
 
 
@@ -187,7 +187,7 @@ def test_the_extraction_child_dies_with_a_worker_killed_mid_parse(tmp_path):
     pdf.write_bytes(pdfmaker.text_pdf(["The page that hangs the reader."]))
     script = (
         "import sys, time\n"
-        "from sluice.pipeline.parse import PDF, open_document\n"
+        "from sluice.pipeline.parsing.parse import PDF, open_document\n"
         f"parsed = open_document({str(pdf)!r}, media_type=PDF, max_pages=5)\n"
         "print(parsed._child.proc.pid, flush=True)\n"
         "for _ in parsed.pages():\n"
@@ -235,7 +235,7 @@ def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_neve
     script.write_text(
         "import os, sys\n"
         f"if __name__ != '__main__':\n    open({str(marker)!r}, 'a').write(__name__)\n"
-        "from sluice.pipeline.parse import PDF, open_document\n"
+        "from sluice.pipeline.parsing.parse import PDF, open_document\n"
         "if __name__ == '__main__':\n"
         "    for _ in range(2):\n"
         f"        parsed = open_document({str(pdf)!r}, media_type=PDF, max_pages=5)\n"
@@ -264,7 +264,7 @@ def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
     are read in the worker by the same code. Same pages, same warnings, same refusals as a child;
     a larger file still goes to a child."""
     from sluice.errors import PipelineError
-    from sluice.pipeline import parse
+    from sluice.pipeline.parsing import parse
 
     files = {"note.txt": "Tides and currents. " * 400, "notes.md": "# Harbour\n\nThe tide table. " * 50,
              "blank.txt": " .. \n\n - ", "latin1.txt": "Caf\xe9 cr\xe8me, na\xefve. " * 20}

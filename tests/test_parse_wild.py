@@ -9,8 +9,8 @@ import re
 import pytest
 
 from sluice.errors import PermanentError, UserActionError
-from sluice.pipeline.chunk import split_text
-from sluice.pipeline.parse import PDF, open_document, sniff_type
+from sluice.pipeline.parsing.parse import PDF, open_document, sniff_type
+from sluice.pipeline.running.chunk import split_text
 from sluice.storage.models import JobStatus
 from tests import pdfmaker
 from tests.helpers import collection, events

@@ -11,7 +11,7 @@ from sqlalchemy import MetaData, select
 from sluice.cli.main import main
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
 from tests.helpers import events, job, wait_for
 
@@ -61,7 +61,7 @@ def traces(ctx, services, roots: list[Path], needle: str) -> list[str]:
 
 def test_a_locked_pdf_succeeds_after_its_password_is_given_on_stdin(ctx, services, tmp_path, capsys, monkeypatch,
                                                                       caplog, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     password = "Pw-" + secrets.token_urlsafe(12)
     start_worker()

@@ -85,7 +85,7 @@ def test_pause_and_resume_a_dataset_with_a_real_consumer(make_ctx, start_worker,
     dataset runs meanwhile; `sluice resume` publishes it again and it runs."""
     from sluice.cli.main import main as cli
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     ctx = make_ctx(SLUICE_DISPATCH_PER_THREAD="2")  # with the dispatch window, as in production
 
@@ -119,11 +119,11 @@ def test_pause_and_resume_a_dataset_with_a_real_consumer(make_ctx, start_worker,
 
 def test_a_running_job_finishes_when_its_dataset_is_paused(ctx):
     """Pausing stops claims, not attempts under way: the pause lands between claim and success."""
+    from sluice import faults
     from sluice.ops import pausing
     from sluice.ops.access import cli_operator
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
-    from sluice.storage import faults
+    from sluice.pipeline.running.runner import run_job
 
     r = ingest_bytes(ctx, b"a page that runs while paused. " * 100, dataset="d", filename="run.txt")
     with Session(ctx.engine) as session:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sluice.pipeline.context import pipeline_version
-from sluice.pipeline.embed import cpu_has_bf16, resolve_precision
+from sluice.pipeline.running.context import pipeline_version
+from sluice.pipeline.running.embed import cpu_has_bf16, resolve_precision
 
 PASSAGES = [
     "The Harwick pumping station lifts about 42,000 cubic metres of water a day from the river intake to the "
@@ -63,7 +63,7 @@ QUERIES = [  # (query, index of the passage that answers it)
 
 @pytest.fixture(scope="module")
 def embedders():
-    from sluice.pipeline.embed import SentenceTransformerEmbedder
+    from sluice.pipeline.running.embed import SentenceTransformerEmbedder
 
     return (SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="fp32"),
             SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="bf16"))

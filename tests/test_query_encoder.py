@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sluice.pipeline import query_encoder
-from sluice.pipeline.embed import model_path
+from sluice.pipeline.running import query_encoder
+from sluice.pipeline.running.embed import model_path
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +51,7 @@ def test_a_model_that_is_not_mean_pooled_is_not_exported(model_dir, tmp_path):
 def test_a_cold_cli_search_uses_the_export_and_never_loads_sentence_transformers(make_ctx, sluice_env,
                                                                                    model_dir):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     ctx = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="fp32")
     r = ingest_bytes(ctx, b"The lighthouse keeper logs every passing ship in a leather book. " * 20,

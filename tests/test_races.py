@@ -14,8 +14,9 @@ from datetime import timedelta
 import pytest
 from sqlmodel import Session, select
 
+from sluice import faults
 from sluice.errors import LeaseLost
-from sluice.storage import faults, jobs
+from sluice.storage import jobs
 from sluice.storage.models import Document, ErrorKind, Job, JobStatus, Outbox, utcnow
 from sluice.storage.outbox import dispatch, redeliver_stranded
 from tests.helpers import Background
@@ -138,7 +139,7 @@ TEXT = "".join(f"Paragraph {i} of the survey describes the lighthouse number {i}
 
 def test_a_cancel_requested_after_indexing_but_before_success_wins(database_url, make_ctx):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
     from tests.helpers import ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
@@ -301,7 +302,7 @@ def test_an_existing_database_gets_the_columns_a_newer_sluice_added(engine):
 def half_written(ctx):
     """A job whose first attempt wrote some of its chunks and failed (a permanent error: a dead letter)."""
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
     from tests.helpers import ids_of_job
 
     r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
@@ -327,8 +328,8 @@ def _fail_at(n: int):
 
 def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_every_chunk(database_url,
                                                                                            make_ctx):
-    from sluice.pipeline.reconcile import reconcile
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.reconcile.audit import reconcile
+    from sluice.pipeline.running.runner import run_job
     from tests.helpers import ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
@@ -350,7 +351,7 @@ def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_ev
 
 
 def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_letter(database_url, make_ctx):
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
     from tests.helpers import collection, ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
@@ -370,8 +371,8 @@ def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_lett
 
 
 def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(database_url, make_ctx):
-    from sluice.pipeline.reconcile import reconcile
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.reconcile.audit import reconcile
+    from sluice.pipeline.running.runner import run_job
     from tests.helpers import ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
@@ -411,7 +412,7 @@ class StuckEmbedder:
     returns, as far as the job can tell)."""
 
     def __init__(self, stuck_at: int) -> None:
-        from sluice.pipeline.embed import HashEmbedder
+        from sluice.pipeline.running.embed import HashEmbedder
 
         self.inner = HashEmbedder()
         self.model_id, self.dim, self.precision = self.inner.model_id, self.inner.dim, self.inner.precision
@@ -440,7 +441,7 @@ def wait_status(engine, job_id: int, statuses, timeout: float = 30.0) -> Job:
 
 def stuck_run(make_ctx, **env):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     stuck = StuckEmbedder(stuck_at=2)
     ctx = make_ctx(embedder=stuck, SLUICE_EMBED_BATCH_SIZE="2", SLUICE_HEARTBEAT_SECONDS="0.1", **env)
@@ -521,7 +522,7 @@ def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_t
 
     from sqlalchemy import update
 
-    from sluice.pipeline import recovery
+    from sluice.pipeline.queueing import recovery
     from sluice.storage.models import Instance
 
     ctx = make_ctx()
@@ -568,7 +569,7 @@ def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(data
 
     from sqlalchemy import update
 
-    from sluice.pipeline import recovery
+    from sluice.pipeline.queueing import recovery
     from sluice.storage.models import Instance
 
     ctx = make_ctx()
@@ -611,7 +612,7 @@ def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(data
 def test_a_silence_short_enough_to_go_unnoticed_never_makes_a_heartbeat_stale(make_ctx):
     """Whatever the settings, a silence shorter than the one that counts as an outage cannot age a
     live heartbeat past the lease (two beats to spare); the wait never exceeds a lease."""
-    from sluice.pipeline import recovery
+    from sluice.pipeline.queueing import recovery
 
     for lease, beat, interval in ((60, 5, 5), (30, 5, 10), (10, 2, 30), (2, 0.2, 0.5)):
         s = make_ctx(SLUICE_LEASE_SECONDS=str(lease), SLUICE_HEARTBEAT_SECONDS=str(beat),
@@ -624,7 +625,7 @@ def test_an_attempts_outcome_waits_for_the_database_to_answer(database_url, make
     from sqlalchemy.exc import OperationalError
 
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.runner import run_job
+    from sluice.pipeline.running.runner import run_job
 
     ctx = make_ctx()
     r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")

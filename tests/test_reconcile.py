@@ -12,8 +12,8 @@ from sqlmodel import Session, select
 
 from sluice.cli.main import main as cli
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.reconcile import reconcile
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.reconcile.audit import reconcile
+from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
 from sluice.storage.vectors import chunk_id
@@ -239,7 +239,7 @@ def test_cli_reconcile_json_and_exit_codes(ctx, capsys):
 
 
 def test_periodic_reconcile_signature_repairs(ctx):
-    from sluice.pipeline.context import get_context
+    from sluice.pipeline.running.context import get_context
 
     indexed(ctx, ["steppe"])
     ctx.vectors.collection(collection(ctx)).add(
@@ -252,8 +252,8 @@ def test_periodic_reconcile_signature_repairs(ctx):
 def test_crash_leftovers_are_orphans_and_repaired(ctx, start_worker):
     """A worker is killed mid-embedding, the operator cancels the stalled job, the reaper ends it:
     nobody removes what the dead worker wrote. Reconcile does."""
-    from sluice.pipeline import recovery
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing import recovery
+    from sluice.pipeline.queueing.publishing import publish
 
     victim = start_worker(env={"SLUICE_FAULTS": "embed_batch@3=exit", "SLUICE_EMBED_BATCH_SIZE": "4"},
                           name="victim")

@@ -14,8 +14,8 @@ from sluice.ops import reindex
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.preview import preview_jobs
 from sluice.ops.search import search
-from sluice.pipeline.reconcile import reconcile
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.reconcile.audit import reconcile
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, Job, JobStatus
 from tests.helpers import Background, collection, ids_of_job, job, wait_for
 from tests.test_reconcile import indexed, text
@@ -59,7 +59,7 @@ class Searcher(Background):
 
 
 def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     old_ctx = make_ctx()
     old = indexed(old_ctx, TOPICS)

@@ -27,7 +27,7 @@ def expected_outcome(name: str):
 
 
 def test_every_sample_ends_as_its_table_says(ctx, samples, start_worker):
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     table = (samples / "README.md").read_text()
     assert "005-libreoffice-writer-password.pdf" in table and re.search(r"\b017-", table)

@@ -11,7 +11,7 @@ import sys
 import pymupdf
 
 from sluice.cli.main import main
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 
 WORDS = ("the report covers quarterly figures for the northern region and the team reviewed each line "
          "item with care before the meeting on budgets staffing travel and supplies was closed").split()

@@ -58,7 +58,7 @@ def test_search_leaves_out_chunks_deleted_while_it_queries(make_ctx):
 
 def test_a_search_of_every_dataset_encodes_the_query_once(make_ctx):
     from sluice.ops import reads
-    from sluice.pipeline.embed import HashEmbedder
+    from sluice.pipeline.running.embed import HashEmbedder
 
     class Counting(HashEmbedder):
         calls = 0

@@ -12,7 +12,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from tests.console_socket import ConsoleSocket, text, trigger
 from tests.helpers import collection, ids_of_job
 from tests.test_security_console import console  # noqa: F401  (fixture)

@@ -17,7 +17,7 @@ import redis
 
 from sluice.ops import health
 from sluice.ops.ingest import ingest_bytes
-from sluice.pipeline import queue
+from sluice.pipeline.queueing import broker, publishing
 from tests.conftest import QUEUE_NAME
 from tests.helpers import wait_for
 
@@ -43,7 +43,7 @@ def test_a_pickle_on_the_queue_runs_nowhere(ctx, services, start_worker, tmp_pat
     _poison(services.queue.client(), worker_marker)
     start_worker()
     accepted = ingest_bytes(ctx, b"Tide tables list high and low water for each harbour. " * 20,
-                            filename="tides.txt", dataset="default", publish=queue.publish)
+                            filename="tides.txt", dataset="default", publish=publishing.publish)
     [done] = wait_for(ctx, [accepted.job_id], timeout=60)
     assert done.status.value == "succeeded"  # the worker read past the bad message and kept working
     assert not worker_marker.exists(), "the worker unpickled a queue message"
@@ -52,7 +52,7 @@ def test_a_pickle_on_the_queue_runs_nowhere(ctx, services, start_worker, tmp_pat
     _poison(services.queue.client(), console_marker)
     position = health.queue_position(accepted.job_id)  # what the job page asks, for any signed-in user
     assert position.reachable
-    assert queue.queued_job_ids() == []
+    assert broker.queued_job_ids() == []
     assert not console_marker.exists(), "a queue lookup unpickled a queue message"
 
     recover = subprocess.run([sys.executable, "-m", "sluice.cli.main", "recover"], env=os.environ,
@@ -62,10 +62,10 @@ def test_a_pickle_on_the_queue_runs_nowhere(ctx, services, start_worker, tmp_pat
 
 
 def test_messages_are_json_that_carry_the_job_id(ctx, services):
-    queue.publish(41)
+    publishing.publish(41)
     [raw] = services.queue.client().lrange(f"huey.redis.{QUEUE_NAME}", 0, -1)
     assert raw.startswith(b"{")
-    assert queue.queue_order() == [41]
+    assert broker.queue_order() == [41]
 
 
 def test_the_serializer_keeps_every_message_shape_and_refuses_anything_else():
@@ -73,7 +73,7 @@ def test_the_serializer_keeps_every_message_shape_and_refuses_anything_else():
 
     from huey.registry import Message
 
-    from sluice.pipeline.serializer import JsonSerializer, MessageError
+    from sluice.pipeline.queueing.serializer import JsonSerializer, MessageError
 
     s = JsonSerializer()
     callback = Message("c", "x.cb", None, 0, 0, None, (), {}, None, None, None, None, None, None, None)

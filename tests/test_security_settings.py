@@ -28,7 +28,7 @@ def test_a_dotenv_in_the_working_directory_is_not_read(tmp_path, sluice_env):
 
 
 def test_a_password_in_the_url_query_is_masked_and_counted_as_set(make_ctx):
-    from sluice.storage.settings import get_settings
+    from sluice.settings import get_settings
 
     cache = os.environ["SLUICE_CACHE_REDIS_URL"]
     make_ctx(SLUICE_CACHE_REDIS_URL=f"{cache}?password={SECRET}")
@@ -36,7 +36,7 @@ def test_a_password_in_the_url_query_is_masked_and_counted_as_set(make_ctx):
     db = get_settings().model_copy(update={"database_url": f"postgresql://db.internal/sluice?password={SECRET}"})
     assert db.secrets_status()["database password"] and SECRET not in repr(db.public_view())
     at = open_console()
-    at.switch_page("views/system.py").run()
+    at.switch_page("views/system_page.py").run()
     assert_ok(at)
     shown = [str(e.value) for kind in ("markdown", "caption", "error", "success", "warning")
              for e in getattr(at, kind)]

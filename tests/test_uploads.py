@@ -18,7 +18,7 @@ import pytest
 from sqlmodel import Session, func, select
 
 from sluice.ops.ingest import ingest_bytes, ingest_stream, sanitize_filename
-from sluice.pipeline.runner import run_job
+from sluice.pipeline.running.runner import run_job
 from sluice.storage.blobs import CHUNK
 from sluice.storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Outbox
 from tests.helpers import collection, ids_of_job, job

@@ -20,13 +20,14 @@ import pytest
 from sqlalchemy import update
 from sqlmodel import Session, select
 
+from sluice import faults
 from sluice.errors import JobCancelled
-from sluice.pipeline import webhooks as delivery
-from sluice.storage import faults, jobs, webhooks
+from sluice.pipeline.queueing import webhook_delivery
+from sluice.servers.processes import free_loopback_port
+from sluice.settings import reset_settings_cache
+from sluice.storage import jobs, webhook_records
 from sluice.storage.db import ensure_dataset, get_engine
 from sluice.storage.models import Document, ErrorKind, Job, JobStatus, WebhookDelivery
-from sluice.storage.servers import free_loopback_port
-from sluice.storage.settings import reset_settings_cache
 from tests.helpers import Background, until
 
 SECRET = "test-webhook-secret-9f1c"
@@ -146,9 +147,9 @@ def deliveries(engine, job_id: int | None = None) -> list[WebhookDelivery]:
         return list(session.exec(query).all())
 
 
-def deliver(engine, **kw) -> delivery.DeliveryReport:
+def deliver(engine, **kw) -> webhook_delivery.DeliveryReport:
     kw = {"secret": SECRET, "timeout": 2.0, "max_age_seconds": 3600.0, "base": 0.05, "cap": 0.2, **kw}
-    return delivery.deliver_due(engine=engine, **kw)
+    return webhook_delivery.deliver_due(engine=engine, **kw)
 
 
 def check_signed(request: dict, *, now: float | None = None) -> dict:
@@ -157,7 +158,7 @@ def check_signed(request: dict, *, now: float | None = None) -> dict:
     timestamp = headers["X-Sluice-Timestamp"]
     expected = "v1=" + hmac.new(SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
     assert hmac.compare_digest(headers["X-Sluice-Signature"], expected)
-    assert webhooks.verify(SECRET, timestamp=timestamp, body=body, signature=headers["X-Sluice-Signature"],
+    assert webhook_records.verify(SECRET, timestamp=timestamp, body=body, signature=headers["X-Sluice-Signature"],
                            now=now or time.time())
     return json.loads(body)
 
@@ -239,11 +240,11 @@ def test_delivered_signed_once_and_a_replay_is_refused(hooked, receivers):
     # A replay of the same request an hour later fails the receiver's timestamp check; a
     # timestamp changed to look fresh fails the signature.
     h = request["headers"]
-    assert not webhooks.verify(SECRET, timestamp=h["X-Sluice-Timestamp"], body=request["body"],
+    assert not webhook_records.verify(SECRET, timestamp=h["X-Sluice-Timestamp"], body=request["body"],
                                signature=h["X-Sluice-Signature"], now=time.time() + 3600)
-    assert not webhooks.verify(SECRET, timestamp=str(int(time.time()) + 3600), body=request["body"],
+    assert not webhook_records.verify(SECRET, timestamp=str(int(time.time()) + 3600), body=request["body"],
                                signature=h["X-Sluice-Signature"], now=time.time() + 3600)
-    assert not webhooks.verify("another-secret", timestamp=h["X-Sluice-Timestamp"], body=request["body"],
+    assert not webhook_records.verify("another-secret", timestamp=h["X-Sluice-Timestamp"], body=request["body"],
                                signature=h["X-Sluice-Signature"], now=time.time())
 
 
@@ -305,7 +306,7 @@ def test_given_up_after_the_maximum_age_and_shown_so(hooked, receivers):
     [row] = deliveries(engine)
     assert report.gave_up == [row.id]
     assert row.gave_up_at is not None and row.delivered_at is None and row.last_status == 500
-    assert webhooks.delivery_state(row) == "gave up"
+    assert webhook_records.delivery_state(row) == "gave up"
     assert deliver(engine).anything is False and len(receiver.requests) == 1
 
 
@@ -432,7 +433,7 @@ def test_retention_prunes_finished_deliveries_only(hooked, receivers):
 ], ids=["no-secret", "placeholder-secret", "not-http"])
 def test_webhook_settings_are_refused_when_unsafe(store_env, monkeypatch, env, message):
     from sluice.errors import SettingsError
-    from sluice.storage.settings import load_settings
+    from sluice.settings import load_settings
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -442,7 +443,7 @@ def test_webhook_settings_are_refused_when_unsafe(store_env, monkeypatch, env, m
 
 
 def test_webhook_settings_parse_a_comma_list(store_env, monkeypatch):
-    from sluice.storage.settings import load_settings
+    from sluice.settings import load_settings
 
     monkeypatch.setenv("SLUICE_WEBHOOK_URLS", " https://a.example/h , http://127.0.0.1:8000/h,")
     monkeypatch.setenv("SLUICE_WEBHOOK_SECRET", SECRET)
@@ -456,7 +457,7 @@ def test_webhook_settings_parse_a_comma_list(store_env, monkeypatch):
 
 def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, receivers):
     from sluice.ops.ingest import ingest_bytes
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
     from tests.helpers import wait_for
     from tests.pdfmaker import invalid_page_count, text_pdf
 

@@ -22,8 +22,8 @@ import redis
 from sqlmodel import Session, select
 
 from sluice.ops.ingest import ingest_bytes
+from sluice.servers.processes import redis_argv
 from sluice.storage.models import Document, JobEvent, JobStatus, Outbox
-from sluice.storage.servers import redis_argv
 from sluice.storage.vectors import chunk_id
 from tests.helpers import collection, events, job, wait_for
 from tests.servers import ROOT, Consumer, ManagedProcess, free_port
@@ -46,7 +46,7 @@ def small_pdf(n: int) -> bytes:
 
 def test_three_process_consumers_run_each_of_30_jobs_once(database_url, make_ctx, start_worker):
     ctx = make_ctx(SLUICE_CHUNK_SIZE="400", SLUICE_CHUNK_OVERLAP="50", SLUICE_EMBED_BATCH_SIZE="4")
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     consumers = [start_worker(kind="process", workers=1, name=f"host{i}") for i in range(3)]
     results = [ingest_bytes(ctx, small_pdf(n), dataset="default", filename=f"doc-{n:02d}.pdf", publish=publish)
@@ -81,7 +81,7 @@ PASSWORD = "queue-Secret-4711"
 
 @pytest.fixture
 def locked_queue(tmp_path):
-    """A queue Redis started by sluice.storage.servers.redis_argv from a URL that carries a password."""
+    """A queue Redis started by sluice.servers.processes.redis_argv from a URL that carries a password."""
     port = free_port()
     url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
     server = ManagedProcess(redis_argv("queue", url=url, data_dir=tmp_path / "locked"), log=tmp_path / "locked.log")
@@ -178,7 +178,7 @@ def test_a_worker_of_another_instance_on_the_same_queue_leaves_our_messages_alon
         database_url, make_ctx, start_worker, tmp_path, monkeypatch):
     """Two instances (each its own data dir and job database) on one queue: the other instance's
     worker refuses our message loudly and puts it back; ours runs it, no republish needed."""
-    from sluice.pipeline.queue import publish
+    from sluice.pipeline.queueing.publishing import publish
 
     monkeypatch.setenv("SLUICE_REDELIVER_AFTER_SECONDS", "120")  # a lost message would stay lost here
     ctx = make_ctx()
@@ -204,8 +204,9 @@ def test_a_worker_of_another_instance_on_the_same_queue_leaves_our_messages_alon
 def test_queue_inspection_counts_only_this_instances_messages(make_ctx):
     """A message of another instance with the same job id number says nothing about our job: the
     recovery must still find ours stranded."""
-    from sluice.pipeline.queue import publish, queued_job_ids
-    from sluice.pipeline.tasks import process_job
+    from sluice.pipeline.queueing.broker import queued_job_ids
+    from sluice.pipeline.queueing.publishing import publish
+    from sluice.pipeline.queueing.worker import process_job
 
     ctx = make_ctx()
     r = ingest_bytes(ctx, b"a page about queue inspection. " * 100, dataset="default", filename="ours.txt")

@@ -181,7 +181,7 @@ def datasets(args) -> int:
 
 
 def dataset_settings(args) -> int:
-    from sluice.ops.dataset_settings import UnknownDataset
+    from sluice.ops.settings_changes import UnknownDataset
 
     assignments: dict[str, str | None] = {key.strip(): None for key in args.unset}
     for item in args.set:
@@ -314,7 +314,7 @@ def cancel(args) -> int:
 
 
 def recover(args) -> int:
-    from sluice.pipeline.tasks import recover_once
+    from sluice.pipeline.queueing.worker import recover_once
 
     result = recover_once()
     print_json({"reaped": result.reaped, "published": result.published, "republished": result.republished,

@@ -39,7 +39,7 @@ from sluice.cli import commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
-from sluice.storage.files import use_private_umask
+from sluice.files import use_private_umask
 
 STATUSES = ["pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted"]
 

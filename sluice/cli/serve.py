@@ -7,11 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from sluice.files import private_dir
 from sluice.ops.access import check_bind
 from sluice.ops.gate import allowed_hosts
-from sluice.storage.files import private_dir
-from sluice.storage.servers import chroma_argv, redis_argv
-from sluice.storage.settings import get_settings
+from sluice.servers.processes import chroma_argv, redis_argv
+from sluice.settings import get_settings
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
 
@@ -23,7 +23,7 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
         return redis_argv(what, url=url, data_dir=s.data_dir)
     if what == "worker":
         exe = str(Path(sys.executable).with_name("huey_consumer"))
-        return [exe, "sluice.pipeline.tasks.huey", "-k", kind, "-w", str(workers), "-d", "0.1"]
+        return [exe, "sluice.pipeline.queueing.worker.huey", "-k", kind, "-w", str(workers), "-d", "0.1"]
     check_bind(s)
     return [sys.executable, "-m", "streamlit", "run", str(CONSOLE_APP), "--server.address", s.console_address,
             "--server.port", str(s.console_port), "--server.headless", "true",
@@ -36,7 +36,7 @@ def serve(args) -> int:
     s = get_settings()
     private_dir(s.data_dir)
     if args.what == "chroma":  # a gate in front of `chroma run`, which it starts on a loopback port
-        from sluice.storage.chroma_gate import serve as serve_chroma
+        from sluice.servers.chroma_gate import serve as serve_chroma
 
         chroma_argv(url=s.chroma_url, path=s.chroma_dir)  # refuses an address beyond loopback
         return serve_chroma(s)

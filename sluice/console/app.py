@@ -18,8 +18,8 @@ import streamlit as st  # noqa: E402
 
 from sluice.console import login, ui  # noqa: E402
 from sluice.errors import SettingsError  # noqa: E402
+from sluice.files import use_private_umask  # noqa: E402
 from sluice.ops import actions, reads  # noqa: E402
-from sluice.storage.files import use_private_umask  # noqa: E402
 
 st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
 use_private_umask()  # whatever launched the console: what it writes into the data dir is private
@@ -35,15 +35,15 @@ def _pages() -> list:
     # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
     # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
     return [
-        st.Page("views/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-        st.Page("views/upload.py", title="Upload", icon=":material/upload_file:"),
-        st.Page("views/jobs.py", title="Jobs", icon=":material/list_alt:"),
-        st.Page("views/dead_letters.py", title="Dead letters", icon=":material/report:"),
-        st.Page("views/search.py", title="Search", icon=":material/search:"),
-        st.Page("views/document.py", title="Document", icon=":material/description:"),
-        st.Page("views/system.py", title="System", icon=":material/monitor_heart:"),
-        st.Page("views/integrity.py", title="Integrity", icon=":material/fact_check:"),
-        st.Page("views/datasets.py", title="Datasets", icon=":material/folder_data:"),
+        st.Page("views/overview_page.py", url_path="overview", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page("views/upload_page.py", url_path="upload", title="Upload", icon=":material/upload_file:"),
+        st.Page("views/jobs_page.py", url_path="jobs", title="Jobs", icon=":material/list_alt:"),
+        st.Page("views/dead_letters_page.py", url_path="dead_letters", title="Dead letters", icon=":material/report:"),
+        st.Page("views/search_page.py", url_path="search", title="Search", icon=":material/search:"),
+        st.Page("views/document_page.py", url_path="document", title="Document", icon=":material/description:"),
+        st.Page("views/system_page.py", url_path="system", title="System", icon=":material/monitor_heart:"),
+        st.Page("views/integrity_page.py", url_path="integrity", title="Integrity", icon=":material/fact_check:"),
+        st.Page("views/datasets_page.py", url_path="datasets", title="Datasets", icon=":material/folder_data:"),
     ]
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pydantic import SecretStr
 
 from sluice.ops.access import Operator, Role
-from sluice.storage.settings import Settings
+from sluice.settings import Settings
 
 # --- passwords and lockout --------------------------------------------------------------------------
 

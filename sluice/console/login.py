@@ -12,7 +12,7 @@ from sluice.console import auth, ui
 from sluice.console.ui import OPERATOR_KEY
 from sluice.ops import gate
 from sluice.ops.access import LOCAL_OPERATOR, Operator
-from sluice.storage.settings import Settings
+from sluice.settings import Settings
 
 BINDING_KEY = "sluice_signed_in_browser"
 XSRF_COOKIE = "_streamlit_xsrf"  # set by Streamlit per browser; pages of other sites cannot read it

@@ -23,8 +23,8 @@ ALL_DATASETS = "All datasets"
 DATASET_KEY = "dataset"
 OPERATOR_KEY = "sluice_operator"
 FLASH_KEY = "sluice_flash"
-JOBS_PAGE = "views/jobs.py"
-DOCUMENT_PAGE = "views/document.py"
+JOBS_PAGE = "views/jobs_page.py"
+DOCUMENT_PAGE = "views/document_page.py"
 
 STATUS_ICON = {  # Material icons: they come with Streamlit's own font, so every browser draws them
     "pending": ":material/schedule:", "running": ":material/progress_activity:", "retrying": ":material/replay:",

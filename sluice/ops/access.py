@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sluice.errors import SettingsError
-from sluice.storage.settings import Settings
+from sluice.settings import Settings
 
 Role = Literal["operator", "readonly"]
 Channel = Literal["console", "cli", "system"]

@@ -4,7 +4,7 @@ Every function takes the acting ``Operator`` and refuses a read-only one before 
 (one check: ``sluice.ops.access.require_operator``); the operator's ``actor`` names them in every job
 event. Transitions that queue work write an outbox row in their own transaction and the action then
 publishes the outbox once; when the queue is unreachable the action still succeeds and says so in
-the words of ``sluice.pipeline.queue.queue_note``.
+the words of ``sluice.pipeline.queueing.broker.queue_note``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,15 @@ from typing import BinaryIO
 
 from sqlmodel import Session
 
-from sluice.ops import dataset_settings as dataset_config
-from sluice.ops import documents
+from sluice.ops import documents, settings_changes
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.ingest import IngestResult, ingest_stream
 from sluice.ops.reads import bulk_preview, ctx, dead_letter_ids, document_ids, job_rows
 from sluice.ops.unlock import LOCKED_CODES, unlock_and_retry  # noqa: F401  (LOCKED_CODES: for the console)
-from sluice.pipeline import reconcile as reconciling
-from sluice.pipeline.queue import dispatch_now, publish
-from sluice.pipeline.reconcile_report import ReconcileReport
+from sluice.pipeline.queueing.publishing import dispatch_now, publish
+from sluice.pipeline.reconcile import audit
+from sluice.pipeline.reconcile.report import ReconcileReport
 from sluice.storage import jobs, retention
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
@@ -183,23 +182,23 @@ def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
     return True, f"dataset {name!r} is ready"
 
 
-def dataset_settings(name: str) -> dataset_config.SettingsView:
+def dataset_settings(name: str) -> settings_changes.SettingsView:
     """What the dataset parses with now (anyone may look)."""
-    return dataset_config.current(ctx(), name)
+    return settings_changes.current(ctx(), name)
 
 
-def preview_dataset_settings(name: str, assignments: dict[str, str | None]) -> dataset_config.SettingsChange:
+def preview_dataset_settings(name: str, assignments: dict[str, str | None]) -> settings_changes.SettingsChange:
     """What a change of the dataset's parse settings would cost, before anything is written."""
-    return dataset_config.propose(ctx(), name, assignments)
+    return settings_changes.propose(ctx(), name, assignments)
 
 
-def set_dataset_settings(who: Operator, name: str, assignments: dict[str, str | None]) -> dataset_config.SettingsChange:
+def set_dataset_settings(who: Operator, name: str, assignments: dict[str, str | None]) -> settings_changes.SettingsChange:
     """Save the dataset's parse settings (KEY -> value; None unsets) and rebuild that dataset with them."""
     try:
         require_operator(who, "change dataset settings")
     except ReadOnlyOperator as exc:
-        return dataset_config.SettingsChange(False, str(exc), dataset=name)
-    return dataset_config.apply(ctx(), name, assignments, actor=who.actor, publish=publish)
+        return settings_changes.SettingsChange(False, str(exc), dataset=name)
+    return settings_changes.apply(ctx(), name, assignments, actor=who.actor, publish=publish)
 
 
 # --- integrity: delete, reconcile, reindex to the version in force -----------------------------------------
@@ -222,7 +221,7 @@ def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> Rec
             report = ReconcileReport(repair=False, actor=who.actor, started_at=utcnow().isoformat(), scope=dataset)
             report.errors.append(str(exc))
             return report
-    return reconciling.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
+    return audit.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
 
 
 def reindex_all(who: Operator, *, dataset: str | None = None) -> reindexing.ReindexResult:

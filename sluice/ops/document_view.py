@@ -11,7 +11,7 @@ from sqlmodel import Session
 
 from sluice.ops.access import Operator, require_operator
 from sluice.ops.documents import DocumentInfo, UnknownReference, document_info, resolve
-from sluice.pipeline.context import Context
+from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.models import Document, Job
 

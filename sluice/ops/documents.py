@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, func, select
 
-from sluice.pipeline.context import Context
+from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 
@@ -90,7 +90,7 @@ def document_info(ctx: Context, document_id: int) -> DocumentInfo:
             raise UnknownReference(f"no document {document_id}")
         ds = session.get(Dataset, doc.dataset_id)
         rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)).all()
-        shared = _blob_users(session, doc)
+        shared = blob_users(session, doc)
     info = DocumentInfo(
         document_id=doc.id, dataset=ds.name, filename=doc.filename, sha256=doc.sha256, size=doc.size,
         deleted=doc.deleted_at is not None, active_job_id=doc.active_job_id,
@@ -117,7 +117,7 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
             return DeleteResult(False, "; ".join(r.message for r in refused), before)
         doc = session.get(Document, document_id)
         collection = session.get(Dataset, doc.dataset_id).collection
-        blob_key, shared = doc.blob_key, _blob_users(session, doc)
+        blob_key, shared = doc.blob_key, blob_users(session, doc)
     job_ids = [j["id"] for j in before.jobs]
     ids = _vector_ids(ctx, collection, document_id, job_ids)
     ctx.vectors.delete(collection, ids=ids)
@@ -147,7 +147,7 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
                         jobs_deleted=newly)
 
 
-def _blob_users(session: Session, doc: Document) -> int:
+def blob_users(session: Session, doc: Document) -> int:
     """Other live documents, in any dataset, whose bytes are the same blob."""
     return session.exec(
         select(func.count()).select_from(Document).where(

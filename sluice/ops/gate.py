@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sluice.storage.settings import Settings, is_loopback
+from sluice.settings import Settings, is_loopback
 
 FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto",
                       "x-forwarded-server", "via")

@@ -12,8 +12,8 @@ from importlib import metadata
 
 import redis
 
-from sluice.pipeline import queue
-from sluice.storage.settings import Settings, redact_url
+from sluice.pipeline.queueing import broker
+from sluice.settings import Settings, redact_url
 
 PROBE_TIMEOUT = 1.5
 VERSIONED = ("streamlit", "huey", "chromadb", "sentence-transformers", "torch", "sqlmodel", "redis", "pymupdf")
@@ -34,8 +34,8 @@ class QueueState:
 
 def queue_state() -> QueueState:
     try:
-        depth = queue.queue_depth()
-        workers = queue.workers_alive()
+        depth = broker.queue_depth()
+        workers = broker.workers_alive()
     except Exception as exc:  # redis.RedisError, or a bad URL
         return QueueState(False, error=f"{type(exc).__name__}: {exc}")
     now = time.time()
@@ -63,8 +63,8 @@ QUEUE_SCAN = 10_000
 def queue_position(job_id: int) -> QueuePosition:
     """Where a job's message sits among the next QUEUE_SCAN queue entries (one Redis read)."""
     try:
-        ids = queue.queue_order(QUEUE_SCAN)
-        length = queue.get_huey().pending_count()
+        ids = broker.queue_order(QUEUE_SCAN)
+        length = broker.get_huey().pending_count()
     except Exception as exc:
         return QueuePosition(False, error=f"{type(exc).__name__}: {exc}")
     position = ids.index(job_id) + 1 if job_id in ids else None

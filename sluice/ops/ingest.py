@@ -18,10 +18,10 @@ from typing import BinaryIO
 from sqlmodel import Session
 
 from sluice.errors import PipelineError
-from sluice.pipeline.context import Context
-from sluice.pipeline.formats import ZIP
-from sluice.pipeline.parse import ParseLimits, archive_type, sniff_type
-from sluice.pipeline.queue import dispatch_now
+from sluice.pipeline.parsing.formats import ZIP
+from sluice.pipeline.parsing.parse import ParseLimits, archive_type, sniff_type
+from sluice.pipeline.queueing.publishing import dispatch_now
+from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, queries
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset

@@ -33,7 +33,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sluice.ops.reads import events_after, metric_counts
-from sluice.pipeline import queue
+from sluice.pipeline.queueing import broker
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class SluiceCollector(Collector):
         workers = GaugeMetricFamily("sluice_workers_alive", "Consumer processes seen in the last seconds")
         threads = GaugeMetricFamily("sluice_worker_threads", "Worker threads of the live consumers")
         try:
-            depth, alive = queue.queue_depth(), queue.workers_alive()
+            depth, alive = broker.queue_depth(), broker.workers_alive()
         except Exception as exc:
             log.warning("metrics: queue Redis unreachable: %s", exc)
             up.add_metric(["queue"], 0)

@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.reads import ctx
-from sluice.pipeline.queue import dispatch_now
+from sluice.pipeline.queueing.publishing import dispatch_now
 from sluice.storage import pauses
 from sluice.storage.queries import dataset_names
 

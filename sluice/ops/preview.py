@@ -16,12 +16,12 @@ from dataclasses import asdict, dataclass
 
 from sqlmodel import Session
 
-from sluice.pipeline.chunk import split_text
-from sluice.pipeline.context import Context
-from sluice.pipeline.parse import OcrOptions, ParseLimits, open_document
+from sluice.pipeline.parsing.parse import OcrOptions, ParseLimits, open_document
+from sluice.pipeline.running.chunk import split_text
+from sluice.pipeline.running.context import Context
+from sluice.settings import Settings
 from sluice.storage import queries
 from sluice.storage.models import Dataset, Document, Job
-from sluice.storage.settings import Settings
 from sluice.storage.vectors import chunk_id
 
 log = logging.getLogger(__name__)

@@ -16,14 +16,14 @@ from sluice.ops.drain import DrainEstimate
 from sluice.ops.preview import SAMPLE, Preview, preview_jobs
 from sluice.ops.search import query_vector
 from sluice.ops.search import search as run_search
-from sluice.pipeline.context import Context, get_context
-from sluice.pipeline.reconcile_report import last_report
-from sluice.storage import jobs, pauses, queries, webhooks
+from sluice.pipeline.reconcile.report import last_report
+from sluice.pipeline.running.context import Context, get_context
+from sluice.settings import redact_url
+from sluice.storage import jobs, pauses, queries, webhook_records
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
 from sluice.storage.lexical import parse_query
 from sluice.storage.models import JobStatus, utcnow
-from sluice.storage.settings import redact_url
 
 ACTIVE = tuple(s.value for s in JobStatus.active())
 FINAL = tuple(s.value for s in JobStatus.final())
@@ -440,16 +440,16 @@ def webhook_log(endpoint: str | None = None, limit: int = 50) -> dict:
     """Per endpoint (configured or still holding deliveries): counts; and the latest deliveries.
     URLs are shown with any password masked; bodies are not shown (the job page has the job)."""
     with _session() as session:
-        summary = {row["endpoint"]: row for row in webhooks.summary(session=session)}
-        rows = webhooks.recent(session=session, endpoint=endpoint, limit=limit)
+        summary = {row["endpoint"]: row for row in webhook_records.summary(session=session)}
+        rows = webhook_records.recent(session=session, endpoint=endpoint, limit=limit)
     for url in ctx().settings.webhook_urls:
         summary.setdefault(url, {"endpoint": url, "delivered": 0, "waiting": 0, "gave_up": 0,
                                  "last_delivered_at": None})
     endpoints = [{**row, "endpoint": redact_url(url), "configured": url in ctx().settings.webhook_urls}
                  for url, row in sorted(summary.items())]
     deliveries = [{"id": r.id, "endpoint": redact_url(r.endpoint), "event": r.event, "job_id": r.job_id,
-                   "event_id": r.event_id, "state": webhooks.delivery_state(r), "attempts": r.attempts,
-                   "created_at": webhooks.iso(r.created_at), "next_attempt_at": webhooks.iso(r.next_attempt_at),
-                   "delivered_at": webhooks.iso(r.delivered_at), "last_status": r.last_status, "last_error": r.last_error}
+                   "event_id": r.event_id, "state": webhook_records.delivery_state(r), "attempts": r.attempts,
+                   "created_at": webhook_records.iso(r.created_at), "next_attempt_at": webhook_records.iso(r.next_attempt_at),
+                   "delivered_at": webhook_records.iso(r.delivered_at), "last_status": r.last_status, "last_error": r.last_error}
                   for r in rows]
     return {"endpoints": endpoints, "deliveries": deliveries}

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from sqlmodel import Session, select
 
 from sluice.ops.preview import Preview, accumulate, count_work
-from sluice.pipeline.context import Context
-from sluice.pipeline.queue import dispatch_now
+from sluice.pipeline.queueing.publishing import dispatch_now
+from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import Dataset, Document, Job, JobStatus

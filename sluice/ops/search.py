@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, select
 
-from sluice.pipeline.context import Context
+from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
 from sluice.storage.models import Dataset, Document

@@ -20,9 +20,9 @@ from sqlalchemy import update
 from sqlmodel import Session
 
 from sluice.errors import PipelineError
-from sluice.ops.documents import _blob_users
-from sluice.pipeline.context import Context
-from sluice.pipeline.parse import PDF, ParseLimits, decrypt_pdf
+from sluice.ops.documents import blob_users
+from sluice.pipeline.parsing.parse import PDF, ParseLimits, decrypt_pdf
+from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import Document, Job, JobStatus
@@ -69,7 +69,7 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
             update(Document).where(Document.id == document.id, Document.blob_key == old).values(blob_key=key)
         ).rowcount == 1
         session.commit()
-        locked_users = _blob_users(session, document) if switched else 0
+        locked_users = blob_users(session, document) if switched else 0
     if switched and locked_users == 0:
         ctx.blobs.delete(old)  # the locked bytes: no other document reads them
     with Session(ctx.engine) as session:

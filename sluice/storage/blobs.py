@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-from sluice.storage.files import private_dir
+from sluice.files import private_dir
 
 CHUNK = 1024 * 1024
 

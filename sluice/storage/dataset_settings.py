@@ -2,7 +2,7 @@
 
 A dataset keeps only what it overrides (``Dataset.parse_settings``, JSON); everything else comes
 from the SLUICE_* settings of the process. The effective settings decide the dataset's pipeline
-version (``sluice.pipeline.context.pipeline_version``), so a change gives its documents new chunk ids
+version (``sluice.pipeline.running.context.pipeline_version``), so a change gives its documents new chunk ids
 and the existing versioned reindex switches them over, one document at a time.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sluice.errors import SettingsError
-from sluice.storage.settings import Settings
+from sluice.settings import Settings
 
 KEYS = ("chunk_size", "chunk_overlap", "ocr_mode", "ocr_language")
 

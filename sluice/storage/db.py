@@ -11,8 +11,8 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from sluice.files import private_dir, private_file
 from sluice.storage import lexical
-from sluice.storage.files import private_dir, private_file
 from sluice.storage.models import Dataset, Instance
 
 DEFAULT_DATASET = "default"

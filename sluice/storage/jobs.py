@@ -29,8 +29,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, select
 
+from sluice import faults
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
-from sluice.storage import faults, models, pauses, webhooks
+from sluice.storage import models, pauses, webhook_records
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.models import (
     STAGE_UNITS,
@@ -382,7 +383,7 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
                   message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
                   data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
                         "warnings": len(warnings), "stages": stages or {}})
-        webhooks.record(session, job, "job.succeeded")
+        webhook_records.record(session, job, "job.succeeded")
         for text in warnings:
             add_event(session, job, "warning", actor=worker_id, message=text)
         superseded, lost = [], False
@@ -505,7 +506,7 @@ def _fail_once(*, session: Session, job_id: int, lease: int, kind: ErrorKind, co
             return None
         add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
                   to_status=JobStatus.failed, data=data, message=errors["error_message"])
-        webhooks.record(session, job, "job.failed")
+        webhook_records.record(session, job, "job.failed")
     session.commit()
     return job
 
@@ -545,7 +546,7 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
         return None
     add_event(session, job, "cancelled", actor=actor, from_status=before, to_status=JobStatus.cancelled,
               message=msg, data={"stage": _val(job.stage), "done": job.done, "total": job.total})
-    webhooks.record(session, job, "job.cancelled")
+    webhook_records.record(session, job, "job.cancelled")
     session.commit()
     return job
 

@@ -16,7 +16,8 @@ from sqlalchemy import exists, func, or_, update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from sluice.storage import faults, pauses
+from sluice import faults
+from sluice.storage import pauses
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import CLAIMABLE, republish
 from sluice.storage.models import Dataset, Job, JobStatus, Outbox

@@ -6,7 +6,7 @@ import streamlit as st
 
 from sluice.console import ui
 from sluice.ops import health, reads
-from sluice.pipeline import recovery
+from sluice.pipeline.queueing import recovery
 
 context = reads.ctx()
 settings = context.settings

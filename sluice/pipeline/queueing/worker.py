@@ -1,6 +1,6 @@
 """The tasks and the periodic recovery on the Huey instance. The consumer imports this module:
 
-    huey_consumer sluice.pipeline.tasks.huey -k thread -w 2
+    huey_consumer sluice.pipeline.queueing.worker.huey -k thread -w 2
 
 Tasks are thin: they take a job id and call a plain function. Queue messages carry only the id;
 the job database says what to do with it.
@@ -18,19 +18,18 @@ import time
 import redis
 from huey import crontab
 
-from sluice.pipeline import recovery
-from sluice.pipeline.context import get_context
-from sluice.pipeline.queue import (
+from sluice.files import use_private_umask
+from sluice.pipeline.queueing import recovery
+from sluice.pipeline.queueing.broker import (
     dispatch_now,
     dispatch_window,
     get_huey,
-    publish,
     queued_job_ids,
     worker_key,
 )
-from sluice.pipeline.runner import run_job
-from sluice.storage.files import use_private_umask
-from sluice.storage.settings import get_settings, redact_url
+from sluice.pipeline.running.context import get_context
+from sluice.pipeline.running.runner import run_job
+from sluice.settings import get_settings, redact_url
 
 log = logging.getLogger("sluice.tasks")
 
@@ -56,7 +55,12 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
         process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
         return
     # The claim took this message off the queue's window: publish the next one the dispatcher chooses.
-    run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine))
+    run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine, via=publish))
+
+
+def publish(job_id: int) -> None:
+    """Put one job on the queue: a message of the job id and this instance's id."""
+    process_job(job_id, get_context().instance_id)
 
 
 def recover_once(hold: recovery.ReapHold | None = None) -> recovery.RecoveryReport:
@@ -74,9 +78,9 @@ def recover() -> None:
 def periodic_reconcile() -> None:
     minutes = get_settings().reconcile_interval_minutes
     if minutes and int(time.time() // 60) % minutes == 0:
-        from sluice.pipeline import reconcile
+        from sluice.pipeline.reconcile import audit
 
-        reconcile.reconcile(get_context(), repair=True, actor="periodic reconcile")
+        audit.reconcile(get_context(), repair=True, actor="periodic reconcile")
 
 
 @huey.periodic_task(crontab(minute="17", hour="3"), name="sluice.prune")
@@ -136,8 +140,8 @@ def _export_query_encoder() -> None:
     At the lowest CPU priority: it must not take the cores from the first jobs."""
     from pathlib import Path
 
-    from sluice.pipeline import query_encoder
-    from sluice.pipeline.embed import model_path
+    from sluice.pipeline.running import query_encoder
+    from sluice.pipeline.running.embed import model_path
 
     try:  # Linux: a thread has its own nice value
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

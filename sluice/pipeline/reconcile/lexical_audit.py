@@ -1,33 +1,56 @@
 """Reconcile's audit of the lexical index (rows in the job database), judged as the vectors are.
 
-A row's chunk id names its job exactly as a vector's does, so ``reconcile._classify`` says whether it
-is present, in flight or an orphan, and ``reconcile._wrong_fields`` whether the row names the right
+A row's chunk id names its job exactly as a vector's does, so ``snapshot.classify`` says whether it
+is present, in flight or an orphan, and ``snapshot.wrong_fields`` whether the row names the right
 job, document and position. Findings go into the same report, counted apart from the vectors'
 (``lexical_missing``, ``lexical_orphans``, ``lexical_mismatched``; a report is clean when both are), and are confirmed against a fresh read of the job
 database before they are reported or repaired. Repair deletes orphan rows, rewrites mismatched
 fields, and has the job of a document with missing rows rebuilt (the re-run rewrites all its rows),
 unless the vectors' audit already queued that job.
+
+The audit of the vectors (``audit.DatasetAudit``) hands itself in; this module sees it only as the
+``Audit`` protocol below, so the two do not import each other.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Protocol
 
 from sqlmodel import Session
 
-from sluice.pipeline.reconcile import (
+from sluice.pipeline.reconcile.report import DatasetSummary, Finding, ReconcileReport
+from sluice.pipeline.reconcile.snapshot import (
     BATCH,
     SAMPLE,
-    _classify,
-    _DatasetAudit,
-    _Job,
-    _Snapshot,
-    _wrong_fields,
+    PromisedJob,
+    Snapshot,
+    classify,
+    wrong_fields,
 )
+from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
+from sluice.storage.models import Dataset
 
 
-def _fields(job: _Job, row: dict) -> dict:
+class Audit(Protocol):
+    """What the lexical audit needs of the dataset's audit: its state, and where findings go."""
+
+    ctx: Context
+    ds: Dataset
+    report: ReconcileReport
+    summary: DatasetSummary
+    repair: bool
+    page_size: int
+
+    def finding(self, snap: Snapshot, document_id: int | None) -> Finding: ...
+
+    def note(self, job_id: int, text: str, **counts: int) -> None: ...
+
+    def rebuild(self, f: Finding, job: PromisedJob, missing: int) -> None: ...
+
+
+def _fields(job: PromisedJob, row: dict) -> dict:
     return {**row, "pipeline_version": job.version}  # the version is in the id itself
 
 
@@ -36,25 +59,25 @@ def _batches(ids: list[str]):
         yield ids[start:start + BATCH]
 
 
-def audit_lexical(audit: _DatasetAudit) -> None:
+def audit_lexical(audit: Audit) -> None:
     engine, ds = audit.ctx.engine, audit.ds
     with Session(engine) as session:
-        first = _Snapshot(session, ds.id)
+        first = Snapshot(session, ds.id)
     seen = {j.id: bytearray(j.chunk_count) for j in first.expected_jobs()}
     orphans: list[str] = []
     mismatched: list[str] = []
     for page in lexical.iter_rows(engine, ds.id, page_size=audit.page_size):
         for cid, jid, did, pos in page:
             audit.summary.lexical_rows += 1
-            kind, job, p, _ = _classify(first, cid)
+            kind, job, p, _ = classify(first, cid)
             if kind == "orphan":
                 orphans.append(cid)
             elif kind == "present":
                 seen[job.id][p] = 1
-                if _wrong_fields(job, p, _fields(job, {"job_id": jid, "document_id": did, "position": pos})):
+                if wrong_fields(job, p, _fields(job, {"job_id": jid, "document_id": did, "position": pos})):
                     mismatched.append(cid)
     with Session(engine) as session:
-        fresh = _Snapshot(session, ds.id)
+        fresh = Snapshot(session, ds.id)
     for ids in _batches(orphans):
         _orphans(audit, fresh, ids)
     for ids in _batches(mismatched):
@@ -62,17 +85,17 @@ def audit_lexical(audit: _DatasetAudit) -> None:
     _missing(audit, first, fresh, seen)
 
 
-def _count(audit: _DatasetAudit, fresh: _Snapshot, document_id: int | None, kind: str, n: int = 1, *,
+def _count(audit: Audit, fresh: Snapshot, document_id: int | None, kind: str, n: int = 1, *,
            sample: list[str]):
-    f = audit._finding(fresh, document_id)
+    f = audit.finding(fresh, document_id)
     f.lexical[kind] = f.lexical.get(kind, 0) + n
     f.lexical_ids = (f.lexical_ids + sample)[:SAMPLE]
     setattr(audit.summary, f"lexical_{kind}", getattr(audit.summary, f"lexical_{kind}") + n)
     return f
 
 
-def _orphans(audit: _DatasetAudit, fresh: _Snapshot, ids: list[str]) -> None:
-    judged = [(cid, *_classify(fresh, cid)) for cid in ids]
+def _orphans(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
+    judged = [(cid, *classify(fresh, cid)) for cid in ids]
     doomed = [(cid, job, why) for cid, kind, job, _, why in judged if kind == "orphan"]
     per_job = Counter(job.id for _, job, _ in doomed if job is not None)
     per_doc: Counter = Counter()
@@ -83,27 +106,27 @@ def _orphans(audit: _DatasetAudit, fresh: _Snapshot, ids: list[str]) -> None:
         return
     if not audit.repair:
         for doc_id, n in per_doc.items():
-            audit._finding(fresh, doc_id).repair.append(f"delete {n} orphan row(s) of the lexical index")
+            audit.finding(fresh, doc_id).repair.append(f"delete {n} orphan row(s) of the lexical index")
         return
     lexical.delete_ids(audit.ctx.engine, audit.ds.id, [cid for cid, _, _ in doomed])
     for jid, n in per_job.items():
-        audit._note(jid, f"removed {n} orphan row(s) of the lexical index", lexical_orphans_removed=n)
+        audit.note(jid, f"removed {n} orphan row(s) of the lexical index", lexical_orphans_removed=n)
     for doc_id, n in per_doc.items():
         line = f"deleted {n} orphan row(s) of the lexical index"
-        audit._finding(fresh, doc_id).repair.append(line)
+        audit.finding(fresh, doc_id).repair.append(line)
         who = f"document {doc_id}" if doc_id is not None else "foreign rows"
         audit.report.actions.append(f"[{audit.ds.name}] {who}: {line}")
 
 
-def _mismatches(audit: _DatasetAudit, fresh: _Snapshot, ids: list[str]) -> None:
+def _mismatches(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
     rows = lexical.get_fields(audit.ctx.engine, audit.ds.id, ids)
     fixes: list[tuple[str, dict]] = []
     per_job: Counter = Counter()
     for cid, row in rows.items():
-        kind, job, pos, _ = _classify(fresh, cid)
+        kind, job, pos, _ = classify(fresh, cid)
         if kind != "present":
             continue
-        wrong = _wrong_fields(job, pos, _fields(job, row))
+        wrong = wrong_fields(job, pos, _fields(job, row))
         if not wrong:
             continue
         f = _count(audit, fresh, job.document_id, "mismatched", sample=[cid])
@@ -114,11 +137,11 @@ def _mismatches(audit: _DatasetAudit, fresh: _Snapshot, ids: list[str]) -> None:
     if audit.repair and fixes:
         lexical.update_fields(audit.ctx.engine, audit.ds.id, fixes)
         for jid, n in per_job.items():
-            audit._note(jid, f"rewrote the fields of {n} lexical row(s)", lexical_fixed=n)
+            audit.note(jid, f"rewrote the fields of {n} lexical row(s)", lexical_fixed=n)
         audit.report.actions.append(f"[{audit.ds.name}] rewrote the fields of {len(fixes)} lexical row(s)")
 
 
-def _missing(audit: _DatasetAudit, first: _Snapshot, fresh: _Snapshot, seen: dict[int, bytearray]) -> None:
+def _missing(audit: Audit, first: Snapshot, fresh: Snapshot, seen: dict[int, bytearray]) -> None:
     for prefix, job in first.by_prefix.items():
         marks = seen.get(job.id)
         if marks is None or not marks.count(0):
@@ -133,8 +156,8 @@ def _missing(audit: _DatasetAudit, first: _Snapshot, fresh: _Snapshot, seen: dic
         missing = [cid for cid in wanted if cid not in found]
         if not missing:
             continue
-        f = audit._finding(fresh, job.document_id)
+        f = audit.finding(fresh, job.document_id)
         planned = f.missing > 0  # the vectors' audit already rebuilds this document
         _count(audit, fresh, job.document_id, "missing", len(missing), sample=missing)
         if not planned:
-            audit._rebuild(f, now, len(missing))
+            audit.rebuild(f, now, len(missing))

@@ -1,6 +1,6 @@
 """OCR of one page image with Debian's Tesseract (``make ocr`` installs it; never a download).
 
-Runs inside the extraction child (sluice.pipeline.extract): PyMuPDF renders the page in grey,
+Runs inside the extraction child (sluice.pipeline.parsing.extract): PyMuPDF renders the page in grey,
 the ``tesseract`` command reads the PNG on stdin and writes its words as TSV with a confidence
 each. Words under ``MIN_CONFIDENCE`` are dropped: on a photograph or a cartoon Tesseract finds
 nothing, or a few low-confidence "words" made of edges, and those must not be indexed as text.

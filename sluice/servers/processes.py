@@ -22,8 +22,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from sluice.errors import SettingsError
-from sluice.storage.files import private_dir, write_private
-from sluice.storage.settings import is_loopback, url_password
+from sluice.files import private_dir, write_private
+from sluice.settings import is_loopback, url_password
 
 
 def free_loopback_port() -> int:

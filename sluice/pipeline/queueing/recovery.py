@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from sqlmodel import Session
 
-from sluice.pipeline import webhooks
-from sluice.pipeline.context import Context
+from sluice.pipeline.queueing import webhook_delivery
+from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, outbox
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,13 @@ def run_once(ctx: Context, *, publish: Callable[[int], None],
     return report
 
 
-def deliver_webhooks(ctx: Context) -> webhooks.DeliveryReport:
+def deliver_webhooks(ctx: Context) -> webhook_delivery.DeliveryReport:
     """Post the due webhook events (run by a thread of its own in each worker: a slow endpoint must
     not hold the recovery of jobs). Without a secret nothing can be signed, so nothing is sent."""
     s = ctx.settings
     if s.webhook_secret is None:
-        return webhooks.DeliveryReport()
-    return webhooks.deliver_due(engine=ctx.engine, secret=s.webhook_secret.get_secret_value(),
+        return webhook_delivery.DeliveryReport()
+    return webhook_delivery.deliver_due(engine=ctx.engine, secret=s.webhook_secret.get_secret_value(),
                                 timeout=s.webhook_timeout_seconds, max_age_seconds=s.webhook_max_age_seconds)
 
 

@@ -1,8 +1,8 @@
-"""Text extraction, run in a child process: ``python -m sluice.pipeline.extract '<json request>'``.
+"""Text extraction, run in a child process: ``python -m sluice.pipeline.parsing.extract '<json request>'``.
 
 A PDF can be built to exhaust memory (a 122 KB file whose one content stream shows 27 million
 characters) or to keep MuPDF busy forever. So extraction runs in its own process, with an
-address-space limit, and the parent (sluice.pipeline.parse) reads its pages as they come and
+address-space limit, and the parent (sluice.pipeline.parsing.parse) reads its pages as they come and
 kills it on a deadline or a cancel. The child writes one JSON object per line on stdout:
 
     {"t": "open", "pages": N, "warnings": [...]}     the file opened; N pages will follow
@@ -12,7 +12,7 @@ kills it on a deadline or a cancel. The child writes one JSON object per line on
     {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
 
-``python -m sluice.pipeline.extract --decrypt '<json request>' OUT`` reads a password on stdin
+``python -m sluice.pipeline.parsing.extract --decrypt '<json request>' OUT`` reads a password on stdin
 (never on the command line, which other users of the machine can read), and writes the PDF
 without its encryption to OUT: {"t": "decrypted", "pages": N}, or an error ("wrong_password").
 
@@ -32,9 +32,10 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from sluice.pipeline import faults, formats, ocr
-from sluice.pipeline.chunk import meaningful
-from sluice.pipeline.reading import page_text
+from sluice import faults
+from sluice.pipeline.parsing import formats, ocr
+from sluice.pipeline.parsing.reading import page_text
+from sluice.pipeline.running.chunk import meaningful
 
 PDF = "application/pdf"
 TEXT = "text/plain"
@@ -527,7 +528,7 @@ def main(argv: list[str]) -> int:
 
 
 def forked(request: dict, out, err_path: str, env: dict[str, str]) -> None:
-    """One document, in a process forked from the parse fork server (``sluice.pipeline.parse``),
+    """One document, in a process forked from the parse fork server (``sluice.pipeline.parsing.parse``),
     where this module and PyMuPDF are already imported: a child costs a fork, not an interpreter
     start and an import of PyMuPDF (about 0.3 s of CPU, more than a small document's encoding).
     The same as ``main``: the calling process's environment, the same limits, the same messages,

@@ -20,9 +20,9 @@ import subprocess
 import sys
 from urllib.parse import urlsplit
 
-from sluice.storage.files import private_dir, use_private_umask
-from sluice.storage.servers import chroma_argv, free_loopback_port, wait_listening
-from sluice.storage.settings import Settings
+from sluice.files import private_dir, use_private_umask
+from sluice.servers.processes import chroma_argv, free_loopback_port, wait_listening
+from sluice.settings import Settings
 
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
               b"transfer-encoding", b"upgrade", b"host"}

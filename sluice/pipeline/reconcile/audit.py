@@ -34,113 +34,40 @@ import logging
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from sqlmodel import Session, select
 
-from sluice.pipeline.context import Context
-from sluice.pipeline.queue import dispatch_now
-from sluice.pipeline.reconcile_report import DatasetSummary, Finding, ReconcileReport, save_report
-from sluice.storage import faults, jobs
+from sluice import faults
+from sluice.pipeline.queueing.broker import dispatch_now
+from sluice.pipeline.reconcile.lexical_audit import audit_lexical
+from sluice.pipeline.reconcile.report import DatasetSummary, Finding, ReconcileReport, save_report
+from sluice.pipeline.reconcile.snapshot import (
+    BATCH,
+    SAMPLE,
+    PromisedJob,
+    Snapshot,
+    classify,
+    unchanged,
+    wrong_fields,
+)
+from sluice.pipeline.running.context import Context
+from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
-from sluice.storage.vectors import chunk_prefix, split_chunk_id
+from sluice.storage.vectors import split_chunk_id
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 5000  # chunks per request while walking a collection (larger pages walk faster)
-BATCH = 1000  # ids per confirm / delete / update request
-SAMPLE = 10  # ids kept per document and kind in the report
 GC_EVERY = 5000  # chunks walked between full garbage collections
 SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond this
 
-IN_FLIGHT = frozenset(JobStatus.active())
-SERVING = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})  # as an active job
-CHECKED_FIELDS = ("job_id", "document_id", "pipeline_version", "position")
-
-
-# --- what the job database promises -----------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Job:
-    id: int
-    status: JobStatus
-    document_id: int
-    version: str
-    chunk_count: int | None
-    live: bool  # its document is not deleted
-    active: bool  # the job whose chunks search serves for its document
-    row_version: int = 0  # the job row's compare-and-set version when read
-    seen: bytearray | None = None  # positions found in the store, for expected jobs
-
-    @property
-    def expected(self) -> bool:
-        return self.active and self.status in SERVING and self.chunk_count is not None
-
-
-class _Snapshot:
-    """One dataset's jobs, found by the prefix of the chunk ids they make."""
-
-    def __init__(self, session: Session, dataset_id: int) -> None:
-        self.by_prefix: dict[str, _Job] = {}
-        self.documents: dict[int, tuple[str, int | None]] = {}  # id -> (filename, active job)
-        stmt = (select(Job.id, Job.status, Job.document_id, Job.pipeline_version, Job.chunk_count, Job.version,
-                       Document.sha256, Document.filename, Document.active_job_id, Document.deleted_at)
-                .join(Document, Document.id == Job.document_id)
-                .where(Job.dataset_id == dataset_id))
-        for jid, status, doc_id, version, count, row_version, sha, filename, active_id, deleted_at in \
-                session.exec(stmt):
-            live = deleted_at is None
-            self.documents[doc_id] = (filename, active_id if live else None)
-            self.by_prefix[chunk_prefix(sha, version)] = _Job(jid, JobStatus(status), doc_id, version, count, live,
-                                                         live and active_id == jid, row_version)
-
-    def expected_jobs(self) -> Iterator[_Job]:
-        return (j for j in self.by_prefix.values() if j.expected)
-
-
-def _classify(snap: _Snapshot, cid: str) -> tuple[str, _Job | None, int, str]:
-    """(kind, job, position, why) with kind present | in_flight | orphan."""
-    parts = split_chunk_id(cid)
-    job = snap.by_prefix.get(parts[0]) if parts else None
-    if job is None:
-        return "orphan", None, -1, "foreign: no job of this dataset makes this id"
-    pos = parts[1]
-    if job.status in IN_FLIGHT:
-        return "in_flight", job, pos, ""
-    if not job.live:
-        return "orphan", job, pos, f"of deleted document {job.document_id}"
-    if not job.active:
-        return "orphan", job, pos, f"left by {job.status.value} job {job.id}"
-    if job.chunk_count is None:  # an active job without a count never happens; judge nothing
-        return "in_flight", job, pos, ""
-    if pos >= job.chunk_count:
-        return "orphan", job, pos, f"beyond the {job.chunk_count} chunks of job {job.id}"
-    return "present", job, pos, ""
-
-
-def _unchanged(first: _Snapshot, then: _Snapshot, cid: str) -> bool:
-    """The job that makes ``cid`` (or the absence of one) is the same in both snapshots."""
-    parts = split_chunk_id(cid)
-    if parts is None:
-        return True
-    a, b = first.by_prefix.get(parts[0]), then.by_prefix.get(parts[0])
-    if a is None or b is None:
-        return a is b
-    return (a.id, a.row_version, a.active, a.live) == (b.id, b.row_version, b.active, b.live)
-
-
-def _wrong_fields(job: _Job, pos: int, meta: dict | None) -> dict[str, list]:
-    meta = meta or {}
-    want = {"job_id": job.id, "document_id": job.document_id, "pipeline_version": job.version, "position": pos}
-    return {k: [meta.get(k), v] for k, v in want.items() if meta.get(k) != v}
 
 
 # --- the audit ---------------------------------------------------------------------------------------
 
 
-class _DatasetAudit:
+class DatasetAudit:
     def __init__(self, ctx: Context, ds: Dataset, report: ReconcileReport, *, repair: bool, actor: str,
                  page_size: int) -> None:
         self.ctx, self.ds, self.report, self.repair, self.actor = ctx, ds, report, repair, actor
@@ -157,7 +84,7 @@ class _DatasetAudit:
 
     def run(self) -> None:
         with Session(self.ctx.engine) as session:
-            first = _Snapshot(session, self.ds.id)
+            first = Snapshot(session, self.ds.id)
         for job in first.expected_jobs():
             job.seen = bytearray(job.chunk_count)
             self.summary.expected += job.chunk_count
@@ -168,14 +95,14 @@ class _DatasetAudit:
                 self.summary.pages += 1
                 for cid, meta in zip(page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True):
                     self.summary.chunks += 1
-                    kind, job, pos, _ = _classify(first, cid)
+                    kind, job, pos, _ = classify(first, cid)
                     if kind == "in_flight":
                         self.summary.in_flight += 1
                     elif kind == "orphan":
                         spool.write(f"o\t{cid}\n")
                     else:
                         job.seen[pos] = 1
-                        if _wrong_fields(job, pos, meta):
+                        if wrong_fields(job, pos, meta):
                             spool.write(f"m\t{cid}\n")
                 walked += len(page["ids"])
                 del page
@@ -186,12 +113,11 @@ class _DatasetAudit:
                     gc.collect()
                     walked = 0
             with Session(self.ctx.engine) as session:
-                fresh = _Snapshot(session, self.ds.id)
+                fresh = Snapshot(session, self.ds.id)
             spool.seek(0)
             self._confirm_spooled(fresh, spool)
         self._confirm_missing(first, fresh)
         # The lexical index, judged the same way (its module builds on this one).
-        from sluice.pipeline.reconcile_lexical import audit_lexical
 
         audit_lexical(self)
         for start in range(0, len(self.late_mismatches), BATCH):
@@ -203,20 +129,20 @@ class _DatasetAudit:
         self.report.findings.extend(sorted(self.findings.values(),
                                            key=lambda f: (f.document_id is None, f.document_id or 0)))
 
-    def _finding(self, snap: _Snapshot, document_id: int | None) -> Finding:
+    def finding(self, snap: Snapshot, document_id: int | None) -> Finding:
         f = self.findings.get(document_id)
         if f is None:
             filename, active = snap.documents.get(document_id, ("", None)) if document_id else ("", None)
             f = self.findings[document_id] = Finding(self.ds.name, document_id, filename, active)
         return f
 
-    def _note(self, job_id: int, text: str, **counts: int) -> None:
+    def note(self, job_id: int, text: str, **counts: int) -> None:
         self.events.setdefault(job_id, []).append(text)
         self.event_data.setdefault(job_id, Counter()).update(counts)
 
     # orphans and mismatches ---------------------------------------------------------------------------------
 
-    def _confirm_spooled(self, fresh: _Snapshot, spool) -> None:
+    def _confirm_spooled(self, fresh: Snapshot, spool) -> None:
         orphans: list[str] = []
         mismatched: list[str] = []
         for line in spool:
@@ -231,16 +157,16 @@ class _DatasetAudit:
         self._orphans(fresh, orphans)
         self._mismatches(fresh, mismatched)
 
-    def _orphans(self, fresh: _Snapshot, ids: list[str]) -> None:
+    def _orphans(self, fresh: Snapshot, ids: list[str]) -> None:
         doomed: list[str] = []
         per_job: Counter = Counter()
         per_doc: Counter = Counter()
         for cid in ids:
-            kind, job, _, why = _classify(fresh, cid)
+            kind, job, _, why = classify(fresh, cid)
             if kind != "orphan":
                 continue  # its job started or came back while we walked: not an orphan any more
             doomed.append(cid)
-            f = self._finding(fresh, job.document_id if job else None)
+            f = self.finding(fresh, job.document_id if job else None)
             f.orphans += 1
             f.orphan_sources[why] = f.orphan_sources.get(why, 0) + 1
             if len(f.orphan_ids) < SAMPLE:
@@ -256,8 +182,8 @@ class _DatasetAudit:
             # Never delete what a job may claim: only ids whose job (or absence of one) is exactly as
             # confirmed. A job retried, revived or created since then reuses its ids.
             with Session(self.ctx.engine) as session:
-                before = _Snapshot(session, self.ds.id)
-            doomed = [cid for cid in doomed if _unchanged(fresh, before, cid)]
+                before = Snapshot(session, self.ds.id)
+            doomed = [cid for cid in doomed if unchanged(fresh, before, cid)]
             if not doomed:
                 return
             try:
@@ -267,17 +193,17 @@ class _DatasetAudit:
                 return
             self._after_delete(before, doomed)
             for jid, n in per_job.items():
-                self._note(jid, f"removed {n} orphan chunk(s)", orphans_removed=n)
+                self.note(jid, f"removed {n} orphan chunk(s)", orphans_removed=n)
             self.deleted.update(per_doc)
 
-    def _after_delete(self, before: _Snapshot, deleted: list[str]) -> None:
+    def _after_delete(self, before: Snapshot, deleted: list[str]) -> None:
         """A job that changed while the delete was in flight may have counted on those ids: if it
         now serves search, ask the store for them, and rebuild what is gone."""
         with Session(self.ctx.engine) as session:
-            after = _Snapshot(session, self.ds.id)
+            after = Snapshot(session, self.ds.id)
         changed: dict[str, list[str]] = {}
         for cid in deleted:
-            if not _unchanged(before, after, cid):
+            if not unchanged(before, after, cid):
                 changed.setdefault(split_chunk_id(cid)[0], []).append(cid)
         for prefix, ids in changed.items():
             job = after.by_prefix.get(prefix)
@@ -287,13 +213,13 @@ class _DatasetAudit:
             got = set(self.ctx.vectors.get(self.ds.collection, ids, include=[])["ids"]) if ids else set()
             gone = [cid for cid in ids if cid not in got]
             if gone:
-                f = self._finding(after, job.document_id)
+                f = self.finding(after, job.document_id)
                 f.missing += len(gone)
                 f.missing_ids = gone[:SAMPLE]
                 self.summary.missing += len(gone)
-                self._rebuild(f, job, len(gone))
+                self.rebuild(f, job, len(gone))
 
-    def _mismatches(self, fresh: _Snapshot, ids: list[str]) -> None:
+    def _mismatches(self, fresh: Snapshot, ids: list[str]) -> None:
         if not ids:
             return
         got = self.ctx.vectors.get(self.ds.collection, ids, include=["metadatas"])
@@ -301,13 +227,13 @@ class _DatasetAudit:
         per_job: Counter = Counter()
         per_doc: Counter = Counter()
         for cid, meta in zip(got["ids"], got["metadatas"], strict=True):
-            kind, job, pos, _ = _classify(fresh, cid)
+            kind, job, pos, _ = classify(fresh, cid)
             if kind != "present":
                 continue  # an orphan now (the orphan pass of the next run takes it) or in flight
-            wrong = _wrong_fields(job, pos, meta)
+            wrong = wrong_fields(job, pos, meta)
             if not wrong:
                 continue
-            f = self._finding(fresh, job.document_id)
+            f = self.finding(fresh, job.document_id)
             f.mismatched += 1
             if len(f.mismatches) < SAMPLE:
                 f.mismatches.append({"id": cid, "fields": wrong})
@@ -324,12 +250,12 @@ class _DatasetAudit:
                 self.report.errors.append(f"{self.ds.name}: fixing metadata of {len(fix_ids)} chunk(s) failed: {exc}")
                 return
             for jid, n in per_job.items():
-                self._note(jid, f"rewrote the metadata of {n} chunk(s)", metadata_fixed=n)
+                self.note(jid, f"rewrote the metadata of {n} chunk(s)", metadata_fixed=n)
             self.fixed.update(per_doc)
 
     # missing ----------------------------------------------------------------------------------------------
 
-    def _confirm_missing(self, first: _Snapshot, fresh: _Snapshot) -> None:
+    def _confirm_missing(self, first: Snapshot, fresh: Snapshot) -> None:
         for prefix, job in first.by_prefix.items():
             if job.seen is None:
                 continue
@@ -344,13 +270,13 @@ class _DatasetAudit:
             missing = self._really_missing(prefix, job)
             if not missing:
                 continue
-            f = self._finding(fresh, job.document_id)
+            f = self.finding(fresh, job.document_id)
             f.missing += len(missing)
             f.missing_ids = missing[:SAMPLE]
             self.summary.missing += len(missing)
-            self._rebuild(f, now, len(missing))
+            self.rebuild(f, now, len(missing))
 
-    def _really_missing(self, prefix: str, job: _Job) -> list[str]:
+    def _really_missing(self, prefix: str, job: PromisedJob) -> list[str]:
         """Missing positions, asked of the store directly (a walk racing with writes can skip ids)."""
         out: list[str] = []
         batch: list[str] = []
@@ -361,7 +287,7 @@ class _DatasetAudit:
             for cid in batch:
                 if cid not in found:
                     out.append(cid)
-                elif _wrong_fields(job, split_chunk_id(cid)[1], found[cid]):
+                elif wrong_fields(job, split_chunk_id(cid)[1], found[cid]):
                     self.late_mismatches.append(cid)
             batch.clear()
 
@@ -376,7 +302,7 @@ class _DatasetAudit:
         self.summary.present += present_late
         return out
 
-    def _rebuild(self, f: Finding, job: _Job, missing: int) -> None:
+    def rebuild(self, f: Finding, job: PromisedJob, missing: int) -> None:
         target = self.ctx.version_for(self.ds)
         if job.version == target:
             verb = "reindex" if job.status == JobStatus.succeeded else "retry"
@@ -463,7 +389,7 @@ def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", data
         report.errors.append(f"no dataset named {dataset!r}")
     for ds in datasets:
         try:
-            _DatasetAudit(ctx, ds, report, repair=repair, actor=actor, page_size=page_size).run()
+            DatasetAudit(ctx, ds, report, repair=repair, actor=actor, page_size=page_size).run()
         except Exception as exc:  # one unreachable collection must not hide the others
             log.exception("reconcile of dataset %s failed", ds.name)
             report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from sluice.console import ui
 from sluice.ops import actions, reads
-from sluice.ops.dataset_settings import UnknownDataset
+from sluice.ops.settings_changes import UnknownDataset
 from sluice.storage.dataset_settings import KEYS
 
 OCR_MODES = ("auto", "always", "off")

@@ -3,7 +3,7 @@
 ``archive_type`` looks inside a ZIP file (its central directory only, nothing is decompressed) to
 tell a Word document, a PowerPoint deck and an EPUB book apart, and refuses archives beyond the
 limits on entry count and uncompressed size (zip bombs). The readers run in the extraction child
-(sluice.pipeline.extract); each returns "sections": (label, text) pairs, where the label says where
+(sluice.pipeline.parsing.extract); each returns "sections": (label, text) pairs, where the label says where
 the text is (``slide 3``, ``section 2: Results``, ``rows 2-201``), and a section is what the job
 reports as a page. The child decompresses with a running count, so an archive whose directory
 lies about its sizes is stopped too.

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.pipeline.context import Context
+from sluice.pipeline.running.context import Context
 
 log = logging.getLogger(__name__)
 

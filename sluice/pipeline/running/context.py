@@ -16,22 +16,22 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from sluice.pipeline import query_encoder
-from sluice.pipeline.chunk import CHUNKER_VERSION
-from sluice.pipeline.embed import (
+from sluice.files import private_dir
+from sluice.pipeline.running import query_encoder
+from sluice.pipeline.running.chunk import CHUNKER_VERSION
+from sluice.pipeline.running.embed import (
     Embedder,
     load_embedder,
     model_identity,
     model_path,
     resolve_precision,
 )
+from sluice.settings import Settings, get_settings
 from sluice.storage import dataset_settings
 from sluice.storage.blobs import BlobStore
 from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine, instance_id
-from sluice.storage.files import private_dir
 from sluice.storage.models import Dataset
-from sluice.storage.settings import Settings, get_settings
 from sluice.storage.vectors import VectorStore
 
 

@@ -114,7 +114,7 @@ def show_detail(d: reads.JobDetail) -> None:
                       on_click=_do, args=(actions.run_next, "Run next", job_id))
         outlook = actions.retry_outlook(r)
         if outlook:  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
-            st.page_link("views/upload.py", label="Upload a fixed file", icon=":material/upload_file:")
+            st.page_link("views/upload_page.py", label="Upload a fixed file", icon=":material/upload_file:")
             ui.confirm_button("Retry anyway", key=f"retry_{job_id}", disabled=not can, danger=False,
                               prompt=ui.plain(outlook[0].upper() + outlook[1:] + ". Retry anyway?"),
                               on_confirm=lambda: _do(actions.retry, "Retry", job_id))

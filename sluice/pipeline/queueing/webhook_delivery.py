@@ -1,6 +1,6 @@
 """Webhook delivery: post due ``webhook_delivery`` rows, retry failures with backoff, give up late.
 
-Every worker runs ``deliver_due`` in a thread of its own (``sluice.pipeline.tasks``), so a slow
+Every worker runs ``deliver_due`` in a thread of its own (``sluice.pipeline.queueing.worker``), so a slow
 endpoint delays only other webhooks, never a job nor the recovery loop. Each row is claimed by
 compare-and-set on its attempt count before it is posted (the claim also moves its due time past
 what one post may take), and its outcome is written only while that claim still holds: two
@@ -25,11 +25,11 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from sluice.storage import faults
+from sluice import faults
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.jobs import backoff_delay
 from sluice.storage.models import WebhookDelivery
-from sluice.storage.webhooks import sign
+from sluice.storage.webhook_records import sign
 
 RETRY_BASE_SECONDS = 5.0
 RETRY_MAX_SECONDS = 600.0

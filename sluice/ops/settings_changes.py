@@ -19,9 +19,9 @@ from sqlmodel import Session
 from sluice.errors import SettingsError
 from sluice.ops import reindex as reindexing
 from sluice.ops.search import UnknownDataset, dataset_named
-from sluice.pipeline import ocr
-from sluice.pipeline.context import Context
-from sluice.pipeline.queue import queue_note
+from sluice.pipeline.parsing import ocr
+from sluice.pipeline.queueing.broker import queue_note
+from sluice.pipeline.running.context import Context
 from sluice.storage import dataset_settings, jobs
 from sluice.storage.clock import db_now
 from sluice.storage.models import Dataset

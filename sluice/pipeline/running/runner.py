@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlmodel import Session
 
+from sluice import faults
 from sluice.errors import (
     ErrorKind,
     JobCancelled,
@@ -30,10 +31,10 @@ from sluice.errors import (
     classify,
     refused_connection,
 )
-from sluice.pipeline import embed, faults
-from sluice.pipeline.chunk import Chunk, split_text
-from sluice.pipeline.context import Context
-from sluice.pipeline.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
+from sluice.pipeline.parsing.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
+from sluice.pipeline.running import embed
+from sluice.pipeline.running.chunk import Chunk, split_text
+from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id

@@ -1,4 +1,4 @@
-"""The extraction children's process class (``sluice.pipeline.parse`` starts one per document).
+"""The extraction children's process class (``sluice.pipeline.parsing.parse`` starts one per document).
 
 Kept apart and light (only the standard library): a child unpickles its Process object, which
 imports this module, and the fork server has it imported already (``extract_preload``).
@@ -71,5 +71,5 @@ def _preload() -> None:
     global _preloaded
     with _preload_lock:
         if not _preloaded:
-            forkserver.set_forkserver_preload(["sluice.pipeline.extract_preload"])
+            forkserver.set_forkserver_preload(["sluice.pipeline.parsing.preload"])
             _preloaded = True

@@ -1,6 +1,6 @@
 """Parsing: detect the type from the bytes, then read text page by page, in a child process.
 
-Extraction (sluice.pipeline.extract) runs in a child process with an address-space limit, and its
+Extraction (sluice.pipeline.parsing.extract) runs in a child process with an address-space limit, and its
 pages stream back one at a time (never the whole text in one string): a PDF built to exhaust
 memory kills only the child, a MuPDF call that never returns is stopped by the deadline or a
 cancel, and the calling process (a worker, or the console's previews) never parses a document
@@ -29,8 +29,8 @@ from pathlib import Path
 import filetype
 
 from sluice.errors import PermanentError, PipelineError, TransientError, UserActionError
-from sluice.pipeline import formats
-from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner and tests use them here)
+from sluice.pipeline.parsing import formats
+from sluice.pipeline.parsing.extract import (  # noqa: F401  (re-exported: the runner and tests use them here)
     MARKDOWN,
     MEMORY_HINT,
     NO_TEXT_HINT,
@@ -43,7 +43,7 @@ from sluice.pipeline.extract import (  # noqa: F401  (re-exported: the runner an
     decode_text,
     read,
 )
-from sluice.pipeline.forking import ExtractProcess
+from sluice.pipeline.parsing.forking import ExtractProcess
 
 SUPPORTED = (PDF, TEXT, MARKDOWN, formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
 SUPPORTED_NAMES = "PDF, Word (.docx), PowerPoint (.pptx), EPUB, HTML, CSV, .txt and .md files"
@@ -178,7 +178,7 @@ class _Forked:
     """A forked extraction process with the face of the ``subprocess.Popen`` the parser used before."""
 
     def __init__(self, request: Request, err_path: str) -> None:
-        from sluice.pipeline import extract
+        from sluice.pipeline.parsing import extract
 
         reader, writer = multiprocessing.Pipe(duplex=False)
         self.process = ExtractProcess(target=extract.forked, args=(asdict(request), writer, err_path, _child_env()),
@@ -406,7 +406,7 @@ def decrypt_pdf(path: Path, password: str, out: Path, *, limits: ParseLimits | N
     request = Request(path=str(path), media_type=PDF, name=name, max_memory_mb=limits.max_memory_mb,
                       cpu_seconds=int(limits.seconds) + 5)
     try:
-        done = subprocess.run([sys.executable, "-m", "sluice.pipeline.extract", "--decrypt",
+        done = subprocess.run([sys.executable, "-m", "sluice.pipeline.parsing.extract", "--decrypt",
                                json.dumps(asdict(request)), str(out)],
                               input=password.encode("utf-8"), capture_output=True, env=_child_env(),
                               timeout=limits.seconds, close_fds=True, check=False)

@@ -2,7 +2,7 @@
 
 A job that succeeds, becomes a dead letter or is cancelled gets one ``webhook_delivery`` row per
 endpoint of ``SLUICE_WEBHOOK_URLS``, in the same transaction as its transition: the event exists
-exactly when the transition does. ``sluice.pipeline.webhooks`` posts the rows later; nothing here
+exactly when the transition does. ``sluice.pipeline.queueing.webhook_delivery`` posts the rows later; nothing here
 touches the network, so a slow or dead endpoint never holds a job.
 
 Signature scheme (what a receiver checks)::
@@ -30,9 +30,9 @@ from datetime import UTC, datetime
 from sqlalchemy import func
 from sqlmodel import Session, select
 
+from sluice.settings import get_settings
 from sluice.storage.clock import db_now
 from sluice.storage.models import Dataset, Job, WebhookDelivery
-from sluice.storage.settings import get_settings
 
 EVENTS = ("job.succeeded", "job.failed", "job.cancelled")
 SIGNATURE_VERSION = "v1"

@@ -1,13 +1,14 @@
 """The Huey instance, publishing a job id, and reading what the queue holds.
 
 Transitions that queue work write an outbox row in their own transaction; whoever made them then
-publishes the outbox once (``dispatch_now``). When the queue Redis is down, or refuses the password,
+publishes the outbox once (``dispatch_now``, given the function that publishes one job: the worker's
+task, through ``publishing``; this module never imports the task, so there is no cycle). When the queue Redis is down, or refuses the password,
 the action still succeeds: the workers' recovery loop publishes the rows when the queue is back.
 Every front end words that the same way, through ``queue_note``.
 
 Built on first use, not at import: importing this module reads no settings and opens no
 connection, so a console page or a CLI command that never touches the queue never needs it.
-The consumer's entry point is ``sluice.pipeline.tasks.huey``, the same instance.
+The consumer's entry point is ``sluice.pipeline.queueing.worker.huey``, the same instance.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from huey import RedisHuey
 from sqlalchemy.engine import Engine
 
 from sluice.errors import is_auth_error
-from sluice.pipeline.serializer import JsonSerializer
+from sluice.pipeline.queueing.serializer import JsonSerializer
+from sluice.settings import get_settings
 from sluice.storage.outbox import DispatchResult, dispatch
-from sluice.storage.settings import get_settings
 
 WINDOW_RECOUNT_SECONDS = 3.0
 _READER = JsonSerializer()  # what queue inspection reads entries with, whatever the instance was given
@@ -46,17 +47,6 @@ def worker_key() -> str:
     return f"sluice.workers.{get_settings().queue_name}"
 
 
-def publish(job_id: int) -> None:
-    """Put one job on the queue (raises when the queue Redis is unreachable).
-
-    The message is plain data: the job id and the id of the job database it belongs to.
-    """
-    from sluice.pipeline.context import get_context
-    from sluice.pipeline.tasks import process_job  # the task registers itself on the instance
-
-    process_job(job_id, get_context().instance_id)
-
-
 def queue_note(error: str | None) -> str:
     """One sentence for an operator when publishing failed; empty when it did not."""
     if not error:
@@ -67,11 +57,11 @@ def queue_note(error: str | None) -> str:
     return f"queue unreachable ({error}); the workers publish the jobs as soon as it is back"
 
 
-def dispatch_now(engine: Engine, *, via: Callable[[int], None] | None = None) -> tuple[DispatchResult, str]:
-    """Publish due outbox rows now (through ``via``, the queue by default); returns what was sent and
-    the operator's note (empty when everything went)."""
+def dispatch_now(engine: Engine, *, via: Callable[[int], None]) -> tuple[DispatchResult, str]:
+    """Publish due outbox rows now through ``via`` (``publishing.publish`` puts them on the queue);
+    returns what was sent and the operator's note (empty when everything went)."""
     try:
-        result = dispatch(engine=engine, publish=via or publish, window=dispatch_window())
+        result = dispatch(engine=engine, publish=via, window=dispatch_window())
     except Exception as exc:  # the job database itself hiccuped; the workers publish later
         result = DispatchResult(error=f"{type(exc).__name__}: {exc}")
     return result, queue_note(result.error)
@@ -116,7 +106,7 @@ def queued_job_ids() -> list[int]:
 def _job_id(huey: RedisHuey, raw: bytes) -> list[int]:
     """The job id of a message of this instance: data only, never code (a message of another instance
     on the same queue names a job of another database: it says nothing about ours)."""
-    from sluice.pipeline.context import get_context
+    from sluice.pipeline.running.context import get_context
 
     try:
         message = _READER.deserialize(raw)

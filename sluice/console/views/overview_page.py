@@ -19,7 +19,7 @@ if not any(ov.counts.values()):
             "(a knowledge base; `default` exists already), and each becomes a job that parses, chunks, "
             "embeds and indexes it. From a shell: `sluice ingest PATH --dataset NAME`.",
             icon=":material/waving_hand:")
-    st.page_link("views/upload.py", label="Upload documents", icon=":material/upload_file:")
+    st.page_link("views/upload_page.py", label="Upload documents", icon=":material/upload_file:")
 
 if not queue.reachable:
     st.warning(f"The queue Redis is unreachable, so queue depth and workers are unknown. Uploads and retries "
@@ -100,7 +100,7 @@ with right:
     for kind, n in sorted(ov.failures.items(), key=lambda kv: -kv[1]):
         st.metric(ui.KIND_LABEL.get(kind, kind), f"{n:,}")
     if ov.failures:
-        st.page_link("views/dead_letters.py", label="Open dead letters", icon=":material/report:")
+        st.page_link("views/dead_letters_page.py", label="Open dead letters", icon=":material/report:")
 
 if fleet:
     with st.expander(f"Workers: {len(fleet)} process(es), {threads} thread(s)"):
