@@ -19,8 +19,14 @@ from bench.system import Services
 from tests.servers import ManagedProcess, free_port
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 POLL = 0.02
 
 
@@ -51,7 +57,9 @@ def worker_first_chunk(svc: Services, *, name: str, timeout: float = 300) -> dic
 
     env = svc.configure(f"{name}-worker", SLUICE_EMBED_PRECISION="auto")
     ctx = svc.context()
-    text = " ".join(f"Cold start sentence {i} about harbour cranes and the tide tables." for i in range(400))
+    text = " ".join(
+        f"Cold start sentence {i} about harbour cranes and the tide tables." for i in range(400)
+    )
     r = ingest_bytes(ctx, text.encode(), dataset="cold", filename="cold.txt", publish=publish)
     if not r.published:
         raise RuntimeError(f"the cold-start job was not queued: {r.message}")
@@ -79,9 +87,12 @@ def worker_first_chunk(svc: Services, *, name: str, timeout: float = 300) -> dic
         first = _until(proc, t0, timeout, first_chunk, "no chunk in Chroma")
     finally:
         proc.stop()
-    return {"first_chunk_s": first, "ready_s": ready if ready is not None else first,
-            "note": "the model starts loading with the worker, beside the first job's parsing; the query "
-                    "encoder export a new data directory needs runs at the lowest CPU priority"}
+    return {
+        "first_chunk_s": first,
+        "ready_s": ready if ready is not None else first,
+        "note": "the model starts loading with the worker, beside the first job's parsing; the query "
+        "encoder export a new data directory needs runs at the lowest CPU priority",
+    }
 
 
 def console_first_page(svc: Services, *, name: str, timeout: float = 120) -> dict:
@@ -116,7 +127,9 @@ def console_first_page(svc: Services, *, name: str, timeout: float = 120) -> dic
         if browser is not None:
             page = browser.new_page()
             page.goto(url)
-            page.get_by_role("heading", name="Overview", exact=True).wait_for(timeout=timeout * 1000)
+            page.get_by_role("heading", name="Overview", exact=True).wait_for(
+                timeout=timeout * 1000
+            )
             drawn = time.monotonic() - t0
             page.close()
     finally:

@@ -39,20 +39,32 @@ def query_groups(datasets: dict[str, int], total: int) -> dict[str, Callable]:
     def page(f, number: int):
         def run(session):
             count = queries.count_jobs(session=session, f=f)
-            rows = queries.list_jobs(session=session, f=f, sort="created", descending=True, page=number,
-                                     page_size=PAGE_SIZE)
+            rows = queries.list_jobs(
+                session=session,
+                f=f,
+                sort="created",
+                descending=True,
+                page=number,
+                page_size=PAGE_SIZE,
+            )
             names = queries.dataset_names(session=session)
-            return count, [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in rows]
+            return count, [
+                {**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in rows
+            ]
+
         return run
 
     def overview(session):  # what sluice.ops.reads.overview asks, in one session as it does
         now = utcnow()
-        return (queries.status_counts(session=session), queries.oldest_waiting(session=session),
-                queries.failures_by_kind(session=session),
-                queries.throughput(session=session, minutes=60, now=now),
-                queries.throughput(session=session, minutes=24 * 60, now=now, bucket_minutes=60),
-                queries.recent_attempts(session=session, since=now - timedelta(minutes=60)),
-                queries.remaining_work(session=session))
+        return (
+            queries.status_counts(session=session),
+            queries.oldest_waiting(session=session),
+            queries.failures_by_kind(session=session),
+            queries.throughput(session=session, minutes=60, now=now),
+            queries.throughput(session=session, minutes=24 * 60, now=now, bucket_minutes=60),
+            queries.recent_attempts(session=session, since=now - timedelta(minutes=60)),
+            queries.remaining_work(session=session),
+        )
 
     deep = max(1, (total // PAGE_SIZE) // 2)
     failed_in_one = queries.JobFilter(dataset_id=datasets["manuals"], statuses=["failed"])
@@ -80,8 +92,12 @@ def time_queries(engine, groups: dict[str, Callable], *, repeats: int) -> dict[s
             if i:  # the first run warms caches, as a console that is already open has them
                 samples.append((time.perf_counter() - t0) * 1000)
         samples.sort()
-        out[name] = {"p50": statistics.median(samples), "p95": samples[min(len(samples) - 1, int(0.95 * len(samples)))],
-                     "max": samples[-1], "n": len(samples)}
+        out[name] = {
+            "p50": statistics.median(samples),
+            "p95": samples[min(len(samples) - 1, int(0.95 * len(samples)))],
+            "max": samples[-1],
+            "n": len(samples),
+        }
     return out
 
 
@@ -93,7 +109,10 @@ def sqlite_figures(workdir: Path, *, jobs: int, repeats: int) -> dict:
     t0 = time.perf_counter()
     datasets = seed(engine, jobs)
     seeded = time.perf_counter() - t0
-    return {"seed_seconds": seeded, "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats)}
+    return {
+        "seed_seconds": seeded,
+        "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats),
+    }
 
 
 def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
@@ -116,7 +135,10 @@ def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
         seeded = time.perf_counter() - t0
         with engine.connect() as conn:  # autovacuum would analyse soon after a bulk load; do it now
             conn.exec_driver_sql("ANALYZE")
-        return {"seed_seconds": seeded, "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats)}
+        return {
+            "seed_seconds": seeded,
+            "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats),
+        }
     finally:
         if engine is not None:
             engine.dispose()

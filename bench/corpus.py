@@ -18,21 +18,65 @@ from pathlib import Path
 # Ordinary text PDFs of ../shared/corpus/pdf-samples (their README lists them).
 SAMPLE_TEXT_PDFS = ("001", "002", "003", "004", "006", "009", "011", "014", "021", "025", "026")
 
-_SYLLABLES = ("var", "nol", "dre", "kas", "tim", "bel", "quo", "rin", "sol", "mar", "fen", "lux", "ord",
-              "pel", "tav", "gri", "hem", "zor", "wil", "cad", "bro", "nes", "yal", "ost", "dun", "vel")
+_SYLLABLES = (
+    "var",
+    "nol",
+    "dre",
+    "kas",
+    "tim",
+    "bel",
+    "quo",
+    "rin",
+    "sol",
+    "mar",
+    "fen",
+    "lux",
+    "ord",
+    "pel",
+    "tav",
+    "gri",
+    "hem",
+    "zor",
+    "wil",
+    "cad",
+    "bro",
+    "nes",
+    "yal",
+    "ost",
+    "dun",
+    "vel",
+)
 
 # Invented report topics: the things, verbs, units and vocabulary each generated report draws from.
-TOPICS = {name: {k: tuple(v) for k, v in spec.items()}
-          for name, spec in json.loads((Path(__file__).with_name("topics.json")).read_text()).items()}
+TOPICS = {
+    name: {k: tuple(v) for k, v in spec.items()}
+    for name, spec in json.loads((Path(__file__).with_name("topics.json")).read_text()).items()
+}
 
 _OPENERS = (
-    "During the reporting period", "Across the network", "In the second half of the year", "Compared with the plan",
-    "According to the operations log", "Following the annual review", "As the audit committee noted",
-    "Throughout the winter months", "In line with the maintenance strategy", "Since the last inspection",
+    "During the reporting period",
+    "Across the network",
+    "In the second half of the year",
+    "Compared with the plan",
+    "According to the operations log",
+    "Following the annual review",
+    "As the audit committee noted",
+    "Throughout the winter months",
+    "In line with the maintenance strategy",
+    "Since the last inspection",
 )
-_VERBS = ("improved", "declined slightly", "remained stable", "required closer attention", "was reorganised",
-          "was measured weekly", "drew several complaints", "exceeded its target", "fell behind schedule",
-          "was reviewed by an external panel")
+_VERBS = (
+    "improved",
+    "declined slightly",
+    "remained stable",
+    "required closer attention",
+    "was reorganised",
+    "was measured weekly",
+    "drew several complaints",
+    "exceeded its target",
+    "fell behind schedule",
+    "was reviewed by an external panel",
+)
 _TAILS = (
     "and the team expects further gains once the new procedures settle in.",
     "which the board accepted with minor amendments.",
@@ -73,16 +117,23 @@ def _fact(rng: random.Random, topic: dict, name: str) -> tuple[str, str]:
     unit = rng.choice(topic["units"])
     year = rng.randint(1921, 2019)
     amount = f"{rng.randint(2, 95)},{rng.randint(100, 999)}"
-    manager = rng.choice(("Ana", "Tomas", "Irene", "Kofi", "Mei", "Lars", "Priya", "Jonas")) + " " + _name(rng, set())
-    text = (f"The {name} {thing} was commissioned in {year} and today {verb} about {amount} {unit} every "
-            f"day. Its site manager, {manager}, reported that the {name} {thing} met its availability "
-            f"target in all but two months of the year.")
+    manager = (
+        rng.choice(("Ana", "Tomas", "Irene", "Kofi", "Mei", "Lars", "Priya", "Jonas"))
+        + " "
+        + _name(rng, set())
+    )
+    text = (
+        f"The {name} {thing} was commissioned in {year} and today {verb} about {amount} {unit} every "
+        f"day. Its site manager, {manager}, reported that the {name} {thing} met its availability "
+        f"target in all but two months of the year."
+    )
     query = f"How much does the {name} {thing} handle per day and when did it open?"
     return text, query
 
 
-def generate(out_dir: Path, *, documents: int, pages: int, facts_per_document: int = 5,
-             seed: int = 7) -> tuple[list[Path], list[Fact]]:
+def generate(
+    out_dir: Path, *, documents: int, pages: int, facts_per_document: int = 5, seed: int = 7
+) -> tuple[list[Path], list[Fact]]:
     """Write ``documents`` PDFs of ``pages`` pages each (about 2,600 characters a page)."""
     import pymupdf
 
@@ -108,7 +159,9 @@ def generate(out_dir: Path, *, documents: int, pages: int, facts_per_document: i
                 text = ""
             body: list[str] = []
             for _ in range(rng.randint(4, 5)):
-                body.append(" ".join(_sentence(rng, topic["words"]) for _ in range(rng.randint(3, 5))))
+                body.append(
+                    " ".join(_sentence(rng, topic["words"]) for _ in range(rng.randint(3, 5)))
+                )
             if text:
                 body.insert(rng.randrange(3), text)
             paragraphs += body
@@ -136,11 +189,15 @@ def generate_big(path: Path, *, pages: int, seed: int = 11) -> Path:
     topic = TOPICS["rail maintenance"]
     doc = pymupdf.open()
     for p in range(pages):
-        text = "\n\n".join(" ".join(_sentence(rng, topic["words"]) for _ in range(4)) for _ in range(4))
+        text = "\n\n".join(
+            " ".join(_sentence(rng, topic["words"]) for _ in range(4)) for _ in range(4)
+        )
         lines = [f"Track register, page {p + 1}", ""]
         for para in text.split("\n\n"):
             lines += textwrap.wrap(para, 95) + [""]
-        doc.new_page(width=595, height=842).insert_text((50, 60), "\n".join(lines), fontsize=9, fontname="helv")
+        doc.new_page(width=595, height=842).insert_text(
+            (50, 60), "\n".join(lines), fontsize=9, fontname="helv"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     doc.save(path, garbage=3, deflate=True)
     doc.close()
@@ -161,7 +218,9 @@ def generate_small(out_dir: Path, *, documents: int, seed: int = 17) -> list[Pat
         for p in range(rng.randint(1, 3)):
             para = " ".join(_sentence(rng, topic["words"]) for _ in range(rng.randint(5, 7)))
             lines = [f"Notice {d + 1}, page {p + 1}", ""] + textwrap.wrap(para, 95)
-            doc.new_page(width=595, height=842).insert_text((50, 60), "\n".join(lines), fontsize=9, fontname="helv")
+            doc.new_page(width=595, height=842).insert_text(
+                (50, 60), "\n".join(lines), fontsize=9, fontname="helv"
+            )
         path = out_dir / f"notice-{d:03d}.pdf"
         doc.save(path, garbage=3, deflate=True)
         doc.close()

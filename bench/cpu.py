@@ -35,7 +35,9 @@ from bench import corpus as corpus_mod  # noqa: E402
 from bench.report import load_average, write_section  # noqa: E402
 from bench.system import Services, clean_environment, cpu_seconds  # noqa: E402
 
-SAMPLES = Path(os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples"))
+SAMPLES = Path(
+    os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
+)
 TITLE = "## Where the CPU goes"
 
 
@@ -59,8 +61,12 @@ def fork_servers() -> list[int]:
 
 def account(svc: Services, paths: list[Path], *, name: str) -> dict:
     """Run every document's job in this process; return CPU seconds by part, chunks and documents."""
-    svc.configure(name, SLUICE_EMBED_BATCH_SIZE="32", SLUICE_EMBED_PRECISION="auto",
-                  SLUICE_RECOVERY_INTERVAL_SECONDS="3600")
+    svc.configure(
+        name,
+        SLUICE_EMBED_BATCH_SIZE="32",
+        SLUICE_EMBED_PRECISION="auto",
+        SLUICE_RECOVERY_INTERVAL_SECONDS="3600",
+    )
     ctx = svc.context()
     from sluice.ops.ingest import ingest_path
     from sluice.pipeline.running.runner import run_job
@@ -72,10 +78,13 @@ def account(svc: Services, paths: list[Path], *, name: str) -> dict:
     servers = fork_servers()
 
     def snapshot() -> dict[str, float]:
-        return {"process": time.process_time(), "encode": embedder.cpu_seconds,
-                "parsing": sum(cpu_seconds(pid, children=True) for pid in servers),
-                "chroma": cpu_seconds(svc.chroma.pid, children=True),
-                "cache": cpu_seconds(svc.cache.pid, children=True)}
+        return {
+            "process": time.process_time(),
+            "encode": embedder.cpu_seconds,
+            "parsing": sum(cpu_seconds(pid, children=True) for pid in servers),
+            "chroma": cpu_seconds(svc.chroma.pid, children=True),
+            "cache": cpu_seconds(svc.cache.pid, children=True),
+        }
 
     before, chunks = snapshot(), 0
     for job_id in ids:
@@ -90,40 +99,70 @@ def account(svc: Services, paths: list[Path], *, name: str) -> dict:
 
 
 def table(runs: dict[str, dict], load: tuple[str, str]) -> str:
-    parts = (("encode", "encoding (the model's lanes)"), ("worker", "the rest of the worker"),
-             ("parsing", "parsing (fork server and one child per document)"), ("chroma", "Chroma server"),
-             ("cache", "cache Redis"))
+    parts = (
+        ("encode", "encoding (the model's lanes)"),
+        ("worker", "the rest of the worker"),
+        ("parsing", "parsing (fork server and one child per document)"),
+        ("chroma", "Chroma server"),
+        ("cache", "cache Redis"),
+    )
     names = list(runs)
-    lines = [TITLE, "",
-             "Produced by `bench/cpu.py` (part of `make bench`). CPU milliseconds, not wall time, so the figures "
-             "hold on a busy machine; the jobs run one after another in one process with the real model. "
-             "The encoding share is the ceiling of \"Sluice / raw limit\" on a host where all of it shares the "
-             "cores.", "",
-             "| CPU ms | " + " | ".join(f"{n}: per chunk | per document" for n in names) + " |",
-             "| --- |" + " --- | --- |" * len(names)]
+    lines = [
+        TITLE,
+        "",
+        "Produced by `bench/cpu.py` (part of `make bench`). CPU milliseconds, not wall time, so the figures "
+        "hold on a busy machine; the jobs run one after another in one process with the real model. "
+        'The encoding share is the ceiling of "Sluice / raw limit" on a host where all of it shares the '
+        "cores.",
+        "",
+        "| CPU ms | " + " | ".join(f"{n}: per chunk | per document" for n in names) + " |",
+        "| --- |" + " --- | --- |" * len(names),
+    ]
     for key, label in parts:
         cells = []
         for n in names:
             r = runs[n]
-            cells += [f"{1000 * r['cpu'][key] / r['chunks']:.2f}", f"{1000 * r['cpu'][key] / r['documents']:.1f}"]
+            cells += [
+                f"{1000 * r['cpu'][key] / r['chunks']:.2f}",
+                f"{1000 * r['cpu'][key] / r['documents']:.1f}",
+            ]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     total = {n: sum(r["cpu"].values()) for n, r in runs.items()}
-    lines.append("| **all** | " + " | ".join(
-        f"**{1000 * total[n] / r['chunks']:.2f}** | **{1000 * total[n] / r['documents']:.1f}**"
-        for n, r in runs.items()) + " |")
-    lines.append("| **encoding share of all CPU** | " + " | ".join(
-        f"**{r['cpu']['encode'] / total[n]:.2f}** | " for n, r in runs.items()) + " |")
-    lines += ["", "Workloads: " + "; ".join(
-        f"{n}: {r['documents']} documents, {r['chunks']:,} chunks, precision {r['precision']}"
-        for n, r in runs.items()) + ".",
-              "", f"Load average (1/5/15 min) at start {load[0]}, at end {load[1]}."]
+    lines.append(
+        "| **all** | "
+        + " | ".join(
+            f"**{1000 * total[n] / r['chunks']:.2f}** | **{1000 * total[n] / r['documents']:.1f}**"
+            for n, r in runs.items()
+        )
+        + " |"
+    )
+    lines.append(
+        "| **encoding share of all CPU** | "
+        + " | ".join(f"**{r['cpu']['encode'] / total[n]:.2f}** | " for n, r in runs.items())
+        + " |"
+    )
+    lines += [
+        "",
+        "Workloads: "
+        + "; ".join(
+            f"{n}: {r['documents']} documents, {r['chunks']:,} chunks, precision {r['precision']}"
+            for n, r in runs.items()
+        )
+        + ".",
+        "",
+        f"Load average (1/5/15 min) at start {load[0]}, at end {load[1]}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--small", type=int, default=100, help="small documents in the second workload")
-    parser.add_argument("--documents", type=int, default=16, help="generated 8-page reports in the first")
+    parser.add_argument(
+        "--small", type=int, default=100, help="small documents in the second workload"
+    )
+    parser.add_argument(
+        "--documents", type=int, default=16, help="generated 8-page reports in the first"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     clean_environment()
@@ -132,9 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         work = svc.workdir
         reports, _ = corpus_mod.generate(work / "corpus", documents=args.documents, pages=8)
         runs = {
-            "bench corpus": account(svc, reports + corpus_mod.sample_pdfs(SAMPLES), name=f"cpu-{uuid.uuid4().hex[:6]}"),
-            "small documents": account(svc, corpus_mod.generate_small(work / "small", documents=args.small),
-                                       name=f"cpu-{uuid.uuid4().hex[:6]}"),
+            "bench corpus": account(
+                svc, reports + corpus_mod.sample_pdfs(SAMPLES), name=f"cpu-{uuid.uuid4().hex[:6]}"
+            ),
+            "small documents": account(
+                svc,
+                corpus_mod.generate_small(work / "small", documents=args.small),
+                name=f"cpu-{uuid.uuid4().hex[:6]}",
+            ),
         }
     section = table(runs, (load_start, load_average()))
     print(section)

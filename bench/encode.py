@@ -57,8 +57,13 @@ def raw_encode(embedder, batches: list[list[str]], *, mode: str) -> tuple[float,
                 if mode == "packed":
                     embedder.encode(batch)
                 else:
-                    model.encode(batch, batch_size=len(batch), normalize_embeddings=True,
-                                 show_progress_bar=False, convert_to_tensor=True)
+                    model.encode(
+                        batch,
+                        batch_size=len(batch),
+                        normalize_embeddings=True,
+                        show_progress_bar=False,
+                        convert_to_tensor=True,
+                    )
 
     run(batches[:2])  # first calls set up the kernels
     t0, c0 = time.perf_counter(), time.process_time()
@@ -73,7 +78,9 @@ def raw_encode(embedder, batches: list[list[str]], *, mode: str) -> tuple[float,
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overlap: int, batch: int) -> dict:
+def plain_script(
+    model, paths: list[Path], *, chroma_url: str, size: int, overlap: int, batch: int
+) -> dict:
     """Parse, split, encode, add to Chroma: file by file, one add per file."""
     import chromadb
     import numpy as np
@@ -83,9 +90,13 @@ def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overla
     from sluice.pipeline.running.chunk import split_text
 
     host, port = chroma_url.rsplit("//", 1)[1].split(":")
-    client = chromadb.HttpClient(host=host, port=int(port), settings=ChromaSettings(anonymized_telemetry=False))
+    client = chromadb.HttpClient(
+        host=host, port=int(port), settings=ChromaSettings(anonymized_telemetry=False)
+    )
     name = f"plain-{uuid.uuid4().hex[:10]}"
-    coll = client.create_collection(name, embedding_function=None, metadata={"hnsw:space": "cosine"})
+    coll = client.create_collection(
+        name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+    )
     chunks = 0
     t0 = time.perf_counter()
     for path in paths:
@@ -97,9 +108,15 @@ def plain_script(model, paths: list[Path], *, chroma_url: str, size: int, overla
                     metas.append({"file": path.name, "page": number})
         if not texts:
             continue
-        vectors = model.encode(texts, batch_size=batch, normalize_embeddings=True, show_progress_bar=False)
-        coll.add(ids=[f"{path.stem}-{i}" for i in range(len(texts))], embeddings=np.asarray(vectors, np.float32),
-                 documents=texts, metadatas=metas)
+        vectors = model.encode(
+            texts, batch_size=batch, normalize_embeddings=True, show_progress_bar=False
+        )
+        coll.add(
+            ids=[f"{path.stem}-{i}" for i in range(len(texts))],
+            embeddings=np.asarray(vectors, np.float32),
+            documents=texts,
+            metadatas=metas,
+        )
         chunks += len(texts)
     seconds = time.perf_counter() - t0
     client.delete_collection(name)
@@ -123,19 +140,29 @@ def main(spec_path: str) -> None:
     paths = [Path(p) for p in spec["paths"]]
     size, overlap, batch = spec["chunk_size"], spec["chunk_overlap"], spec["batch"]
     chunks = corpus_chunks(paths, size=size, overlap=overlap)
-    batches = [chunks[i:i + batch] for i in range(0, len(chunks), batch)]
+    batches = [chunks[i : i + batch] for i in range(0, len(chunks), batch)]
     result: dict = {"chunks": len(chunks), "cores": available_cores()}
     for precision in spec["precisions"]:
         embedder = load_embedder(precision)
         for mode in spec["modes"]:
             seconds, cpu = raw_encode(embedder, batches, mode=mode)
-            result[f"raw_{precision}_{mode}"] = {"seconds": seconds, "cpu_s": cpu, "chunks": len(chunks)}
+            result[f"raw_{precision}_{mode}"] = {
+                "seconds": seconds,
+                "cpu_s": cpu,
+                "chunks": len(chunks),
+            }
         if precision in spec.get("plain", []):
             import torch
 
             torch.set_num_threads(available_cores())  # a plain script runs with torch's defaults
-            result[f"plain_{precision}"] = plain_script(embedder.model, paths, chroma_url=spec["chroma_url"],
-                                                        size=size, overlap=overlap, batch=batch)
+            result[f"plain_{precision}"] = plain_script(
+                embedder.model,
+                paths,
+                chroma_url=spec["chroma_url"],
+                size=size,
+                overlap=overlap,
+                batch=batch,
+            )
         del embedder
     print(json.dumps(result))
 

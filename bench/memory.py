@@ -24,6 +24,10 @@ def worker_peak(svc: Services, path: Path, *, settings: dict[str, str]) -> dict:
         done = wait_final(ctx, [result.job_id], timeout=900)
         if done.statuses != {"succeeded": 1}:
             raise RuntimeError(f"{path.name} ended {done.statuses}")
-        return {"peak_mb": peak_rss_mb(worker.pid), "after_warm_up_mb": baseline, "chunks": done.chunks}
+        return {
+            "peak_mb": peak_rss_mb(worker.pid),
+            "after_warm_up_mb": baseline,
+            "chunks": done.chunks,
+        }
     finally:
         svc.stop_worker(worker)

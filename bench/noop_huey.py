@@ -11,8 +11,12 @@ import os
 
 from huey import RedisHuey
 
-huey = RedisHuey(os.environ.get("BENCH_NOOP_QUEUE", "bench-noop"), results=False, utc=True,
-                 url=os.environ.get("BENCH_NOOP_REDIS_URL", "redis://127.0.0.1:6390/0"))
+huey = RedisHuey(
+    os.environ.get("BENCH_NOOP_QUEUE", "bench-noop"),
+    results=False,
+    utc=True,
+    url=os.environ.get("BENCH_NOOP_REDIS_URL", "redis://127.0.0.1:6390/0"),
+)
 
 
 @huey.task(name="bench.noop")

@@ -32,9 +32,11 @@ import pymupdf  # noqa: E402
 from bench.report import load_average, write_section  # noqa: E402
 from sluice.pipeline.parsing.parse import PDF, OcrOptions, ParseLimits, open_document  # noqa: E402
 
-WORDS = ("harbour crane ledger invoice quarterly revenue municipal housing pump river delta storm "
-         "season archive observatory contract clause tenant payment schedule engine valve pressure "
-         "reading meter station report committee minutes budget 2024 12.5% 4,700 EUR No. 17").split()
+WORDS = (
+    "harbour crane ledger invoice quarterly revenue municipal housing pump river delta storm "
+    "season archive observatory contract clause tenant payment schedule engine valve pressure "
+    "reading meter station report committee minutes budget 2024 12.5% 4,700 EUR No. 17"
+).split()
 
 
 def page_text(rng: random.Random, sentences: int = 14) -> str:
@@ -64,7 +66,9 @@ def scan(texts: list[str], dpi: int, fontsize: float, degraded: bool = False) ->
                 x, y = rng.randrange(img.width), rng.randrange(img.height)
                 px[x, y] = 255 - px[x, y]
             pix = pymupdf.Pixmap(pymupdf.csGRAY, img.width, img.height, img.tobytes(), False)
-        out.new_page(width=page.rect.width, height=page.rect.height).insert_image(page.rect, pixmap=pix)
+        out.new_page(width=page.rect.width, height=page.rect.height).insert_image(
+            page.rect, pixmap=pix
+        )
     return out.tobytes(deflate=True)
 
 
@@ -73,33 +77,55 @@ def accuracy(truth: str, got: str) -> float:
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
-def measure(pages: int, dpi: int, fontsize: float, degraded: bool = False, cleanup: bool = True) -> dict:
+def measure(
+    pages: int, dpi: int, fontsize: float, degraded: bool = False, cleanup: bool = True
+) -> dict:
     rng = random.Random(dpi * 100 + int(fontsize))
     texts = [page_text(rng) for _ in range(pages)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "scan.pdf"
         path.write_bytes(scan(texts, dpi, fontsize, degraded))
         start = time.perf_counter()
-        parsed = open_document(path, media_type=PDF, max_pages=pages, limits=ParseLimits(),
-                               ocr=OcrOptions("auto", dpi, "eng", cleanup=cleanup))
+        parsed = open_document(
+            path,
+            media_type=PDF,
+            max_pages=pages,
+            limits=ParseLimits(),
+            ocr=OcrOptions("auto", dpi, "eng", cleanup=cleanup),
+        )
         read = dict(parsed.pages())
         seconds = time.perf_counter() - start
     scores = [accuracy(t, read.get(i + 1, "")) for i, t in enumerate(texts)]
-    return {"dpi": dpi, "font": fontsize, "scan": "turned 0.8°, 2% speckle" if degraded else "clean",
-            "cleanup": cleanup, "pages": pages, "accuracy": statistics.mean(scores),
-            "worst": min(scores), "pages_per_s": pages / seconds}
+    return {
+        "dpi": dpi,
+        "font": fontsize,
+        "scan": "turned 0.8°, 2% speckle" if degraded else "clean",
+        "cleanup": cleanup,
+        "pages": pages,
+        "accuracy": statistics.mean(scores),
+        "worst": min(scores),
+        "pages_per_s": pages / seconds,
+    }
 
 
 def table(rows: list[dict], load: str = "") -> str:
-    lines = ["## OCR (Tesseract, scanned pages of known text)", "",
-             "| scan and OCR dpi | font pt | scan | clean-up | pages | character accuracy (mean) | worst page | pages/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "## OCR (Tesseract, scanned pages of known text)",
+        "",
+        "| scan and OCR dpi | font pt | scan | clean-up | pages | character accuracy (mean) | worst page | pages/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['dpi']} | {r['font']:g} | {r['scan']} | {'on' if r['cleanup'] else 'off (as before)'} "
-                     f"| {r['pages']} | {r['accuracy']:.2%} | {r['worst']:.2%} | {r['pages_per_s']:.2f} |")
+        lines.append(
+            f"| {r['dpi']} | {r['font']:g} | {r['scan']} | {'on' if r['cleanup'] else 'off (as before)'} "
+            f"| {r['pages']} | {r['accuracy']:.2%} | {r['worst']:.2%} | {r['pages_per_s']:.2f} |"
+        )
     if load:
-        lines += ["", f"Load average (1/5/15 min) at the end: {load}; the machine was shared with other work, "
-                      "so pages/s is lower than on an idle machine."]
+        lines += [
+            "",
+            f"Load average (1/5/15 min) at the end: {load}; the machine was shared with other work, "
+            "so pages/s is lower than on an idle machine.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -108,9 +134,17 @@ def main() -> int:
     parser.add_argument("--pages", type=int, default=10)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    plan = ((150, 11, False, True), (150, 9, False, True), (150, 11, True, True), (150, 11, True, False),
-            (200, 11, False, True), (300, 11, False, True))
-    rows = [measure(args.pages, dpi, font, degraded, cleanup) for dpi, font, degraded, cleanup in plan]
+    plan = (
+        (150, 11, False, True),
+        (150, 9, False, True),
+        (150, 11, True, True),
+        (150, 11, True, False),
+        (200, 11, False, True),
+        (300, 11, False, True),
+    )
+    rows = [
+        measure(args.pages, dpi, font, degraded, cleanup) for dpi, font, degraded, cleanup in plan
+    ]
     section = table(rows, load_average())
     print(section)
     if args.out:

@@ -17,12 +17,26 @@ from pathlib import Path
 from bench.system import Services, as_epoch, wait_final, warm_up
 from tests.servers import ManagedProcess
 
-WORDS = ("ledger", "valve", "harbor", "signal", "quarry", "turbine", "orchard", "beacon", "gravel", "lantern")
+WORDS = (
+    "ledger",
+    "valve",
+    "harbor",
+    "signal",
+    "quarry",
+    "turbine",
+    "orchard",
+    "beacon",
+    "gravel",
+    "lantern",
+)
 
 
 def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
-    env = svc.configure(f"orch-{uuid.uuid4().hex[:6]}", SLUICE_EMBEDDER="hash",
-                        SLUICE_RECOVERY_INTERVAL_SECONDS="3600")
+    env = svc.configure(
+        f"orch-{uuid.uuid4().hex[:6]}",
+        SLUICE_EMBEDDER="hash",
+        SLUICE_RECOVERY_INTERVAL_SECONDS="3600",
+    )
     ctx = svc.context()
     from sqlmodel import Session, select
 
@@ -36,8 +50,12 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
         warm_up(ctx, publish)
         ids = []
         for i in range(jobs):
-            text = f"note {i} {uuid.uuid4().hex}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(12))
-            ids.append(ingest_bytes(ctx, text.encode(), dataset="tiny", filename=f"note-{i}.txt").job_id)
+            text = f"note {i} {uuid.uuid4().hex}: " + " ".join(
+                WORDS[(i + k) % len(WORDS)] for k in range(12)
+            )
+            ids.append(
+                ingest_bytes(ctx, text.encode(), dataset="tiny", filename=f"note-{i}.txt").job_id
+            )
         sent = 0
         while sent < jobs:
             batch = dispatch(engine=ctx.engine, publish=publish)
@@ -50,9 +68,17 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
         if done.statuses != {"succeeded": jobs}:
             raise RuntimeError(f"tiny jobs ended {done.statuses}")
         with Session(ctx.engine) as session:
-            first = min(as_epoch(s) for s in session.exec(select(Job.started_at).where(Job.id.in_(ids))).all())
+            first = min(
+                as_epoch(s)
+                for s in session.exec(select(Job.started_at).where(Job.id.in_(ids))).all()
+            )
         seconds = done.last_finished - first
-        return {"jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds, "ms_per_job": 1000 * seconds / jobs}
+        return {
+            "jobs": jobs,
+            "seconds": seconds,
+            "jobs_per_s": jobs / seconds,
+            "ms_per_job": 1000 * seconds / jobs,
+        }
     finally:
         svc.stop_worker(worker)
 
@@ -68,8 +94,11 @@ def huey_noop_per_second(svc: Services, *, tasks: int, workers: int) -> dict:
     noop_module = importlib.reload(noop_module)  # bind this run's queue
     huey = noop_module.huey
     exe = str(Path(sys.executable).with_name("huey_consumer"))
-    consumer = ManagedProcess([exe, "bench.noop_huey.huey", "-k", "thread", "-w", str(workers), "-d", "0.05"],
-                              log=svc.workdir / f"{queue}.log", env=env)
+    consumer = ManagedProcess(
+        [exe, "bench.noop_huey.huey", "-k", "thread", "-w", str(workers), "-d", "0.05"],
+        log=svc.workdir / f"{queue}.log",
+        env=env,
+    )
     consumer.start()
     try:
         conn = huey.storage.conn
@@ -84,6 +113,11 @@ def huey_noop_per_second(svc: Services, *, tasks: int, workers: int) -> dict:
         while conn.llen(huey.storage.queue_key):
             time.sleep(0.002)
         seconds = time.perf_counter() - t0
-        return {"tasks": tasks, "seconds": seconds, "tasks_per_s": tasks / seconds, "ms_per_task": 1000 * seconds / tasks}
+        return {
+            "tasks": tasks,
+            "seconds": seconds,
+            "tasks_per_s": tasks / seconds,
+            "ms_per_task": 1000 * seconds / tasks,
+        }
     finally:
         consumer.stop()

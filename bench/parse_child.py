@@ -73,8 +73,12 @@ def main() -> None:
     print(f"{len(files)} files, {args.rounds} rounds (median seconds; pages read)")
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"  {name:7s} {med:7.2f} s  {med / len(files) * 1000:7.1f} ms/file  pages {pages[name]}")
-    per_file = (statistics.median(times["child"]) - statistics.median(times["inproc"])) / len(files) * 1000
+        print(
+            f"  {name:7s} {med:7.2f} s  {med / len(files) * 1000:7.1f} ms/file  pages {pages[name]}"
+        )
+    per_file = (
+        (statistics.median(times["child"]) - statistics.median(times["inproc"])) / len(files) * 1000
+    )
     print(f"  child process overhead: {per_file:.0f} ms per file")
 
 

@@ -35,7 +35,11 @@ def documents(paths: list[Path]):
             for number, page in enumerate(pdf, start=1):
                 text = page.get_text()
                 if text.strip():
-                    docs.append(Document(text=text, metadata={"file_name": path.name, "page_label": str(number)}))
+                    docs.append(
+                        Document(
+                            text=text, metadata={"file_name": path.name, "page_label": str(number)}
+                        )
+                    )
     return docs
 
 
@@ -53,12 +57,14 @@ def main(spec_path: str) -> None:
     embed = HuggingFaceEmbedding(model_name=model_path("all-MiniLM-L6-v2"), device="cpu")
     paths = [Path(p) for p in spec["paths"]]
     # Warm up as the other contenders are warm: full-length texts through the batch sizes used.
-    warm = [d.text for d in documents(paths[:3])][:spec["batch"]]
+    warm = [d.text for d in documents(paths[:3])][: spec["batch"]]
     for size in (spec["batch"], DEFAULT_EMBED_BATCH_SIZE):
         embed.embed_batch_size = size
         embed.get_text_embedding_batch(warm)
     host, port = spec["chroma_url"].rsplit("//", 1)[1].split(":")
-    client = chromadb.HttpClient(host=host, port=int(port), settings=ChromaSettings(anonymized_telemetry=False))
+    client = chromadb.HttpClient(
+        host=host, port=int(port), settings=ChromaSettings(anonymized_telemetry=False)
+    )
     result = {"llama_index": _version()}
     for setup in spec["setups"]:
         embed.embed_batch_size = spec["batch"] if setup == "fp32" else DEFAULT_EMBED_BATCH_SIZE
@@ -73,18 +79,30 @@ def run_setup(embed, client, paths: list[Path], facts: list[dict]) -> dict:
     from llama_index.vector_stores.chroma import ChromaVectorStore
 
     name = f"llama-{uuid.uuid4().hex[:10]}"
-    coll = client.create_collection(name, embedding_function=None, metadata={"hnsw:space": "cosine"})
+    coll = client.create_collection(
+        name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+    )
     store = ChromaVectorStore(chroma_collection=coll)
     pipeline = IngestionPipeline(
-        transformations=[SentenceSplitter(chunk_size=SPLIT_TOKENS, chunk_overlap=SPLIT_OVERLAP), embed],
+        transformations=[
+            SentenceSplitter(chunk_size=SPLIT_TOKENS, chunk_overlap=SPLIT_OVERLAP),
+            embed,
+        ],
         vector_store=store,
     )
     t0 = time.perf_counter()
     nodes = pipeline.run(documents=documents(paths))
     seconds = time.perf_counter() - t0
-    out = {"seconds": seconds, "chunks": len(nodes), "stored": coll.count(), "batch": embed.embed_batch_size}
+    out = {
+        "seconds": seconds,
+        "chunks": len(nodes),
+        "stored": coll.count(),
+        "batch": embed.embed_batch_size,
+    }
     if facts:
-        retriever = VectorStoreIndex.from_vector_store(store, embed_model=embed).as_retriever(similarity_top_k=10)
+        retriever = VectorStoreIndex.from_vector_store(store, embed_model=embed).as_retriever(
+            similarity_top_k=10
+        )
         ranks = []
         for fact in facts:
             texts = [n.node.get_content() for n in retriever.retrieve(fact["query"])]

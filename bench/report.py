@@ -18,7 +18,12 @@ def spread(values: list[float]) -> dict:
     values = [v for v in values if v is not None]
     if not values:
         return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -43,13 +48,28 @@ class Row:
 class Table:
     rows: list[Row] = field(default_factory=list)
 
-    def add(self, section: str, figure: str, values: list[float] | float | None, *, unit: str = "",
-            digits: int = 1, target: str = "", ok=None, note: str = "") -> dict:
+    def add(
+        self,
+        section: str,
+        figure: str,
+        values: list[float] | float | None,
+        *,
+        unit: str = "",
+        digits: int = 1,
+        target: str = "",
+        ok=None,
+        note: str = "",
+    ) -> dict:
         """Add a row whose value is a median [min-max] of ``values``; ``ok(median) -> bool``."""
         if isinstance(values, list):
             s = spread(values)
         else:
-            s = {"median": values, "min": values, "max": values, "n": 1 if values is not None else 0}
+            s = {
+                "median": values,
+                "min": values,
+                "max": values,
+                "n": 1 if values is not None else 0,
+            }
         if s["median"] is None:
             text = "n/a"
         elif s["n"] > 1:
@@ -72,16 +92,28 @@ class Table:
     def text(self) -> str:
         width = max(len(r.figure) for r in self.rows)
         marks = {True: "met", False: "MISSED", None: ""}
-        return "\n".join(f"\n{heading}" if r is None else
-                         f"  {r.figure:<{width}}  {r.value:<28} {r.target:<14} {marks[r.met]}"
-                         for heading, r in self._sections())
+        return "\n".join(
+            f"\n{heading}"
+            if r is None
+            else f"  {r.figure:<{width}}  {r.value:<28} {r.target:<14} {marks[r.met]}"
+            for heading, r in self._sections()
+        )
 
     def markdown(self) -> str:
         marks = {True: "met", False: "**missed**", None: ""}
-        head = ["| figure | median [min-max] | target | | notes |", "| --- | --- | --- | --- | --- |"]
-        return "\n".join(head + [f"| **{heading}** | | | | |" if r is None else
-                                 f"| {r.figure} | {r.value} | {r.target} | {marks[r.met]} | {r.note} |"
-                                 for heading, r in self._sections()])
+        head = [
+            "| figure | median [min-max] | target | | notes |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        return "\n".join(
+            head
+            + [
+                f"| **{heading}** | | | | |"
+                if r is None
+                else f"| {r.figure} | {r.value} | {r.target} | {marks[r.met]} | {r.note} |"
+                for heading, r in self._sections()
+            ]
+        )
 
 
 def cpu_model() -> str:
@@ -99,9 +131,20 @@ def versions() -> dict[str, str]:
     import sqlite3
 
     out = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    for name in ("torch", "sentence-transformers", "transformers", "chromadb", "huey", "redis", "pymupdf",
-                 "sqlalchemy", "psycopg", "llama-index-core", "llama-index-embeddings-huggingface",
-                 "llama-index-vector-stores-chroma"):
+    for name in (
+        "torch",
+        "sentence-transformers",
+        "transformers",
+        "chromadb",
+        "huey",
+        "redis",
+        "pymupdf",
+        "sqlalchemy",
+        "psycopg",
+        "llama-index-core",
+        "llama-index-embeddings-huggingface",
+        "llama-index-vector-stores-chroma",
+    ):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -109,8 +152,17 @@ def versions() -> dict[str, str]:
     return out
 
 
-def header(*, started: str, seconds: float, load_start: tuple, load_end: tuple, quick: bool, precision: str,
-           corpus: str, extra: list[str]) -> str:
+def header(
+    *,
+    started: str,
+    seconds: float,
+    load_start: tuple,
+    load_end: tuple,
+    quick: bool,
+    precision: str,
+    corpus: str,
+    extra: list[str],
+) -> str:
     from sluice.pipeline.running.embed import cpu_has_bf16
 
     vers = ", ".join(f"{k} {v}" for k, v in versions().items())

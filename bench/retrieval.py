@@ -38,7 +38,9 @@ from bench import corpus as corpus_mod  # noqa: E402
 from bench.report import Table, write_markdown  # noqa: E402
 from bench.system import Services  # noqa: E402
 
-SAMPLES = Path(os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples"))
+SAMPLES = Path(
+    os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
+)
 MODES = ("dense", "lexical", "hybrid")
 KINDS = ("rare token", "exact phrase", "paraphrase")
 TARGETS = {("rare token", "hybrid"): 0.98, ("exact phrase", "hybrid"): 0.95}
@@ -62,7 +64,9 @@ def _fold(value: str) -> str:
     return " ".join(value.split()).lower()
 
 
-def build_queries(chunks: list[tuple[str, str]], facts, *, per_kind: int, seed: int = 5) -> list[Query]:
+def build_queries(
+    chunks: list[tuple[str, str]], facts, *, per_kind: int, seed: int = 5
+) -> list[Query]:
     """Known-answer queries over ``chunks`` ((document, text) pairs) and the generated facts."""
     rng = random.Random(seed)
     queries: list[Query] = []
@@ -75,7 +79,11 @@ def build_queries(chunks: list[tuple[str, str]], facts, *, per_kind: int, seed: 
             holders[w].add(i)
             docs_of[w].add(doc)
     rare = [Query("rare token", f.name, f.name) for f in facts]
-    words = sorted(w for w, held in holders.items() if len(held) <= 2 and len(docs_of[w]) == 1 and w not in names)
+    words = sorted(
+        w
+        for w, held in holders.items()
+        if len(held) <= 2 and len(docs_of[w]) == 1 and w not in names
+    )
     rng.shuffle(words)
     rare += [Query("rare token", w, w) for w in words]
     queries += rare[:per_kind]
@@ -85,7 +93,7 @@ def build_queries(chunks: list[tuple[str, str]], facts, *, per_kind: int, seed: 
     for i, (_, text) in enumerate(chunks):
         toks = text.split()
         for j in range(0, max(0, len(toks) - 6), 3):
-            w = " ".join(toks[j:j + 6])
+            w = " ".join(toks[j : j + 6])
             windows[_fold(w)] += 1
             spots.append((w, i))
     rng.shuffle(spots)
@@ -109,8 +117,15 @@ def rank_of(hits, answer: str) -> int | None:
     return next((i for i, h in enumerate(hits) if want in _fold(h.text)), None)
 
 
-def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind: int,
-            database_url: str | None = None) -> dict:
+def quality(
+    svc: Services,
+    *,
+    documents: int,
+    pages: int,
+    quick: bool,
+    per_kind: int,
+    database_url: str | None = None,
+) -> dict:
     from sqlalchemy import text as sql
 
     from sluice.ops.ingest import ingest_path
@@ -118,10 +133,14 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
     from sluice.pipeline.running.runner import run_job
 
     work = svc.workdir
-    gen, facts = corpus_mod.generate(work / "retrieval-corpus", documents=documents, pages=pages, seed=31)
+    gen, facts = corpus_mod.generate(
+        work / "retrieval-corpus", documents=documents, pages=pages, seed=31
+    )
     paths = gen + corpus_mod.sample_pdfs(SAMPLES, quick=quick)
-    svc.configure("retrieval-quality" + ("-pg" if database_url else ""),
-                  **({"SLUICE_DATABASE_URL": database_url} if database_url else {}))
+    svc.configure(
+        "retrieval-quality" + ("-pg" if database_url else ""),
+        **({"SLUICE_DATABASE_URL": database_url} if database_url else {}),
+    )
     ctx = svc.context()
     t0 = time.monotonic()
     for path in paths:
@@ -131,9 +150,15 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
             raise RuntimeError(f"{path.name}: {outcome.result} {outcome.message}")
     log(f"ingested {len(paths)} files in {time.monotonic() - t0:.0f}s")
     with ctx.engine.connect() as conn:
-        chunks = [(str(d), t) for d, t in conn.execute(sql(
-            "SELECT l.document_id, l.text FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
-            "WHERE d.name = 'bench'"))]
+        chunks = [
+            (str(d), t)
+            for d, t in conn.execute(
+                sql(
+                    "SELECT l.document_id, l.text FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
+                    "WHERE d.name = 'bench'"
+                )
+            )
+        ]
     queries = build_queries(chunks, facts, per_kind=per_kind)
     counts = Counter(q.kind for q in queries)
     log(f"{len(chunks)} chunks, queries {dict(counts)}")
@@ -147,14 +172,30 @@ def quality(svc: Services, *, documents: int, pages: int, quick: bool, per_kind:
         t = time.perf_counter()
         ctx.embedder.encode([q.text])
         encode_ms.append((time.perf_counter() - t) * 1000)
-    out = {"files": len(paths), "chunks": len(chunks), "queries": dict(counts), "precision": ctx.precision,
-           "backend": ctx.engine.dialect.name,
-           "encode_ms_p50": statistics.median(encode_ms), "recall": {}}
+    out = {
+        "files": len(paths),
+        "chunks": len(chunks),
+        "queries": dict(counts),
+        "precision": ctx.precision,
+        "backend": ctx.engine.dialect.name,
+        "encode_ms_p50": statistics.median(encode_ms),
+        "recall": {},
+    }
     for (kind, mode), rs in ranks.items():
         out["recall"][f"{kind}|{mode}"] = {
-            "r1": sum(r == 0 for r in rs) / len(rs), "r5": sum(r is not None for r in rs) / len(rs), "n": len(rs)}
-    misses = [q.text for q, r in zip([q for q in queries if q.kind == "rare token"],
-                                     ranks[("rare token", "hybrid")], strict=True) if r != 0]
+            "r1": sum(r == 0 for r in rs) / len(rs),
+            "r5": sum(r is not None for r in rs) / len(rs),
+            "n": len(rs),
+        }
+    misses = [
+        q.text
+        for q, r in zip(
+            [q for q in queries if q.kind == "rare token"],
+            ranks[("rare token", "hybrid")],
+            strict=True,
+        )
+        if r != 0
+    ]
     out["rare_misses"] = misses[:10]
     return out
 
@@ -176,9 +217,23 @@ def latency(svc: Services, *, chunks: int, queries: int, database_url: str | Non
     svc.configure("retrieval-latency" + ("-pg" if database_url else ""), **settings)
     ctx = svc.context()
     rng = random.Random(17)
-    vocabulary = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "su", "ta", "ve", "ro", "di", "pa", "gu", "ze")
-                  for b in ("ran", "tel", "mos", "bik", "fu", "dor", "sal", "win", "pex", "lam")] * 3
-    vocabulary += ["the", "and", "of", "report", "station", "water", "track", "budget", "annual", "review"] * 20
+    vocabulary = [
+        f"{a}{b}"
+        for a in ("ka", "lo", "mi", "ne", "su", "ta", "ve", "ro", "di", "pa", "gu", "ze")
+        for b in ("ran", "tel", "mos", "bik", "fu", "dor", "sal", "win", "pex", "lam")
+    ] * 3
+    vocabulary += [
+        "the",
+        "and",
+        "of",
+        "report",
+        "station",
+        "water",
+        "track",
+        "budget",
+        "annual",
+        "review",
+    ] * 20
     per_doc = 1000
     codes: list[str] = []
     t0 = time.monotonic()
@@ -197,8 +252,12 @@ def latency(svc: Services, *, chunks: int, queries: int, database_url: str | Non
         if outcome.result != "succeeded":
             raise RuntimeError(f"synthetic {d}: {outcome.result} {outcome.message}")
     with ctx.engine.begin() as conn:
-        total = conn.execute(sql("SELECT COUNT(*) FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
-                                 "WHERE d.name = 'scale'")).scalar_one()
+        total = conn.execute(
+            sql(
+                "SELECT COUNT(*) FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
+                "WHERE d.name = 'scale'"
+            )
+        ).scalar_one()
         # Fresh statistics after the bulk load, as autovacuum would gather them: without them
         # PostgreSQL scans every row instead of the GIN index (400 ms for a code instead of 1 ms).
         conn.execute(sql("ANALYZE"))
@@ -222,57 +281,105 @@ def latency(svc: Services, *, chunks: int, queries: int, database_url: str | Non
             times.append((time.perf_counter() - t) * 1000)
         times.sort()
         out[mode] = {"p50": statistics.median(times), "p95": times[int(0.95 * (len(times) - 1))]}
-        log(f"{out['backend']} {mode}: p50 {out[mode]['p50']:.1f} ms, p95 {out[mode]['p95']:.1f} ms")
+        log(
+            f"{out['backend']} {mode}: p50 {out[mode]['p50']:.1f} ms, p95 {out[mode]['p95']:.1f} ms"
+        )
     return out
 
 
 def build_table(qualities: list[dict], lat: list[dict]) -> Table:
     t = Table()
     for q in qualities:
-        sec = (f"Retrieval recall@1 ({sum(q['queries'].values())} known-answer queries over {q['chunks']:,} "
-               f"chunks of {q['files']} files; {q['backend']} job database; model in {q['precision']}; "
-               "notes: recall@5)")
+        sec = (
+            f"Retrieval recall@1 ({sum(q['queries'].values())} known-answer queries over {q['chunks']:,} "
+            f"chunks of {q['files']} files; {q['backend']} job database; model in {q['precision']}; "
+            "notes: recall@5)"
+        )
         for kind in KINDS:
             for mode in MODES:
                 r = q["recall"][f"{kind}|{mode}"]
                 target = TARGETS.get((kind, mode))
-                t.add(sec, f"{kind} ({r['n']} queries), {mode}", r["r1"], digits=3,
-                      target=f">= {target}" if target else "",
-                      ok=(lambda v, x=target: v >= x) if target else None, note=f"recall@5 {r['r5']:.3f}")
-        dense, hybrid = q["recall"]["paraphrase|dense"]["r1"], q["recall"]["paraphrase|hybrid"]["r1"]
-        t.add(sec, "paraphrase recall@1, hybrid minus dense", hybrid - dense, digits=3, target=">= -0.01",
-              ok=lambda v: v >= -0.01)
-        t.add(sec, "the model's encoding of one query, p50", q["encode_ms_p50"], unit=" ms",
-              note="not in the latency figures below (hash embedder there)")
+                t.add(
+                    sec,
+                    f"{kind} ({r['n']} queries), {mode}",
+                    r["r1"],
+                    digits=3,
+                    target=f">= {target}" if target else "",
+                    ok=(lambda v, x=target: v >= x) if target else None,
+                    note=f"recall@5 {r['r5']:.3f}",
+                )
+        dense, hybrid = (
+            q["recall"]["paraphrase|dense"]["r1"],
+            q["recall"]["paraphrase|hybrid"]["r1"],
+        )
+        t.add(
+            sec,
+            "paraphrase recall@1, hybrid minus dense",
+            hybrid - dense,
+            digits=3,
+            target=">= -0.01",
+            ok=lambda v: v >= -0.01,
+        )
+        t.add(
+            sec,
+            "the model's encoding of one query, p50",
+            q["encode_ms_p50"],
+            unit=" ms",
+            note="not in the latency figures below (hash embedder there)",
+        )
     for lt in lat:
-        sec = (f"Search latency at {lt['chunks']:,} chunks ({lt['backend']} job database, analysed after the bulk "
-               "load; Chroma server, hash embedder; k=5; p95, notes: p50)")
+        sec = (
+            f"Search latency at {lt['chunks']:,} chunks ({lt['backend']} job database, analysed after the bulk "
+            "load; Chroma server, hash embedder; k=5; p95, notes: p50)"
+        )
         for mode in MODES:
             v = lt[mode]
-            t.add(sec, f"{mode}, ms per query", v["p95"], unit=" ms", target=f"p95 < {P95_TARGET_MS:.0f}",
-                  ok=lambda x: x < P95_TARGET_MS, note=f"p50 {v['p50']:.1f} ms")
+            t.add(
+                sec,
+                f"{mode}, ms per query",
+                v["p95"],
+                unit=" ms",
+                target=f"p95 < {P95_TARGET_MS:.0f}",
+                ok=lambda x: x < P95_TARGET_MS,
+                note=f"p50 {v['p50']:.1f} ms",
+            )
     return t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
-    parser.add_argument("--postgres", help="also measure with this PostgreSQL job database (an empty database "
-                                           "the run may fill, e.g. postgresql://postgres@127.0.0.1/bench)")
+    parser.add_argument(
+        "--postgres",
+        help="also measure with this PostgreSQL job database (an empty database "
+        "the run may fill, e.g. postgresql://postgres@127.0.0.1/bench)",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     with Services() as svc:
         qualities, lat = [], []
         n = 5_000 if args.quick else 100_000
         for url in [None] + ([args.postgres] if args.postgres else []):
-            qualities.append(quality(svc, documents=12 if args.quick else 40, pages=4 if args.quick else 6,
-                                     quick=args.quick, per_kind=40 if args.quick else 120, database_url=url))
+            qualities.append(
+                quality(
+                    svc,
+                    documents=12 if args.quick else 40,
+                    pages=4 if args.quick else 6,
+                    quick=args.quick,
+                    per_kind=40 if args.quick else 120,
+                    database_url=url,
+                )
+            )
             lat.append(latency(svc, chunks=n, queries=60 if args.quick else 300, database_url=url))
     table = build_table(qualities, lat)
     print(table.text())
-    header = (f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({'quick' if args.quick else 'full'} "
-              f"mode, {(time.monotonic() - started) / 60:.1f} min), `python -m bench.retrieval`.")
+    header = (
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({'quick' if args.quick else 'full'} "
+        f"mode, {(time.monotonic() - started) / 60:.1f} min), `python -m bench.retrieval`."
+    )
     write_markdown(args.out, header + "\n\n" + table.markdown(), markers=MARKERS)
     log(f"wrote {args.out}")
     return 0

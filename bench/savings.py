@@ -40,7 +40,9 @@ def dedupe_answer(ctx, publish, paths: list[Path], *, repeats: int) -> dict:
         result = ingest_path(ctx, path, dataset="bench", publish=publish)
         times.append((time.perf_counter() - t0) * 1000)
         if not (result.accepted and result.duplicate and result.status == "succeeded"):
-            raise RuntimeError(f"re-upload of {path.name} was not answered as a duplicate: {result}")
+            raise RuntimeError(
+                f"re-upload of {path.name} was not answered as a duplicate: {result}"
+            )
     return {
         "ms": times,
         "new_jobs": _job_count(ctx) - before_jobs,
@@ -79,7 +81,9 @@ def crash_at_90(svc: Services, path: Path, *, chunks: int, settings: dict[str, s
     from sluice.ops.ingest import ingest_path
     from sluice.pipeline.queueing.publishing import publish
 
-    doomed = svc.start_worker({**env, "SLUICE_FAULTS": f"embed_batch@{crash_batch}=exit"}, "crash-a", workers=1)
+    doomed = svc.start_worker(
+        {**env, "SLUICE_FAULTS": f"embed_batch@{crash_batch}=exit"}, "crash-a", workers=1
+    )
     survivor = None
     try:
         result = ingest_path(ctx, path, dataset="bench", publish=publish)
@@ -98,10 +102,16 @@ def crash_at_90(svc: Services, path: Path, *, chunks: int, settings: dict[str, s
 
         with Session(ctx.engine) as session:
             job = session.get(Job, result.job_id)
-        first_attempt = min(done.chunks, crash_batch * batch)  # embedded and written before the crash
+        first_attempt = min(
+            done.chunks, crash_batch * batch
+        )  # embedded and written before the crash
         return {
-            "chunks": done.chunks, "batches": batches, "crash_batch": crash_batch, "attempts": job.attempt,
-            "second_embedded": job.embedded_count, "second_cached": job.cached_count,
+            "chunks": done.chunks,
+            "batches": batches,
+            "crash_batch": crash_batch,
+            "attempts": job.attempt,
+            "second_embedded": job.embedded_count,
+            "second_cached": job.cached_count,
             "re_embedded": max(0, job.embedded_count - (done.chunks - first_attempt)),
         }
     finally:

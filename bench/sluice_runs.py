@@ -13,8 +13,17 @@ from pathlib import Path
 from bench.system import Services, cpu_seconds, peak_rss_mb, wait_final, warm_up
 
 
-def ingest_corpus(svc: Services, paths: list[Path], *, name: str, settings: dict[str, str],
-                  workers: int = 2, timeout: float = 900, keep=None, warm: Path | None = None) -> dict:
+def ingest_corpus(
+    svc: Services,
+    paths: list[Path],
+    *,
+    name: str,
+    settings: dict[str, str],
+    workers: int = 2,
+    timeout: float = 900,
+    keep=None,
+    warm: Path | None = None,
+) -> dict:
     """Ingest ``paths`` into dataset ``bench`` of a fresh data directory. ``keep(ctx, publish, job_ids)``
     runs after the jobs finished, with the worker still up (the dedupe figure and recall use it)."""
     env = svc.configure(name, **settings)
@@ -40,10 +49,15 @@ def ingest_corpus(svc: Services, paths: list[Path], *, name: str, settings: dict
         if done.statuses != {"succeeded": len(job_ids)}:
             raise RuntimeError(f"{name}: jobs ended {done.statuses}")
         out = {
-            "seconds": done.last_finished - t0, "chunks": done.chunks, "jobs": done.jobs,
-            "embedded": done.embedded, "cached": done.cached, "worker_peak_rss_mb": peak_rss_mb(worker.pid),
+            "seconds": done.last_finished - t0,
+            "chunks": done.chunks,
+            "jobs": done.jobs,
+            "embedded": done.embedded,
+            "cached": done.cached,
+            "worker_peak_rss_mb": peak_rss_mb(worker.pid),
             "precision": ctx.precision,
-            "worker_cpu_s": cpu_seconds(worker.pid) - cpu0[0], "chroma_cpu_s": cpu_seconds(svc.chroma.pid) - cpu0[1],
+            "worker_cpu_s": cpu_seconds(worker.pid) - cpu0[0],
+            "chroma_cpu_s": cpu_seconds(svc.chroma.pid) - cpu0[1],
         }
         if keep is not None:
             out.update(keep(ctx, publish, job_ids) or {})
@@ -68,7 +82,9 @@ def recall_ranks(ctx, facts, *, dataset: str = "bench", k: int = 10) -> list[int
 
     ranks: list[int | None] = []
     for fact in facts:
-        hits = search(ctx, query=fact.query, dataset=dataset, k=k, mode="dense")  # the model against the peer's
+        hits = search(
+            ctx, query=fact.query, dataset=dataset, k=k, mode="dense"
+        )  # the model against the peer's
         ranks.append(next((i for i, h in enumerate(hits) if fact.name in h.text), None))
     return ranks
 

@@ -29,8 +29,14 @@ KEEP = ("SLUICE_TEST_DATABASE_URL", "SLUICE_SAMPLES_DIR")
 def clean_environment() -> None:
     for key in [k for k in os.environ if k.startswith("SLUICE_") and k not in KEEP]:
         del os.environ[key]
-    os.environ.update({"SLUICE_ENV_FILE": "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                       "TOKENIZERS_PARALLELISM": "false"})
+    os.environ.update(
+        {
+            "SLUICE_ENV_FILE": "",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -47,7 +53,7 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
     those of its children that have ended and been waited for."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11 : 15 if children else 13]) / os.sysconf("SC_CLK_TCK")
 
 
 def as_epoch(value: datetime) -> float:
@@ -95,8 +101,14 @@ class Services:
 
         for key in [k for k in os.environ if k.startswith("SLUICE_") and k not in KEEP]:
             del os.environ[key]
-        os.environ.update({"SLUICE_ENV_FILE": "", **self.base_env(),
-                           "SLUICE_DATA_DIR": str(self.workdir / name), **settings})
+        os.environ.update(
+            {
+                "SLUICE_ENV_FILE": "",
+                **self.base_env(),
+                "SLUICE_DATA_DIR": str(self.workdir / name),
+                **settings,
+            }
+        )
         self.queue.client().flushall()
         self.cache.client().flushall()
         reset_settings_cache()
@@ -145,12 +157,17 @@ def wait_final(ctx, job_ids: list[int], *, timeout: float, poll: float = 0.2) ->
     deadline = time.monotonic() + timeout
     while True:
         with Session(ctx.engine) as session:
-            open_jobs = session.exec(select(func.count()).select_from(Job).where(
-                Job.id.in_(job_ids), Job.status.notin_(FINAL))).one()
+            open_jobs = session.exec(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.id.in_(job_ids), Job.status.notin_(FINAL))
+            ).one()
         if open_jobs == 0:
             break
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{open_jobs} of {len(job_ids)} jobs still open after {timeout:.0f}s")
+            raise TimeoutError(
+                f"{open_jobs} of {len(job_ids)} jobs still open after {timeout:.0f}s"
+            )
         time.sleep(poll)
     with Session(ctx.engine) as session:
         rows = session.exec(select(Job).where(Job.id.in_(job_ids))).all()
@@ -158,20 +175,26 @@ def wait_final(ctx, job_ids: list[int], *, timeout: float, poll: float = 0.2) ->
         for job in rows:
             statuses[job.status.value] = statuses.get(job.status.value, 0) + 1
         return Finished(
-            jobs=len(rows), statuses=statuses,
+            jobs=len(rows),
+            statuses=statuses,
             chunks=sum(j.chunk_count or 0 for j in rows),
-            embedded=sum(j.embedded_count for j in rows), cached=sum(j.cached_count for j in rows),
+            embedded=sum(j.embedded_count for j in rows),
+            cached=sum(j.cached_count for j in rows),
             last_finished=max(as_epoch(j.finished_at) for j in rows if j.finished_at),
         )
 
 
-def warm_up(ctx, publish, *, timeout: float = 300, data: bytes | None = None, filename: str = "warmup.txt") -> None:
+def warm_up(
+    ctx, publish, *, timeout: float = 300, data: bytes | None = None, filename: str = "warmup.txt"
+) -> None:
     """One small job through the worker before the clock starts: the model is loaded, the kernels warm."""
     from sluice.ops.ingest import ingest_bytes
 
     if data is None:
-        data = ("A warm-up document, so that the worker has loaded its model before the measured run. " * 30
-                ).encode() + uuid.uuid4().hex.encode()
+        data = (
+            "A warm-up document, so that the worker has loaded its model before the measured run. "
+            * 30
+        ).encode() + uuid.uuid4().hex.encode()
     result = ingest_bytes(ctx, data, dataset="warmup", filename=filename, publish=publish)
     done = wait_final(ctx, [result.job_id], timeout=timeout)
     if done.statuses != {"succeeded": 1}:

@@ -32,34 +32,63 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 BEFORE = "756a883"  # the main branch before files from the wild were handled
 
-EN = [f"Paragraph {i}: the survey of the northern estuary recorded tides, sediment and the nesting "
-      f"of {i + 3} species of wading birds, and the committee discussed how the harbour dredging of "
-      f"season {i} changed the channels." for i in range(1, 400)]
-ZH = [f"第{i}段：研究小组在河口记录了潮汐、泥沙和候鸟的数量，并讨论了港口疏浚对航道的影响。" for i in range(1, 60)]
-JA = [f"第{i}節：調査団は河口で潮の満ち引きと土砂と渡り鳥の数を記録し、港の浚渫が水路に与えた影響を話し合った。"
-      for i in range(1, 40)]
-KO = [f"제{i}절: 조사단은 하구에서 조수와 퇴적물과 철새의 수를 기록하고 항구 준설이 수로에 미친 영향을 논의했다." for i in range(1, 40)]
-AR = [f"الفقرة {i}: سجل فريق المسح المد والجزر والرواسب وأعداد الطيور المهاجرة في مصب النهر، وناقش أثر تجريف الميناء."
-      for i in range(1, 30)]
-HE = [f"פסקה {i}: צוות הסקר רשם את הגאות והשפל, את המשקעים ואת מספר ציפורי הנדידה בשפך הנהר, ודן בהשפעת חפירת הנמל."
-      for i in range(1, 30)]
-VERTICAL = ["吾輩は猫である。名前はまだ無い。", "どこで生れたかとんと見当がつかぬ。", "何でも薄暗いじめじめした所で泣いていた事だけは記憶している。",
-            "吾輩はここで始めて人間というものを見た。"]
+EN = [
+    f"Paragraph {i}: the survey of the northern estuary recorded tides, sediment and the nesting "
+    f"of {i + 3} species of wading birds, and the committee discussed how the harbour dredging of "
+    f"season {i} changed the channels."
+    for i in range(1, 400)
+]
+ZH = [
+    f"第{i}段：研究小组在河口记录了潮汐、泥沙和候鸟的数量，并讨论了港口疏浚对航道的影响。"
+    for i in range(1, 60)
+]
+JA = [
+    f"第{i}節：調査団は河口で潮の満ち引きと土砂と渡り鳥の数を記録し、港の浚渫が水路に与えた影響を話し合った。"
+    for i in range(1, 40)
+]
+KO = [
+    f"제{i}절: 조사단은 하구에서 조수와 퇴적물과 철새의 수를 기록하고 항구 준설이 수로에 미친 영향을 논의했다."
+    for i in range(1, 40)
+]
+AR = [
+    f"الفقرة {i}: سجل فريق المسح المد والجزر والرواسب وأعداد الطيور المهاجرة في مصب النهر، وناقش أثر تجريف الميناء."
+    for i in range(1, 30)
+]
+HE = [
+    f"פסקה {i}: צוות הסקר רשם את הגאות והשפל, את המשקעים ואת מספר ציפורי הנדידה בשפך הנהר, ודן בהשפעת חפירת הנמל."
+    for i in range(1, 30)
+]
+VERTICAL = [
+    "吾輩は猫である。名前はまだ無い。",
+    "どこで生れたかとんと見当がつかぬ。",
+    "何でも薄暗いじめじめした所で泣いていた事だけは記憶している。",
+    "吾輩はここで始めて人間というものを見た。",
+]
 
 # The class each made file deserves, by how it was made.
 INDEXED, PASSWORD, SCAN, NOTHING, XFA, TRUNCATED, UNREADABLE = (
-    "indexed", "password", "no text: scan (OCR)", "no text: blank or drawings", "XFA form (flatten)",
-    "truncated", "unreadable")
+    "indexed",
+    "password",
+    "no text: scan (OCR)",
+    "no text: blank or drawings",
+    "XFA form (flatten)",
+    "truncated",
+    "unreadable",
+)
 
 
 def run(cmd: list[str], **kw) -> None:
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180, **kw)
+    subprocess.run(
+        cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=180, **kw
+    )
 
 
 def html(body: str, *, lang: str = "en", style: str = "", dir_: str = "ltr") -> str:
-    return (f'<!doctype html><html lang="{lang}" dir="{dir_}"><head><meta charset="utf-8"><style>'
-            f'body{{font-family:"DejaVu Serif","Noto Serif CJK JP","Noto Sans CJK SC",serif;font-size:12pt}}{style}'
-            f"</style></head><body>{body}</body></html>")
+    return (
+        f'<!doctype html><html lang="{lang}" dir="{dir_}"><head><meta charset="utf-8"><style>'
+        f'body{{font-family:"DejaVu Serif","Noto Serif CJK JP","Noto Sans CJK SC",serif;font-size:12pt}}{style}'
+        f"</style></head><body>{body}</body></html>"
+    )
 
 
 def paras(items: list[str]) -> str:
@@ -68,32 +97,71 @@ def paras(items: list[str]) -> str:
 
 # --- producers ---------------------------------------------------------------------------------------
 
+
 def chromium(out: Path, tmp: Path, made: dict[str, str]) -> None:
     pages = {
         "report": (html("<h1>Estuary survey</h1>" + paras(EN[:40])), INDEXED),
-        "two-column": (html("<h1>Two columns</h1>" + paras(EN[40:80]), style="body{column-count:2;column-gap:24pt}"),
-                       INDEXED),
-        "book": (html("".join(f"<h2>Chapter {c}</h2>" + paras(EN[c * 5:c * 5 + 60]) for c in range(12))), INDEXED),
+        "two-column": (
+            html(
+                "<h1>Two columns</h1>" + paras(EN[40:80]),
+                style="body{column-count:2;column-gap:24pt}",
+            ),
+            INDEXED,
+        ),
+        "book": (
+            html(
+                "".join(f"<h2>Chapter {c}</h2>" + paras(EN[c * 5 : c * 5 + 60]) for c in range(12))
+            ),
+            INDEXED,
+        ),
         "chinese": (html("<h1>河口调查</h1>" + paras(ZH), lang="zh"), INDEXED),
         "japanese": (html("<h1>河口調査</h1>" + paras(JA), lang="ja"), INDEXED),
-        "japanese-vertical": (html(paras(VERTICAL * 3), lang="ja", style="body{writing-mode:vertical-rl}"), INDEXED),
+        "japanese-vertical": (
+            html(paras(VERTICAL * 3), lang="ja", style="body{writing-mode:vertical-rl}"),
+            INDEXED,
+        ),
         "korean": (html("<h1>하구 조사</h1>" + paras(KO), lang="ko"), INDEXED),
         "arabic": (html("<h1>مسح المصب</h1>" + paras(AR), lang="ar", dir_="rtl"), INDEXED),
         "hebrew": (html("<h1>סקר השפך</h1>" + paras(HE), lang="he", dir_="rtl"), INDEXED),
-        "form": (html("<h1>Permit application</h1>" + "".join(
-            f'<p><label>Field {i} of the harbour permit <input value="answer {i} for the dredging permit"></label></p>'
-            for i in range(30))), INDEXED),
-        "table": (html("<table border=1>" + "".join(
-            f"<tr><td>Station {i}</td><td>{i * 3.5:.1f} metres</td><td>sediment sample {i} was sandy</td></tr>"
-            for i in range(80)) + "</table>"), INDEXED),
+        "form": (
+            html(
+                "<h1>Permit application</h1>"
+                + "".join(
+                    f'<p><label>Field {i} of the harbour permit <input value="answer {i} for the dredging permit"></label></p>'
+                    for i in range(30)
+                )
+            ),
+            INDEXED,
+        ),
+        "table": (
+            html(
+                "<table border=1>"
+                + "".join(
+                    f"<tr><td>Station {i}</td><td>{i * 3.5:.1f} metres</td><td>sediment sample {i} was sandy</td></tr>"
+                    for i in range(80)
+                )
+                + "</table>"
+            ),
+            INDEXED,
+        ),
         "blank": (html(""), NOTHING),
     }
     for name, (doc, expect) in pages.items():
         src = tmp / f"chromium-{name}.html"
         src.write_text(doc, encoding="utf-8")
         dst = out / f"chromium-{name}.pdf"
-        run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-pdf-header-footer",
-             f"--user-data-dir={tmp / 'chromium-profile'}", f"--print-to-pdf={dst}", src.as_uri()])
+        run(
+            [
+                "chromium",
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-pdf-header-footer",
+                f"--user-data-dir={tmp / 'chromium-profile'}",
+                f"--print-to-pdf={dst}",
+                src.as_uri(),
+            ]
+        )
         made[dst.name] = expect
 
 
@@ -104,8 +172,16 @@ def libreoffice(out: Path, tmp: Path, made: dict[str, str]) -> None:
         "report.html": (html("<h1>Harbour report</h1>" + paras(EN[100:140])), INDEXED),
         "chinese.html": (html(paras(ZH), lang="zh"), INDEXED),
         "arabic.html": (html(paras(AR), lang="ar", dir_="rtl"), INDEXED),
-        "table.html": (html("<table border=1>" + "".join(
-            f"<tr><td>Buoy {i}</td><td>lit {i % 4 + 1} seconds</td></tr>" for i in range(60)) + "</table>"), INDEXED),
+        "table.html": (
+            html(
+                "<table border=1>"
+                + "".join(
+                    f"<tr><td>Buoy {i}</td><td>lit {i % 4 + 1} seconds</td></tr>" for i in range(60)
+                )
+                + "</table>"
+            ),
+            INDEXED,
+        ),
         "two-column.fodt": (_fodt(EN[200:260], columns=2), INDEXED),
         "page-numbers.fodt": (_fodt(EN[:6], empty_pages=4), INDEXED),
     }
@@ -115,14 +191,28 @@ def libreoffice(out: Path, tmp: Path, made: dict[str, str]) -> None:
         src.write_text(text, encoding="utf-8")
         files.append(src)
         made[src.with_suffix(".pdf").name] = expect
-    run(["soffice", f"-env:UserInstallation={(tmp / 'lo-profile').as_uri()}", "--headless", "--convert-to", "pdf",
-         "--outdir", str(out), *map(str, files)])
+    run(
+        [
+            "soffice",
+            f"-env:UserInstallation={(tmp / 'lo-profile').as_uri()}",
+            "--headless",
+            "--convert-to",
+            "pdf",
+            "--outdir",
+            str(out),
+            *map(str, files),
+        ]
+    )
 
 
 def _fodt(paragraphs: list[str], *, columns: int = 1, empty_pages: int = 0) -> str:
     body = "".join(f"<text:p>{p}</text:p>" for p in paragraphs)
     body += "".join('<text:p text:style-name="Break"/>' for _ in range(empty_pages))
-    section = (f'<text:section text:style-name="Cols" text:name="S">{body}</text:section>' if columns > 1 else body)
+    section = (
+        f'<text:section text:style-name="Cols" text:name="S">{body}</text:section>'
+        if columns > 1
+        else body
+    )
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <office:document xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0"
  xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0"
@@ -141,23 +231,66 @@ def _fodt(paragraphs: list[str], *, columns: int = 1, empty_pages: int = 0) -> s
 
 
 def ghostscript(out: Path, tmp: Path, made: dict[str, str]) -> None:
-    lines = "".join(f"72 {740 - 14 * (i % 48)} moveto ({EN[i][:90]}) show\n" + ("showpage /Times-Roman 10 selectfont\n" if i % 48 == 47 else "")
-                    for i in range(96))
+    lines = "".join(
+        f"72 {740 - 14 * (i % 48)} moveto ({EN[i][:90]}) show\n"
+        + ("showpage /Times-Roman 10 selectfont\n" if i % 48 == 47 else "")
+        for i in range(96)
+    )
     ps = tmp / "gs-text.ps"
     ps.write_text(f"%!PS\n/Times-Roman 10 selectfont\n{lines}showpage\n", encoding="latin-1")
-    run(["gs", "-q", "-dNOPAUSE", "-dBATCH", "-dSAFER", "-sDEVICE=pdfwrite", f"-sOutputFile={out / 'gs-text.pdf'}", str(ps)])
+    run(
+        [
+            "gs",
+            "-q",
+            "-dNOPAUSE",
+            "-dBATCH",
+            "-dSAFER",
+            "-sDEVICE=pdfwrite",
+            f"-sOutputFile={out / 'gs-text.pdf'}",
+            str(ps),
+        ]
+    )
     made["gs-text.pdf"] = INDEXED
     drawing = tmp / "gs-drawing.ps"
-    drawing.write_text("%!PS\n" + "".join(f"newpath {50 + i * 20} 100 moveto {300 - i * 10} 600 lineto stroke\n"
-                                          for i in range(20)) + "showpage\n")
-    run(["gs", "-q", "-dNOPAUSE", "-dBATCH", "-dSAFER", "-sDEVICE=pdfwrite", f"-sOutputFile={out / 'gs-drawing.pdf'}",
-         str(drawing)])
+    drawing.write_text(
+        "%!PS\n"
+        + "".join(
+            f"newpath {50 + i * 20} 100 moveto {300 - i * 10} 600 lineto stroke\n"
+            for i in range(20)
+        )
+        + "showpage\n"
+    )
+    run(
+        [
+            "gs",
+            "-q",
+            "-dNOPAUSE",
+            "-dBATCH",
+            "-dSAFER",
+            "-sDEVICE=pdfwrite",
+            f"-sOutputFile={out / 'gs-drawing.pdf'}",
+            str(drawing),
+        ]
+    )
     made["gs-drawing.pdf"] = NOTHING
-    for src, name, device, expect in (("chromium-report.pdf", "gs-redistilled.pdf", "pdfwrite", INDEXED),
-                                      ("chromium-report.pdf", "gs-scan.pdf", "pdfimage24", SCAN),
-                                      ("chromium-japanese.pdf", "gs-scan-japanese.pdf", "pdfimage8", SCAN)):
-        run(["gs", "-q", "-dNOPAUSE", "-dBATCH", "-dSAFER", f"-sDEVICE={device}", "-r100",
-             f"-sOutputFile={out / name}", str(out / src)])
+    for src, name, device, expect in (
+        ("chromium-report.pdf", "gs-redistilled.pdf", "pdfwrite", INDEXED),
+        ("chromium-report.pdf", "gs-scan.pdf", "pdfimage24", SCAN),
+        ("chromium-japanese.pdf", "gs-scan-japanese.pdf", "pdfimage8", SCAN),
+    ):
+        run(
+            [
+                "gs",
+                "-q",
+                "-dNOPAUSE",
+                "-dBATCH",
+                "-dSAFER",
+                f"-sDEVICE={device}",
+                "-r100",
+                f"-sOutputFile={out / name}",
+                str(out / src),
+            ]
+        )
         made[name] = expect
 
 
@@ -177,12 +310,16 @@ def reportlab_files(out: Path, made: dict[str, str]) -> None:
 
     styles = getSampleStyleSheet()
     SimpleDocTemplate(str(out / "reportlab-report.pdf"), pagesize=A4).build(
-        [Paragraph(p, styles["Normal"]) for p in EN[:120]])
+        [Paragraph(p, styles["Normal"]) for p in EN[:120]]
+    )
     made["reportlab-report.pdf"] = INDEXED
 
     doc = BaseDocTemplate(str(out / "reportlab-two-column.pdf"), pagesize=A4)
     w, h = A4
-    frames = [Frame(40, 40, (w - 100) / 2, h - 80, id="left"), Frame(60 + (w - 100) / 2, 40, (w - 100) / 2, h - 80, id="right")]
+    frames = [
+        Frame(40, 40, (w - 100) / 2, h - 80, id="left"),
+        Frame(60 + (w - 100) / 2, 40, (w - 100) / 2, h - 80, id="right"),
+    ]
     doc.addPageTemplates([PageTemplate(frames=frames)])
     doc.build([Paragraph(p, styles["Normal"]) for p in EN[:90]])
     made["reportlab-two-column.pdf"] = INDEXED
@@ -206,8 +343,14 @@ def reportlab_files(out: Path, made: dict[str, str]) -> None:
     c.drawString(72, 800, "Application for a mooring permit in the northern harbour")
     for i in range(12):
         c.drawString(72, 760 - 40 * i, f"Question {i}: describe the vessel and its mooring needs")
-        c.acroForm.textfield(name=f"q{i}", value=f"answer {i}: a small sailing boat", x=320, y=750 - 40 * i,
-                             width=220, height=18)
+        c.acroForm.textfield(
+            name=f"q{i}",
+            value=f"answer {i}: a small sailing boat",
+            x=320,
+            y=750 - 40 * i,
+            width=220,
+            height=18,
+        )
     c.save()
     made["reportlab-acroform.pdf"] = INDEXED
 
@@ -241,7 +384,9 @@ def pymupdf_files(out: Path, made: dict[str, str]) -> None:
     from tests.pdfmaker import two_column_form, xfa_form
 
     (out / "pymupdf-xfa.pdf").write_bytes(xfa_form())
-    (out / "pymupdf-two-column-form.pdf").write_bytes(two_column_form())  # both columns written row by row
+    (out / "pymupdf-two-column-form.pdf").write_bytes(
+        two_column_form()
+    )  # both columns written row by row
     made["pymupdf-two-column-form.pdf"] = INDEXED
     made["pymupdf-xfa.pdf"] = XFA
     scan = pymupdf.open(out / "gs-scan.pdf")
@@ -251,28 +396,57 @@ def pymupdf_files(out: Path, made: dict[str, str]) -> None:
 
 def qpdf_files(out: Path, made: dict[str, str]) -> None:
     src = out / "libreoffice-report.pdf"
-    run(["qpdf", "--encrypt", "user-pass", "owner-pass", "256", "--", str(src), str(out / "qpdf-encrypted.pdf")])
+    run(
+        [
+            "qpdf",
+            "--encrypt",
+            "user-pass",
+            "owner-pass",
+            "256",
+            "--",
+            str(src),
+            str(out / "qpdf-encrypted.pdf"),
+        ]
+    )
     made["qpdf-encrypted.pdf"] = PASSWORD
     run(["qpdf", "--linearize", str(out / "chromium-book.pdf"), str(out / "qpdf-linearized.pdf")])
     made["qpdf-linearized.pdf"] = INDEXED
-    run(["qpdf", "--object-streams=generate", str(out / "reportlab-report.pdf"), str(out / "qpdf-objstreams.pdf")])
+    run(
+        [
+            "qpdf",
+            "--object-streams=generate",
+            str(out / "reportlab-report.pdf"),
+            str(out / "qpdf-objstreams.pdf"),
+        ]
+    )
     made["qpdf-objstreams.pdf"] = INDEXED
 
 
 def damaged(out: Path, made: dict[str, str]) -> None:
     """Damaged copies of good files, the way uploads and old archives damage them."""
-    bases = ["chromium-report.pdf", "libreoffice-letter.pdf", "gs-text.pdf", "reportlab-report.pdf",
-             "chromium-chinese.pdf"]
+    bases = [
+        "chromium-report.pdf",
+        "libreoffice-letter.pdf",
+        "gs-text.pdf",
+        "reportlab-report.pdf",
+        "chromium-chinese.pdf",
+    ]
     for base in bases:
         data = (out / base).read_bytes()
         stem = base[:-4]
         eof = data.rindex(b"%%EOF")
         variants = {
             "nul-padded": (data + b"\x00" * 8192, INDEXED),
-            "trailing-bytes": (data + b"\r\n<html>a mail gateway appended this footer</html>\r\n" * 20, INDEXED),
-            "ends-at-startxref": (data[:data.rindex(b"startxref") + len(b"startxref")], INDEXED),
-            "no-header": (data[data.index(b"\n") + 1:], INDEXED),
-            "cut-in-half": (data[:len(data) // 2], None),  # truncated, unless every page still reads the same
+            "trailing-bytes": (
+                data + b"\r\n<html>a mail gateway appended this footer</html>\r\n" * 20,
+                INDEXED,
+            ),
+            "ends-at-startxref": (data[: data.rindex(b"startxref") + len(b"startxref")], INDEXED),
+            "no-header": (data[data.index(b"\n") + 1 :], INDEXED),
+            "cut-in-half": (
+                data[: len(data) // 2],
+                None,
+            ),  # truncated, unless every page still reads the same
         }
         if base == "chromium-report.pdf":
             variants["no-eof"] = (data[:eof], INDEXED)
@@ -312,6 +486,7 @@ def make_corpus(out: Path) -> dict[str, str]:
 
 
 # --- classification ------------------------------------------------------------------------------------
+
 
 def pymupdf_says(path: Path) -> str:
     import pymupdf
@@ -371,8 +546,15 @@ for line in sys.stdin:
     print(json.dumps({"name": path.name, **out}), flush=True)
 """
 
-CODES = {"password_protected": PASSWORD, "no_text_layer": SCAN, "undecodable_text": SCAN, "blank_pages": NOTHING,
-         "no_text_drawings_only": NOTHING, "xfa_form": XFA, "truncated_pdf": TRUNCATED}
+CODES = {
+    "password_protected": PASSWORD,
+    "no_text_layer": SCAN,
+    "undecodable_text": SCAN,
+    "blank_pages": NOTHING,
+    "no_text_drawings_only": NOTHING,
+    "xfa_form": XFA,
+    "truncated_pdf": TRUNCATED,
+}
 
 
 def sluice_class(result: dict) -> str:
@@ -380,13 +562,22 @@ def sluice_class(result: dict) -> str:
         return INDEXED if result["media"] == "application/pdf" else "indexed as plain text"
     if result["kind"] == "transient":
         return f"transient, retried ({result['code']})"
-    return CODES.get(result["code"], UNREADABLE if result["kind"] == "permanent" else result["code"])
+    return CODES.get(
+        result["code"], UNREADABLE if result["kind"] == "permanent" else result["code"]
+    )
 
 
 def evaluate(tree: Path, files: list[Path]) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", EVALUATE], input="\n".join(map(str, files)), text=True,
-                          capture_output=True, env=env, cwd=tree, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-c", EVALUATE],
+        input="\n".join(map(str, files)),
+        text=True,
+        capture_output=True,
+        env=env,
+        cwd=tree,
+        timeout=1800,
+    )
     if proc.returncode:
         sys.exit(f"evaluation in {tree} failed:\n{proc.stderr[-3000:]}")
     return {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
@@ -432,14 +623,18 @@ def reading_order(out: Path) -> list[str]:
             by_sort = "\n".join(page.get_text(sort=True) for page in doc)
         parsed = open_document(out / name, media_type=PDF, max_pages=5000)
         ours = "\n".join(text for _, text in parsed.pages())
-        rows.append(f"| {name} | {len(paragraphs)} | {in_order(plain, paragraphs)} | "
-                    f"{in_order(by_sort, paragraphs)} | {in_order(ours, paragraphs)} |")
+        rows.append(
+            f"| {name} | {len(paragraphs)} | {in_order(plain, paragraphs)} | "
+            f"{in_order(by_sort, paragraphs)} | {in_order(ours, paragraphs)} |"
+        )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", type=Path, help="where to make the corpus (default: a temporary folder)")
+    ap.add_argument(
+        "--dir", type=Path, help="where to make the corpus (default: a temporary folder)"
+    )
     ap.add_argument("--before", default=BEFORE, help="git revision for the 'before' column")
     ap.add_argument("--keep", action="store_true", help="keep the corpus folder")
     ap.add_argument("--json", type=Path, help="also write every file's classes to this file")
@@ -452,28 +647,48 @@ def main() -> None:
     made = make_corpus(out)
     files = sorted(out / n for n in made)
     with tempfile.TemporaryDirectory() as old:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before], check=True, capture_output=True)
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", args.before], check=True, capture_output=True
+        )
         subprocess.run(["tar", "-x", "-C", old], input=archive.stdout, check=True)
         before = evaluate(Path(old), files)
     after = evaluate(ROOT, files)
-    rows = {f.name: {"expected": made[f.name], "pymupdf": pymupdf_says(f), "before": sluice_class(before[f.name]),
-                     "after": sluice_class(after[f.name]), "after_detail": after[f.name]} for f in files}
+    rows = {
+        f.name: {
+            "expected": made[f.name],
+            "pymupdf": pymupdf_says(f),
+            "before": sluice_class(before[f.name]),
+            "after": sluice_class(after[f.name]),
+            "after_detail": after[f.name],
+        }
+        for f in files
+    }
     classes = sorted({v for r in rows.values() for k, v in r.items() if k != "after_detail"})
-    count = {k: Counter(r[k] for r in rows.values()) for k in ("expected", "pymupdf", "before", "after")}
+    count = {
+        k: Counter(r[k] for r in rows.values()) for k in ("expected", "pymupdf", "before", "after")
+    }
     print(f"{len(files)} PDFs from real producers; before = {args.before}, after = this tree\n")
-    print("| class | made to be | PyMuPDF alone | Sluice before | Sluice after |\n|---|---|---|---|---|")
+    print(
+        "| class | made to be | PyMuPDF alone | Sluice before | Sluice after |\n|---|---|---|---|---|"
+    )
     for c in classes:
-        print(f"| {c} | {count['expected'][c]} | {count['pymupdf'][c]} | {count['before'][c]} | {count['after'][c]} |")
+        print(
+            f"| {c} | {count['expected'][c]} | {count['pymupdf'][c]} | {count['before'][c]} | {count['after'][c]} |"
+        )
     for k in ("pymupdf", "before", "after"):
         hits = sum(r[k] == r["expected"] for r in rows.values())
         print(f"\n{k}: {hits} of {len(files)} in the class the file was made to have", end="")
     print("\n\nfiles whose class changed or still differs from what they were made to be:")
     for name, r in rows.items():
         if r["before"] != r["after"] or r["after"] != r["expected"]:
-            print(f"  {name}: made {r['expected']!r}; PyMuPDF {r['pymupdf']!r}; before {r['before']!r}; "
-                  f"after {r['after']!r}")
+            print(
+                f"  {name}: made {r['expected']!r}; PyMuPDF {r['pymupdf']!r}; before {r['before']!r}; "
+                f"after {r['after']!r}"
+            )
     print("\nparagraphs read whole and in order:\n")
-    print("| file | paragraphs | PyMuPDF get_text() | get_text(sort=True) | Sluice after |\n|---|---|---|---|---|")
+    print(
+        "| file | paragraphs | PyMuPDF get_text() | get_text(sort=True) | Sluice after |\n|---|---|---|---|---|"
+    )
     print("\n".join(reading_order(out)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, ensure_ascii=False))

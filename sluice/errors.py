@@ -58,8 +58,9 @@ class WaitingError(TransientError):
     """Not the job's failure: something it needs is missing (a service is down, no worker of its
     pipeline version). The job waits for ``waiting_for`` without spending an attempt."""
 
-    def __init__(self, code: str, message: str, hint: str = "", detail: str = "", *,
-                 waiting_for: str) -> None:
+    def __init__(
+        self, code: str, message: str, hint: str = "", detail: str = "", *, waiting_for: str
+    ) -> None:
         super().__init__(code, message, hint, detail)
         self.waiting_for = waiting_for
 
@@ -81,9 +82,11 @@ class LeaseLost(SluiceError):
 
 
 RETRY_HINT = "Sluice retries this by itself; if it keeps failing, check the service named above."
-AUTH_HINT = ("Check the secret the workers use for that service: SLUICE_CHROMA_TOKEN (and "
-             "SLUICE_CHROMA_AUTH_HEADER), or the password in SLUICE_QUEUE_REDIS_URL, SLUICE_CACHE_REDIS_URL "
-             "or SLUICE_DATABASE_URL; restart the workers. Sluice retries the job by itself.")
+AUTH_HINT = (
+    "Check the secret the workers use for that service: SLUICE_CHROMA_TOKEN (and "
+    "SLUICE_CHROMA_AUTH_HEADER), or the password in SLUICE_QUEUE_REDIS_URL, SLUICE_CACHE_REDIS_URL "
+    "or SLUICE_DATABASE_URL; restart the workers. Sluice retries the job by itself."
+)
 
 
 def _transient_types() -> tuple[type[BaseException], ...]:
@@ -147,8 +150,16 @@ def classify(exc: BaseException) -> PipelineError:
 
 # A service that refused or dropped the connection: proof it was down (or restarting) at that moment.
 # chromadb's HttpClient wraps transport failures in plain exceptions with these words.
-_REFUSED_WORDS = ("connection refused", "could not connect", "connecterror", "connection reset",
-                  "server disconnected", "remoteprotocolerror", "connection aborted", "broken pipe")
+_REFUSED_WORDS = (
+    "connection refused",
+    "could not connect",
+    "connecterror",
+    "connection reset",
+    "server disconnected",
+    "remoteprotocolerror",
+    "connection aborted",
+    "broken pipe",
+)
 # No answer in time: the service may be down, or only slow.
 _TIMEOUT_WORDS = ("timed out", "timeout")
 
@@ -164,8 +175,16 @@ def _looks_like_connection_error(exc: BaseException) -> bool:
     return refused_connection(exc) or any(w in text for w in _TIMEOUT_WORDS)
 
 
-_AUTH_WORDS = ("unauthorized", "forbidden", "invalid username-password", "wrongpass", "noauth",
-               "authentication required", "password authentication failed", "refused the credentials")
+_AUTH_WORDS = (
+    "unauthorized",
+    "forbidden",
+    "invalid username-password",
+    "wrongpass",
+    "noauth",
+    "authentication required",
+    "password authentication failed",
+    "refused the credentials",
+)
 
 
 def _looks_like_auth_error(exc: BaseException) -> bool:

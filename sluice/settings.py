@@ -83,8 +83,12 @@ class Settings(BaseSettings):
     max_attempts: int = Field(5, ge=1, le=50)
     retry_base_seconds: float = Field(2.0, gt=0)
     retry_max_seconds: float = Field(300.0, gt=0)
-    lease_seconds: float = Field(60.0, gt=0, description="a running job silent for longer is taken back")
-    heartbeat_seconds: float = Field(5.0, gt=0, description="how often a running job says it is alive")
+    lease_seconds: float = Field(
+        60.0, gt=0, description="a running job silent for longer is taken back"
+    )
+    heartbeat_seconds: float = Field(
+        5.0, gt=0, description="how often a running job says it is alive"
+    )
     recovery_interval_seconds: float = Field(5.0, gt=0)
     redeliver_after_seconds: float = Field(60.0, gt=0)
     # Messages the dispatcher keeps on the queue (published, not yet claimed) per worker thread alive.
@@ -105,7 +109,9 @@ class Settings(BaseSettings):
     stage_timeout_seconds: float = Field(900.0, gt=0)
     parse_max_page_chars: int = Field(200_000, ge=1000)
     parse_max_document_chars: int = Field(20_000_000, ge=1000)
-    parse_max_memory_mb: int = Field(1024, ge=0, description="0 = no address-space limit on the parser")
+    parse_max_memory_mb: int = Field(
+        1024, ge=0, description="0 = no address-space limit on the parser"
+    )
 
     # ZIP-based uploads (.docx, .pptx, .epub): refused beyond these (zip bombs)
     archive_max_entries: int = Field(10_000, ge=1)
@@ -156,7 +162,9 @@ class Settings(BaseSettings):
             try:
                 ipaddress.ip_network(item, strict=False)
             except ValueError:
-                raise ValueError(f"{item!r} is not an address or network (e.g. 127.0.0.1 or 10.0.0.0/24)") from None
+                raise ValueError(
+                    f"{item!r} is not an address or network (e.g. 127.0.0.1 or 10.0.0.0/24)"
+                ) from None
         return v
 
     @field_validator("webhook_urls")
@@ -165,14 +173,18 @@ class Settings(BaseSettings):
         for url in v:
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"{redact_url(url)!r} is not an http(s):// URL (e.g. https://hooks.example/sluice)")
+                raise ValueError(
+                    f"{redact_url(url)!r} is not an http(s):// URL (e.g. https://hooks.example/sluice)"
+                )
         return list(dict.fromkeys(v))
 
     @field_validator("queue_redis_url", "cache_redis_url")
     @classmethod
     def _redis_url(cls, v: str) -> str:
         if urlsplit(v).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"{redact_url(v)!r} is not a redis:// URL (e.g. redis://:password@127.0.0.1:6390/0)")
+            raise ValueError(
+                f"{redact_url(v)!r} is not a redis:// URL (e.g. redis://:password@127.0.0.1:6390/0)"
+            )
         return v
 
     @field_validator("chroma_url")
@@ -180,10 +192,14 @@ class Settings(BaseSettings):
     def _http_url(cls, v: str) -> str:
         parts = urlsplit(v)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{redact_url(v)!r} is not an http(s):// URL (e.g. http://127.0.0.1:8100)")
+            raise ValueError(
+                f"{redact_url(v)!r} is not an http(s):// URL (e.g. http://127.0.0.1:8100)"
+            )
         if parts.path.strip("/") or parts.query:
-            raise ValueError(f"{redact_url(v)!r} has a path; the Chroma client ignores it: serve Chroma at "
-                             "the root of its host and port (e.g. https://chroma.internal:8443)")
+            raise ValueError(
+                f"{redact_url(v)!r} has a path; the Chroma client ignores it: serve Chroma at "
+                "the root of its host and port (e.g. https://chroma.internal:8443)"
+            )
         return v.rstrip("/")
 
     @model_validator(mode="after")
@@ -200,18 +216,29 @@ class Settings(BaseSettings):
             if self.chroma_token is None:
                 raise ValueError(
                     f"SLUICE_CHROMA_URL points at {chroma.hostname}, beyond this machine, but SLUICE_CHROMA_TOKEN "
-                    "is not set: a Chroma server off loopback must require a token (docs/security.md)")
+                    "is not set: a Chroma server off loopback must require a token (docs/security.md)"
+                )
             if chroma.scheme != "https":
                 raise ValueError(
                     f"SLUICE_CHROMA_URL is plain http:// to {chroma.hostname}: SLUICE_CHROMA_TOKEN would travel "
-                    "in clear; use https:// (a TLS proxy in front of Chroma)")
+                    "in clear; use https:// (a TLS proxy in front of Chroma)"
+                )
         if self.webhook_urls and self.webhook_secret is None:
-            raise ValueError("SLUICE_WEBHOOK_URLS is set but SLUICE_WEBHOOK_SECRET is not: every event is signed "
-                             "with it (set a long random value and give it to the receivers)")
-        for name in ("console_password", "console_readonly_password", "chroma_token", "webhook_secret"):
+            raise ValueError(
+                "SLUICE_WEBHOOK_URLS is set but SLUICE_WEBHOOK_SECRET is not: every event is signed "
+                "with it (set a long random value and give it to the receivers)"
+            )
+        for name in (
+            "console_password",
+            "console_readonly_password",
+            "chroma_token",
+            "webhook_secret",
+        ):
             secret = getattr(self, name)
             if secret is not None and secret.get_secret_value() in ("", "changeme", "change-me"):
-                raise ValueError(f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it")
+                raise ValueError(
+                    f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it"
+                )
         return self
 
     def __repr_args__(self):
@@ -219,7 +246,12 @@ class Settings(BaseSettings):
         for name, value in super().__repr_args__():
             if name and name.endswith("_urls") and isinstance(value, list):
                 value = [redact_url(url) for url in value]
-            yield name, redact_url(value) if name and name.endswith("_url") and isinstance(value, str) else value
+            yield (
+                name,
+                redact_url(value)
+                if name and name.endswith("_url") and isinstance(value, str)
+                else value,
+            )
 
     # Derived values -------------------------------------------------------------------------
 
@@ -239,12 +271,12 @@ class Settings(BaseSettings):
     def console_is_loopback(self) -> bool:
         return is_loopback(self.console_address)
 
-
     @property
     def login_required(self) -> bool:
         """Whether even a connection straight from this machine signs in (sluice.ops.gate decides)."""
-        return self.console_sign_in == "always" or (self.console_sign_in == "auto"
-                                                    and self.console_password is not None)
+        return self.console_sign_in == "always" or (
+            self.console_sign_in == "auto" and self.console_password is not None
+        )
 
     def secrets_status(self) -> dict[str, bool]:
         """Which secrets are set, never their values (for logs and the System page)."""
@@ -255,7 +287,9 @@ class Settings(BaseSettings):
             "SLUICE_WEBHOOK_SECRET": self.webhook_secret is not None,
             "queue Redis password": bool(url_password(self.queue_redis_url)),
             "cache Redis password": bool(url_password(self.cache_redis_url)),
-            "database password": bool(url_password(self.database_url)) if self.database_url else False,
+            "database password": bool(url_password(self.database_url))
+            if self.database_url
+            else False,
         }
 
     def public_view(self) -> dict[str, str]:

@@ -16,7 +16,9 @@ from streamlit.testing.v1 import AppTest
 APP = Path(__file__).resolve().parent.parent / "sluice" / "console" / "app.py"
 
 
-def open_console(page: str | None = None, *, query: dict | None = None, timeout: float = 60) -> AppTest:
+def open_console(
+    page: str | None = None, *, query: dict | None = None, timeout: float = 60
+) -> AppTest:
     """The console on ``page`` (``"jobs"`` = views/jobs_page.py), after a first run of the entry point."""
     st_config.set_option("client.showErrorDetails", "full")
     at = AppTest.from_file(str(APP), default_timeout=timeout)
@@ -31,7 +33,9 @@ def open_console(page: str | None = None, *, query: dict | None = None, timeout:
 
 
 def assert_ok(at: AppTest) -> None:
-    assert not at.exception, "\n".join(str(e.value) + "\n" + "\n".join(e.stack_trace) for e in at.exception)
+    assert not at.exception, "\n".join(
+        str(e.value) + "\n" + "\n".join(e.stack_trace) for e in at.exception
+    )
 
 
 def texts(at: AppTest) -> str:
@@ -41,7 +45,17 @@ def texts(at: AppTest) -> str:
     here, as the browser drops them, so checks read what a person sees.
     """
     parts = []
-    for kind in ("markdown", "caption", "error", "warning", "info", "success", "subheader", "title", "text"):
+    for kind in (
+        "markdown",
+        "caption",
+        "error",
+        "warning",
+        "info",
+        "success",
+        "subheader",
+        "title",
+        "text",
+    ):
         parts += [str(e.value) for e in getattr(at, kind)]
     parts += [f"{m.label}: {m.value}" for m in at.metric]
     return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", "\n".join(parts))

@@ -19,22 +19,29 @@ import pytest
 from tests.servers import ChromaServer, Consumer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = Path(os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples"))
+SAMPLES = Path(
+    os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
+)
 QUEUE_NAME = f"test{uuid.uuid4().hex[:8]}"
 
 # Never let the developer's environment or .env leak into a test.
-for _key in [k for k in os.environ if k.startswith("SLUICE_") and k not in ("SLUICE_TEST_DATABASE_URL",
-                                                                             "SLUICE_SAMPLES_DIR")]:
+for _key in [
+    k
+    for k in os.environ
+    if k.startswith("SLUICE_") and k not in ("SLUICE_TEST_DATABASE_URL", "SLUICE_SAMPLES_DIR")
+]:
     del os.environ[_key]
-os.environ.update({
-    "SLUICE_ENV_FILE": "",
-    # Tests that publish and then look at the queue expect every job published at once; the
-    # dispatch window (priority and fairness) is tested where it is the point (tests/test_fairness.py).
-    "SLUICE_DISPATCH_PER_THREAD": "0",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-})
+os.environ.update(
+    {
+        "SLUICE_ENV_FILE": "",
+        # Tests that publish and then look at the queue expect every job published at once; the
+        # dispatch window (priority and fairness) is tested where it is the point (tests/test_fairness.py).
+        "SLUICE_DISPATCH_PER_THREAD": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+)
 
 
 @pytest.fixture(scope="session")
@@ -46,12 +53,14 @@ def services():
     chroma = ChromaServer(workdir)
     for server in (queue, cache, chroma):
         server.start()
-    os.environ.update({
-        "SLUICE_QUEUE_REDIS_URL": queue.url,
-        "SLUICE_CACHE_REDIS_URL": cache.url,
-        "SLUICE_CHROMA_URL": chroma.url,
-        "SLUICE_QUEUE_NAME": QUEUE_NAME,
-    })
+    os.environ.update(
+        {
+            "SLUICE_QUEUE_REDIS_URL": queue.url,
+            "SLUICE_CACHE_REDIS_URL": cache.url,
+            "SLUICE_CHROMA_URL": chroma.url,
+            "SLUICE_QUEUE_NAME": QUEUE_NAME,
+        }
+    )
     yield SimpleNamespace(queue=queue, cache=cache, chroma=chroma, workdir=workdir)
     for server in (queue, cache, chroma):
         server.stop()
@@ -143,9 +152,15 @@ def start_worker(sluice_env, services, tmp_path):
     """Start real huey_consumer processes with this test's settings; all stopped at teardown."""
     started: list[Consumer] = []
 
-    def start(*, workers: int = 2, kind: str = "thread", env: dict | None = None, name: str = "worker") -> Consumer:
-        consumer = Consumer({**os.environ, **(env or {})}, tmp_path / f"{name}-{len(started)}.log",
-                            workers=workers, kind=kind)
+    def start(
+        *, workers: int = 2, kind: str = "thread", env: dict | None = None, name: str = "worker"
+    ) -> Consumer:
+        consumer = Consumer(
+            {**os.environ, **(env or {})},
+            tmp_path / f"{name}-{len(started)}.log",
+            workers=workers,
+            kind=kind,
+        )
         consumer.start()
         started.append(consumer)
         consumer.wait_ready(services.queue.client(), QUEUE_NAME)
@@ -168,8 +183,11 @@ def _postgres_database(base_url: str):
     import psycopg
     from sqlalchemy.engine import make_url
 
-    url = make_url(base_url.replace("postgresql://", "postgresql+psycopg://", 1)
-                   if base_url.startswith("postgresql://") else base_url)
+    url = make_url(
+        base_url.replace("postgresql://", "postgresql+psycopg://", 1)
+        if base_url.startswith("postgresql://")
+        else base_url
+    )
     name = f"sluice_test_{uuid.uuid4().hex[:10]}"
     admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as conn:

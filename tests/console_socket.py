@@ -57,18 +57,36 @@ class Run:
 
 
 class ConsoleSocket:
-    def __init__(self, port: int, *, host: str = "127.0.0.1", origin: str | None = None,
-                 headers: dict | None = None, source: str = "127.0.0.1", timeout: float = 30,
-                 host_port: bool = True, resume: str | None = None) -> None:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0))
+    def __init__(
+        self,
+        port: int,
+        *,
+        host: str = "127.0.0.1",
+        origin: str | None = None,
+        headers: dict | None = None,
+        source: str = "127.0.0.1",
+        timeout: float = 30,
+        host_port: bool = True,
+        resume: str | None = None,
+    ) -> None:
+        sock = socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout, source_address=(source, 0)
+        )
         extra = dict(headers or {})
         if origin is not None:
             extra["Origin"] = origin
         try:
-            netloc = f"{host}:{port}" if host_port else host  # a proxy forwards the bare public name
-            self.ws = connect(f"ws://{netloc}/_stcore/stream", sock=sock, additional_headers=extra,
-                              subprotocols=["streamlit", "xsrf-unused", resume] if resume else ["streamlit"],
-                              open_timeout=timeout, max_size=None)
+            netloc = (
+                f"{host}:{port}" if host_port else host
+            )  # a proxy forwards the bare public name
+            self.ws = connect(
+                f"ws://{netloc}/_stcore/stream",
+                sock=sock,
+                additional_headers=extra,
+                subprotocols=["streamlit", "xsrf-unused", resume] if resume else ["streamlit"],
+                open_timeout=timeout,
+                max_size=None,
+            )
         except (InvalidStatus, ConnectionClosed, OSError) as exc:
             raise Refused(str(exc)) from exc
         self.timeout = timeout

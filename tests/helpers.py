@@ -29,7 +29,11 @@ def run_file(ctx, data: bytes, filename: str, dataset: str = "default") -> Job:
 
 def events(ctx, job_id: int) -> list[JobEvent]:
     with Session(ctx.engine) as session:
-        return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all())
+        return list(
+            session.exec(
+                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            ).all()
+        )
 
 
 def wait_for(ctx, job_ids, statuses=FINAL, timeout: float = 60.0) -> list[Job]:
@@ -41,7 +45,10 @@ def wait_for(ctx, job_ids, statuses=FINAL, timeout: float = 60.0) -> list[Job]:
         if all(j.status.value in statuses for j in jobs):
             return jobs
         if time.monotonic() > deadline:
-            states = {j.id: (j.status.value, j.stage.value, j.done, j.total, j.error_message) for j in jobs}
+            states = {
+                j.id: (j.status.value, j.stage.value, j.done, j.total, j.error_message)
+                for j in jobs
+            }
             raise AssertionError(f"jobs not in {sorted(statuses)} after {timeout}s: {states}")
         time.sleep(0.1)
 
@@ -54,12 +61,23 @@ def make_job(engine, dataset: str, n: int) -> Job:
     sha = f"{n:064x}"
     with Session(engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name=dataset)
-        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="text/plain", filename=f"d{n}.txt",
-                       blob_key=sha)
+        doc = Document(
+            dataset_id=ds.id,
+            sha256=sha,
+            size=10,
+            media_type="text/plain",
+            filename=f"d{n}.txt",
+            blob_key=sha,
+        )
         session.add(doc)
         session.flush()
-        job, _ = jobs.create_job(session=session, document=doc, pipeline_version="v1",
-                                 idempotency_key=f"{ds.id}:{sha}:v1", max_attempts=3)
+        job, _ = jobs.create_job(
+            session=session,
+            document=doc,
+            pipeline_version="v1",
+            idempotency_key=f"{ds.id}:{sha}:v1",
+            max_attempts=3,
+        )
         session.commit()
         return job
 
@@ -107,7 +125,9 @@ class Background(threading.Thread):
 
     def check(self) -> None:
         if self.error is not None:
-            raise AssertionError(f"background thread {self.name} failed: {self.error!r}") from self.error
+            raise AssertionError(
+                f"background thread {self.name} failed: {self.error!r}"
+            ) from self.error
 
     def result(self, timeout: float = 60.0):
         self.join(timeout)

@@ -12,8 +12,12 @@ import zlib
 
 import pymupdf
 
-SENTENCES_LEFT = [f"Left column sentence number {i} describes the river delta in detail." for i in range(1, 13)]
-SENTENCES_RIGHT = [f"Right column sentence number {i} explains the harbour cranes at length." for i in range(1, 13)]
+SENTENCES_LEFT = [
+    f"Left column sentence number {i} describes the river delta in detail." for i in range(1, 13)
+]
+SENTENCES_RIGHT = [
+    f"Right column sentence number {i} explains the harbour cranes at length." for i in range(1, 13)
+]
 
 
 def text_pdf(pages: list[str]) -> bytes:
@@ -37,7 +41,10 @@ def assemble(objects: list[bytes], *, root: int = 1) -> bytes:
     out.write(b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1))
     for offset in offsets:
         out.write(b"%010d 00000 n \n" % offset)
-    out.write(b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, root, xref))
+    out.write(
+        b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n"
+        % (len(objects) + 1, root, xref)
+    )
     return out.getvalue()
 
 
@@ -52,8 +59,10 @@ _FONT = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
 
 
 def _page(contents: int, parent: int = 2) -> bytes:
-    return (b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
-            b"/Resources << /Font << /F1 5 0 R >> >> >>" % (parent, contents))
+    return (
+        b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>" % (parent, contents)
+    )
 
 
 def _show(text: bytes) -> bytes:
@@ -62,23 +71,42 @@ def _show(text: bytes) -> bytes:
 
 def page_tree_cycle() -> bytes:
     """Every page lookup raises FzErrorFormat "cycle in page tree" (a plain Exception)."""
-    return assemble([b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [2 0 R 3 0 R] /Count 2 >>",
-                     _page(4), _show(b"unreachable words"), _FONT])
+    return assemble(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [2 0 R 3 0 R] /Count 2 >>",
+            _page(4),
+            _show(b"unreachable words"),
+            _FONT,
+        ]
+    )
 
 
 def invalid_page_count() -> bytes:
     """Opening or counting pages raises "Invalid number of pages"."""
-    return assemble([b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count -5 >>",
-                     _page(4), _show(b"unreachable words"), _FONT])
+    return assemble(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count -5 >>",
+            _page(4),
+            _show(b"unreachable words"),
+            _FONT,
+        ]
+    )
 
 
 def one_broken_page() -> bytes:
     """Page 1 reads; page 2 sits in a subtree that loops onto itself."""
-    return assemble([
-        b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R 6 0 R] /Count 2 >>",
-        _page(4), _show(b"The readable first page tells of lighthouses and their keepers."), _FONT,
-        b"<< /Type /Pages /Parent 2 0 R /Kids [6 0 R] /Count 1 >>",
-    ])
+    return assemble(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R 6 0 R] /Count 2 >>",
+            _page(4),
+            _show(b"The readable first page tells of lighthouses and their keepers."),
+            _FONT,
+            b"<< /Type /Pages /Parent 2 0 R /Kids [6 0 R] /Count 1 >>",
+        ]
+    )
 
 
 def text_bomb(chars: int, *, then: bytes = b"") -> bytes:
@@ -86,9 +114,14 @@ def text_bomb(chars: int, *, then: bytes = b"") -> bytes:
     a second, ordinary page that says it."""
     run = b"1 0 0 1 20 20 Tm (" + b"A" * 1000 + b") Tj\n"  # each run starts again inside the page
     body = b"BT /F1 0.2 Tf " + run * (chars // 1000) + b"ET"
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
-               b"<< /Type /Pages /Kids [3 0 R%s] /Count %d >>" % (b" 6 0 R" if then else b"", 2 if then else 1),
-               _page(4), _stream(body, compress=True), _FONT]
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R%s] /Count %d >>"
+        % (b" 6 0 R" if then else b"", 2 if then else 1),
+        _page(4),
+        _stream(body, compress=True),
+        _FONT,
+    ]
     if then:
         objects += [_page(7), _show(then)]
     return assemble(objects)
@@ -98,9 +131,14 @@ def xfa_form() -> bytes:
     """A dynamic XFA form as Designer writes it: the page holds only the viewer placeholder."""
     doc = pymupdf.open()
     page = doc.new_page()
-    page.insert_textbox(pymupdf.Rect(72, 72, 540, 300), (
-        "Please wait...\n\nIf this message is not eventually replaced by the proper contents of the document, "
-        "your PDF viewer may not be able to display this type of document."), fontsize=11)
+    page.insert_textbox(
+        pymupdf.Rect(72, 72, 540, 300),
+        (
+            "Please wait...\n\nIf this message is not eventually replaced by the proper contents of the document, "
+            "your PDF viewer may not be able to display this type of document."
+        ),
+        fontsize=11,
+    )
     xml = doc.get_new_xref()
     doc.update_object(xml, "<< >>")
     doc.update_stream(xml, b'<xdp:xdp xmlns:xdp="http://ns.adobe.com/xdp/"><template/></xdp:xdp>')
@@ -154,10 +192,13 @@ CHEAP_SCAN_TEXT = (
     "Pressure at the river valve stayed under four bar, and the meter readings of the municipal "
     "housing blocks matched the ledger to the cent. The committee asked the tenant association "
     "for a schedule of payments, and the archive kept the minutes of the storm season in a "
-    "cabinet by the observatory door. Invoice No. 17 for 4,700 EUR was approved without a vote.")
+    "cabinet by the observatory door. Invoice No. 17 for 4,700 EUR was approved without a vote."
+)
 
 
-def scanned(pages: list[str] | None = None, *, dpi: int = 150, turn: float = 0.0, speckle: float = 0.0) -> bytes:
+def scanned(
+    pages: list[str] | None = None, *, dpi: int = 150, turn: float = 0.0, speckle: float = 0.0
+) -> bytes:
     """A scan of known text: each page typeset, rendered to a grey image at ``dpi``, and only the
     image kept (no text layer), as a flatbed scanner would write it. A cheap scanner's page:
     ``turn`` degrees counter-clockwise (negative: clockwise), and ``speckle``, the share of pixels
@@ -169,7 +210,9 @@ def scanned(pages: list[str] | None = None, *, dpi: int = 150, turn: float = 0.0
             pix = page.get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY)
             if turn or speckle:
                 pix = _cheap_scanner(pix, turn, speckle)
-            out.new_page(width=page.rect.width, height=page.rect.height).insert_image(page.rect, pixmap=pix)
+            out.new_page(width=page.rect.width, height=page.rect.height).insert_image(
+                page.rect, pixmap=pix
+            )
         return out.tobytes(deflate=True)
 
 
@@ -226,24 +269,28 @@ def vertical_japanese(columns: list[str]) -> bytes:
 
 def repaired_variants() -> dict[str, bytes]:
     """A sound three-page PDF and the ways its end arrives damaged in the wild."""
-    good = text_pdf([f"Readable page {i} describes the archive of the observatory." for i in (1, 2, 3)])
+    good = text_pdf(
+        [f"Readable page {i} describes the archive of the observatory." for i in (1, 2, 3)]
+    )
     end = good.rindex(b"%%EOF")
     return {
         "nul_padding": good + b"\x00" * 4096,
         "trailing_bytes": good + b"trailing bytes after the end of file " * 100,
-        "ends_at_startxref": good[:good.rindex(b"startxref") + len(b"startxref\n")],
+        "ends_at_startxref": good[: good.rindex(b"startxref") + len(b"startxref\n")],
         "no_eof_marker": good[:end],
     }
 
 
 def cut_in_half() -> bytes:
-    good = text_pdf([f"Readable page {i} describes the archive of the observatory." for i in (1, 2, 3)])
-    return good[:len(good) // 2]
+    good = text_pdf(
+        [f"Readable page {i} describes the archive of the observatory." for i in (1, 2, 3)]
+    )
+    return good[: len(good) // 2]
 
 
 def without_header() -> bytes:
     good = text_pdf(["A PDF whose header line was lost still speaks of glaciers and moraines."])
-    return good[good.index(b"\n") + 1:]
+    return good[good.index(b"\n") + 1 :]
 
 
 def fonts_lost(*, damaged_end: bool) -> bytes:
@@ -254,7 +301,12 @@ def fonts_lost(*, damaged_end: bool) -> bytes:
     for i in range(2):
         page = doc.new_page()
         page.insert_font(fontname="F0", fontbuffer=pymupdf.Font("cjk").buffer)
-        page.insert_text((72, 72), f"Harbour records of the storm season, page {i + 1}.", fontname="F0", fontsize=11)
+        page.insert_text(
+            (72, 72),
+            f"Harbour records of the storm season, page {i + 1}.",
+            fontname="F0",
+            fontsize=11,
+        )
     data = doc.tobytes(garbage=1)
     font = pymupdf.open(stream=data)[0].get_fonts()[0][0]
     unicode_map = int(pymupdf.open(stream=data).xref_get_key(font, "ToUnicode")[1].split()[0])

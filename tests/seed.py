@@ -25,14 +25,30 @@ SEED_WORKER = "seed-host:4242"
 
 # Failures as the runner records them: (kind, code, message, hint).
 FAILURES = [
-    (ErrorKind.user_action_required, "password_protected", "the PDF is password-protected",
-     "Remove the password and upload the file again."),
-    (ErrorKind.user_action_required, "no_text_layer", "the file has no extractable text (scanned images only)",
-     "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."),
-    (ErrorKind.permanent, "corrupt_pdf", "the PDF is damaged and cannot be read",
-     "Export the PDF again from its source and upload it."),
-    (ErrorKind.transient, "chroma_unreachable", "Chroma did not answer",
-     "Sluice retries this by itself; if it keeps failing, check the service named above."),
+    (
+        ErrorKind.user_action_required,
+        "password_protected",
+        "the PDF is password-protected",
+        "Remove the password and upload the file again.",
+    ),
+    (
+        ErrorKind.user_action_required,
+        "no_text_layer",
+        "the file has no extractable text (scanned images only)",
+        "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again.",
+    ),
+    (
+        ErrorKind.permanent,
+        "corrupt_pdf",
+        "the PDF is damaged and cannot be read",
+        "Export the PDF again from its source and upload it.",
+    ),
+    (
+        ErrorKind.transient,
+        "chroma_unreachable",
+        "Chroma did not answer",
+        "Sluice retries this by itself; if it keeps failing, check the service named above.",
+    ),
 ]
 
 
@@ -51,7 +67,9 @@ def _upload(ctx, name: str, data: bytes, dataset: str) -> int:
 
 def _claim(ctx, job_id: int) -> Job:
     with Session(ctx.engine, expire_on_commit=False) as session:
-        result = jobs.claim(session=session, job_id=job_id, worker_id=SEED_WORKER, lease_seconds=3600)
+        result = jobs.claim(
+            session=session, job_id=job_id, worker_id=SEED_WORKER, lease_seconds=3600
+        )
     assert result.claimed, result
     return result.job
 
@@ -59,10 +77,20 @@ def _claim(ctx, job_id: int) -> Job:
 def _fail(ctx, job: Job, failure, *, delay: float = 600) -> None:
     kind, code, message, hint = failure
     with Session(ctx.engine) as session:
-        jobs.fail(session=session, job_id=job.id, lease=job.lease, kind=kind, code=code, message=message,
-                  hint=hint, detail=f"Traceback (most recent call last):\n  ...\n{code}: {message}",
-                  worker_id=SEED_WORKER, base_delay=delay, max_delay=delay,
-                  rng=random.Random(0))  # the drawn delay is 0.84 of the ceiling, the same every run
+        jobs.fail(
+            session=session,
+            job_id=job.id,
+            lease=job.lease,
+            kind=kind,
+            code=code,
+            message=message,
+            hint=hint,
+            detail=f"Traceback (most recent call last):\n  ...\n{code}: {message}",
+            worker_id=SEED_WORKER,
+            base_delay=delay,
+            max_delay=delay,
+            rng=random.Random(0),
+        )  # the drawn delay is 0.84 of the ceiling, the same every run
 
 
 def _fail_for_good(ctx, job_id: int, failure) -> None:
@@ -75,7 +103,9 @@ def _fail_for_good(ctx, job_id: int, failure) -> None:
                 return
 
 
-def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[bytes] | None = None) -> dict[str, list[int]]:
+def seed_every_state(
+    ctx, *, dataset: str = "default", succeeded_texts: list[bytes] | None = None
+) -> dict[str, list[int]]:
     """Jobs in every state the console shows; returns {label: [job ids]}.
 
     Labels: succeeded, superseded, pending, running, retrying, cancelled, failed:<code>. Nothing is
@@ -100,9 +130,14 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
     with Session(ctx.engine, expire_on_commit=False) as session:
         job = session.get(Job, old)
         document = session.get(Document, job.document_id)
-        newer, created = jobs.create_job(session=session, document=document, pipeline_version="v-newer",
-                                         idempotency_key=f"{job.idempotency_key}:newer", max_attempts=5,
-                                         actor="seed")
+        newer, created = jobs.create_job(
+            session=session,
+            document=document,
+            pipeline_version="v-newer",
+            idempotency_key=f"{job.idempotency_key}:newer",
+            max_attempts=5,
+            actor="seed",
+        )
         session.commit()
     assert created
     current = ctx.pipeline_version
@@ -116,10 +151,18 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
 
     add("pending", _upload(ctx, "waiting.txt", _text("delta", 3), dataset))
 
-    running = _claim(ctx, add("running", _upload(ctx, "big-manual.pdf.txt", _text("eps", 4), dataset)))
+    running = _claim(
+        ctx, add("running", _upload(ctx, "big-manual.pdf.txt", _text("eps", 4), dataset))
+    )
     with Session(ctx.engine) as session:
-        jobs.progress(session=session, job_id=running.id, lease=running.lease, stage=Stage.embedding,
-                      done=320, total=500)
+        jobs.progress(
+            session=session,
+            job_id=running.id,
+            lease=running.lease,
+            stage=Stage.embedding,
+            done=320,
+            total=500,
+        )
 
     retrying = _claim(ctx, add("retrying", _upload(ctx, "flaky.txt", _text("zeta", 5), dataset)))
     _fail(ctx, retrying, FAILURES[3])
@@ -129,7 +172,10 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
         jobs.request_cancel(session=session, job_ids=[cancelled], actor="seed")
 
     for n, failure in enumerate([FAILURES[0], FAILURES[0], FAILURES[1], FAILURES[2], FAILURES[3]]):
-        jid = add(f"failed:{failure[1]}", _upload(ctx, f"{failure[1]}-{n}.pdf", _text("theta", 10 + n), dataset))
+        jid = add(
+            f"failed:{failure[1]}",
+            _upload(ctx, f"{failure[1]}-{n}.pdf", _text("theta", 10 + n), dataset),
+        )
         _fail_for_good(ctx, jid, failure)
     return out
 
@@ -137,13 +183,27 @@ def seed_every_state(ctx, *, dataset: str = "default", succeeded_texts: list[byt
 # --- bulk, for scale ---------------------------------------------------------------------------------------
 
 MIX = [  # status, weight
-    (JobStatus.succeeded, 80), (JobStatus.failed, 6), (JobStatus.pending, 6), (JobStatus.running, 1),
-    (JobStatus.retrying, 1), (JobStatus.cancelled, 3), (JobStatus.superseded, 2), (JobStatus.deleted, 1),
+    (JobStatus.succeeded, 80),
+    (JobStatus.failed, 6),
+    (JobStatus.pending, 6),
+    (JobStatus.running, 1),
+    (JobStatus.retrying, 1),
+    (JobStatus.cancelled, 3),
+    (JobStatus.superseded, 2),
+    (JobStatus.deleted, 1),
 ]
 
 
-def seed_jobs(engine: Engine, n: int, *, dataset: str = "default", seed: int = 0, pipeline_version: str = "vseed",
-              spread_hours: float = 48.0, batch: int = 5000) -> int:
+def seed_jobs(
+    engine: Engine,
+    n: int,
+    *,
+    dataset: str = "default",
+    seed: int = 0,
+    pipeline_version: str = "vseed",
+    spread_hours: float = 48.0,
+    batch: int = 5000,
+) -> int:
     """Bulk-insert ``n`` documents with one job each (plus a created event), in a status mix.
 
     Returns the number of jobs inserted. Idempotent per (dataset, seed, i): run again with another
@@ -163,52 +223,139 @@ def seed_jobs(engine: Engine, n: int, *, dataset: str = "default", seed: int = 0
             sha = hashlib.sha256(f"seed:{dataset}:{seed}:{i}".encode()).hexdigest()
             name = f"doc-{seed}-{i:07d}.pdf"
             created = now - timedelta(seconds=rng.uniform(0, spread_hours * 3600))
-            docs.append({"dataset_id": ds_id, "sha256": sha, "size": rng.randint(10_000, 5_000_000),
-                         "media_type": "application/pdf", "filename": name, "blob_key": sha,
-                         "created_at": created})
+            docs.append(
+                {
+                    "dataset_id": ds_id,
+                    "sha256": sha,
+                    "size": rng.randint(10_000, 5_000_000),
+                    "media_type": "application/pdf",
+                    "filename": name,
+                    "blob_key": sha,
+                    "created_at": created,
+                }
+            )
             specs.append((sha, name, created, rng.choices(statuses, weights)[0]))
         with Session(engine) as session:
-            doc_ids = session.execute(insert(Document).returning(Document.id, sort_by_parameter_order=True),
-                                      docs).scalars().all()
-            rows = [_job_values(rng, ds_id, doc_id, spec, pipeline_version, now)
-                    for doc_id, spec in zip(doc_ids, specs, strict=True)]
-            job_ids = session.execute(insert(Job).returning(Job.id, sort_by_parameter_order=True),
-                                      rows).scalars().all()
-            session.execute(insert(JobEvent), [
-                {"job_id": jid, "at": row["created_at"], "kind": "created", "actor": "seed",
-                 "to_status": "pending", "stage": "queued", "attempt": 0, "message": row["filename"], "data": {}}
-                for jid, row in zip(job_ids, rows, strict=True)])
+            doc_ids = (
+                session.execute(
+                    insert(Document).returning(Document.id, sort_by_parameter_order=True), docs
+                )
+                .scalars()
+                .all()
+            )
+            rows = [
+                _job_values(rng, ds_id, doc_id, spec, pipeline_version, now)
+                for doc_id, spec in zip(doc_ids, specs, strict=True)
+            ]
+            job_ids = (
+                session.execute(insert(Job).returning(Job.id, sort_by_parameter_order=True), rows)
+                .scalars()
+                .all()
+            )
+            session.execute(
+                insert(JobEvent),
+                [
+                    {
+                        "job_id": jid,
+                        "at": row["created_at"],
+                        "kind": "created",
+                        "actor": "seed",
+                        "to_status": "pending",
+                        "stage": "queued",
+                        "attempt": 0,
+                        "message": row["filename"],
+                        "data": {},
+                    }
+                    for jid, row in zip(job_ids, rows, strict=True)
+                ],
+            )
             session.commit()
         inserted += count
     return inserted
 
 
-def _job_values(rng: random.Random, ds_id: int, doc_id: int, spec, pipeline_version: str, now) -> dict:
+def _job_values(
+    rng: random.Random, ds_id: int, doc_id: int, spec, pipeline_version: str, now
+) -> dict:
     sha, name, created, status = spec
     chunks = rng.randint(5, 800)
     pages = max(1, chunks // 4)
-    v = {"document_id": doc_id, "dataset_id": ds_id, "filename": name,
-         "idempotency_key": f"{ds_id}:{sha}:{pipeline_version}", "pipeline_version": pipeline_version,
-         "status": status, "stage": Stage.queued, "done": 0, "total": 0, "attempt": 0, "max_attempts": 5,
-         "created_at": created, "updated_at": created, "version": 1, "lease": 0, "cancel_requested": False,
-         "dismissed": False, "embedded_count": 0, "cached_count": 0}
+    v = {
+        "document_id": doc_id,
+        "dataset_id": ds_id,
+        "filename": name,
+        "idempotency_key": f"{ds_id}:{sha}:{pipeline_version}",
+        "pipeline_version": pipeline_version,
+        "status": status,
+        "stage": Stage.queued,
+        "done": 0,
+        "total": 0,
+        "attempt": 0,
+        "max_attempts": 5,
+        "created_at": created,
+        "updated_at": created,
+        "version": 1,
+        "lease": 0,
+        "cancel_requested": False,
+        "dismissed": False,
+        "embedded_count": 0,
+        "cached_count": 0,
+    }
     took = timedelta(seconds=rng.uniform(2, 120))
     if status in (JobStatus.succeeded, JobStatus.superseded, JobStatus.deleted):
-        v.update(stage=Stage.done, done=chunks, total=chunks, chunk_count=chunks, page_count=pages, attempt=1,
-                 lease=1, started_at=created, finished_at=min(now, created + took), updated_at=min(now, created + took))
+        v.update(
+            stage=Stage.done,
+            done=chunks,
+            total=chunks,
+            chunk_count=chunks,
+            page_count=pages,
+            attempt=1,
+            lease=1,
+            started_at=created,
+            finished_at=min(now, created + took),
+            updated_at=min(now, created + took),
+        )
     elif status == JobStatus.failed:
         kind, code, message, hint = rng.choice(FAILURES)
         if kind == ErrorKind.transient:
             message = f"gave up after 5 attempts: {message}"
-        v.update(stage=Stage.parsing, attempt=1, lease=1, error_kind=kind, error_code=code, error_message=message,
-                 fix_hint=hint, started_at=created, finished_at=min(now, created + took))
+        v.update(
+            stage=Stage.parsing,
+            attempt=1,
+            lease=1,
+            error_kind=kind,
+            error_code=code,
+            error_message=message,
+            fix_hint=hint,
+            started_at=created,
+            finished_at=min(now, created + took),
+        )
     elif status == JobStatus.running:
-        v.update(stage=Stage.embedding, done=rng.randint(0, chunks), total=chunks, attempt=1, lease=1,
-                 started_at=created, heartbeat_at=now, worker_id=SEED_WORKER)
+        v.update(
+            stage=Stage.embedding,
+            done=rng.randint(0, chunks),
+            total=chunks,
+            attempt=1,
+            lease=1,
+            started_at=created,
+            heartbeat_at=now,
+            worker_id=SEED_WORKER,
+        )
     elif status == JobStatus.retrying:
         kind, code, message, hint = FAILURES[3]
-        v.update(attempt=1, lease=1, error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
-                 next_attempt_at=now + timedelta(seconds=rng.uniform(5, 300)))
+        v.update(
+            attempt=1,
+            lease=1,
+            error_kind=kind,
+            error_code=code,
+            error_message=message,
+            fix_hint=hint,
+            next_attempt_at=now + timedelta(seconds=rng.uniform(5, 300)),
+        )
     elif status == JobStatus.cancelled:
-        v.update(error_code="cancelled", error_message="cancelled at queued", finished_at=min(now, created + took))
+        v.update(
+            error_code="cancelled",
+            error_message="cancelled at queued",
+            finished_at=min(now, created + took),
+        )
     return v

@@ -28,15 +28,23 @@ def wait_port(port: int, timeout: float = 20.0) -> None:
 
 
 class ManagedProcess:
-    def __init__(self, argv: list[str], *, log: Path, env: dict | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self, argv: list[str], *, log: Path, env: dict | None = None, cwd: Path | None = None
+    ) -> None:
         self.argv, self.log, self.env, self.cwd = argv, log, env, cwd
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         fh = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=self.cwd or ROOT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd or ROOT,
+            start_new_session=True,
+        )
         fh.close()
 
     @property
@@ -69,7 +77,9 @@ class RedisServer(ManagedProcess):
         self.port = free_port()
         self.role = role
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        super().__init__(redis_argv(role, url=self.url, data_dir=workdir), log=workdir / f"redis-{role}.log")
+        super().__init__(
+            redis_argv(role, url=self.url, data_dir=workdir), log=workdir / f"redis-{role}.log"
+        )
 
     def start(self) -> None:
         super().start()
@@ -80,7 +90,9 @@ class RedisServer(ManagedProcess):
                 return
             except redis.RedisError:
                 if time.monotonic() > deadline or not self.alive():
-                    raise RuntimeError(f"redis {self.role} did not start:\n{self.output()[-2000:]}") from None
+                    raise RuntimeError(
+                        f"redis {self.role} did not start:\n{self.output()[-2000:]}"
+                    ) from None
                 time.sleep(0.05)
 
     def client(self) -> redis.Redis:
@@ -91,7 +103,9 @@ class ChromaServer(ManagedProcess):
     def __init__(self, workdir: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        super().__init__(chroma_argv(url=self.url, path=workdir / "chroma"), log=workdir / "chroma.log")
+        super().__init__(
+            chroma_argv(url=self.url, path=workdir / "chroma"), log=workdir / "chroma.log"
+        )
 
     def start(self) -> None:
         super().start()
@@ -100,7 +114,16 @@ class ChromaServer(ManagedProcess):
 
 def consumer_argv(workers: int = 2, kind: str = "thread") -> list[str]:
     exe = str(Path(sys.executable).with_name("huey_consumer"))
-    return [exe, "sluice.pipeline.queueing.worker.huey", "-k", kind, "-w", str(workers), "-d", "0.05"]
+    return [
+        exe,
+        "sluice.pipeline.queueing.worker.huey",
+        "-k",
+        kind,
+        "-w",
+        str(workers),
+        "-d",
+        "0.05",
+    ]
 
 
 class Consumer(ManagedProcess):

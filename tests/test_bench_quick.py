@@ -46,12 +46,22 @@ FIGURES = [
     "10-page PDF",
     "pages / 10 pages",
 ]
-PEER = ["LlamaIndex fp32", "LlamaIndex default setup", "Sluice fp32 / LlamaIndex fp32",
-        "Sluice auto / LlamaIndex default", "recall@1 / recall@10, LlamaIndex fp32"]
+PEER = [
+    "LlamaIndex fp32",
+    "LlamaIndex default setup",
+    "Sluice fp32 / LlamaIndex fp32",
+    "Sluice auto / LlamaIndex default",
+    "recall@1 / recall@10, LlamaIndex fp32",
+]
 NO_PEER = ["Sluice fp32 / plain script fp32"]
 # Where the CPU has native bf16 (auto resolves to bf16); elsewhere the table says bf16 was not measured.
-BF16 = ["raw bf16, Sluice's embedder alone", "raw limit bf16 (the fastest way)", "bf16 / fp32 raw limit",
-        "Sluice auto / raw limit fp32", "Sluice pipeline, fp32"]
+BF16 = [
+    "raw bf16, Sluice's embedder alone",
+    "raw limit bf16 (the fastest way)",
+    "bf16 / fp32 raw limit",
+    "Sluice auto / raw limit fp32",
+    "Sluice pipeline, fp32",
+]
 
 
 def rows(markdown: str) -> dict[str, str]:
@@ -68,17 +78,38 @@ def test_quick_bench_produces_every_figure(tmp_path):
     out = tmp_path / "BENCH.md"
     committed = ROOT / "BENCHMARKS.md"
     before = committed.read_bytes() if committed.exists() else None
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_") or k == "SLUICE_TEST_DATABASE_URL"}
-    proc = subprocess.run([sys.executable, "bench/run.py", "--quick", "--out", str(out),
-                           "--json", str(tmp_path / "raw.json")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SLUICE_") or k == "SLUICE_TEST_DATABASE_URL"
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "bench/run.py",
+            "--quick",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "raw.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert (committed.read_bytes() if committed.exists() else None) == before  # the committed table is untouched
+    assert (
+        committed.read_bytes() if committed.exists() else None
+    ) == before  # the committed table is untouched
 
     text = out.read_text()
     assert "CPUs" in text and "Load average" in text and "Versions:" in text
     table = rows(text)
-    expected = FIGURES + (NO_PEER if "LlamaIndex not run" in text or "Peer: not run" in text else PEER)
+    expected = FIGURES + (
+        NO_PEER if "LlamaIndex not run" in text or "Peer: not run" in text else PEER
+    )
     if table.get("raw bf16") == "not measured":
         assert "no native bf16" in text
     else:
@@ -88,6 +119,8 @@ def test_quick_bench_produces_every_figure(tmp_path):
     for figure in expected:
         found = [value for name, value in table.items() if figure in name]
         assert found, f"no row for {figure!r} in:\n{text}"
-        assert all(re.search(r"\d", v) and "n/a" not in v for v in found), f"{figure!r} has no number: {found}"
+        assert all(re.search(r"\d", v) and "n/a" not in v for v in found), (
+            f"{figure!r} has no number: {found}"
+        )
     if os.environ.get("SLUICE_TEST_DATABASE_URL"):
         assert "PostgreSQL" in text

@@ -32,12 +32,22 @@ ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "test-output" / "screenshots"
 DOCS_SHOTS = ROOT / "docs" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 TIMEOUT_MS = 90_000
 FIRST = "004-pdflatex-4-pages.pdf"
 LOCKED = "005-libreoffice-writer-password.pdf"
-OTHERS = ("007-imagemagick-images.pdf", "011-google-doc-document.pdf", "021-crazyones-pdfa.pdf")  # for fuller pages
+OTHERS = (
+    "007-imagemagick-images.pdf",
+    "011-google-doc-document.pdf",
+    "021-crazyones-pdfa.pdf",
+)  # for fuller pages
 PHRASE = "Huardest gefburn"  # a phrase from 004-pdflatex-4-pages.pdf
 
 
@@ -100,7 +110,10 @@ def _job_id(ctx, filename: str) -> int:
 
 def _slow_text(path: Path) -> Path:
     """Enough text for a dozen embedding batches at batch size 4 (about a second each, see env)."""
-    lines = [f"Line {i} of the long handbook, about sluice gates, weirs and locks number {i}." for i in range(700)]
+    lines = [
+        f"Line {i} of the long handbook, about sluice gates, weirs and locks number {i}."
+        for i in range(700)
+    ]
     path.write_text("\n".join(lines))
     return path
 
@@ -116,8 +129,9 @@ def _wait_progress(ctx, job_id: int, done: int, timeout: float = 60) -> None:
     raise AssertionError(f"job {job_id} did not get to embedding {done}: {job(ctx, job_id)}")
 
 
-def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, console, browser, start_worker,
-                                                                          samples, tmp_path):
+def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(
+    ctx, console, browser, start_worker, samples, tmp_path
+):
     start_worker(env={"SLUICE_FAULTS": "embed_batch=sleep:1", "SLUICE_EMBED_BATCH_SIZE": "4"})
     page = browser.new_page(viewport={"width": 1400, "height": 1100})
     page.set_default_timeout(TIMEOUT_MS)
@@ -136,10 +150,15 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     with zipfile.ZipFile(slides, "w") as archive:  # a ZIP archive, but no Word document in it
         archive.writestr("notes.txt", "not a slide deck")
     chosen = [*files, slides]
-    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files([str(f) for f in chosen])
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
+        [str(f) for f in chosen]
+    )
     page.locator('[data-testid="stFileChip"]').nth(len(chosen) - 1).wait_for()
     page.get_by_role("button", name="Upload and index").click()
-    _text(page, f"{len(chosen)} file(s) chosen: {len(files)} new job(s), 0 already uploaded, 1 refused.")
+    _text(
+        page,
+        f"{len(chosen)} file(s) chosen: {len(files)} new job(s), 0 already uploaded, 1 refused.",
+    )
     _text(page, "slides.docx — refused: unsupported file type")
     _text(page, "following them live")
     _shoot(page, "upload")
@@ -177,7 +196,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     # Cancel a running job.
     _open(page, f"{console}/upload", "Upload")
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
-        str(_slow_text(tmp_path / "long-handbook.txt")))
+        str(_slow_text(tmp_path / "long-handbook.txt"))
+    )
     page.locator('[data-testid="stFileChip"]').first.wait_for()
     page.get_by_role("button", name="Upload and index").click()
     _text(page, "1 new job(s)")
@@ -193,7 +213,9 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(ctx, cons
     page.get_by_role("button", name="Confirm: Cancel job").click()
     [stopped] = wait_for(ctx, [slow], timeout=60)
     assert stopped.status == JobStatus.cancelled, (stopped.status, stopped.error_message)
-    assert any(e.kind == "cancel_requested" and e.actor == "console:local" for e in events(ctx, slow))
+    assert any(
+        e.kind == "cancel_requested" and e.actor == "console:local" for e in events(ctx, slow)
+    )
     _text(page, "cancelled at embedding")
     _shoot(page, "job-cancelled")
 
@@ -238,8 +260,9 @@ def _to_docs(names: list[str]) -> None:
             shutil.copyfile(src, dst)
 
 
-def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, browser, start_worker, services,
-                                                                  tmp_path):
+def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(
+    ctx, console, browser, start_worker, services, tmp_path
+):
     import secrets
 
     from sluice.ops.ingest import ingest_bytes
@@ -248,7 +271,9 @@ def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, b
 
     password = "Pw-" + secrets.token_urlsafe(12)
     start_worker()
-    r = ingest_bytes(ctx, locked_pdf(password), dataset="default", filename="ledger.pdf", publish=publish)
+    r = ingest_bytes(
+        ctx, locked_pdf(password), dataset="default", filename="ledger.pdf", publish=publish
+    )
     assert wait_for(ctx, [r.job_id], timeout=60)[0].error_code == "password_protected"
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -267,7 +292,9 @@ def test_a_locked_pdf_is_unlocked_from_its_job_page_in_a_browser(ctx, console, b
     assert not traces(ctx, services, [tmp_path, services.workdir], password)  # console log included
 
 
-def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(ctx, console, browser, start_worker):
+def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(
+    ctx, console, browser, start_worker
+):
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.queueing.publishing import publish
     from sluice.storage.db import ensure_dataset
@@ -287,8 +314,13 @@ def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(ctx, con
 
     # Uploads are still taken; the paused dataset's job waits (it is not even published), and its page
     # says why.
-    r = ingest_bytes(ctx, b"Lock keepers open the gates at high water. " * 40, dataset="kb",
-                     filename="locks.txt", publish=publish)
+    r = ingest_bytes(
+        ctx,
+        b"Lock keepers open the gates at high water. " * 40,
+        dataset="kb",
+        filename="locks.txt",
+        publish=publish,
+    )
     _open(page, f"{console}/jobs?job={r.job_id}&dataset=kb", "Jobs")
     _text(page, "Paused")
     assert job(ctx, r.job_id).status == JobStatus.pending

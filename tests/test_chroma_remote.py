@@ -36,8 +36,14 @@ TOKEN = "chroma-Token-31337"
 class ChromaProxy:
     """Forwards to the real Chroma server when the request carries ``header: value``; else 401."""
 
-    def __init__(self, target: str, *, header: str = "Authorization", value: str = f"Bearer {TOKEN}",
-                 tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        header: str = "Authorization",
+        value: str = f"Bearer {TOKEN}",
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.target = urlsplit(target)
         self.header, self.value = header, value
         self.served = self.refused = 0
@@ -74,8 +80,12 @@ class ChromaProxy:
                     self._reply(401, {"error": "Unauthorized", "message": "missing or wrong token"})
                     return
                 proxy.served += 1
-                conn = http.client.HTTPConnection(proxy.target.hostname, proxy.target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn = http.client.HTTPConnection(
+                    proxy.target.hostname, proxy.target.port, timeout=60
+                )
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")
+                }
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
@@ -111,9 +121,29 @@ def certificate(tmp_path) -> tuple[Path, Path]:
     if openssl is None:
         pytest.skip("openssl is needed to make the test certificate")
     cert, key = tmp_path / "chroma-cert.pem", tmp_path / "chroma-key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return cert, key
 
 
@@ -123,8 +153,9 @@ def expected_ids(ctx, j) -> list[str]:
     return [chunk_id(sha, j.pipeline_version, i) for i in range(j.chunk_count)]
 
 
-def test_https_and_a_bearer_token_end_to_end(make_ctx, start_worker, services, samples, certificate,
-                                              monkeypatch):
+def test_https_and_a_bearer_token_end_to_end(
+    make_ctx, start_worker, services, samples, certificate, monkeypatch
+):
     cert, key = certificate
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
@@ -134,7 +165,9 @@ def test_https_and_a_bearer_token_end_to_end(make_ctx, start_worker, services, s
         from sluice.pipeline.queueing.publishing import publish
 
         worker = start_worker(workers=1)
-        result = ingest_path(ctx, samples / "004-pdflatex-4-pages.pdf", dataset="default", publish=publish)
+        result = ingest_path(
+            ctx, samples / "004-pdflatex-4-pages.pdf", dataset="default", publish=publish
+        )
         done = wait_for(ctx, [result.job_id], timeout=90)[0]
         assert done.status == JobStatus.succeeded, done.error_message
         assert ids_of_job(ctx, done.id) == expected_ids(ctx, done)
@@ -189,15 +222,18 @@ def _dead_port() -> int:
         return s.getsockname()[1]  # closed again: nothing listens there
 
 
-def test_a_dead_chroma_is_retried_and_a_worker_with_the_right_url_finishes(make_ctx, start_worker, services,
-                                                                            samples):
+def test_a_dead_chroma_is_retried_and_a_worker_with_the_right_url_finishes(
+    make_ctx, start_worker, services, samples
+):
     dead = f"http://127.0.0.1:{_dead_port()}"
     # A long attempt budget with a slower backoff: the job keeps waiting while Chroma is away.
     ctx = make_ctx(SLUICE_CHROMA_URL=dead, SLUICE_MAX_ATTEMPTS="50", SLUICE_RETRY_BASE_SECONDS="1")
     from sluice.pipeline.queueing.publishing import publish
 
     lost = start_worker(workers=1, name="no-chroma")
-    result = ingest_path(ctx, samples / "001-minimal-document.pdf", dataset="default", publish=publish)
+    result = ingest_path(
+        ctx, samples / "001-minimal-document.pdf", dataset="default", publish=publish
+    )
     waiting = wait_for(ctx, [result.job_id], statuses={"retrying"}, timeout=60)[0]
     assert (waiting.error_kind, waiting.error_code) == (ErrorKind.transient, "service_unavailable")
     assert "did not answer" in waiting.error_message and waiting.waiting_for == f"Chroma at {dead}"
@@ -206,7 +242,9 @@ def test_a_dead_chroma_is_retried_and_a_worker_with_the_right_url_finishes(make_
     start_worker(workers=1, env={"SLUICE_CHROMA_URL": services.chroma.url}, name="with-chroma")
     done = wait_for(ctx, [result.job_id], timeout=90)[0]
     assert done.status == JobStatus.succeeded and done.error_kind is None
-    kinds = [e.kind for e in events(ctx, done.id) if e.kind != "noop"]  # a late second delivery is a no-op
+    kinds = [
+        e.kind for e in events(ctx, done.id) if e.kind != "noop"
+    ]  # a late second delivery is a no-op
     assert "waiting" in kinds and kinds[-1] == "succeeded"  # an outage, not the job's failure
     assert done.attempt == 1
     live = make_ctx(SLUICE_CHROMA_URL=services.chroma.url)

@@ -46,12 +46,15 @@ def test_pdf_is_read_page_by_page(tmp_path):
     assert "subject 2" in pages[1][1]
 
 
-@pytest.mark.parametrize("head,name,expected", [
-    (b"%PDF-1.4 rest", "x.bin", PDF),
-    (b"plain words\n", "notes.txt", TEXT),
-    (b"# Title\n", "readme.md", MARKDOWN),
-    ("caf\u00e9 cr\u00e8me".encode("utf-16"), "u16.txt", TEXT),
-])
+@pytest.mark.parametrize(
+    "head,name,expected",
+    [
+        (b"%PDF-1.4 rest", "x.bin", PDF),
+        (b"plain words\n", "notes.txt", TEXT),
+        (b"# Title\n", "readme.md", MARKDOWN),
+        ("caf\u00e9 cr\u00e8me".encode("utf-16"), "u16.txt", TEXT),
+    ],
+)
 def test_sniff_type(head, name, expected):
     assert sniff_type(head, name) == expected
 

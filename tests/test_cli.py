@@ -37,7 +37,11 @@ def test_ingest_jobs_dead_retry_cancel(ctx, capsys, tmp_path, samples):
 
     code, out, _ = run(capsys, "dead", "--json")
     [group] = json.loads(out)
-    assert (group["kind"], group["code"], group["count"]) == ("user_action_required", "password_protected", 1)
+    assert (group["kind"], group["code"], group["count"]) == (
+        "user_action_required",
+        "password_protected",
+        1,
+    )
     assert "--password-stdin" in group["fix_hint"] and "remove the password" in group["fix_hint"]
     assert [j["id"] for j in group["jobs"]] == [bad_id]
 
@@ -70,8 +74,15 @@ def test_ingest_jobs_dead_retry_cancel(ctx, capsys, tmp_path, samples):
 
 def test_ingest_wait_fails_when_a_job_fails(ctx, capsys, samples, start_worker):
     start_worker()
-    code, out, _ = run(capsys, "ingest", str(samples / "001-minimal-document.pdf"),
-                       str(samples / "017-unreadablemetadata.pdf"), "--wait", "--timeout", "120")
+    code, out, _ = run(
+        capsys,
+        "ingest",
+        str(samples / "001-minimal-document.pdf"),
+        str(samples / "017-unreadablemetadata.pdf"),
+        "--wait",
+        "--timeout",
+        "120",
+    )
     assert code == 1
     assert "1/2 succeeded" in out
     assert "permanent: unreadable PDF" in out
@@ -86,7 +97,9 @@ def test_bad_setting_is_named(capsys, monkeypatch, sluice_env):
     assert code == 2 and "SLUICE_MAX_ATTEMPTS" in err
 
 
-def test_ingest_wait_on_a_terminal_draws_one_live_line_with_totals(ctx, sluice_env, tmp_path, start_worker):
+def test_ingest_wait_on_a_terminal_draws_one_live_line_with_totals(
+    ctx, sluice_env, tmp_path, start_worker
+):
     import os
     import pty
     import select
@@ -101,8 +114,12 @@ def test_ingest_wait_on_a_terminal_draws_one_live_line_with_totals(ctx, sluice_e
         f.write_text(f"Harbour pilots board ships number {i} at dawn. " * 60)
         files.append(str(f))
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "sluice.cli", "ingest", *files, "--wait", "--timeout", "120"],
-                            stdout=slave, stderr=subprocess.PIPE, env=sluice_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sluice.cli", "ingest", *files, "--wait", "--timeout", "120"],
+        stdout=slave,
+        stderr=subprocess.PIPE,
+        env=sluice_env,
+    )
     os.close(slave)
     out, deadline = b"", time.monotonic() + 150
     try:

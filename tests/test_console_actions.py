@@ -132,7 +132,9 @@ def test_a_retried_dead_letter_fails_again_through_a_real_worker(ctx, start_work
     from tests.helpers import wait_for
 
     start_worker()
-    r = ingest_path(ctx, samples / "005-libreoffice-writer-password.pdf", dataset="default", publish=publish)
+    r = ingest_path(
+        ctx, samples / "005-libreoffice-writer-password.pdf", dataset="default", publish=publish
+    )
     [job] = wait_for(ctx, [r.job_id], timeout=60)
     assert job.status == JobStatus.failed and job.error_code == "password_protected"
     at = open_console("dead_letters")
@@ -164,13 +166,44 @@ def test_bulk_retry_by_filter_previews_then_acts_with_one_event_per_job(ctx, see
     from sluice.cli import main
 
     ids = sorted(seeded["failed:password_protected"])
-    assert main(["bulk", "retry", "--status", "failed", "--kind", "user_action_required", "--name", "password"]) == 0
+    assert (
+        main(
+            [
+                "bulk",
+                "retry",
+                "--status",
+                "failed",
+                "--kind",
+                "user_action_required",
+                "--name",
+                "password",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert f"{len(ids)} job(s) match; {len(ids)} can be retried. Cost:" in out and "nothing changed" in out
+    assert (
+        f"{len(ids)} job(s) match; {len(ids)} can be retried. Cost:" in out
+        and "nothing changed" in out
+    )
     assert {_job(ctx, i).status for i in ids} == {JobStatus.failed}
 
-    assert main(["bulk", "retry", "--status", "failed", "--kind", "user_action_required", "--name", "password",
-                 "--yes"]) == 0
+    assert (
+        main(
+            [
+                "bulk",
+                "retry",
+                "--status",
+                "failed",
+                "--kind",
+                "user_action_required",
+                "--name",
+                "password",
+                "--yes",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     for i in ids:
         assert _job(ctx, i).status == JobStatus.pending
@@ -201,7 +234,9 @@ def test_bulk_reindex_from_the_jobs_page_acts_on_every_match_not_only_the_page(c
     assert f"Reindex: {len(done)} job(s)" in texts(at)
 
 
-def test_the_bulk_preview_counts_in_the_database_and_reads_ids_only_for_its_sample(ctx, monkeypatch):
+def test_the_bulk_preview_counts_in_the_database_and_reads_ids_only_for_its_sample(
+    ctx, monkeypatch
+):
     """The Jobs page previews a bulk action on every refresh: it counts jobs and documents in SQL and
     reads job ids only for the sample the cost parses, never all of them."""
     from sluice.ops import preview, reads
@@ -220,7 +255,9 @@ def test_the_bulk_preview_counts_in_the_database_and_reads_ids_only_for_its_samp
     assert (plan.applicable, plan.documents, plan.job_ids) == (len(done), len(docs), [])
     parsed: list[int] = []
     real = preview.count_work
-    monkeypatch.setattr(preview, "count_work", lambda *a, **k: parsed.append(k["document"].id) or real(*a, **k))
+    monkeypatch.setattr(
+        preview, "count_work", lambda *a, **k: parsed.append(k["document"].id) or real(*a, **k)
+    )
     plan = reads.bulk_preview("reindex", f, ids=False, with_cost=True)
     assert plan.job_ids == sorted(done)[:5] and len(parsed) <= 5
     assert f"{len(done)} job(s)" in plan.cost  # the cost stands for all of them, extrapolated

@@ -18,7 +18,11 @@ def _pdf() -> bytes:
     doc = pymupdf.open()
     for n in range(1, 4):
         page = doc.new_page()
-        line = "The harbour crane KX-9904 was inspected on page three." if n == 3 else f"Quiet page {n} of the log."
+        line = (
+            "The harbour crane KX-9904 was inspected on page three."
+            if n == 3
+            else f"Quiet page {n} of the log."
+        )
         page.insert_text((72, 72), line)
     return doc.tobytes()
 
@@ -36,7 +40,9 @@ def test_open_a_search_hit_see_its_chunks_page_image_and_download(ctx):
     at.button[0].click().run()
     assert_ok(at)
     assert "**KX**-**9904**" in texts(at)
-    link = next(p for p in at.get("page_link") if p.proto.label == "Open document")  # the first hit's
+    link = next(
+        p for p in at.get("page_link") if p.proto.label == "Open document"
+    )  # the first hit's
     query = dict(parse_qsl(link.proto.query_string))
     assert query["doc"] == f"doc:{r.document_id}"
 
@@ -59,7 +65,10 @@ def test_open_a_search_hit_see_its_chunks_page_image_and_download(ctx):
 
 
 def test_a_read_only_user_sees_the_document_but_cannot_download_it(make_ctx):
-    ctx = make_ctx(SLUICE_CONSOLE_PASSWORD="full-rights-5b1e", SLUICE_CONSOLE_READONLY_PASSWORD="look-only-7c2d")
+    ctx = make_ctx(
+        SLUICE_CONSOLE_PASSWORD="full-rights-5b1e",
+        SLUICE_CONSOLE_READONLY_PASSWORD="look-only-7c2d",
+    )
     r = _indexed(ctx)
     at = open_console(query={"doc": str(r.job_id)})
     at.switch_page("views/document_page.py")

@@ -15,6 +15,7 @@ from tests.seed import seed_every_state
 PASSWORD = "correct horse 7391"
 READONLY = "just looking 5120"
 
+
 @pytest.fixture
 def seeded(ctx):
     """Jobs in every state in the default dataset: {label: [job ids]} (see tests/seed.py)."""
@@ -30,8 +31,12 @@ def _fresh_throttle():
 
 @pytest.fixture
 def guarded(make_ctx):
-    return make_ctx(SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_CONSOLE_READONLY_PASSWORD=READONLY,
-                    SLUICE_LOGIN_MAX_FAILURES="3", SLUICE_LOGIN_LOCKOUT_SECONDS="600")
+    return make_ctx(
+        SLUICE_CONSOLE_PASSWORD=PASSWORD,
+        SLUICE_CONSOLE_READONLY_PASSWORD=READONLY,
+        SLUICE_LOGIN_MAX_FAILURES="3",
+        SLUICE_LOGIN_LOCKOUT_SECONDS="600",
+    )
 
 
 def _sign_in(at, password: str):
@@ -98,12 +103,18 @@ def test_action_functions_refuse_a_read_only_operator(ctx, seeded):
 
     viewer = auth.Operator("readonly", "readonly")
     failed, running = seeded["failed:corrupt_pdf"][0], seeded["running"][0]
-    for outcome in (actions.retry(viewer, [failed]), actions.cancel(viewer, [running]),
-                    actions.reindex(viewer, seeded["succeeded"][:1]), actions.dismiss(viewer, [failed])):
+    for outcome in (
+        actions.retry(viewer, [failed]),
+        actions.cancel(viewer, [running]),
+        actions.reindex(viewer, seeded["succeeded"][:1]),
+        actions.dismiss(viewer, [failed]),
+    ):
         assert outcome.ok == 0 and "read-only" in outcome.results[0].message
     ok, message = actions.create_dataset(viewer, "sneaky")
     assert not ok and "read-only" in message
-    refused = actions.upload(viewer, dataset="default", filename="x.txt", stream=__import__("io").BytesIO(b"hi"))
+    refused = actions.upload(
+        viewer, dataset="default", filename="x.txt", stream=__import__("io").BytesIO(b"hi")
+    )
     assert not refused.accepted and refused.error_code == "read_only"
     with Session(ctx.engine) as session:
         assert session.get(Job, failed).status == JobStatus.failed
@@ -114,15 +125,20 @@ def test_action_functions_refuse_a_read_only_operator(ctx, seeded):
 def test_throttle_locks_for_the_configured_time_then_again_at_the_next_failure():
     now = [1000.0]
     throttle = auth.LoginThrottle(clock=lambda: now[0])
-    settings = load_settings(_env_file=None, console_password=PASSWORD, login_max_failures=2,
-                             login_lockout_seconds=30)
+    settings = load_settings(
+        _env_file=None, console_password=PASSWORD, login_max_failures=2, login_lockout_seconds=30
+    )
     assert auth.attempt_login(settings, "a", client="ip1", throttle=throttle).operator is None
     locked = auth.attempt_login(settings, "b", client="ip1", throttle=throttle)
     assert "locked for 30 s" in locked.message
     assert auth.attempt_login(settings, PASSWORD, client="ip1", throttle=throttle).operator is None
-    assert auth.attempt_login(settings, PASSWORD, client="ip2", throttle=throttle).operator is not None
+    assert (
+        auth.attempt_login(settings, PASSWORD, client="ip2", throttle=throttle).operator is not None
+    )
     now[0] += 31
-    assert auth.attempt_login(settings, "c", client="ip1", throttle=throttle).message.endswith("locked for 30 s.")
+    assert auth.attempt_login(settings, "c", client="ip1", throttle=throttle).message.endswith(
+        "locked for 30 s."
+    )
     now[0] += 31
     who = auth.attempt_login(settings, PASSWORD, client="ip1", throttle=throttle).operator
     assert who == auth.Operator("operator", "operator") and who.can_act
@@ -130,19 +146,27 @@ def test_throttle_locks_for_the_configured_time_then_again_at_the_next_failure()
 
 
 def test_passwords_pick_the_role():
-    settings = load_settings(_env_file=None, console_password=PASSWORD, console_readonly_password=READONLY)
+    settings = load_settings(
+        _env_file=None, console_password=PASSWORD, console_readonly_password=READONLY
+    )
     assert auth.operator_for_password(settings, PASSWORD).role == "operator"
     assert auth.operator_for_password(settings, READONLY).role == "readonly"
     assert auth.operator_for_password(settings, "") is None
     only_full = load_settings(_env_file=None, console_password=PASSWORD)
-    assert auth.operator_for_password(only_full, "") is None  # an unset read-only password matches nothing
+    assert (
+        auth.operator_for_password(only_full, "") is None
+    )  # an unset read-only password matches nothing
 
 
 def test_console_refuses_to_listen_beyond_loopback_without_a_password():
     with pytest.raises(SettingsError, match="SLUICE_CONSOLE_PASSWORD is not set"):
         access.check_bind(load_settings(_env_file=None, console_address="0.0.0.0"))
-    access.check_bind(load_settings(_env_file=None, console_address="0.0.0.0", console_password=PASSWORD))
-    assert load_settings(_env_file=None, console_address="0.0.0.0", console_password=PASSWORD).login_required
+    access.check_bind(
+        load_settings(_env_file=None, console_address="0.0.0.0", console_password=PASSWORD)
+    )
+    assert load_settings(
+        _env_file=None, console_address="0.0.0.0", console_password=PASSWORD
+    ).login_required
 
 
 def test_oidc_people_are_read_only_unless_listed():
@@ -155,8 +179,9 @@ def test_parallel_sign_ins_from_one_address_get_only_the_allowed_password_checks
     """Twenty attempts at once: the check and the count happen together, so only max_failures are tried."""
     import threading
 
-    settings = load_settings(_env_file=None, console_password=PASSWORD, login_max_failures=3,
-                             login_lockout_seconds=600)
+    settings = load_settings(
+        _env_file=None, console_password=PASSWORD, login_max_failures=3, login_lockout_seconds=600
+    )
     throttle = auth.LoginThrottle()
     barrier = threading.Barrier(20)
     checked = []
@@ -171,8 +196,14 @@ def test_parallel_sign_ins_from_one_address_get_only_the_allowed_password_checks
         return real(s, given)
 
     monkeypatch.setattr(auth, "operator_for_password", slow_check)
-    threads = [threading.Thread(target=auth.attempt_login, args=(settings, f"guess-{i}"),
-                                kwargs={"client": "198.51.100.1", "throttle": throttle}) for i in range(20)]
+    threads = [
+        threading.Thread(
+            target=auth.attempt_login,
+            args=(settings, f"guess-{i}"),
+            kwargs={"client": "198.51.100.1", "throttle": throttle},
+        )
+        for i in range(20)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -21,8 +21,9 @@ def seeded(ctx):
 def _upload_text(ctx, name: str) -> int:
     from sluice.ops.ingest import ingest_bytes
 
-    return ingest_bytes(ctx, f"{name} is a small text file. ".encode() * 50, dataset="default",
-                        filename=name).job_id
+    return ingest_bytes(
+        ctx, f"{name} is a small text file. ".encode() * 50, dataset="default", filename=name
+    ).job_id
 
 
 def test_overview_counts_queue_workers_and_failures(seeded):
@@ -45,7 +46,11 @@ def test_overview_counts_queue_workers_and_failures(seeded):
     from sluice.ops import reads
 
     day = reads.overview(None).throughput_day  # the last 24 hours, an hour a bar, from the job rows
-    assert 24 <= len(day) <= 25 and sum(b["succeeded"] for b in day) == 3 and sum(b["failed"] for b in day) == 5
+    assert (
+        24 <= len(day) <= 25
+        and sum(b["succeeded"] for b in day) == 3
+        and sum(b["failed"] for b in day) == 5
+    )
 
 
 def test_first_visit_says_what_to_do_first_and_a_bad_dataset_link_says_so(ctx):
@@ -63,9 +68,14 @@ def test_overview_sees_a_live_worker_and_queued_messages(ctx, start_worker):
 
     start_worker(workers=2)
     # every worker thread counts itself in on start; the presence key says so within a round or two
-    until(lambda: any(w.get("threads") == 2 for w in workers_alive()), timeout=20,
-          what="a presence key that counts both worker threads")
-    r = ingest_bytes(ctx, b"alpha beta gamma. " * 100, dataset="default", filename="a.txt", publish=publish)
+    until(
+        lambda: any(w.get("threads") == 2 for w in workers_alive()),
+        timeout=20,
+        what="a presence key that counts both worker threads",
+    )
+    r = ingest_bytes(
+        ctx, b"alpha beta gamma. " * 100, dataset="default", filename="a.txt", publish=publish
+    )
     assert r.published
     at = open_console()
     assert metric(at, "Workers alive") == "1"
@@ -104,7 +114,9 @@ def test_jobs_table_shows_stage_counts_and_a_progress_bar(seeded):
     assert running["stage progress"] == 320 / 500
     queued = table[table["job"] == seeded["pending"][0]].iloc[0]
     assert queued["progress"] == "queued"
-    assert queued["stage progress"] != queued["stage progress"]  # NaN: no bar while nothing is counted
+    assert (
+        queued["stage progress"] != queued["stage progress"]
+    )  # NaN: no bar while nothing is counted
     failed = table[table["job"] == seeded["failed:password_protected"][0]].iloc[0]
     assert "password-protected" in failed["error"]
 
@@ -140,7 +152,10 @@ def test_jobs_filters_sort_and_pagination_are_done_by_the_database(ctx, seeded):
     at.multiselect(key="status").set_value([]).run()
     at.multiselect(key="kind").set_value([]).run()
     at.text_input(key="q").set_value("password_protected").run()
-    assert sorted(at.dataframe[0].value["file"]) == ["password_protected-0.pdf", "password_protected-1.pdf"]
+    assert sorted(at.dataframe[0].value["file"]) == [
+        "password_protected-0.pdf",
+        "password_protected-1.pdf",
+    ]
     at.text_input(key="q").set_value("").run()
     at.selectbox(key="sort").set_value("filename").run()
     at.toggle(key="desc").set_value(False).run()
@@ -158,7 +173,9 @@ def test_failed_job_detail_shows_attempts_error_kind_hint_and_detail(seeded):
     assert "What to do:" in page
     assert any("Error detail" in e.label for e in at.expander)
     timeline = at.dataframe[0].value
-    assert [p for p in timeline["phase"] if p.startswith("attempt")] == [f"attempt {i}" for i in range(1, 6)]
+    assert [p for p in timeline["phase"] if p.startswith("attempt")] == [
+        f"attempt {i}" for i in range(1, 6)
+    ]
     assert list(timeline["phase"]).count("backoff wait") == 4
     assert set(timeline["worker"]) >= {"seed-host:4242"}
     assert at.button(key=f"retry_{job_id}")  # a failed job can be retried
@@ -169,8 +186,13 @@ def test_a_dead_letter_that_a_retry_cannot_fix_leads_with_what_helps(ctx, seeded
     job_id = seeded["failed:password_protected"][0]
     at = open_console("jobs", query={"job": str(job_id)})
     assert not [b for b in at.button if b.key == f"retry_{job_id}" and b.proto.type == "primary"]
-    assert any(p.proto.page.endswith("upload") or "upload" in p.proto.label.lower() for p in at.get("page_link"))
-    at.button(key=f"retry_{job_id}").click().run()  # "Retry anyway" asks first, saying what will happen
+    assert any(
+        p.proto.page.endswith("upload") or "upload" in p.proto.label.lower()
+        for p in at.get("page_link")
+    )
+    at.button(
+        key=f"retry_{job_id}"
+    ).click().run()  # "Retry anyway" asks first, saying what will happen
     assert "fails the same way" in texts(at) and "Remove the password" in texts(at)
     at.button(key=f"retry_{job_id}:yes").click().run()
     assert_ok(at)
@@ -184,7 +206,9 @@ def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seed
 
     pending = seeded["pending"][0]
     at = open_console("jobs", query={"job": str(pending)})
-    assert "Not on the queue yet: its message waits in the outbox" in texts(at)  # seeded, not published
+    assert "Not on the queue yet: its message waits in the outbox" in texts(
+        at
+    )  # seeded, not published
 
     later = _upload_text(ctx, "later.txt")
     dispatch(engine=ctx.engine, publish=publish)  # the pending job first, the later one last
@@ -218,8 +242,22 @@ def test_every_page_can_be_narrowed_to_one_dataset(ctx, seeded):
     assert "of 30" in texts(at) and "dataset archive" in texts(at)
     assert "dataset" not in at.dataframe[0].value.columns
     at.switch_page("views/overview_page.py").run()
-    assert sum(int(metric(at, s).replace(",", "")) for s in
-               ("pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted")) == 30
+    assert (
+        sum(
+            int(metric(at, s).replace(",", ""))
+            for s in (
+                "pending",
+                "running",
+                "retrying",
+                "succeeded",
+                "failed",
+                "cancelled",
+                "superseded",
+                "deleted",
+            )
+        )
+        == 30
+    )
     at.switch_page("views/dead_letters_page.py").run()
     assert all(set(df.value["dataset"]) == {"archive"} for df in at.dataframe)
 
@@ -240,13 +278,19 @@ def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
     at = open_console("upload")
     # the browser may not drop any file by its name: every chosen file reaches Sluice and gets a line
     assert list(at.get("file_uploader")[0].proto.type) == []
-    duplicate = b"Seeded document alpha number 0. " + b" ".join(f"alpha0word{j % 37}".encode() for j in range(400)) + b"\n"
-    at.get("file_uploader")[0].set_value([
-        ("notes.md", b"# Notes\n\nSome markdown to index. " * 40, "text/markdown"),
-        ("report-copy.txt", duplicate, "text/plain"),
-        ("photo.pdf", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "application/pdf"),
-        ("slides.docx", b"PK\x03\x04" + b"\x00" * 64, "application/octet-stream"),
-    ])
+    duplicate = (
+        b"Seeded document alpha number 0. "
+        + b" ".join(f"alpha0word{j % 37}".encode() for j in range(400))
+        + b"\n"
+    )
+    at.get("file_uploader")[0].set_value(
+        [
+            ("notes.md", b"# Notes\n\nSome markdown to index. " * 40, "text/markdown"),
+            ("report-copy.txt", duplicate, "text/plain"),
+            ("photo.pdf", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "application/pdf"),
+            ("slides.docx", b"PK\x03\x04" + b"\x00" * 64, "application/octet-stream"),
+        ]
+    )
     at.button[0].click().run()  # the form's Upload button
     assert_ok(at)
     page = texts(at)
@@ -259,7 +303,9 @@ def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
     links = [p.proto.page for p in at.get("page_link")]
     assert links  # every accepted file links to its job
     with Session(ctx.engine) as session:
-        assert session.query(Job).filter(Job.filename == "notes.md").one().status == JobStatus.pending
+        assert (
+            session.query(Job).filter(Job.filename == "notes.md").one().status == JobStatus.pending
+        )
         assert session.query(Job).filter(Job.filename == "photo.pdf").count() == 0
         notes = session.query(Job).filter(Job.filename == "notes.md").one().id
 
@@ -295,12 +341,19 @@ def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx,
     assert f"job={seeded['superseded'][0]}" not in " ".join(links)
 
 
-def test_search_keeps_the_query_in_the_url_says_so_when_empty_spans_all_datasets_and_hides_weak_hits(ctx):
+def test_search_keeps_the_query_in_the_url_says_so_when_empty_spans_all_datasets_and_hides_weak_hits(
+    ctx,
+):
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.running.runner import run_job
 
-    for name, words in (("default", "lighthouse keeper logbook"), ("contracts", "lighthouse tender invoice")):
-        r = ingest_bytes(ctx, ((words + " entry. ") * 40).encode(), dataset=name, filename=f"{name}.txt")
+    for name, words in (
+        ("default", "lighthouse keeper logbook"),
+        ("contracts", "lighthouse tender invoice"),
+    ):
+        r = ingest_bytes(
+            ctx, ((words + " entry. ") * 40).encode(), dataset=name, filename=f"{name}.txt"
+        )
         assert run_job(r.job_id, ctx=ctx).result == "succeeded"
     at = open_console("search")
     at.button[0].click().run()  # nothing typed
@@ -324,18 +377,28 @@ def test_search_keeps_the_query_in_the_url_says_so_when_empty_spans_all_datasets
 
 
 def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx):
-    ctx = make_ctx(SLUICE_CONSOLE_READONLY_PASSWORD="peek-only-8d1f", SLUICE_CHROMA_TOKEN="tok-secret-4c2a")
+    ctx = make_ctx(
+        SLUICE_CONSOLE_READONLY_PASSWORD="peek-only-8d1f", SLUICE_CHROMA_TOKEN="tok-secret-4c2a"
+    )
     at = open_console("system")
     page = texts(at)
     assert f"Instance `{ctx.instance_id}`" in page
     assert "queue Redis" in page and "cache Redis" in page and "chroma" in page
     assert page.count(": reachable") == 3
     assert metric(at, "Precision in force") == "fp32"
-    config = dict(zip(at.dataframe[1].value["variable"], at.dataframe[1].value["value"], strict=True))
+    config = dict(
+        zip(at.dataframe[1].value["variable"], at.dataframe[1].value["value"], strict=True)
+    )
     assert config["SLUICE_CHROMA_TOKEN"] == "set"
     assert config["SLUICE_CONSOLE_READONLY_PASSWORD"] == "set"
     assert config["SLUICE_CONSOLE_PASSWORD"] == "not set"
-    versions = dict(zip(at.dataframe[3].value["package (installed here)"], at.dataframe[3].value["version"], strict=True))
+    versions = dict(
+        zip(
+            at.dataframe[3].value["package (installed here)"],
+            at.dataframe[3].value["version"],
+            strict=True,
+        )
+    )
     assert versions["streamlit"].startswith("1.") and "torch" in versions and "huey" in versions
     everything = page + "".join(df.value.to_csv() for df in at.dataframe)
     assert "peek-only-8d1f" not in everything and "tok-secret-4c2a" not in everything
@@ -355,14 +418,19 @@ def test_every_page_and_a_bulk_retry_on_each_job_store(database_url, make_ctx):
         assert_ok(at)
     at.switch_page("views/jobs_page.py").run()
     at.text_input(key="q").set_value("protected").run()
-    assert sorted(at.dataframe[0].value["file"]) == ["password_protected-0.pdf", "password_protected-1.pdf"]
+    assert sorted(at.dataframe[0].value["file"]) == [
+        "password_protected-0.pdf",
+        "password_protected-1.pdf",
+    ]
     at.switch_page("views/dead_letters_page.py").run()
     at.sidebar.selectbox(key="dataset").set_value("default").run()
     at.button(key="retry_all:user_action_required:password_protected").click().run()
     at.button(key="retry_all:user_action_required:password_protected:yes").click().run()
     assert_ok(at)
     with Session(ctx.engine) as session:
-        assert {session.get(Job, i).status for i in ids["failed:password_protected"]} == {JobStatus.pending}
+        assert {session.get(Job, i).status for i in ids["failed:password_protected"]} == {
+            JobStatus.pending
+        }
 
 
 def test_a_running_job_is_judged_by_the_database_clock_not_the_consoles(seeded, monkeypatch):
@@ -403,11 +471,17 @@ def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(ctx):
 
     with Session(ctx.engine) as session:  # every reaper silent for longer than counts as an outage
         tick = session.exec(select(Instance)).one().reaper_tick_at
-        session.execute(update(Instance).values(
-            reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 5)))
+        session.execute(
+            update(Instance).values(
+                reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 5)
+            )
+        )
         session.commit()
     assert "No worker's recovery round has run for" in system()
 
     recovery.run_once(ctx, publish=lambda _id: None, hold=recovery.ReapHold())  # the tick after it
     page = system()
-    assert "Taking stalled jobs back is held for" in page and "the last round of any worker ran" in page
+    assert (
+        "Taking stalled jobs back is held for" in page
+        and "the last round of any worker ran" in page
+    )

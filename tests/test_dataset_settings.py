@@ -29,10 +29,15 @@ def dataset_row(ctx, name):
 def active_jobs(ctx, name):
     with Session(ctx.engine) as session:
         ds = session.exec(select(Dataset).where(Dataset.name == name)).one()
-        return {d.id: d.active_job_id for d in session.exec(select(Document).where(Document.dataset_id == ds.id))}
+        return {
+            d.id: d.active_job_id
+            for d in session.exec(select(Document).where(Document.dataset_id == ds.id))
+        }
 
 
-def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(database_url, make_ctx):
+def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(
+    database_url, make_ctx
+):
     ctx = make_ctx()
     a = indexed(ctx, ["harbour", "orchard", "glacier"], dataset="alpha")
     b = indexed(ctx, ["harbour", "meadow"], dataset="beta")
@@ -42,31 +47,43 @@ def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(da
     change = settings_changes.propose(ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"})
     assert change.ok and change.from_version == ctx.pipeline_version != change.to_version
     assert (change.plan.documents, change.plan.preview.sampled) == (3, 3)
-    assert change.plan.preview.chunks > sum(j.chunk_count for j in a.values())  # smaller chunks: more
+    assert change.plan.preview.chunks > sum(
+        j.chunk_count for j in a.values()
+    )  # smaller chunks: more
     assert change.plan.preview.to_embed == change.plan.preview.chunks - change.plan.preview.cached
     assert dataset_row(ctx, "alpha").parse_settings is None
     assert len(ctx_jobs(ctx)) == 5
 
-    done = settings_changes.apply(ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"}, actor="test")
+    done = settings_changes.apply(
+        ctx, "alpha", {"chunk_size": "300", "chunk_overlap": "30"}, actor="test"
+    )
     assert done.ok and done.applied and done.reindex.queued == 3, done.message
     row = dataset_row(ctx, "alpha")
-    assert row.parse_settings == {"chunk_size": 300, "chunk_overlap": 30} and row.settings_changed_by == "test"
+    assert (
+        row.parse_settings == {"chunk_size": 300, "chunk_overlap": 30}
+        and row.settings_changed_by == "test"
+    )
 
     new = {r.job_id for r in done.reindex.results}
     assert {job(ctx, i).pipeline_version for i in new} == {done.to_version}
     assert len(ctx_jobs(ctx)) == 8  # three new jobs, all in alpha
     # Search still serves the old chunks until the new jobs run.
-    assert {h.job_id for h in search(ctx, query="glacier section", dataset="alpha", k=5)} <= {j.id for j in a.values()}
+    assert {h.job_id for h in search(ctx, query="glacier section", dataset="alpha", k=5)} <= {
+        j.id for j in a.values()
+    }
 
     for i in new:
         assert run_job(i, ctx=ctx).result == "succeeded"
         j = job(ctx, i)
         assert len(ids_of_job(ctx, i, "alpha")) == j.chunk_count > a[_topic(ctx, j)].chunk_count
-        chunks = ctx.vectors.get(dataset_row(ctx, "alpha").collection, ids_of_job(ctx, i, "alpha"),
-                                 include=["documents"])["documents"]
+        chunks = ctx.vectors.get(
+            dataset_row(ctx, "alpha").collection, ids_of_job(ctx, i, "alpha"), include=["documents"]
+        )["documents"]
         assert max(len(c) for c in chunks) <= 300
     assert set(active_jobs(ctx, "alpha").values()) == new
-    assert active_jobs(ctx, "beta") == before_b and {j.pipeline_version for j in b.values()} == {ctx.pipeline_version}
+    assert active_jobs(ctx, "beta") == before_b and {j.pipeline_version for j in b.values()} == {
+        ctx.pipeline_version
+    }
     assert {h.job_id for h in search(ctx, query="glacier section", dataset="alpha", k=5)} <= new
 
     # New uploads to alpha are cut with its settings; beta keeps the process's.
@@ -76,7 +93,9 @@ def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(da
     assert job(ctx, r.job_id).pipeline_version == ctx.pipeline_version
 
     # Unsetting goes back to the process's settings (and the old version, whose jobs are superseded now).
-    back = settings_changes.apply(ctx, "alpha", {"chunk_size": None, "chunk_overlap": None}, actor="test")
+    back = settings_changes.apply(
+        ctx, "alpha", {"chunk_size": None, "chunk_overlap": None}, actor="test"
+    )
     assert back.ok and back.to_version == ctx.pipeline_version and back.reindex.queued == 3
     assert dataset_row(ctx, "alpha").parse_settings is None
 
@@ -93,20 +112,28 @@ def _topic(ctx, j):
 
 def test_a_job_waiting_under_the_old_settings_builds_the_new_ones(database_url, make_ctx):
     ctx = make_ctx()
-    r = ingest_bytes(ctx, text("harbour"), dataset="alpha", filename="harbour.txt")  # queued, not run yet
+    r = ingest_bytes(
+        ctx, text("harbour"), dataset="alpha", filename="harbour.txt"
+    )  # queued, not run yet
     old = job(ctx, r.job_id).pipeline_version
 
     done = settings_changes.apply(ctx, "alpha", {"chunk_size": "400"}, actor="test")
     assert done.ok and done.restamped == [r.job_id] and done.reindex.queued == 0
     j = job(ctx, r.job_id)
-    assert j.pipeline_version == done.to_version != old and j.idempotency_key.endswith(done.to_version)
+    assert j.pipeline_version == done.to_version != old and j.idempotency_key.endswith(
+        done.to_version
+    )
     assert [e.data for e in events(ctx, r.job_id) if e.kind == "restamped"] == [
-        {"from_version": old, "to_version": done.to_version}]
+        {"from_version": old, "to_version": done.to_version}
+    ]
 
     # A worker started before the change reads the dataset's settings with the job: no restart.
     assert run_job(r.job_id, ctx=ctx).result == "succeeded"
-    chunks = ctx.vectors.get(dataset_row(ctx, "alpha").collection, ids_of_job(ctx, r.job_id, "alpha"),
-                             include=["documents"])["documents"]
+    chunks = ctx.vectors.get(
+        dataset_row(ctx, "alpha").collection,
+        ids_of_job(ctx, r.job_id, "alpha"),
+        include=["documents"],
+    )["documents"]
     assert max(len(c) for c in chunks) <= 400 and len(chunks) == job(ctx, r.job_id).chunk_count
 
 
@@ -122,14 +149,21 @@ def test_bad_settings_are_refused_and_nothing_is_written(ctx):
     for (key, value), words in cases.items():
         change = settings_changes.apply(ctx, "alpha", {key: value}, actor="test")
         assert not change.ok and words in change.message, change.message
-    assert settings_changes.apply(ctx, "nowhere", {"chunk_size": "400"}, actor="test").message == "no dataset named 'nowhere'"
+    assert (
+        settings_changes.apply(ctx, "nowhere", {"chunk_size": "400"}, actor="test").message
+        == "no dataset named 'nowhere'"
+    )
     assert dataset_row(ctx, "alpha").parse_settings is None
     assert len(ctx_jobs(ctx)) == 1
 
 
-@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs Debian's tesseract-ocr: `make ocr`")
+@pytest.mark.skipif(
+    shutil.which("tesseract") is None, reason="needs Debian's tesseract-ocr: `make ocr`"
+)
 def test_ocr_off_in_one_dataset_leaves_its_scans_to_the_operator_and_the_other_reads_them(ctx):
-    assert settings_changes.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok is False  # no such dataset yet
+    assert (
+        settings_changes.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok is False
+    )  # no such dataset yet
     ingest_bytes(ctx, text("harbour"), dataset="typed-only", filename="harbour.txt")
     assert settings_changes.apply(ctx, "typed-only", {"ocr_mode": "off"}, actor="test").ok
 
@@ -137,7 +171,9 @@ def test_ocr_off_in_one_dataset_leaves_its_scans_to_the_operator_and_the_other_r
     on = ingest_bytes(ctx, pdfmaker.scanned(), dataset="default", filename="scan.pdf")
     assert run_job(off.job_id, ctx=ctx).result == "failed"
     assert (job(ctx, off.job_id).error_code, job(ctx, off.job_id).error_kind.value) == (
-        "no_text_layer", "user_action_required")
+        "no_text_layer",
+        "user_action_required",
+    )
     assert run_job(on.job_id, ctx=ctx).result == "succeeded"
     assert search(ctx, query="fog horn sounded twice a minute", dataset="default", k=1)[0].ocr
 
@@ -156,7 +192,10 @@ def test_the_cli_shows_previews_and_applies_with_yes(ctx, capsys):
 
     assert main(["datasets", "alpha"]) == 0
     out = capsys.readouterr().out
-    assert "chunk_size     800    default (SLUICE_*)" in out and f"pipeline {ctx.pipeline_version}" in out
+    assert (
+        "chunk_size     800    default (SLUICE_*)" in out
+        and f"pipeline {ctx.pipeline_version}" in out
+    )
 
     assert main(["datasets", "alpha", "--set", "chunk_size=400"]) == 0
     out = capsys.readouterr().out
@@ -165,12 +204,20 @@ def test_the_cli_shows_previews_and_applies_with_yes(ctx, capsys):
 
     assert main(["datasets", "alpha", "--set", "chunk_size=400", "--yes", "--json"]) == 0
     change = json.loads(capsys.readouterr().out)
-    assert change["applied"] and change["reindex"]["queued"] == 2 and change["after"] == {"chunk_size": 400}
+    assert (
+        change["applied"]
+        and change["reindex"]["queued"] == 2
+        and change["after"] == {"chunk_size": 400}
+    )
 
     assert main(["datasets", "alpha", "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
-    assert view["settings"][0] == {"key": "chunk_size", "value": 400, "source": "dataset",
-                                   "description": "characters per chunk (100-8000)"}
+    assert view["settings"][0] == {
+        "key": "chunk_size",
+        "value": 400,
+        "source": "dataset",
+        "description": "characters per chunk (100-8000)",
+    }
     assert view["documents_to_rebuild"] == 0  # both queued: under way, not behind
     assert view["changed_by"].startswith("cli:")
 

@@ -29,7 +29,9 @@ def ingest_and_run(ctx, data, dataset, filename):
     return r
 
 
-def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_goes(database_url, ctx, capsys):
+def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_goes(
+    database_url, ctx, capsys
+):
     a = ingest_and_run(ctx, ALPHA, "default", "alpha.txt")
     b = ingest_and_run(ctx, BETA, "default", "beta.txt")
     a2 = ingest_and_run(ctx, ALPHA, "other", "alpha-copy.txt")  # same bytes, another dataset
@@ -50,10 +52,17 @@ def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_
     doc = document(ctx, a.document_id)
     assert doc.deleted_at is not None and doc.active_job_id is None
     kinds = [e.kind for e in events(ctx, a.job_id)]
-    assert kinds[:3] == ["created", "claimed", "succeeded"] and kinds[-2:] == ["deleted", "vectors_removed"]
+    assert kinds[:3] == ["created", "claimed", "succeeded"] and kinds[-2:] == [
+        "deleted",
+        "vectors_removed",
+    ]
     assert [e.actor for e in events(ctx, a.job_id)][-1] == "test"
-    assert {h.filename for h in search(ctx, query="albatross migration", dataset="default", k=5)} == {"beta.txt"}
-    assert {h.filename for h in search(ctx, query="albatross migration", dataset="other", k=5)} == {"alpha-copy.txt"}
+    assert {
+        h.filename for h in search(ctx, query="albatross migration", dataset="default", k=5)
+    } == {"beta.txt"}
+    assert {h.filename for h in search(ctx, query="albatross migration", dataset="other", k=5)} == {
+        "alpha-copy.txt"
+    }
 
     # The last document with these bytes goes, by its job id through the CLI: the blob goes too.
     assert cli(["delete", str(a2.job_id)]) == 0
@@ -76,7 +85,9 @@ def test_the_same_bytes_can_be_uploaded_again_after_a_delete(ctx):
     assert run_job(a.job_id, ctx=ctx).result == "succeeded"
     assert document(ctx, a.document_id).deleted_at is None
     assert ctx.blobs.exists(document(ctx, a.document_id).blob_key)
-    assert [h.filename for h in search(ctx, query="albatross", dataset="default", k=1)] == ["alpha.txt"]
+    assert [h.filename for h in search(ctx, query="albatross", dataset="default", k=1)] == [
+        "alpha.txt"
+    ]
     assert "reuploaded" in [e.kind for e in events(ctx, a.job_id)]
 
 

@@ -14,8 +14,13 @@ from tests.helpers import collection
 
 pytestmark = pytest.mark.slow
 
-TEXT_PDFS = ["001-minimal-document.pdf", "004-pdflatex-4-pages.pdf", "011-google-doc-document.pdf",
-             "021-crazyones-pdfa.pdf", "026-multicolumn.pdf"]
+TEXT_PDFS = [
+    "001-minimal-document.pdf",
+    "004-pdflatex-4-pages.pdf",
+    "011-google-doc-document.pdf",
+    "021-crazyones-pdfa.pdf",
+    "026-multicolumn.pdf",
+]
 
 SEARCHER = r"""
 import json, sys
@@ -33,23 +38,39 @@ for line in sys.stdin:
 
 
 def sluice(*args, env):
-    return subprocess.run([sys.executable, "-m", "sluice.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
-def test_ingest_through_the_real_system_and_search_from_another_process(ctx, samples, start_worker, tmp_path):
+def test_ingest_through_the_real_system_and_search_from_another_process(
+    ctx, samples, start_worker, tmp_path
+):
     env = {**os.environ, "SLUICE_EMBEDDER": "sentence-transformers"}
-    searcher = subprocess.Popen([sys.executable, "-c", SEARCHER], env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+    searcher = subprocess.Popen(
+        [sys.executable, "-c", SEARCHER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert searcher.stdout.readline().strip() == "ready"
         start_worker(env={"SLUICE_EMBEDDER": "sentence-transformers"})
         folder = tmp_path / "upload"
         folder.mkdir()
-        (folder / "notes.txt").write_text("Beekeeping notes. The queen bee lays up to two thousand eggs a day "
-                                          "in spring, and worker bees build wax comb.\n" * 5)
-        (folder / "guide.md").write_text("# Sourdough\n\nFeed the starter with rye flour and water, then "
-                                         "wait until it doubles before baking the bread.\n" * 5)
+        (folder / "notes.txt").write_text(
+            "Beekeeping notes. The queen bee lays up to two thousand eggs a day "
+            "in spring, and worker bees build wax comb.\n" * 5
+        )
+        (folder / "guide.md").write_text(
+            "# Sourdough\n\nFeed the starter with rye flour and water, then "
+            "wait until it doubles before baking the bread.\n" * 5
+        )
         files = [str(samples / n) for n in TEXT_PDFS] + [str(folder)]
 
         done = sluice("ingest", *files, "--dataset", "kb", "--wait", env=env)
@@ -60,15 +81,27 @@ def test_ingest_through_the_real_system_and_search_from_another_process(ctx, sam
         rows = json.loads(listed.stdout)
         assert len(rows) == len(TEXT_PDFS) + 2
         assert {r["status"] for r in rows} == {"succeeded"}
-        for key in ("id", "dataset", "filename", "status", "stage", "done", "total", "attempt",
-                    "error_kind", "error_message"):
+        for key in (
+            "id",
+            "dataset",
+            "filename",
+            "status",
+            "stage",
+            "done",
+            "total",
+            "attempt",
+            "error_kind",
+            "error_message",
+        ):
             assert key in rows[0]
         with Session(ctx.engine) as session:
             jobs = list_jobs(session=session, f=JobFilter(statuses=["succeeded"]))
         assert ctx.vectors.count(collection(ctx, "kb")) == sum(j.chunk_count for j in jobs)
 
-        for query, expected in [("how many eggs does the queen bee lay", "notes.txt"),
-                                ("feeding a sourdough starter with rye flour", "guide.md")]:
+        for query, expected in [
+            ("how many eggs does the queen bee lay", "notes.txt"),
+            ("feeding a sourdough starter with rye flour", "guide.md"),
+        ]:
             searcher.stdin.write(json.dumps({"query": query, "dataset": "kb"}) + "\n")
             searcher.stdin.flush()
             hits = json.loads(searcher.stdout.readline())
@@ -80,7 +113,9 @@ def test_ingest_through_the_real_system_and_search_from_another_process(ctx, sam
 
         shown = sluice("datasets", "--json", env=env)
         kb = next(d for d in json.loads(shown.stdout) if d["name"] == "kb")
-        assert kb["documents"] == len(TEXT_PDFS) + 2 and kb["chunks"] == sum(j.chunk_count for j in jobs)
+        assert kb["documents"] == len(TEXT_PDFS) + 2 and kb["chunks"] == sum(
+            j.chunk_count for j in jobs
+        )
 
         found = sluice("search", "queen bee eggs", "--dataset", "kb", "--json", env=env)
         assert json.loads(found.stdout)[0]["filename"] == "notes.txt"

@@ -15,8 +15,10 @@ from sluice.storage.models import Job, JobStatus, utcnow
 from tests.helpers import Background, collection, events, ids_of_job, job
 from tests.servers import free_port
 
-LONG = "".join(f"Paragraph {i} explains part {i} of the manual in its own words. " * 12 + "\n\n"
-               for i in range(40)).encode()
+LONG = "".join(
+    f"Paragraph {i} explains part {i} of the manual in its own words. " * 12 + "\n\n"
+    for i in range(40)
+).encode()
 
 
 class TimingOutEmbedder(HashEmbedder):
@@ -135,7 +137,9 @@ def test_flushing_the_cache_redis_loses_nothing(ctx, services):
 
 
 def test_cache_redis_down_costs_time_only(make_ctx, services):
-    ctx = make_ctx(SLUICE_CACHE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    ctx = make_ctx(
+        SLUICE_CACHE_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0"
+    )  # nothing listens there
     r = ingest_bytes(ctx, LONG, dataset="default", filename="manual.txt")
 
     assert run_job(r.job_id, ctx=ctx).result == "succeeded"
@@ -146,7 +150,9 @@ def test_cache_redis_down_costs_time_only(make_ctx, services):
 
 
 def test_permanent_error_is_tried_once(ctx):
-    r = ingest_bytes(ctx, b"%PDF-1.7\n" + bytes(range(256)) * 40, dataset="default", filename="broken.pdf")
+    r = ingest_bytes(
+        ctx, b"%PDF-1.7\n" + bytes(range(256)) * 40, dataset="default", filename="broken.pdf"
+    )
 
     out = run_job(r.job_id, ctx=ctx)
 
@@ -201,7 +207,9 @@ def test_reaper_takes_back_stale_running_jobs_but_never_waiting_ones(ctx):
         w.created_at = w.updated_at = old  # waited in the queue for an hour
         session.add(w)
         session.commit()
-        claim = jobs.claim(session=session, job_id=stale.job_id, worker_id="ghost:1", lease_seconds=60)
+        claim = jobs.claim(
+            session=session, job_id=stale.job_id, worker_id="ghost:1", lease_seconds=60
+        )
         assert claim.claimed
         s = session.get(Job, stale.job_id)
         s.heartbeat_at = old
@@ -230,7 +238,11 @@ def test_a_collection_recreated_behind_the_workers_back_is_found_again(ctx):
     other.drop_collection(name)
     other.collection(name)
 
-    second = ingest_bytes(ctx, LONG.replace(b"manual", b"guide"), dataset="default", filename="second.txt")
-    assert run_job(second.job_id, ctx=ctx).result == "succeeded", job(ctx, second.job_id).error_message
+    second = ingest_bytes(
+        ctx, LONG.replace(b"manual", b"guide"), dataset="default", filename="second.txt"
+    )
+    assert run_job(second.job_id, ctx=ctx).result == "succeeded", job(
+        ctx, second.job_id
+    ).error_message
     j = job(ctx, second.job_id)
     assert j.attempt == 1 and len(ids_of_job(ctx, second.job_id)) == j.chunk_count

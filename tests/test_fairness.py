@@ -36,7 +36,9 @@ def test_the_dispatcher_keeps_a_window_and_shares_it_across_datasets(database_ur
 
     later = make_job(engine, "big", 50).id  # run next: ahead of every older job of its dataset
     with Session(engine) as session:
-        assert [r.ok for r in jobs.run_next(session=session, job_ids=[later], actor="alice")] == [True]
+        assert [r.ok for r in jobs.run_next(session=session, job_ids=[later], actor="alice")] == [
+            True
+        ]
     _claim(engine, again[0])
     nxt: list[int] = []
     dispatch(engine=engine, publish=nxt.append, window=4)
@@ -64,15 +66,28 @@ def test_one_upload_to_a_quiet_dataset_starts_within_about_two_jobs(make_ctx, st
     from sluice.pipeline.queueing.publishing import publish
 
     ctx = make_ctx(SLUICE_DISPATCH_PER_THREAD="2")  # two worker threads: four messages on the queue
-    big = [ingest_bytes(ctx, f"big document {n}. ".encode() * 40, dataset="big", filename=f"b{n}.txt",
-                        publish=publish).job_id for n in range(200)]
-    lone = ingest_bytes(ctx, b"the lone document. " * 40, dataset="lone", filename="lone.txt",
-                        publish=publish).job_id
+    big = [
+        ingest_bytes(
+            ctx,
+            f"big document {n}. ".encode() * 40,
+            dataset="big",
+            filename=f"b{n}.txt",
+            publish=publish,
+        ).job_id
+        for n in range(200)
+    ]
+    lone = ingest_bytes(
+        ctx, b"the lone document. " * 40, dataset="lone", filename="lone.txt", publish=publish
+    ).job_id
     start_worker(workers=2)
     wait_for(ctx, [lone], timeout=60)
     with Session(ctx.engine) as session:
-        claims = [e.job_id for e in session.exec(
-            select(JobEvent).where(JobEvent.kind == "claimed").order_by(JobEvent.id)).all()]
+        claims = [
+            e.job_id
+            for e in session.exec(
+                select(JobEvent).where(JobEvent.kind == "claimed").order_by(JobEvent.id)
+            ).all()
+        ]
     before = claims.index(lone)
     assert before <= 4 + 2, f"the lone job started after {before} jobs of the big dataset"
     assert job(ctx, lone).status.value == "succeeded"

@@ -21,9 +21,13 @@ def make_docx() -> bytes:
 
     document = docx.Document()
     document.add_heading("Introduction", level=1)
-    document.add_paragraph("The ferry timetable changes every spring when the ice leaves the sound.")
+    document.add_paragraph(
+        "The ferry timetable changes every spring when the ice leaves the sound."
+    )
     document.add_heading("Tariffs", level=1)
-    document.add_paragraph("A return ticket for a bicycle costs four euros on the morning crossing.")
+    document.add_paragraph(
+        "A return ticket for a bicycle costs four euros on the morning crossing."
+    )
     out = io.BytesIO()
     document.save(out)
     return out.getvalue()
@@ -33,8 +37,10 @@ def make_pptx() -> bytes:
     import pptx
 
     deck = pptx.Presentation()
-    for title, body in (("Quarter review", "Sales of wool blankets doubled in the coastal shops."),
-                        ("Next steps", "The beekeepers cooperative opens a second honey warehouse.")):
+    for title, body in (
+        ("Quarter review", "Sales of wool blankets doubled in the coastal shops."),
+        ("Next steps", "The beekeepers cooperative opens a second honey warehouse."),
+    ):
         slide = deck.slides.add_slide(deck.slide_layouts[1])
         slide.shapes.title.text = title
         slide.placeholders[1].text = body
@@ -54,19 +60,31 @@ def make_epub() -> bytes:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w") as book:
         book.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip")
-        book.writestr("META-INF/container.xml", """<?xml version="1.0"?>
+        book.writestr(
+            "META-INF/container.xml",
+            """<?xml version="1.0"?>
 <container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">
 <rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/></rootfiles>
-</container>""")
-        book.writestr("OEBPS/content.opf", """<?xml version="1.0"?>
+</container>""",
+        )
+        book.writestr(
+            "OEBPS/content.opf",
+            """<?xml version="1.0"?>
 <package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata/>
 <manifest><item id="c1" href="one.xhtml" media-type="application/xhtml+xml"/>
 <item id="c2" href="two.xhtml" media-type="application/xhtml+xml"/></manifest>
-<spine><itemref idref="c1"/><itemref idref="c2"/></spine></package>""")
-        book.writestr("OEBPS/one.xhtml", "<html><body><h1>Arrival</h1><p>The captain sighted the "
-                                         "lighthouse at dawn.</p></body></html>")
-        book.writestr("OEBPS/two.xhtml", "<html><body><h1>Harbour</h1><p>Stevedores unloaded crates of "
-                                         "oranges from Valencia all afternoon.</p></body></html>")
+<spine><itemref idref="c1"/><itemref idref="c2"/></spine></package>""",
+        )
+        book.writestr(
+            "OEBPS/one.xhtml",
+            "<html><body><h1>Arrival</h1><p>The captain sighted the "
+            "lighthouse at dawn.</p></body></html>",
+        )
+        book.writestr(
+            "OEBPS/two.xhtml",
+            "<html><body><h1>Harbour</h1><p>Stevedores unloaded crates of "
+            "oranges from Valencia all afternoon.</p></body></html>",
+        )
     return out.getvalue()
 
 
@@ -78,11 +96,31 @@ def make_csv() -> bytes:
 
 
 CASES = {
-    "report.docx": (make_docx, formats.DOCX, "bicycle return ticket price morning crossing", "section 2: Tariffs"),
+    "report.docx": (
+        make_docx,
+        formats.DOCX,
+        "bicycle return ticket price morning crossing",
+        "section 2: Tariffs",
+    ),
     "deck.pptx": (make_pptx, formats.PPTX, "beekeepers open a second honey warehouse", "slide 2"),
-    "mill.html": (lambda: HTML_PAGE, formats.HTML, "volunteers replaced the oak paddles", "section 2: Repairs"),
-    "voyage.epub": (make_epub, formats.EPUB, "stevedores unloaded crates of oranges", "chapter 2, section 1: Harbour"),
-    "levels.csv": (make_csv, formats.CSV, "flood warning issued for the old town embankment", "rows 202-400"),
+    "mill.html": (
+        lambda: HTML_PAGE,
+        formats.HTML,
+        "volunteers replaced the oak paddles",
+        "section 2: Repairs",
+    ),
+    "voyage.epub": (
+        make_epub,
+        formats.EPUB,
+        "stevedores unloaded crates of oranges",
+        "chapter 2, section 1: Harbour",
+    ),
+    "levels.csv": (
+        make_csv,
+        formats.CSV,
+        "flood warning issued for the old town embankment",
+        "rows 202-400",
+    ),
 }
 
 
@@ -106,7 +144,10 @@ def test_each_new_type_is_found_by_a_phrase_and_says_where(ctx, name):
 
 def test_types_come_from_the_bytes_not_the_name(ctx):
     assert sniff_type(HTML_PAGE, "notes.txt") == formats.HTML
-    assert sniff_type(b"just a sentence, with a comma\nand a second line\n", "table.csv") == "text/plain"
+    assert (
+        sniff_type(b"just a sentence, with a comma\nand a second line\n", "table.csv")
+        == "text/plain"
+    )
     wrong = run(ctx, make_pptx(), "really-a-deck.docx")
     with Session(ctx.engine) as session:
         assert session.get(Document, wrong.document_id).media_type == formats.PPTX

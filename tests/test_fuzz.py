@@ -43,27 +43,27 @@ def _truncate(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes:
 def _splice(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes:
     donor = rng.choice(donors)
     start = rng.randrange(len(donor))
-    piece = donor[start:start + rng.randint(16, 8192)]
+    piece = donor[start : start + rng.randint(16, 8192)]
     at = rng.randrange(len(data))
     if rng.random() < 0.5:
         return data[:at] + piece + data[at:]  # inserted: every later offset shifts
-    return data[:at] + piece + data[at + len(piece):]  # overwritten in place
+    return data[:at] + piece + data[at + len(piece) :]  # overwritten in place
 
 
 def _zero_range(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes:
     at = rng.randrange(len(data))
     n = rng.randint(1, 4096)
-    return data[:at] + bytes(min(n, len(data) - at)) + data[at + n:]
+    return data[:at] + bytes(min(n, len(data) - at)) + data[at + n :]
 
 
 def _drop_range(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes:
     at = rng.randrange(len(data))
-    return data[:at] + data[at + rng.randint(1, 4096):]
+    return data[:at] + data[at + rng.randint(1, 4096) :]
 
 
 def _repeat_range(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes:
     at = rng.randrange(len(data))
-    piece = data[at:at + rng.randint(1, 2048)]
+    piece = data[at : at + rng.randint(1, 2048)]
     return data[:at] + piece * rng.randint(2, 20) + data[at:]
 
 
@@ -79,7 +79,7 @@ def _damage_near(token: bytes) -> Callable[[random.Random, bytes, list[bytes]], 
             return _flip(rng, data, donors)
         at = rng.choice(spots) + len(token)
         n = rng.randint(1, 64)
-        return data[:at] + rng.randbytes(n) + data[at + n:]
+        return data[:at] + rng.randbytes(n) + data[at + n :]
 
     return mutate
 
@@ -131,7 +131,11 @@ def check_classified(ctx, name: str, result, outcomes: Counter) -> None:
         return
     assert j.status == JobStatus.failed, (name, j.status, j.error_message)
     assert j.error_kind is not None and j.error_code and j.error_message, (name, j)
-    assert j.error_code not in ("internal_error", "service_unavailable"), (name, j.error_message, j.error_detail)
+    assert j.error_code not in ("internal_error", "service_unavailable"), (
+        name,
+        j.error_message,
+        j.error_detail,
+    )
     outcomes[("failed", j.error_kind.value, j.error_code)] += 1
 
 
@@ -163,8 +167,10 @@ def test_a_worker_survives_a_batch_of_mutated_pdfs(make_ctx, samples, start_work
 
     worker = start_worker(workers=2)
     corpus = load_corpus(samples)
-    results = [(name, ingest_bytes(ctx, data, dataset="default", filename=name, publish=publish))
-               for name, data in mutated_pdfs(corpus, WORKER_CASES, SEED + 1)]
+    results = [
+        (name, ingest_bytes(ctx, data, dataset="default", filename=name, publish=publish))
+        for name, data in mutated_pdfs(corpus, WORKER_CASES, SEED + 1)
+    ]
     job_ids = [r.job_id for _, r in results if r.accepted]
     wait_for(ctx, job_ids, timeout=180)
     outcomes: Counter = Counter()

@@ -47,7 +47,9 @@ def wait_for_event(ctx, job_id, kind, timeout=30):
         if any(e.kind == kind for e in events(ctx, job_id)):
             return
         time.sleep(0.1)
-    raise AssertionError(f"no {kind} event for job {job_id}: {[e.kind for e in events(ctx, job_id)]}")
+    raise AssertionError(
+        f"no {kind} event for job {job_id}: {[e.kind for e in events(ctx, job_id)]}"
+    )
 
 
 def test_rerun_after_reindex_rewrites_nothing_and_drops_stale_ids(ctx):
@@ -65,11 +67,23 @@ def test_rerun_after_reindex_rewrites_nothing_and_drops_stale_ids(ctx):
         doc = session.get(Document, r.document_id)
     # An older run of this job left a chunk beyond today's count.
     stray = chunk_id(doc.sha256, job(ctx, r.job_id).pipeline_version, 999)
-    ctx.vectors.add(collection(ctx), ids=[stray], embeddings=ctx.embedder.encode(["stray"]),
-                    documents=["stray"], metadatas=[{"job_id": r.job_id, "document_id": doc.id,
-                                                     "pipeline_version": job(ctx, r.job_id).pipeline_version,
-                                                     "position": 999, "page": 1, "filename": "doc.txt",
-                                                     "sha256": doc.sha256}])
+    ctx.vectors.add(
+        collection(ctx),
+        ids=[stray],
+        embeddings=ctx.embedder.encode(["stray"]),
+        documents=["stray"],
+        metadatas=[
+            {
+                "job_id": r.job_id,
+                "document_id": doc.id,
+                "pipeline_version": job(ctx, r.job_id).pipeline_version,
+                "position": 999,
+                "page": 1,
+                "filename": "doc.txt",
+                "sha256": doc.sha256,
+            }
+        ],
+    )
     with Session(ctx.engine) as session:
         [res] = jobs.reindex(session=session, job_ids=[r.job_id], actor="test")
     assert res.ok, res.message

@@ -42,12 +42,23 @@ def new_job(engine, n: int, *, dataset: str = DEFAULT_DATASET, max_attempts: int
     sha = f"{n:064x}"
     with Session(engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name=dataset)
-        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="application/pdf",
-                       filename=f"doc-{n}.pdf", blob_key=sha)
+        doc = Document(
+            dataset_id=ds.id,
+            sha256=sha,
+            size=10,
+            media_type="application/pdf",
+            filename=f"doc-{n}.pdf",
+            blob_key=sha,
+        )
         session.add(doc)
         session.flush()
-        job, created = jobs.create_job(session=session, document=doc, pipeline_version="vtest",
-                                       idempotency_key=f"{ds.id}:{sha}:vtest", max_attempts=max_attempts)
+        job, created = jobs.create_job(
+            session=session,
+            document=doc,
+            pipeline_version="vtest",
+            idempotency_key=f"{ds.id}:{sha}:vtest",
+            max_attempts=max_attempts,
+        )
         session.commit()
         assert created
         return job.id
@@ -60,7 +71,11 @@ def get(engine, job_id: int) -> Job:
 
 def kinds(engine, job_id: int) -> list[str]:
     with Session(engine) as session:
-        return list(session.exec(select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+        return list(
+            session.exec(
+                select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            )
+        )
 
 
 def claim(engine, job_id: int, worker: str = "w1") -> jobs.ClaimResult:
@@ -70,9 +85,19 @@ def claim(engine, job_id: int, worker: str = "w1") -> jobs.ClaimResult:
 
 def fail(engine, job_id: int, lease: int, kind: ErrorKind, code: str = "boom") -> Job | None:
     with Session(engine, expire_on_commit=False) as session:
-        return jobs.fail(session=session, job_id=job_id, lease=lease, kind=kind, code=code,
-                         message=f"{code} happened", hint="do something", detail="trace", worker_id="w1",
-                         base_delay=0.01, max_delay=0.02)
+        return jobs.fail(
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            kind=kind,
+            code=code,
+            message=f"{code} happened",
+            hint="do something",
+            detail="trace",
+            worker_id="w1",
+            base_delay=0.01,
+            max_delay=0.02,
+        )
 
 
 def unsent(engine) -> int:
@@ -115,8 +140,12 @@ def test_schema_on_a_fresh_and_on_an_existing_database(database_url):
     init_schema(again)
     init_schema(again)
     with Session(again) as session:
-        assert session.exec(select(func.count()).select_from(Dataset)
-                            .where(Dataset.name == DEFAULT_DATASET)).one() == 1
+        assert (
+            session.exec(
+                select(func.count()).select_from(Dataset).where(Dataset.name == DEFAULT_DATASET)
+            ).one()
+            == 1
+        )
         assert session.get(Job, job_id).status == JobStatus.pending
 
 
@@ -142,7 +171,9 @@ def test_an_index_a_newer_version_defines_is_made_on_an_existing_database(databa
     try:
         _, errors = together(init_schema, [(e,) for e in engines])
         assert errors == []
-        assert [ix["name"] for ix in inspect(engines[0]).get_indexes("job")].count("ix_job_status_finished") == 1
+        assert [ix["name"] for ix in inspect(engines[0]).get_indexes("job")].count(
+            "ix_job_status_finished"
+        ) == 1
     finally:
         for e in engines:
             e.dispose()
@@ -155,7 +186,9 @@ def test_several_processes_create_the_schema_at_once(database_url):
         _, errors = together(init_schema, [(e,) for e in engines])
         assert errors == []
         with Session(engines[0]) as session:
-            assert len(session.exec(select(Dataset).where(Dataset.name == DEFAULT_DATASET)).all()) == 1
+            assert (
+                len(session.exec(select(Dataset).where(Dataset.name == DEFAULT_DATASET)).all()) == 1
+            )
         assert set(SQLModel.metadata.tables) <= set(inspect(engines[0]).get_table_names())
     finally:
         for e in engines:
@@ -168,13 +201,24 @@ def test_several_processes_create_the_schema_at_once(database_url):
 def test_create_writes_job_outbox_and_event_and_is_idempotent(engine):
     job_id = new_job(engine, 1)
     job = get(engine, job_id)
-    assert (job.status, job.stage, job.attempt, job.lease, job.version) == (JobStatus.pending, Stage.queued, 0, 0, 0)
+    assert (job.status, job.stage, job.attempt, job.lease, job.version) == (
+        JobStatus.pending,
+        Stage.queued,
+        0,
+        0,
+        0,
+    )
     assert kinds(engine, job_id) == ["created"]
     assert unsent(engine) == 1
     with Session(engine, expire_on_commit=False) as session:
         doc = session.get(Document, job.document_id)
-        same, created = jobs.create_job(session=session, document=doc, pipeline_version="vtest",
-                                        idempotency_key=job.idempotency_key, max_attempts=3)
+        same, created = jobs.create_job(
+            session=session,
+            document=doc,
+            pipeline_version="vtest",
+            idempotency_key=job.idempotency_key,
+            max_attempts=3,
+        )
         session.commit()
     assert (same.id, created) == (job_id, False)
     assert unsent(engine) == 1
@@ -201,7 +245,11 @@ def test_racing_claims_never_double_claim(engine):
         assert len(winners) == 1, [r.reason for r in results]
         job = get(engine, job_id)
         assert (job.status, job.attempt, job.lease, job.worker_id) == (
-            JobStatus.running, 1, 1, winners[0].job.worker_id)
+            JobStatus.running,
+            1,
+            1,
+            winners[0].job.worker_id,
+        )
         seen = kinds(engine, job_id)
         assert seen.count("claimed") == 1 and seen.count("noop") == racers - 1
 
@@ -213,31 +261,66 @@ def test_progress_is_fenced_by_the_lease_and_reports_cancel(engine):
     job_id = new_job(engine, 1)
     lease = claim(engine, job_id).job.lease
     with Session(engine) as session:
-        assert jobs.progress(session=session, job_id=job_id, lease=lease, stage=Stage.embedding,
-                             done=3, total=10) is False
+        assert (
+            jobs.progress(
+                session=session, job_id=job_id, lease=lease, stage=Stage.embedding, done=3, total=10
+            )
+            is False
+        )
     job = get(engine, job_id)
     assert (job.stage, job.done, job.total) == (Stage.embedding, 3, 10)
     with Session(engine) as session, pytest.raises(LeaseLost):
-        jobs.progress(session=session, job_id=job_id, lease=lease + 1, stage=Stage.embedding, done=4, total=10)
+        jobs.progress(
+            session=session, job_id=job_id, lease=lease + 1, stage=Stage.embedding, done=4, total=10
+        )
     with Session(engine) as session:
         assert jobs.heartbeat(session=session, job_id=job_id, lease=lease)
         assert not jobs.heartbeat(session=session, job_id=job_id, lease=lease + 1)
         assert jobs.request_cancel(session=session, job_ids=[job_id], actor="op")[0].ok
-        assert jobs.progress(session=session, job_id=job_id, lease=lease, stage=Stage.embedding,
-                             done=5, total=10) is True
+        assert (
+            jobs.progress(
+                session=session, job_id=job_id, lease=lease, stage=Stage.embedding, done=5, total=10
+            )
+            is True
+        )
 
 
 def test_succeed_makes_the_job_active_and_needs_the_lease(engine):
     job_id = new_job(engine, 1)
     lease = claim(engine, job_id).job.lease
     with Session(engine) as session, pytest.raises(LeaseLost):
-        jobs.succeed(session=session, job_id=job_id, lease=lease + 1, chunk_count=4, page_count=2,
-                     worker_id="w1", embedded=4, cached=0)
+        jobs.succeed(
+            session=session,
+            job_id=job_id,
+            lease=lease + 1,
+            chunk_count=4,
+            page_count=2,
+            worker_id="w1",
+            embedded=4,
+            cached=0,
+        )
     with Session(engine) as session:
-        assert jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=4, page_count=2,
-                            worker_id="w1", embedded=3, cached=1) == []
+        assert (
+            jobs.succeed(
+                session=session,
+                job_id=job_id,
+                lease=lease,
+                chunk_count=4,
+                page_count=2,
+                worker_id="w1",
+                embedded=3,
+                cached=1,
+            )
+            == []
+        )
     job = get(engine, job_id)
-    assert (job.status, job.stage, job.chunk_count, job.done, job.total) == (JobStatus.succeeded, Stage.done, 4, 4, 4)
+    assert (job.status, job.stage, job.chunk_count, job.done, job.total) == (
+        JobStatus.succeeded,
+        Stage.done,
+        4,
+        4,
+        4,
+    )
     with Session(engine) as session:
         assert session.get(Document, job.document_id).active_job_id == job_id
     assert not claim(engine, job_id).claimed  # a late delivery of a finished job
@@ -249,7 +332,9 @@ def test_transient_failure_retries_with_backoff_until_the_budget_is_spent(engine
     after = fail(engine, job_id, lease, ErrorKind.transient, "service_unavailable")
     assert after.status == JobStatus.retrying and after.next_attempt_at is not None
     with Session(engine) as session:
-        due = session.exec(select(Outbox).where(Outbox.job_id == job_id).order_by(Outbox.id.desc())).first()
+        due = session.exec(
+            select(Outbox).where(Outbox.job_id == job_id).order_by(Outbox.id.desc())
+        ).first()
     assert due.sent_at is None and due.available_at == after.next_attempt_at
     again = claim(engine, job_id)  # due within a second: claimable
     assert again.claimed and again.job.attempt == 2
@@ -264,8 +349,11 @@ def test_permanent_failure_is_a_dead_letter_at_once_and_a_stale_lease_changes_no
     lease = claim(engine, job_id).job.lease
     assert fail(engine, job_id, lease + 1, ErrorKind.permanent) is None
     failed = fail(engine, job_id, lease, ErrorKind.permanent, "unreadable_pdf")
-    assert (failed.status, failed.error_kind, failed.error_code) == (JobStatus.failed, ErrorKind.permanent,
-                                                                     "unreadable_pdf")
+    assert (failed.status, failed.error_kind, failed.error_code) == (
+        JobStatus.failed,
+        ErrorKind.permanent,
+        "unreadable_pdf",
+    )
     assert failed.attempt == 1 and failed.finished_at is not None
 
 
@@ -281,14 +369,25 @@ def test_a_failure_is_recorded_although_its_own_heartbeat_wrote_in_between(engin
         job = read(session=session, job_id=job_id)
         if not beaten:
             with Session(engine) as other:
-                beaten.append(jobs.progress(session=other, job_id=job_id, lease=lease, stage=Stage.parsing,
-                                            done=1, total=3))
+                beaten.append(
+                    jobs.progress(
+                        session=other,
+                        job_id=job_id,
+                        lease=lease,
+                        stage=Stage.parsing,
+                        done=1,
+                        total=3,
+                    )
+                )
         return job
 
     monkeypatch.setattr(jobs, "get_job", read_then_beat)
     failed = fail(engine, job_id, lease, ErrorKind.permanent, "unreadable_pdf")
     assert beaten and failed is not None
-    assert (get(engine, job_id).status, get(engine, job_id).error_code) == (JobStatus.failed, "unreadable_pdf")
+    assert (get(engine, job_id).status, get(engine, job_id).error_code) == (
+        JobStatus.failed,
+        "unreadable_pdf",
+    )
 
     # the same for a cancel the worker acknowledges
     job_id = new_job(engine, 2)
@@ -309,11 +408,24 @@ def test_retry_dismiss_and_reindex(engine):
         result = jobs.retry(session=session, job_ids=[job_id], actor="op")[0]
     assert result.ok, result.message
     job = get(engine, job_id)
-    assert (job.status, job.attempt, job.error_kind, job.dismissed) == (JobStatus.pending, 0, None, False)
+    assert (job.status, job.attempt, job.error_kind, job.dismissed) == (
+        JobStatus.pending,
+        0,
+        None,
+        False,
+    )
     lease = claim(engine, job_id).job.lease
     with Session(engine) as session:
-        jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=1, page_count=1, worker_id="w1",
-                     embedded=1, cached=0)
+        jobs.succeed(
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            chunk_count=1,
+            page_count=1,
+            worker_id="w1",
+            embedded=1,
+            cached=0,
+        )
         refused = jobs.retry(session=session, job_ids=[job_id], actor="op")[0]
         assert not refused.ok and "reindex" in refused.message
         assert jobs.reindex(session=session, job_ids=[job_id], actor="op")[0].ok
@@ -353,8 +465,11 @@ def test_reaper_takes_back_only_stale_running_jobs(engine):
         taken = jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02)
     assert taken == [stale]
     reaped = get(engine, stale)
-    assert (reaped.status, reaped.error_code, reaped.error_kind) == (JobStatus.retrying, "worker_lost",
-                                                                     ErrorKind.transient)
+    assert (reaped.status, reaped.error_code, reaped.error_kind) == (
+        JobStatus.retrying,
+        "worker_lost",
+        ErrorKind.transient,
+    )
     assert get(engine, fresh).status == JobStatus.running
     assert get(engine, waiting).status == JobStatus.pending
     # The lost worker's late writes are refused.
@@ -415,8 +530,13 @@ def test_a_stranded_job_is_published_again(engine):
         row.sent_at = utcnow() - timedelta(minutes=10)
         session.add(row)
         session.commit()
-        assert redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids={job_id}) == []
-        assert redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids=set()) == [job_id]
+        assert (
+            redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids={job_id})
+            == []
+        )
+        assert redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids=set()) == [
+            job_id
+        ]
     assert unsent(engine) == 1 and kinds(engine, job_id)[-1] == "republished"
 
 
@@ -429,18 +549,29 @@ def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, s
     from sluice.pipeline.queueing.publishing import publish
 
     ctx = make_ctx()
-    assert ctx.engine.dialect.name == ("sqlite" if database_url.startswith("sqlite") else "postgresql")
+    assert ctx.engine.dialect.name == (
+        "sqlite" if database_url.startswith("sqlite") else "postgresql"
+    )
     start_worker(workers=2)
-    names = ["001-minimal-document.pdf", "004-pdflatex-4-pages.pdf", "005-libreoffice-writer-password.pdf"]
+    names = [
+        "001-minimal-document.pdf",
+        "004-pdflatex-4-pages.pdf",
+        "005-libreoffice-writer-password.pdf",
+    ]
     results = [ingest_path(ctx, samples / n, dataset="default", publish=publish) for n in names]
     assert all(r.accepted and r.published for r in results), results
     done = wait_for(ctx, [r.job_id for r in results], timeout=120)
     assert [j.status for j in done] == [JobStatus.succeeded, JobStatus.succeeded, JobStatus.failed]
-    assert (done[2].error_kind, done[2].error_code) == (ErrorKind.user_action_required, "password_protected")
+    assert (done[2].error_kind, done[2].error_code) == (
+        ErrorKind.user_action_required,
+        "password_protected",
+    )
     for j in done[:2]:
         with Session(ctx.engine) as session:
             sha = session.get(Document, j.document_id).sha256
-        assert ids_of_job(ctx, j.id) == [chunk_id(sha, j.pipeline_version, i) for i in range(j.chunk_count)]
+        assert ids_of_job(ctx, j.id) == [
+            chunk_id(sha, j.pipeline_version, i) for i in range(j.chunk_count)
+        ]
         assert [e.kind for e in events(ctx, j.id)].count("claimed") == 1
 
 
@@ -458,8 +589,15 @@ def test_throughput_buckets_are_counted_by_the_database_exactly_as_finish_times_
         since = now - timedelta(minutes=minutes)
         start = since.replace(second=0, microsecond=0)
         step = timedelta(minutes=width)
-        offsets = [since - start, step, step - timedelta(microseconds=1), step * 3 + timedelta(seconds=59.999),
-                   step * 5, now - start - timedelta(microseconds=1), -timedelta(seconds=1)]
+        offsets = [
+            since - start,
+            step,
+            step - timedelta(microseconds=1),
+            step * 3 + timedelta(seconds=59.999),
+            step * 5,
+            now - start - timedelta(microseconds=1),
+            -timedelta(seconds=1),
+        ]
         rows = []  # (finished_at, status, chunks)
         for i, off in enumerate(offsets):
             rows.append((start + off, JobStatus.succeeded, 10 + i))
@@ -486,11 +624,23 @@ def test_throughput_buckets_are_counted_by_the_database_exactly_as_finish_times_
                 b[1] += 1
         with Session(engine) as session:
             dataset_id = session.get(Job, ids[0]).dataset_id
-            got = throughput(session=session, minutes=minutes, now=now, bucket_minutes=width, dataset_id=dataset_id)
+            got = throughput(
+                session=session,
+                minutes=minutes,
+                now=now,
+                bucket_minutes=width,
+                dataset_id=dataset_id,
+            )
         assert len(got) == minutes // width + 1
-        counted = {b["minute"]: [b["succeeded"], b["failed"], b["chunks"]] for b in got if b["succeeded"] or b["failed"]}
+        counted = {
+            b["minute"]: [b["succeeded"], b["failed"], b["chunks"]]
+            for b in got
+            if b["succeeded"] or b["failed"]
+        }
         assert counted == expected, (minutes, width)
-        assert sum(v[0] for v in expected.values()) == len(offsets) - 1  # the one before `since` is left out
+        assert (
+            sum(v[0] for v in expected.values()) == len(offsets) - 1
+        )  # the one before `since` is left out
 
 
 def test_work_left_is_summed_by_the_database_by_the_same_rule_as_per_job(engine):
@@ -500,11 +650,17 @@ def test_work_left_is_summed_by_the_database_by_the_same_rule_as_per_job(engine)
     from sluice.storage.queries import remaining_work
 
     # (status, stage, done, total, document bytes)
-    cases = [(JobStatus.pending, Stage.queued, 0, 0, 1_000), (JobStatus.running, Stage.parsing, 3, 9, 2_000),
-             (JobStatus.running, Stage.embedding, 40, 100, 3_000), (JobStatus.running, Stage.embedding, 7, 0, 4_000),
-             (JobStatus.running, Stage.embedding, 120, 100, 5_000), (JobStatus.running, Stage.indexing, 0, 64, 6_000),
-             (JobStatus.retrying, Stage.chunking, 2, 5, 7_000), (JobStatus.succeeded, Stage.done, 9, 9, 8_000),
-             (JobStatus.failed, Stage.embedding, 1, 50, 9_000)]
+    cases = [
+        (JobStatus.pending, Stage.queued, 0, 0, 1_000),
+        (JobStatus.running, Stage.parsing, 3, 9, 2_000),
+        (JobStatus.running, Stage.embedding, 40, 100, 3_000),
+        (JobStatus.running, Stage.embedding, 7, 0, 4_000),
+        (JobStatus.running, Stage.embedding, 120, 100, 5_000),
+        (JobStatus.running, Stage.indexing, 0, 64, 6_000),
+        (JobStatus.retrying, Stage.chunking, 2, 5, 7_000),
+        (JobStatus.succeeded, Stage.done, 9, 9, 8_000),
+        (JobStatus.failed, Stage.embedding, 1, 50, 9_000),
+    ]
     ids = [new_job(engine, 500 + i, dataset="drain") for i in range(len(cases))]
     with Session(engine) as session:
         for job_id, (status, stage, done, total, size) in zip(ids, cases, strict=True):
@@ -515,9 +671,18 @@ def test_work_left_is_summed_by_the_database_by_the_same_rule_as_per_job(engine)
         session.commit()
         dataset_id = session.get(Job, ids[0]).dataset_id
         summed = WorkLeft(*remaining_work(session=session, dataset_id=dataset_id))
-    per_job = WorkLeft.of([(stage.value, done, total, size) for status, stage, done, total, size in cases
-                           if status in JobStatus.active()])
-    assert summed == per_job == WorkLeft(jobs=7, chunks=60, unknown_jobs=4, unknown_bytes=1_000 + 2_000 + 4_000 + 7_000)
+    per_job = WorkLeft.of(
+        [
+            (stage.value, done, total, size)
+            for status, stage, done, total, size in cases
+            if status in JobStatus.active()
+        ]
+    )
+    assert (
+        summed
+        == per_job
+        == WorkLeft(jobs=7, chunks=60, unknown_jobs=4, unknown_bytes=1_000 + 2_000 + 4_000 + 7_000)
+    )
 
 
 def test_a_compare_and_set_writes_the_job_row_once(engine):
@@ -538,10 +703,24 @@ def test_a_compare_and_set_writes_the_job_row_once(engine):
         assert claimed.job is not None and len(writes) == 1, writes
         writes.clear()
         with Session(engine, expire_on_commit=False) as session:
-            jobs.succeed(session=session, job_id=job_id, lease=claimed.job.lease, chunk_count=3, page_count=1,
-                         worker_id="w1", embedded=3, cached=0)
-        assert len(writes) == 1 and "job.version = " in writes[0], writes  # fenced by the version it read
+            jobs.succeed(
+                session=session,
+                job_id=job_id,
+                lease=claimed.job.lease,
+                chunk_count=3,
+                page_count=1,
+                worker_id="w1",
+                embedded=3,
+                cached=0,
+            )
+        assert len(writes) == 1 and "job.version = " in writes[0], (
+            writes
+        )  # fenced by the version it read
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     done = get(engine, job_id)
-    assert (done.status, done.chunk_count, done.version) == (JobStatus.succeeded, 3, claimed.job.version + 1)
+    assert (done.status, done.chunk_count, done.version) == (
+        JobStatus.succeeded,
+        3,
+        claimed.job.version + 1,
+    )

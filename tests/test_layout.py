@@ -19,7 +19,15 @@ import sluice
 
 PACKAGE = Path(sluice.__file__).resolve().parent
 GROUND = ("errors", "settings", "files", "faults")
-FLOORS = {**dict.fromkeys(GROUND, 0), "storage": 1, "servers": 1, "pipeline": 2, "ops": 3, "console": 4, "cli": 4}
+FLOORS = {
+    **dict.fromkeys(GROUND, 0),
+    "storage": 1,
+    "servers": 1,
+    "pipeline": 2,
+    "ops": 3,
+    "console": 4,
+    "cli": 4,
+}
 
 
 def _floor(module: str) -> str | None:
@@ -37,8 +45,11 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
-                if node.level else node.module or ""
+            base = (
+                importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                if node.level
+                else node.module or ""
+            )
             found.append((node.lineno, base))
             # `from sluice import ops` names a floor through the imported name
             if base == "sluice":
@@ -67,14 +78,17 @@ def test_no_module_imports_from_a_floor_above_it():
                 continue
             if FLOORS[other] > FLOORS[own] or (FLOORS[other] == FLOORS[own] and own not in GROUND):
                 upward.append(f"{module}:{line} imports {target}")
-    assert not upward, "imports that look up a floor (or sideways between front ends):\n" + "\n".join(upward)
+    assert not upward, (
+        "imports that look up a floor (or sideways between front ends):\n" + "\n".join(upward)
+    )
 
 
 def test_every_floor_is_a_module_or_package():
     assert sorted(FLOORS) == sorted(
         p.stem if p.is_file() else p.name
         for p in PACKAGE.iterdir()
-        if (p.suffix == ".py" and p.stem != "__init__") or (p.is_dir() and (p / "__init__.py").exists())
+        if (p.suffix == ".py" and p.stem != "__init__")
+        or (p.is_dir() and (p / "__init__.py").exists())
     )
 
 
@@ -96,9 +110,16 @@ def _module_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
-                    if node.level else node.module or ""
-                subs = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+                base = (
+                    importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                    if node.level
+                    else node.module or ""
+                )
+                subs = [
+                    f"{base}.{alias.name}"
+                    for alias in node.names
+                    if f"{base}.{alias.name}" in modules
+                ]
                 targets = subs if len(subs) == len(node.names) else [base, *subs]
             graph[module] |= {t for t in targets if t in modules and t != module}
     return graph
@@ -147,8 +168,9 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_import_cycle_between_modules():
     """Lazy imports inside functions count: a cycle hidden in a function is still a cycle."""
     cycles = _cycles(_module_graph())
-    assert not cycles, "modules that import each other, directly or around a loop:\n" + \
-        "\n".join(" <-> ".join(c) for c in cycles)
+    assert not cycles, "modules that import each other, directly or around a loop:\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
 
 
 def _private_imports(path: Path, module: str) -> list[str]:
@@ -157,19 +179,27 @@ def _private_imports(path: Path, module: str) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) \
-                if node.level else node.module or ""
+            base = (
+                importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+                if node.level
+                else node.module or ""
+            )
             if base.split(".")[0] != "sluice" or base == module:
                 continue
-            found += [f"{module}:{node.lineno} imports {base}.{a.name}" for a in node.names
-                      if a.name.startswith("_") and not a.name.startswith("__")]
+            found += [
+                f"{module}:{node.lineno} imports {base}.{a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
     return found
 
 
 def test_no_module_imports_another_modules_private_names():
     private = [line for path, module in _modules() for line in _private_imports(path, module)]
-    assert not private, "private names imported across modules (make them public or pass them in):\n" + \
-        "\n".join(private)
+    assert not private, (
+        "private names imported across modules (make them public or pass them in):\n"
+        + "\n".join(private)
+    )
 
 
 def test_no_two_modules_share_a_name():

@@ -27,8 +27,12 @@ def lexical_ids(ctx, job_id: int) -> list[str]:
     with ctx.engine.connect() as conn:
         from sqlalchemy import text as sql
 
-        return sorted(r[0] for r in conn.execute(sql("SELECT chunk_id FROM lexical_chunk WHERE job_id = :j"),
-                                                 {"j": job_id}))
+        return sorted(
+            r[0]
+            for r in conn.execute(
+                sql("SELECT chunk_id FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}
+            )
+        )
 
 
 def test_tokens_make_cjk_bigrams_and_keep_codes_as_phrases():
@@ -37,7 +41,9 @@ def test_tokens_make_cjk_bigrams_and_keep_codes_as_phrases():
     q = lexical.parse_query('"exact words" QX-88412 猫')
     assert q.groups == (("exact", "words"), ("qx", "88412"), ("猫",))
     assert q.quoted == (("exact", "words"),)
-    marked = lexical.snippet("Pay QX-88412 today. 東京タワーは高い", lexical.parse_query("qx-88412 東京タワー"))
+    marked = lexical.snippet(
+        "Pay QX-88412 today. 東京タワーは高い", lexical.parse_query("qx-88412 東京タワー")
+    )
     assert marked == "Pay **QX**-**88412** today. **東京タワー**は高い"
 
 
@@ -49,7 +55,10 @@ def test_lexical_rows_follow_the_job_through_rerun_supersede_and_delete(database
     first = job(ctx, r.job_id)
 
     # Same ids as the vectors, one row per chunk.
-    assert lexical_ids(ctx, first.id) == ids_of_job(ctx, first.id) and len(lexical_ids(ctx, first.id)) > 1
+    assert (
+        lexical_ids(ctx, first.id) == ids_of_job(ctx, first.id)
+        and len(lexical_ids(ctx, first.id)) > 1
+    )
     [hit] = search(ctx, query=CODE, dataset="default", k=1, mode="lexical")
     assert (hit.job_id, hit.filename, hit.matched) == (first.id, "glacier.txt", ["lexical"])
     assert "**QX**-**88412**" in hit.snippet
@@ -78,7 +87,9 @@ def test_lexical_rows_follow_the_job_through_rerun_supersede_and_delete(database
     assert search(newer, query=CODE, dataset="default", k=3, mode="lexical") == []
 
 
-def test_cancel_of_a_running_job_after_its_rows_were_written_removes_them(database_url, make_ctx, monkeypatch):
+def test_cancel_of_a_running_job_after_its_rows_were_written_removes_them(
+    database_url, make_ctx, monkeypatch
+):
     ctx = make_ctx()
     r = ingest_bytes(ctx, coded("meadow", CODE), dataset="default", filename="meadow.txt")
     write = lexical.write_job
@@ -86,7 +97,9 @@ def test_cancel_of_a_running_job_after_its_rows_were_written_removes_them(databa
     def write_then_cancel(*args, **kwargs):  # the operator cancels right after the rows are in
         n = write(*args, **kwargs)
         with Session(ctx.engine) as session:
-            assert jobs.request_cancel(session=session, job_ids=[kwargs["job_id"]], actor="test")[0].ok
+            assert jobs.request_cancel(session=session, job_ids=[kwargs["job_id"]], actor="test")[
+                0
+            ].ok
         return n
 
     monkeypatch.setattr(lexical, "write_job", write_then_cancel)
@@ -94,7 +107,9 @@ def test_cancel_of_a_running_job_after_its_rows_were_written_removes_them(databa
     assert lexical_ids(ctx, r.job_id) == [] and ids_of_job(ctx, r.job_id) == []
 
 
-def test_rows_of_an_unfinished_job_are_not_served_and_reconcile_removes_them(database_url, make_ctx, monkeypatch):
+def test_rows_of_an_unfinished_job_are_not_served_and_reconcile_removes_them(
+    database_url, make_ctx, monkeypatch
+):
     ctx = make_ctx()
     served = ingest_bytes(ctx, coded("meadow", CODE), dataset="default", filename="meadow.txt")
     assert run_job(served.job_id, ctx=ctx).result == "succeeded"
@@ -106,7 +121,8 @@ def test_rows_of_an_unfinished_job_are_not_served_and_reconcile_removes_them(dat
     assert lexical_ids(ctx, other.job_id)  # written, but its job is not the document's active one
     assert search(ctx, query="ZZ-55120", dataset="default", k=3, mode="lexical") == []
     assert search(ctx, query="ZZ-55120", dataset="default", k=3, mode="hybrid") == [] or all(
-        h.job_id == served.job_id for h in search(ctx, query="ZZ-55120", dataset="default", k=3))
+        h.job_id == served.job_id for h in search(ctx, query="ZZ-55120", dataset="default", k=3)
+    )
 
     # Cancelled while it waits for its retry: its rows are orphans that reconcile finds and removes.
     with Session(ctx.engine) as session:
@@ -116,11 +132,15 @@ def test_rows_of_an_unfinished_job_are_not_served_and_reconcile_removes_them(dat
     assert summary.lexical_orphans == len(lexical_ids(ctx, other.job_id)) > 0
     reconcile(ctx, repair=True, actor="test")
     assert lexical_ids(ctx, other.job_id) == []
-    assert [h.job_id for h in search(ctx, query=CODE, dataset="default", k=3, mode="lexical")] == [served.job_id]
+    assert [h.job_id for h in search(ctx, query=CODE, dataset="default", k=3, mode="lexical")] == [
+        served.job_id
+    ]
     assert reconcile(ctx).clean
 
 
-def test_reconcile_finds_and_repairs_lexical_rows_deleted_altered_and_added_by_hand(database_url, ctx):
+def test_reconcile_finds_and_repairs_lexical_rows_deleted_altered_and_added_by_hand(
+    database_url, ctx
+):
     from sqlalchemy import text as sql
 
     done = indexed(ctx, ["harbour", "orchard", "glacier"])
@@ -129,16 +149,27 @@ def test_reconcile_finds_and_repairs_lexical_rows_deleted_altered_and_added_by_h
     tampered = lexical_ids(ctx, orchard.id)[2]
     with ctx.engine.begin() as conn:
         conn.execute(sql("DELETE FROM lexical_chunk WHERE chunk_id = :c"), {"c": gone})
-        conn.execute(sql("UPDATE lexical_chunk SET document_id = :d WHERE chunk_id = :c"),
-                     {"d": glacier.document_id, "c": tampered})
+        conn.execute(
+            sql("UPDATE lexical_chunk SET document_id = :d WHERE chunk_id = :c"),
+            {"d": glacier.document_id, "c": tampered},
+        )
         dataset_id = conn.execute(sql("SELECT dataset_id FROM lexical_chunk LIMIT 1")).scalar_one()
-    lexical.write_job(ctx.engine, dataset_id=dataset_id, document_id=99999, job_id=99999,
-                      rows=[lexical.Row("stray-000001", 0, 1, "stray words")])
+    lexical.write_job(
+        ctx.engine,
+        dataset_id=dataset_id,
+        document_id=99999,
+        job_id=99999,
+        rows=[lexical.Row("stray-000001", 0, 1, "stray words")],
+    )
 
     report = reconcile(ctx)
     s = report.datasets[0]
     assert (s.lexical_missing, s.lexical_orphans, s.lexical_mismatched) == (1, 1, 1)
-    assert not report.clean and (s.missing, s.orphans, s.mismatched) == (0, 0, 0)  # the vectors are fine
+    assert not report.clean and (s.missing, s.orphans, s.mismatched) == (
+        0,
+        0,
+        0,
+    )  # the vectors are fine
     by_doc = {f.document_id: f for f in report.findings}
     assert by_doc[harbour.document_id].lexical["missing"] == 1
 
@@ -151,13 +182,17 @@ def test_reconcile_finds_and_repairs_lexical_rows_deleted_altered_and_added_by_h
     assert reconcile(ctx).clean
 
 
-def test_a_switch_between_the_two_rankers_never_answers_two_versions_of_a_document(make_ctx, monkeypatch):
+def test_a_switch_between_the_two_rankers_never_answers_two_versions_of_a_document(
+    make_ctx, monkeypatch
+):
     old = make_ctx()
     r = ingest_bytes(old, coded("glacier", CODE), dataset="default", filename="glacier.txt")
     assert run_job(r.job_id, ctx=old).result == "succeeded"
     new = make_ctx(SLUICE_CHUNK_SIZE="400")
     [queued] = reindex.reindex_all(new, actor="test").results
-    monkeypatch.setenv("SLUICE_FAULTS", "after_index=transient")  # both stores hold the new version, not active
+    monkeypatch.setenv(
+        "SLUICE_FAULTS", "after_index=transient"
+    )  # both stores hold the new version, not active
     assert run_job(queued.job_id, ctx=new).result == "retrying"
     monkeypatch.delenv("SLUICE_FAULTS")
     ranked = lexical.search
@@ -177,13 +212,22 @@ def test_a_switch_between_the_two_rankers_never_answers_two_versions_of_a_docume
 
 
 def test_filters_and_inactive_jobs_never_crowd_out_a_match(database_url, ctx, monkeypatch):
-    monkeypatch.setattr(lexical, "CANDIDATES", 1)  # SQLite ranks the best few first, then asks for more
+    monkeypatch.setattr(
+        lexical, "CANDIDATES", 1
+    )  # SQLite ranks the best few first, then asks for more
     for i in range(6):
-        body = f"Pelican sighting number {i} near the pier. " * (6 - i) + "Other words about the weather. " * 20
+        body = (
+            f"Pelican sighting number {i} near the pier. " * (6 - i)
+            + "Other words about the weather. " * 20
+        )
         r = ingest_bytes(ctx, body.encode(), dataset="default", filename=f"doc-{i}.txt")
         assert run_job(r.job_id, ctx=ctx).result == "succeeded"
     ds_id = job(ctx, r.job_id).dataset_id
     q = lexical.parse_query("pelican")
-    [hit] = lexical.search(ctx.engine, dataset_id=ds_id, query=q, n=1, filters=lexical.Filters(filename="doc-5"))
+    [hit] = lexical.search(
+        ctx.engine, dataset_id=ds_id, query=q, n=1, filters=lexical.Filters(filename="doc-5")
+    )
     assert hit.filename == "doc-5.txt"
-    assert [h.filename for h in lexical.search(ctx.engine, dataset_id=ds_id, query=q, n=1)] == ["doc-0.txt"]
+    assert [h.filename for h in lexical.search(ctx.engine, dataset_id=ds_id, query=q, n=1)] == [
+        "doc-0.txt"
+    ]

@@ -25,16 +25,23 @@ def scrape(url: str) -> dict[str, dict]:
 
 
 def test_metrics_report_jobs_failures_durations_and_the_cache(ctx, tmp_path):
-    good = ingest_bytes(ctx, b"Tide tables list high and low water for every harbour. " * 60,
-                        dataset="default", filename="tides.txt")
+    good = ingest_bytes(
+        ctx,
+        b"Tide tables list high and low water for every harbour. " * 60,
+        dataset="default",
+        filename="tides.txt",
+    )
     bad = ingest_bytes(ctx, b"%PDF-1.4\n" + b"\x00" * 300, dataset="default", filename="broken.pdf")
     assert run_job(good.job_id, ctx=ctx).result == "succeeded"
     run_job(bad.job_id, ctx=ctx)
 
     port = free_port()
     env = {**os.environ, "SLUICE_METRICS_PORT": str(port)}
-    proc = ManagedProcess([sys.executable, "-m", "sluice.cli", "serve", "metrics"], log=tmp_path / "metrics.log",
-                          env=env)
+    proc = ManagedProcess(
+        [sys.executable, "-m", "sluice.cli", "serve", "metrics"],
+        log=tmp_path / "metrics.log",
+        env=env,
+    )
     proc.start()
     try:
         wait_port(port, 30)
@@ -52,7 +59,10 @@ def test_metrics_report_jobs_failures_durations_and_the_cache(ctx, tmp_path):
     assert {"parsing", "embedding", "indexing"} <= stages
     assert m["sluice_chunks_embedded_total"][()] > 0
     assert 0 <= m["sluice_embedding_cache_hit_ratio"][()] <= 1
-    assert m["sluice_up"][(("service", "database"),)] == 1 and m["sluice_up"][(("service", "queue"),)] == 1
+    assert (
+        m["sluice_up"][(("service", "database"),)] == 1
+        and m["sluice_up"][(("service", "queue"),)] == 1
+    )
     assert m["sluice_workers_alive"][()] == 0
     assert m["sluice_oldest_pending_job_age_seconds"][()] == 0
 
@@ -66,17 +76,42 @@ def test_the_event_tail_forgets_attempts_that_end_without_success_or_failure(ctx
     from sluice.storage import jobs
 
     tail = EventTail()
-    ids = [ingest_bytes(ctx, f"document {i} about tides. ".encode() * 40, dataset="default",
-                        filename=f"d{i}.txt").job_id for i in range(2)]
+    ids = [
+        ingest_bytes(
+            ctx,
+            f"document {i} about tides. ".encode() * 40,
+            dataset="default",
+            filename=f"d{i}.txt",
+        ).job_id
+        for i in range(2)
+    ]
     with Session(ctx.engine) as session:
-        leases = {i: jobs.claim(session=session, job_id=i, worker_id="w", lease_seconds=60).job.lease for i in ids}
+        leases = {
+            i: jobs.claim(session=session, job_id=i, worker_id="w", lease_seconds=60).job.lease
+            for i in ids
+        }
     tail.advance()
     assert set(tail.claimed_at) == set(ids)
     with Session(ctx.engine) as session:
         assert jobs.request_cancel(session=session, job_ids=[ids[0]], actor="op")[0].ok
-        assert jobs.acknowledge_cancel(session=session, job_id=ids[0], lease=leases[ids[0]], worker_id="w")
-        jobs.fail(session=session, job_id=ids[1], lease=leases[ids[1]], kind=jobs.ErrorKind.transient,
-                  code="service_unavailable", message="Chroma down", hint="", detail="", worker_id="w",
-                  base_delay=1, max_delay=2, waiting_for="Chroma at test", poll_seconds=1, max_wait_seconds=60)
+        assert jobs.acknowledge_cancel(
+            session=session, job_id=ids[0], lease=leases[ids[0]], worker_id="w"
+        )
+        jobs.fail(
+            session=session,
+            job_id=ids[1],
+            lease=leases[ids[1]],
+            kind=jobs.ErrorKind.transient,
+            code="service_unavailable",
+            message="Chroma down",
+            hint="",
+            detail="",
+            worker_id="w",
+            base_delay=1,
+            max_delay=2,
+            waiting_for="Chroma at test",
+            poll_seconds=1,
+            max_wait_seconds=60,
+        )
     tail.advance()
     assert tail.claimed_at == {} and tail.failures == {}

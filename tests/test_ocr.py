@@ -16,8 +16,9 @@ from tests import pdfmaker
 from tests.helpers import collection, events
 from tests.helpers import run_file as run
 
-pytestmark = pytest.mark.skipif(shutil.which("tesseract") is None,
-                                reason="needs Debian's tesseract-ocr: `make ocr`")
+pytestmark = pytest.mark.skipif(
+    shutil.which("tesseract") is None, reason="needs Debian's tesseract-ocr: `make ocr`"
+)
 
 
 def read(tmp_path, data: bytes, **options):
@@ -70,7 +71,9 @@ def test_a_speckled_150_dpi_scan_read_at_300_dpi_is_read_at_its_own_resolution(t
 def test_a_scanned_pdf_is_found_by_a_phrase_from_it(ctx):
     j = run(ctx, pdfmaker.scanned(), "scan.pdf")
     assert j.status == JobStatus.succeeded, (j.error_code, j.error_message)
-    hits = search(ctx, query="fog horn sounded twice a minute across the bay", dataset="default", k=1)
+    hits = search(
+        ctx, query="fog horn sounded twice a minute across the bay", dataset="default", k=1
+    )
     assert hits and hits[0].filename == "scan.pdf" and hits[0].page == 1
     assert "lighthouse keeper" in hits[0].text and hits[0].ocr
     done = [e for e in events(ctx, j.id) if e.kind == "succeeded"][0]
@@ -79,8 +82,10 @@ def test_a_scanned_pdf_is_found_by_a_phrase_from_it(ctx):
 
 
 def test_chunk_metadata_marks_ocr_text_and_pages_with_text_skip_ocr(ctx, tmp_path):
-    typed = pymupdf.open(stream=pdfmaker.text_pdf(["The typed page talks about copper kettles and tin roofs."]),
-                         filetype="pdf")
+    typed = pymupdf.open(
+        stream=pdfmaker.text_pdf(["The typed page talks about copper kettles and tin roofs."]),
+        filetype="pdf",
+    )
     mixed = pymupdf.open(stream=pdfmaker.scanned(), filetype="pdf")
     mixed.insert_pdf(typed, start_at=0)  # page 1 typed, pages 2-3 scanned
     data = mixed.tobytes()
@@ -98,7 +103,11 @@ def test_chunk_metadata_marks_ocr_text_and_pages_with_text_skip_ocr(ctx, tmp_pat
 def test_a_picture_without_text_ends_as_no_text_found_even_by_ocr(ctx):
     j = run(ctx, pdfmaker.image_only(), "picture.pdf")
     assert (j.status, j.error_kind.value, j.error_code, j.attempt) == (
-        JobStatus.failed, "user_action_required", "no_text_even_by_ocr", 1)
+        JobStatus.failed,
+        "user_action_required",
+        "no_text_even_by_ocr",
+        1,
+    )
     assert "no text found, even by OCR" in j.error_message
     assert "ocrmypdf" not in j.fix_hint
 
@@ -125,15 +134,19 @@ def test_ocr_always_reads_typed_text_over_a_coarse_page_background_sharply(tmp_p
 
 
 def test_without_tesseract_the_job_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # the child runs by absolute path; tesseract is not found
+    monkeypatch.setenv(
+        "PATH", str(tmp_path)
+    )  # the child runs by absolute path; tesseract is not found
     with pytest.raises(UserActionError) as err:
         read(tmp_path, pdfmaker.scanned())
     assert err.value.code == "no_text_layer" and "make ocr" in err.value.hint
 
 
 def test_low_confidence_specks_are_not_text():
-    tsv = ("level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext\n"
-           "5\t1\t1\t1\t1\t1\t0\t0\t9\t9\t12.5\t~~|\n"
-           "5\t1\t1\t1\t1\t2\t0\t0\t9\t9\t91.0\tHarbour\n"
-           "5\t1\t2\t1\t1\t1\t0\t0\t9\t9\t88.0\tcranes\n")
+    tsv = (
+        "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext\n"
+        "5\t1\t1\t1\t1\t1\t0\t0\t9\t9\t12.5\t~~|\n"
+        "5\t1\t1\t1\t1\t2\t0\t0\t9\t9\t91.0\tHarbour\n"
+        "5\t1\t2\t1\t1\t1\t0\t0\t9\t9\t88.0\tcranes\n"
+    )
     assert ocr.words_to_text(tsv) == "Harbour\n\ncranes"

@@ -19,7 +19,9 @@ def test_upload_while_queue_is_down_is_published_when_it_returns(ctx, services, 
     start_worker()
     services.queue.stop()
     try:
-        r = ingest_bytes(ctx, doc(1), dataset="default", filename="during-outage.txt", publish=publish)
+        r = ingest_bytes(
+            ctx, doc(1), dataset="default", filename="during-outage.txt", publish=publish
+        )
     finally:
         services.queue.start()  # same port, same append-only file
     assert r.accepted and not r.published
@@ -36,8 +38,10 @@ def test_queue_redis_lost_mid_flight_with_jobs_queued(ctx, services, start_worke
     """Stop the queue with jobs queued, bring it back empty: the database republishes them."""
     from sluice.pipeline.queueing.publishing import publish
 
-    results = [ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
-               for i in range(8)]
+    results = [
+        ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
+        for i in range(8)
+    ]
     assert all(r.published for r in results)
     assert services.queue.client().llen(f"huey.redis.{ctx.settings.queue_name}") == 8
 
@@ -73,7 +77,9 @@ def test_chroma_down_for_many_rounds_spends_no_attempt_and_the_job_resumes(datab
 
     ctx = make_ctx(SLUICE_MAX_ATTEMPTS="3")
     up = ctx.vectors
-    ctx.__dict__["vectors"] = VectorStore(f"http://127.0.0.1:{free_port()}", timeout=5)  # nothing there
+    ctx.__dict__["vectors"] = VectorStore(
+        f"http://127.0.0.1:{free_port()}", timeout=5
+    )  # nothing there
     r = ingest_bytes(ctx, doc(1), dataset="default", filename="during-outage.txt")
 
     assert run_rounds(ctx, r.job_id, 8) == ["retrying"] * 8  # far beyond the 3 attempts
@@ -93,7 +99,9 @@ def test_chroma_down_for_many_rounds_spends_no_attempt_and_the_job_resumes(datab
     assert len(ids_of_job(ctx, r.job_id)) == j.chunk_count
 
 
-def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_once(database_url, make_ctx):
+def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_once(
+    database_url, make_ctx
+):
     """Chroma restarting: the job's request is refused, and by the time the worker asks Chroma
     whether it is down, it answers. The refusal itself says it was an outage: no attempt spent."""
     from sluice import faults
@@ -101,7 +109,9 @@ def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_onc
     from tests.servers import free_port
 
     ctx = make_ctx()
-    down = VectorStore(f"http://127.0.0.1:{free_port()}", timeout=5)  # the refusal a stopped Chroma gives
+    down = VectorStore(
+        f"http://127.0.0.1:{free_port()}", timeout=5
+    )  # the refusal a stopped Chroma gives
     refused: list[str] = []
 
     def refuse(**_):
@@ -120,7 +130,9 @@ def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_onc
     j = job(ctx, r.job_id)
     assert (j.attempt, j.waiting_for) == (1, None)
     [wait] = [e for e in events(ctx, r.job_id) if e.kind == "waiting"]
-    assert wait.message.startswith("waiting for Chroma at ") and "attempt not counted" in wait.message
+    assert (
+        wait.message.startswith("waiting for Chroma at ") and "attempt not counted" in wait.message
+    )
     assert len(ids_of_job(ctx, r.job_id)) == j.chunk_count
 
 
@@ -138,7 +150,9 @@ def test_an_outage_longer_than_the_maximum_is_a_dead_letter_that_says_so(databas
     assert "SLUICE_MAX_OUTAGE_SECONDS" in j.error_message and "Chroma" in j.fix_hint
 
 
-def test_a_worker_of_another_pipeline_version_leaves_the_job_waiting_for_its_own(database_url, make_ctx):
+def test_a_worker_of_another_pipeline_version_leaves_the_job_waiting_for_its_own(
+    database_url, make_ctx
+):
     ctx = make_ctx()
     r = ingest_bytes(ctx, doc(1), dataset="default", filename="rolling.txt")
     other = make_ctx(SLUICE_CHUNK_SIZE="400")  # a worker not yet given the new settings
@@ -159,8 +173,10 @@ def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, s
     from sluice.pipeline.queueing.publishing import publish
 
     start_worker(env={"SLUICE_FAULTS": "embed_batch=sleep:0.05", "SLUICE_EMBED_BATCH_SIZE": "4"})
-    results = [ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
-               for i in range(20)]
+    results = [
+        ingest_bytes(ctx, doc(i), dataset="default", filename=f"d{i}.txt", publish=publish)
+        for i in range(20)
+    ]
     ids = [r.job_id for r in results]
     wait_until = time.monotonic() + 60
     while sum(job(ctx, i).status.value == "succeeded" for i in ids) < 3:
@@ -172,7 +188,9 @@ def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, s
         deadline = time.monotonic() + 90
         while max(sum(e.kind == "waiting" for e in events(ctx, i)) for i in ids) < 12:
             assert time.monotonic() < deadline, "no job waited through 12 rounds"
-            assert all(job(ctx, i).status.value != "failed" for i in ids), "a job failed during the outage"
+            assert all(job(ctx, i).status.value != "failed" for i in ids), (
+                "a job failed during the outage"
+            )
             time.sleep(0.2)
         outage = {i: job(ctx, i) for i in ids}
     finally:
@@ -180,8 +198,15 @@ def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, s
 
     done = wait_for(ctx, ids, timeout=120)
     assert [j.status.value for j in done] == ["succeeded"] * 20
-    spent = {j.id: [(e.kind, e.stage, e.attempt, e.actor, e.message[:200]) for e in events(ctx, j.id)
-                    if e.kind != "waiting"] for j in done if j.attempt != 1}
+    spent = {
+        j.id: [
+            (e.kind, e.stage, e.attempt, e.actor, e.message[:200])
+            for e in events(ctx, j.id)
+            if e.kind != "waiting"
+        ]
+        for j in done
+        if j.attempt != 1
+    }
     assert not spent, f"the outage spent attempts: {spent}"
     waited = [i for i, j in outage.items() if j.waiting_for]
     assert waited and all(outage[i].waiting_for.startswith("Chroma at ") for i in waited)
@@ -204,7 +229,9 @@ def test_a_claim_while_the_database_does_not_answer_waits_and_runs_the_job(make_
     def down_twice(**kwargs):
         if len(refused) < 2:
             refused.append(1)
-            raise OperationalError("SELECT", {}, Exception("could not connect to server: Connection refused"))
+            raise OperationalError(
+                "SELECT", {}, Exception("could not connect to server: Connection refused")
+            )
         return real(**kwargs)
 
     monkeypatch.setattr(jobs, "claim", down_twice)

@@ -18,7 +18,11 @@ class Lanes:
 
     def __init__(self) -> None:
         self.inner = embed.HashEmbedder()
-        self.model_id, self.dim, self.precision = self.inner.model_id, self.inner.dim, self.inner.precision
+        self.model_id, self.dim, self.precision = (
+            self.inner.model_id,
+            self.inner.dim,
+            self.inner.precision,
+        )
         self.pool = ThreadPoolExecutor(max_workers=2)
         self.log: list[tuple[str, int]] = []
         self.lock = threading.Lock()

@@ -61,7 +61,9 @@ class RssWatch(threading.Thread):
 
 def run_in_thread(ctx, job_id):
     out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("outcome", run_job(job_id, ctx=ctx)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: out.setdefault("outcome", run_job(job_id, ctx=ctx)), daemon=True
+    )
     thread.start()
     return thread, out
 
@@ -79,10 +81,21 @@ def _extract_children() -> list[int]:
                 commands[pid] = fh.read()
         except OSError:
             continue
-    servers = {pid for pid, parent in parents.items() if parent == me and b"forkserver" in commands.get(pid, b"")}
-    return [int(pid) for pid, parent in parents.items()
-            if (parent == me and pid not in servers and b"sluice.pipeline.parsing.extract" in commands.get(pid, b""))
-            or (parent in servers and pid in commands)]
+    servers = {
+        pid
+        for pid, parent in parents.items()
+        if parent == me and b"forkserver" in commands.get(pid, b"")
+    }
+    return [
+        int(pid)
+        for pid, parent in parents.items()
+        if (
+            parent == me
+            and pid not in servers
+            and b"sluice.pipeline.parsing.extract" in commands.get(pid, b"")
+        )
+        or (parent in servers and pid in commands)
+    ]
 
 
 def test_text_bomb_fails_once_as_user_action_and_the_worker_keeps_its_memory(make_ctx):
@@ -94,7 +107,11 @@ def test_text_bomb_fails_once_as_user_action_and_the_worker_keeps_its_memory(mak
 
     j = job(ctx, r.job_id)
     assert (j.status, j.error_kind.value, j.error_code, j.attempt) == (
-        JobStatus.failed, "user_action_required", "parse_memory_limit", 1), j.error_message
+        JobStatus.failed,
+        "user_action_required",
+        "parse_memory_limit",
+        1,
+    ), j.error_message
     assert "SLUICE_PARSE_MAX_MEMORY_MB" in j.fix_hint and "bomb.pdf" in j.error_message
     assert watch.grown_mb < 150, f"the worker grew by {watch.grown_mb:.0f} MB"
     assert _extract_children() == []
@@ -102,7 +119,9 @@ def test_text_bomb_fails_once_as_user_action_and_the_worker_keeps_its_memory(mak
 
 def test_a_bomb_page_is_skipped_and_the_rest_of_the_document_indexed(make_ctx):
     ctx = make_ctx(SLUICE_PARSE_MAX_MEMORY_MB="400")
-    data = pdfmaker.text_bomb(BOMB_CHARS, then=b"The second page describes the lighthouse in plain words.")
+    data = pdfmaker.text_bomb(
+        BOMB_CHARS, then=b"The second page describes the lighthouse in plain words."
+    )
     r = ingest_bytes(ctx, data, dataset="default", filename="bomb-and-page.pdf")
     run_job(r.job_id, ctx=ctx)
     j = job(ctx, r.job_id)
@@ -117,11 +136,17 @@ def test_text_per_page_is_cut_with_a_warning_and_per_document_refused(make_ctx):
     run_job(r.job_id, ctx=ctx)
     j = job(ctx, r.job_id)
     assert j.status == JobStatus.succeeded and j.chunk_count <= 10  # 5,000 characters, not 20,000
-    assert any("SLUICE_PARSE_MAX_PAGE_CHARS" in e.message for e in events(ctx, j.id) if e.kind == "warning")
+    assert any(
+        "SLUICE_PARSE_MAX_PAGE_CHARS" in e.message for e in events(ctx, j.id) if e.kind == "warning"
+    )
 
     ctx = make_ctx(SLUICE_PARSE_MAX_DOCUMENT_CHARS="10000")
-    r = ingest_bytes(ctx, pdfmaker.text_pdf(["Many words about tides and currents. " * 100] * 4),
-                     dataset="default", filename="long.pdf")
+    r = ingest_bytes(
+        ctx,
+        pdfmaker.text_pdf(["Many words about tides and currents. " * 100] * 4),
+        dataset="default",
+        filename="long.pdf",
+    )
     run_job(r.job_id, ctx=ctx)
     j = job(ctx, r.job_id)
     assert (j.status, j.error_code, j.attempt) == (JobStatus.failed, "too_much_text", 1)
@@ -130,9 +155,17 @@ def test_text_per_page_is_cut_with_a_warning_and_per_document_refused(make_ctx):
 
 def test_an_extraction_that_never_returns_is_stopped_by_the_stage_time_limit(make_ctx):
     # stage_timeout is transient (a starved host): one attempt, so the test sees it end
-    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="2", SLUICE_FAULTS="extract_page=sleep:120", SLUICE_MAX_ATTEMPTS="1")
-    r = ingest_bytes(ctx, pdfmaker.text_pdf(["The page that hangs the reader."]), dataset="default",
-                     filename="hang.pdf")
+    ctx = make_ctx(
+        SLUICE_STAGE_TIMEOUT_SECONDS="2",
+        SLUICE_FAULTS="extract_page=sleep:120",
+        SLUICE_MAX_ATTEMPTS="1",
+    )
+    r = ingest_bytes(
+        ctx,
+        pdfmaker.text_pdf(["The page that hangs the reader."]),
+        dataset="default",
+        filename="hang.pdf",
+    )
     started = time.monotonic()
     thread, _ = run_in_thread(ctx, r.job_id)
     thread.join(timeout=30)
@@ -145,8 +178,12 @@ def test_an_extraction_that_never_returns_is_stopped_by_the_stage_time_limit(mak
 
 def test_cancel_stops_an_extraction_that_never_returns(make_ctx):
     ctx = make_ctx(SLUICE_FAULTS="extract_page=sleep:120")
-    r = ingest_bytes(ctx, pdfmaker.text_pdf(["The page that hangs the reader."]), dataset="default",
-                     filename="hang.pdf")
+    r = ingest_bytes(
+        ctx,
+        pdfmaker.text_pdf(["The page that hangs the reader."]),
+        dataset="default",
+        filename="hang.pdf",
+    )
     thread, _ = run_in_thread(ctx, r.job_id)
     deadline = time.monotonic() + 20
     while job(ctx, r.job_id).status != JobStatus.running:
@@ -171,8 +208,15 @@ def test_a_preview_never_parses_in_the_calling_process(make_ctx):
 
 def test_a_preview_parses_within_its_time_budget_and_extrapolates(make_ctx):
     ctx = make_ctx()
-    ids = [ingest_bytes(ctx, pdfmaker.text_pdf([f"Document {i} about the ferry timetable and its delays."]),
-                        dataset="default", filename=f"d{i}.pdf").job_id for i in range(3)]
+    ids = [
+        ingest_bytes(
+            ctx,
+            pdfmaker.text_pdf([f"Document {i} about the ferry timetable and its delays."]),
+            dataset="default",
+            filename=f"d{i}.pdf",
+        ).job_id
+        for i in range(3)
+    ]
     preview = preview_jobs(ctx, ids, budget_seconds=0)
     assert preview.sampled == 1 and preview.estimated and preview.chunks == 3
 
@@ -194,7 +238,9 @@ def test_the_extraction_child_dies_with_a_worker_killed_mid_parse(tmp_path):
         "    pass\n"
     )
     env = {**os.environ, "SLUICE_FAULTS": "extract_page=sleep:120"}
-    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, env=env, text=True
+    )
     child = None
     try:
         child = int(worker.stdout.readline())
@@ -219,7 +265,9 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_never_reruns_the_main_script(tmp_path):
+def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_never_reruns_the_main_script(
+    tmp_path,
+):
     """A child per document, without an interpreter start and a PyMuPDF import each time (about
     0.3 s of CPU, more than encoding a small document): it is forked from the parse fork server,
     which holds PyMuPDF without its optional layout modules (a fork of 144 MB cost 9.5 ms of CPU, of
@@ -250,24 +298,37 @@ def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_neve
         "        print(parent != os.getpid(), b'forkserver' in server, b'extract_preload' in server,\n"
         "              b'onnxruntime' in maps or b'numpy' in maps, text, flush=True)\n"
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # ... and the server holds no optional layout modules (onnxruntime, numpy: about 100 MB that
     # every fork would copy the page tables of)
-    assert done.stdout.splitlines() == ["True True True False A page about the ferry timetable."] * 2
+    assert (
+        done.stdout.splitlines() == ["True True True False A page about the ferry timetable."] * 2
+    )
     assert not marker.exists(), marker.read_text()
 
 
-def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(tmp_path, monkeypatch):
+def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
+    tmp_path, monkeypatch
+):
     """A fork per tiny .txt cost more CPU than the job's own work: files up to IN_WORKER_TEXT_BYTES
     are read in the worker by the same code. Same pages, same warnings, same refusals as a child;
     a larger file still goes to a child."""
     from sluice.errors import PipelineError
     from sluice.pipeline.parsing import parse
 
-    files = {"note.txt": "Tides and currents. " * 400, "notes.md": "# Harbour\n\nThe tide table. " * 50,
-             "blank.txt": " .. \n\n - ", "latin1.txt": "Caf\xe9 cr\xe8me, na\xefve. " * 20}
+    files = {
+        "note.txt": "Tides and currents. " * 400,
+        "notes.md": "# Harbour\n\nThe tide table. " * 50,
+        "blank.txt": " .. \n\n - ",
+        "latin1.txt": "Caf\xe9 cr\xe8me, na\xefve. " * 20,
+    }
     for name, text in files.items():
         (tmp_path / name).write_bytes(text.encode("latin-1" if name == "latin1.txt" else "utf-8"))
     big = tmp_path / "big.txt"
@@ -276,14 +337,18 @@ def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
     def answer(path: Path, *, limits=None):
         media = parse.MARKDOWN if path.suffix == ".md" else parse.TEXT
         try:
-            doc = parse.open_document(path, media_type=media, max_pages=100, limits=limits, name=path.name)
+            doc = parse.open_document(
+                path, media_type=media, max_pages=100, limits=limits, name=path.name
+            )
             return doc.page_count, list(doc.pages()), doc.warnings
         except PipelineError as exc:
             return type(exc).__name__, exc.code, str(exc)
 
     started = []
     real_child = parse._Child
-    monkeypatch.setattr(parse, "_Child", lambda *a, **kw: started.append(a[0].name) or real_child(*a, **kw))
+    monkeypatch.setattr(
+        parse, "_Child", lambda *a, **kw: started.append(a[0].name) or real_child(*a, **kw)
+    )
     in_worker = {name: answer(tmp_path / name) for name in files}
     assert started == []  # no child for any of them
     assert in_worker["blank.txt"][:2] == ("UserActionError", "no_text")
@@ -294,7 +359,9 @@ def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
     assert too_long[:2] == ("UserActionError", "too_much_text") and started == []
 
     assert big.stat().st_size > parse.IN_WORKER_TEXT_BYTES
-    assert answer(big)[0] == -(-big.stat().st_size // parse.TEXT_PAGE_CHARS) and started == ["big.txt"]  # a large file is read by a child
+    assert answer(big)[0] == -(-big.stat().st_size // parse.TEXT_PAGE_CHARS) and started == [
+        "big.txt"
+    ]  # a large file is read by a child
 
     # A failure that is not a refusal says what a child's death says, with the file's name, not its path.
     def broken(_request):
@@ -304,9 +371,15 @@ def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
     with monkeypatch.context() as m:
         m.setattr(parse, "read", broken)
         failed = answer(tmp_path / "note.txt")
-    assert failed[:2] == ("TransientError", "parser_failed") and str(tmp_path) not in failed[2], failed
+    assert failed[:2] == ("TransientError", "parser_failed") and str(tmp_path) not in failed[2], (
+        failed
+    )
 
-    monkeypatch.setattr(parse, "IN_WORKER_TEXT_BYTES", -1)  # every file to a child: the same answers
+    monkeypatch.setattr(
+        parse, "IN_WORKER_TEXT_BYTES", -1
+    )  # every file to a child: the same answers
     assert {name: answer(tmp_path / name) for name in files} == in_worker
-    assert answer(tmp_path / "note.txt", limits=parse.ParseLimits(max_document_chars=1000)) == too_long
+    assert (
+        answer(tmp_path / "note.txt", limits=parse.ParseLimits(max_document_chars=1000)) == too_long
+    )
     assert len(started) == 1 + len(files) + 1

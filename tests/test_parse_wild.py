@@ -16,7 +16,9 @@ from tests import pdfmaker
 from tests.helpers import collection, events
 from tests.helpers import run_file as run
 
-WORDS = " ".join(f"Sentence {i} tells how the lighthouse keeper logged the storm." for i in range(30))
+WORDS = " ".join(
+    f"Sentence {i} tells how the lighthouse keeper logged the storm." for i in range(30)
+)
 
 
 def read(tmp_path, data: bytes, name="file.pdf"):
@@ -31,6 +33,7 @@ def read(tmp_path, data: bytes, name="file.pdf"):
 
 # 1. unreadable files are permanent at once; a broken page is skipped and recorded
 
+
 @pytest.mark.parametrize("make", [pdfmaker.page_tree_cycle, pdfmaker.invalid_page_count])
 def test_unreadable_structure_is_permanent(tmp_path, make):
     with pytest.raises(PermanentError) as err:
@@ -41,7 +44,9 @@ def test_unreadable_structure_is_permanent(tmp_path, make):
 def test_unreadable_structure_fails_once_as_permanent_in_a_job(ctx):
     for make in (pdfmaker.page_tree_cycle, pdfmaker.invalid_page_count):
         j = run(ctx, make(), f"{make.__name__}.pdf")
-        assert (j.status, j.error_kind.value, j.attempt) == (JobStatus.failed, "permanent", 1), j.error_message
+        assert (j.status, j.error_kind.value, j.attempt) == (JobStatus.failed, "permanent", 1), (
+            j.error_message
+        )
         assert "retries" not in j.fix_hint
 
 
@@ -57,6 +62,7 @@ def test_a_broken_page_is_skipped_and_the_rest_indexed(tmp_path, ctx):
 
 
 # 2. a repaired file whose pages all read is not "truncated"; the repair is a warning
+
 
 @pytest.mark.parametrize("variant", sorted(pdfmaker.repaired_variants()))
 def test_damaged_ends_that_lose_nothing_are_read_with_a_warning(tmp_path, variant):
@@ -78,6 +84,7 @@ def test_a_file_cut_in_half_is_still_truncated(tmp_path):
 
 # 3. a PDF without its header is still a PDF
 
+
 def test_pdf_without_header_is_sniffed_as_pdf_and_indexed_as_text(ctx, tmp_path):
     data = pdfmaker.without_header()
     assert not data.startswith(b"%PDF")
@@ -85,8 +92,13 @@ def test_pdf_without_header_is_sniffed_as_pdf_and_indexed_as_text(ctx, tmp_path)
     assert sniff_type(data[:8192], "lost-header.txt") == PDF
     j = run(ctx, data, "lost-header.pdf")
     assert j.status == JobStatus.succeeded
-    texts = [d for page in ctx.vectors.iter_pages(collection(ctx), where={"job_id": j.id}, include=["documents"])
-             for d in page["documents"]]
+    texts = [
+        d
+        for page in ctx.vectors.iter_pages(
+            collection(ctx), where={"job_id": j.id}, include=["documents"]
+        )
+        for d in page["documents"]
+    ]
     assert texts and all("glaciers" in t and " obj" not in t for t in texts)
 
 
@@ -96,6 +108,7 @@ def test_plain_text_that_mentions_pdf_words_stays_text():
 
 
 # 4. successes that hold nothing
+
 
 def test_xfa_placeholder_is_a_user_action_not_a_success(tmp_path, ctx):
     with pytest.raises(UserActionError) as err:
@@ -135,6 +148,7 @@ def test_drawings_only_and_blank_files_are_not_sent_to_ocr(ctx):
 
 # 5. reading order
 
+
 def _order(text: str, sentences: list[str]) -> list[int]:
     flat = re.sub(r"\s+", " ", text)
     return [flat.find(s) for s in sentences]
@@ -151,7 +165,11 @@ def test_two_column_form_reads_column_by_column(tmp_path):
     assert text.index("Harbour survey form") < min(left) and text.index("Page footer") > max(right)
 
 
-VERTICAL = ["吾輩は猫である。名前はまだ無い。", "どこで生れたかとんと見当がつかぬ。", "何でも薄暗いじめじめした所で泣いていた。"]
+VERTICAL = [
+    "吾輩は猫である。名前はまだ無い。",
+    "どこで生れたかとんと見当がつかぬ。",
+    "何でも薄暗いじめじめした所で泣いていた。",
+]
 
 
 def test_vertical_japanese_reads_in_columns_right_to_left(tmp_path):
@@ -162,9 +180,12 @@ def test_vertical_japanese_reads_in_columns_right_to_left(tmp_path):
 
 # 7. messages
 
+
 def test_failure_names_the_file_not_the_blob_and_keeps_the_page_count(ctx):
     j = run(ctx, pdfmaker.xfa_form(), "tax-form-2024.pdf")
-    assert "blobs" not in j.error_message and str(ctx.settings.blob_dir) not in (j.error_message or "")
+    assert "blobs" not in j.error_message and str(ctx.settings.blob_dir) not in (
+        j.error_message or ""
+    )
     assert j.page_count == 1
 
     garbage = b"%PDF-1.7\n" + bytes(range(256)) * 40

@@ -21,8 +21,12 @@ TEXT = "The locked ledger lists every barrel of herring landed at the north quay
 def locked_pdf(password: str) -> bytes:
     doc = pymupdf.open()
     doc.new_page().insert_textbox(pymupdf.Rect(72, 72, 540, 760), TEXT, fontsize=11)
-    return doc.tobytes(encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw=password,
-                       owner_pw=password + "-owner", permissions=-1)
+    return doc.tobytes(
+        encryption=pymupdf.PDF_ENCRYPT_AES_256,
+        user_pw=password,
+        owner_pw=password + "-owner",
+        permissions=-1,
+    )
 
 
 def cli(capsys, monkeypatch, stdin: str, *args) -> tuple[int, str, str]:
@@ -59,8 +63,9 @@ def traces(ctx, services, roots: list[Path], needle: str) -> list[str]:
     return found
 
 
-def test_a_locked_pdf_succeeds_after_its_password_is_given_on_stdin(ctx, services, tmp_path, capsys, monkeypatch,
-                                                                      caplog, start_worker):
+def test_a_locked_pdf_succeeds_after_its_password_is_given_on_stdin(
+    ctx, services, tmp_path, capsys, monkeypatch, caplog, start_worker
+):
     from sluice.pipeline.queueing.publishing import publish
 
     password = "Pw-" + secrets.token_urlsafe(12)
@@ -70,14 +75,21 @@ def test_a_locked_pdf_succeeds_after_its_password_is_given_on_stdin(ctx, service
     [locked] = wait_for(ctx, [r.job_id])
     assert (locked.status, locked.error_code) == (JobStatus.failed, "password_protected")
 
-    code, _, err = cli(capsys, monkeypatch, "not-the-password\n", "retry", str(r.job_id), "--password-stdin")
+    code, _, err = cli(
+        capsys, monkeypatch, "not-the-password\n", "retry", str(r.job_id), "--password-stdin"
+    )
     wrong = job(ctx, r.job_id)
     assert code == 1 and "wrong password" in err
     assert (wrong.status, wrong.error_kind.value, wrong.error_code) == (
-        JobStatus.failed, "user_action_required", "wrong_password")
+        JobStatus.failed,
+        "user_action_required",
+        "wrong_password",
+    )
     assert "wrong password" in wrong.error_message
 
-    code, out, err = cli(capsys, monkeypatch, password + "\n", "retry", str(r.job_id), "--password-stdin")
+    code, out, err = cli(
+        capsys, monkeypatch, password + "\n", "retry", str(r.job_id), "--password-stdin"
+    )
     assert code == 0, err
     [done] = wait_for(ctx, [r.job_id])
     assert done.status == JobStatus.succeeded, (done.error_code, done.error_message)
@@ -87,7 +99,9 @@ def test_a_locked_pdf_succeeds_after_its_password_is_given_on_stdin(ctx, service
         document = conn.execute(select(Document).where(Document.id == done.document_id)).one()
     assert document.sha256 == hashlib.sha256(data).hexdigest()  # identity stays the uploaded file's
     assert [e.kind for e in events(ctx, r.job_id)].count("unlocked") == 1
-    again = ingest_bytes(ctx, data, dataset="default", filename="ledger.pdf")  # the locked file again
+    again = ingest_bytes(
+        ctx, data, dataset="default", filename="ledger.pdf"
+    )  # the locked file again
     assert again.duplicate and again.job_id == r.job_id
 
     # The search reaches the stores: the document's own words are found where they are kept.

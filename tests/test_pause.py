@@ -25,7 +25,11 @@ def _claim(engine, job_id: int) -> jobs.ClaimResult:
 
 def _unsent(engine, job_id: int) -> int:
     with Session(engine) as session:
-        return len(session.exec(select(Outbox).where(Outbox.job_id == job_id, Outbox.sent_at.is_(None))).all())
+        return len(
+            session.exec(
+                select(Outbox).where(Outbox.job_id == job_id, Outbox.sent_at.is_(None))
+            ).all()
+        )
 
 
 def test_a_paused_dataset_is_neither_claimed_nor_published_until_resumed(database_url):
@@ -89,23 +93,46 @@ def test_pause_and_resume_a_dataset_with_a_real_consumer(make_ctx, start_worker,
 
     ctx = make_ctx(SLUICE_DISPATCH_PER_THREAD="2")  # with the dispatch window, as in production
 
-    held = ingest_bytes(ctx, b"a page of the paused dataset. " * 100, dataset="paused", filename="held.txt",
-                        publish=publish)
+    held = ingest_bytes(
+        ctx,
+        b"a page of the paused dataset. " * 100,
+        dataset="paused",
+        filename="held.txt",
+        publish=publish,
+    )
     assert held.published  # its message is on the queue before the pause
     assert cli(["pause", "--dataset", "paused", "--reason", "parser upgrade"]) == 0
     assert "dataset paused is paused" in capsys.readouterr().out
     start_worker(workers=1)
-    until(lambda: any("paused" in e.message for e in events(ctx, held.job_id) if e.kind == "noop"),
-          timeout=30, what="the worker refused the paused dataset's job")
-    other = ingest_bytes(ctx, b"a page of another dataset. " * 100, dataset="other", filename="other.txt",
-                         publish=publish)
-    late = ingest_bytes(ctx, b"uploaded while paused. " * 100, dataset="paused", filename="late.txt",
-                        publish=publish)
+    until(
+        lambda: any("paused" in e.message for e in events(ctx, held.job_id) if e.kind == "noop"),
+        timeout=30,
+        what="the worker refused the paused dataset's job",
+    )
+    other = ingest_bytes(
+        ctx,
+        b"a page of another dataset. " * 100,
+        dataset="other",
+        filename="other.txt",
+        publish=publish,
+    )
+    late = ingest_bytes(
+        ctx,
+        b"uploaded while paused. " * 100,
+        dataset="paused",
+        filename="late.txt",
+        publish=publish,
+    )
     assert late.accepted
     wait_for(ctx, [other.job_id], timeout=30)
     from sluice.ops import reads
+
     detail = reads.job_detail(held.job_id)
-    assert detail.row["status"] == "pending" and "paused" in detail.paused and "parser upgrade" in detail.paused
+    assert (
+        detail.row["status"] == "pending"
+        and "paused" in detail.paused
+        and "parser upgrade" in detail.paused
+    )
     assert reads.job_detail(late.job_id).row["status"] == "pending"
     assert cli(["pause", "--list"]) == 0
     assert "parser upgrade" in capsys.readouterr().out
@@ -129,7 +156,9 @@ def test_a_running_job_finishes_when_its_dataset_is_paused(ctx):
     with Session(ctx.engine) as session:
         ds = session.get(Job, r.job_id).dataset_id
     paused = []
-    with faults.hook("after_claim", lambda **_: paused.append(pausing.pause(cli_operator(), dataset_id=ds))):
+    with faults.hook(
+        "after_claim", lambda **_: paused.append(pausing.pause(cli_operator(), dataset_id=ds))
+    ):
         run_job(r.job_id, ctx=ctx)
     assert paused and paused[0].ok
     with Session(ctx.engine) as session:

@@ -65,8 +65,10 @@ QUERIES = [  # (query, index of the passage that answers it)
 def embedders():
     from sluice.pipeline.running.embed import SentenceTransformerEmbedder
 
-    return (SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="fp32"),
-            SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="bf16"))
+    return (
+        SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="fp32"),
+        SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="bf16"),
+    )
 
 
 @pytest.mark.slow
@@ -129,7 +131,9 @@ def test_changing_the_precision_misses_the_embedding_cache(make_ctx):
 
     fp32 = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="fp32")
     bf16 = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="bf16")
-    assert fp32.pipeline_version != bf16.pipeline_version  # a mixed fleet never mixes them under one
+    assert (
+        fp32.pipeline_version != bf16.pipeline_version
+    )  # a mixed fleet never mixes them under one
     # fp32 adds nothing to the spec: it keeps the version it had before precision counted
     assert fp32.pipeline_version == pipeline_version(fp32.settings)
     assert ":fp32:" in fp32.cache.namespace and ":bf16:" in bf16.cache.namespace

@@ -34,8 +34,11 @@ def engine(database_url):
 def host_clock(monkeypatch):
     """Set this process's own clock off by ``seconds`` (as on a host with a skewed clock)."""
 
-    modules = [m for n, m in list(sys.modules.items())
-               if n.startswith("sluice") and getattr(m, "utcnow", None) is utcnow]
+    modules = [
+        m
+        for n, m in list(sys.modules.items())
+        if n.startswith("sluice") and getattr(m, "utcnow", None) is utcnow
+    ]
 
     def skew(seconds: float) -> None:
         def skewed():
@@ -58,14 +61,18 @@ def test_a_worker_whose_clock_is_behind_is_not_reaped(engine, host_clock):
         assert jobs.heartbeat(session=session, job_id=job_id, lease=lease)
     host_clock(0)  # the reaper runs on a host with the right time
     with Session(engine) as session:
-        assert jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
+        assert (
+            jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
+        )
     assert get(engine, job_id).status == JobStatus.running
 
 
 def test_a_worker_whose_clock_is_behind_takes_its_due_retry(engine, host_clock):
     job_id = new_job(engine, 1)
     lease = claim(engine, job_id).job.lease
-    assert fail(engine, job_id, lease, ErrorKind.transient).status == JobStatus.retrying  # due at once
+    assert (
+        fail(engine, job_id, lease, ErrorKind.transient).status == JobStatus.retrying
+    )  # due at once
     host_clock(-(LEASE + 1))
     again = claim(engine, job_id)
     assert again.claimed, again.reason
@@ -77,7 +84,9 @@ def test_a_worker_whose_clock_is_ahead_does_not_reap_live_work(engine, host_cloc
     claim(engine, job_id)
     host_clock(LEASE + 1)
     with Session(engine) as session:
-        assert jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
+        assert (
+            jobs.reap(session=session, lease_seconds=LEASE, base_delay=0.01, max_delay=0.02) == []
+        )
     assert get(engine, job_id).status == JobStatus.running
 
 
@@ -133,8 +142,11 @@ def test_a_job_reclaimed_between_two_reaper_steps_keeps_its_new_attempt(engine):
 
 # --- 4. a cancel that arrives before success wins --------------------------------------------------------
 
-TEXT = "".join(f"Paragraph {i} of the survey describes the lighthouse number {i} in its own words. " * 10
-               + "\n\n" for i in range(12)).encode()
+TEXT = "".join(
+    f"Paragraph {i} of the survey describes the lighthouse number {i} in its own words. " * 10
+    + "\n\n"
+    for i in range(12)
+).encode()
 
 
 def test_a_cancel_requested_after_indexing_but_before_success_wins(database_url, make_ctx):
@@ -170,8 +182,13 @@ def version_job(engine, job_id: int, version: str) -> int:
     """A job of another pipeline version for the document of ``job_id``."""
     with Session(engine, expire_on_commit=False) as session:
         doc = session.get(Document, get(engine, job_id).document_id)
-        job, created = jobs.create_job(session=session, document=doc, pipeline_version=version,
-                                       idempotency_key=f"{doc.dataset_id}:{doc.sha256}:{version}", max_attempts=3)
+        job, created = jobs.create_job(
+            session=session,
+            document=doc,
+            pipeline_version=version,
+            idempotency_key=f"{doc.dataset_id}:{doc.sha256}:{version}",
+            max_attempts=3,
+        )
         session.commit()
         assert created
         return job.id
@@ -179,8 +196,16 @@ def version_job(engine, job_id: int, version: str) -> int:
 
 def succeed(engine, job_id: int, lease: int):
     with Session(engine) as session:
-        return jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=2, page_count=1,
-                            worker_id="w", embedded=2, cached=0)
+        return jobs.succeed(
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            chunk_count=2,
+            page_count=1,
+            worker_id="w",
+            embedded=2,
+            cached=0,
+        )
 
 
 def active(engine, job_id: int) -> int:
@@ -198,7 +223,10 @@ def test_an_old_version_still_running_when_the_new_one_succeeds_never_takes_sear
     with pytest.raises(LeaseLost):  # the old worker finishes later: too late
         succeed(engine, old, old_lease)
     assert active(engine, new) == new
-    assert (get(engine, new).status, get(engine, old).status) == (JobStatus.succeeded, JobStatus.superseded)
+    assert (get(engine, new).status, get(engine, old).status) == (
+        JobStatus.succeeded,
+        JobStatus.superseded,
+    )
 
 
 def test_a_supersede_that_loses_its_compare_and_set_is_not_ignored(engine):
@@ -269,8 +297,13 @@ def test_three_identical_uploads_at_once_all_get_the_one_job(database_url, make_
     all_looked = threading.Barrier(3, timeout=20)  # each found no document before any adds one
 
     with faults.hook("before_document_insert", lambda **_: all_looked.wait()):
-        uploads = [Background(lambda: ingest_bytes(ctx, TEXT, dataset="default", filename="same.txt"),
-                              name=f"upload-{n}") for n in range(3)]
+        uploads = [
+            Background(
+                lambda: ingest_bytes(ctx, TEXT, dataset="default", filename="same.txt"),
+                name=f"upload-{n}",
+            )
+            for n in range(3)
+        ]
         for upload in uploads:
             upload.start()
         results = [upload.result(60) for upload in uploads]
@@ -290,7 +323,9 @@ def test_an_existing_database_gets_the_columns_a_newer_sluice_added(engine):
         conn.execute(text("ALTER TABLE job DROP COLUMN waiting_for"))
         conn.execute(text("ALTER TABLE job DROP COLUMN waiting_since"))
     assert sorted(add_missing_columns(engine)) == ["job.waiting_for", "job.waiting_since"]
-    assert {"waiting_for", "waiting_since"} <= {c["name"] for c in inspect(engine).get_columns("job")}
+    assert {"waiting_for", "waiting_since"} <= {
+        c["name"] for c in inspect(engine).get_columns("job")
+    }
     assert add_missing_columns(engine) == []
     job_id = new_job(engine, 1)
     assert claim(engine, job_id).claimed
@@ -326,8 +361,9 @@ def _fail_at(n: int):
     return hook
 
 
-def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_every_chunk(database_url,
-                                                                                           make_ctx):
+def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_every_chunk(
+    database_url, make_ctx
+):
     from sluice.pipeline.reconcile.audit import reconcile
     from sluice.pipeline.running.runner import run_job
     from tests.helpers import ids_of_job
@@ -350,7 +386,9 @@ def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_ev
     assert reconcile(ctx).clean
 
 
-def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_letter(database_url, make_ctx):
+def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_letter(
+    database_url, make_ctx
+):
     from sluice.pipeline.running.runner import run_job
     from tests.helpers import collection, ids_of_job
 
@@ -397,7 +435,9 @@ def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(databa
     report = reconcile(ctx, repair=True, actor="test")
     ctx.__dict__["vectors"] = store
 
-    assert report.queued == [job_id], report.describe()  # it found what the delete took from a serving job
+    assert report.queued == [job_id], (
+        report.describe()
+    )  # it found what the delete took from a serving job
     assert run_job(job_id, ctx=ctx).result == "succeeded"
     j = get(ctx.engine, job_id)
     assert len(ids_of_job(ctx, job_id)) == j.chunk_count
@@ -415,7 +455,11 @@ class StuckEmbedder:
         from sluice.pipeline.running.embed import HashEmbedder
 
         self.inner = HashEmbedder()
-        self.model_id, self.dim, self.precision = self.inner.model_id, self.inner.dim, self.inner.precision
+        self.model_id, self.dim, self.precision = (
+            self.inner.model_id,
+            self.inner.dim,
+            self.inner.precision,
+        )
         self.stuck_at, self.calls = stuck_at, 0
         self.entered, self.release = threading.Event(), threading.Event()
 
@@ -435,7 +479,9 @@ def wait_status(engine, job_id: int, statuses, timeout: float = 30.0) -> Job:
         j = get(engine, job_id)
         if j.status in statuses:
             return j
-        assert time.monotonic() < deadline, f"job {job_id} still {j.status.value} ({j.stage.value}) after {timeout}s"
+        assert time.monotonic() < deadline, (
+            f"job {job_id} still {j.status.value} ({j.stage.value}) after {timeout}s"
+        )
         time.sleep(0.05)
 
 
@@ -444,10 +490,14 @@ def stuck_run(make_ctx, **env):
     from sluice.pipeline.running.runner import run_job
 
     stuck = StuckEmbedder(stuck_at=2)
-    ctx = make_ctx(embedder=stuck, SLUICE_EMBED_BATCH_SIZE="2", SLUICE_HEARTBEAT_SECONDS="0.1", **env)
+    ctx = make_ctx(
+        embedder=stuck, SLUICE_EMBED_BATCH_SIZE="2", SLUICE_HEARTBEAT_SECONDS="0.1", **env
+    )
     from tests.helpers import collection
 
-    ctx.vectors.collection(collection(ctx))  # connect first: a cold client is slower than the deadline
+    ctx.vectors.collection(
+        collection(ctx)
+    )  # connect first: a cold client is slower than the deadline
     r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
     runner = Background(lambda: run_job(r.job_id, ctx=ctx), name="runner")
     runner.start()
@@ -465,7 +515,11 @@ def test_an_encode_that_never_returns_still_meets_the_stage_deadline(database_ur
         j = wait_status(ctx.engine, job_id, {JobStatus.retrying, JobStatus.failed})
     finally:
         stuck.release.set()
-    assert (j.status, j.error_code, j.error_kind) == (JobStatus.retrying, "stage_timeout", ErrorKind.transient)
+    assert (j.status, j.error_code, j.error_kind) == (
+        JobStatus.retrying,
+        "stage_timeout",
+        ErrorKind.transient,
+    )
     assert "embedding took longer than" in j.error_message
     assert runner.result(30).result == "lost"  # the stuck thread's later writes are refused
     assert len(ids_of_job(ctx, job_id)) == 2  # and it added nothing after it came back
@@ -489,15 +543,21 @@ def test_a_cancel_during_an_encode_that_never_returns_is_carried_out(database_ur
     assert ids_of_job(ctx, job_id) == []
 
 
-def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(database_url, make_ctx):
+def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(
+    database_url, make_ctx
+):
     from tests.helpers import ids_of_job
 
     noticed = threading.Event()
     with faults.hook("heartbeat_lost", lambda **_: noticed.set()):
         ctx, job_id, stuck, runner = stuck_run(make_ctx)
         with Session(ctx.engine) as session:  # the document is deleted while the call hangs
-            assert all(r.ok for r in jobs.mark_deleted(session=session, document_id=get(ctx.engine, job_id)
-                                                       .document_id, actor="op"))
+            assert all(
+                r.ok
+                for r in jobs.mark_deleted(
+                    session=session, document_id=get(ctx.engine, job_id).document_id, actor="op"
+                )
+            )
         try:
             assert noticed.wait(30), "the heartbeat never noticed it lost the job"
         finally:
@@ -510,7 +570,8 @@ def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(dat
 
 
 def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_takes_dead_jobs(
-        database_url, make_ctx, monkeypatch):
+    database_url, make_ctx, monkeypatch
+):
     """No worker can write a heartbeat while the job database is down, so right after it every
     running job looks stale. The reapers keep a shared tick in the database: after a silence of all
     of them, a reaper waits a grace (a few beats) before it takes jobs back. That holds for a reaper
@@ -526,17 +587,25 @@ def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_t
     from sluice.storage.models import Instance
 
     ctx = make_ctx()
-    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # a tick: the database answers
+    assert (
+        recovery.run_once(ctx, publish=lambda _id: None).reaped == []
+    )  # a tick: the database answers
     alive, dead = new_job(ctx.engine, 1), new_job(ctx.engine, 2)
     for job_id in (alive, dead):
         claim(ctx.engine, job_id)
         make_stale(ctx.engine, job_id)  # no heartbeat could land while it was down ...
 
-    def silence() -> None:  # ... and no reaper could tick: the last tick moves back, as time passing would
+    def silence() -> (
+        None
+    ):  # ... and no reaper could tick: the last tick moves back, as time passing would
         with Session(ctx.engine) as session:
             tick = session.exec(select(Instance)).one().reaper_tick_at
-            session.execute(update(Instance).values(
-                reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 1)))
+            session.execute(
+                update(Instance).values(
+                    reaper_tick_at=tick
+                    - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 1)
+                )
+            )
             session.commit()
 
     waits: list[float] = []
@@ -561,7 +630,9 @@ def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_t
     assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # nothing stale is left
 
 
-def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(database_url, make_ctx, monkeypatch):
+def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(
+    database_url, make_ctx, monkeypatch
+):
     """A worker's recovery loop keeps the grace after a silence as state: the round goes on to
     publish the outbox at once (no wait in line), and a later round reaps once the grace is over,
     without a new tick moving it on. A job whose worker beats meanwhile stays."""
@@ -573,7 +644,9 @@ def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(data
     from sluice.storage.models import Instance
 
     ctx = make_ctx()
-    assert recovery.run_once(ctx, publish=lambda _id: None).reaped == []  # a tick: the database answers
+    assert (
+        recovery.run_once(ctx, publish=lambda _id: None).reaped == []
+    )  # a tick: the database answers
     alive, dead = new_job(ctx.engine, 1), new_job(ctx.engine, 2)
     for job_id in (alive, dead):
         claim(ctx.engine, job_id)
@@ -581,8 +654,11 @@ def test_a_loops_grace_after_a_silence_holds_the_reaping_but_not_the_outbox(data
     waiting = new_job(ctx.engine, 3)  # its outbox row is due
     with Session(ctx.engine) as session:
         tick = session.exec(select(Instance)).one().reaper_tick_at
-        session.execute(update(Instance).values(
-            reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 1)))
+        session.execute(
+            update(Instance).values(
+                reaper_tick_at=tick - timedelta(seconds=recovery.silence_seconds(ctx.settings) + 1)
+            )
+        )
         session.commit()
 
     def no_wait_in_line(seconds: float) -> None:
@@ -615,9 +691,14 @@ def test_a_silence_short_enough_to_go_unnoticed_never_makes_a_heartbeat_stale(ma
     from sluice.pipeline.queueing import recovery
 
     for lease, beat, interval in ((60, 5, 5), (30, 5, 10), (10, 2, 30), (2, 0.2, 0.5)):
-        s = make_ctx(SLUICE_LEASE_SECONDS=str(lease), SLUICE_HEARTBEAT_SECONDS=str(beat),
-                     SLUICE_RECOVERY_INTERVAL_SECONDS=str(interval)).settings
-        assert recovery.silence_seconds(s) + 2 * beat <= lease or recovery.silence_seconds(s) == beat
+        s = make_ctx(
+            SLUICE_LEASE_SECONDS=str(lease),
+            SLUICE_HEARTBEAT_SECONDS=str(beat),
+            SLUICE_RECOVERY_INTERVAL_SECONDS=str(interval),
+        ).settings
+        assert (
+            recovery.silence_seconds(s) + 2 * beat <= lease or recovery.silence_seconds(s) == beat
+        )
         assert 0 < recovery.grace_seconds(s) <= lease
 
 

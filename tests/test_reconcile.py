@@ -21,8 +21,11 @@ from tests.helpers import Background, collection, events, ids_of_job, job, wait_
 
 
 def text(topic: str, paragraphs: int = 6) -> bytes:
-    return "".join(f"{topic} note {i}: the {topic} section {i} explains {topic} matters in plain words. " * 6
-                   + "\n\n" for i in range(paragraphs)).encode()
+    return "".join(
+        f"{topic} note {i}: the {topic} section {i} explains {topic} matters in plain words. " * 6
+        + "\n\n"
+        for i in range(paragraphs)
+    ).encode()
 
 
 def indexed(ctx, topics, dataset="default"):
@@ -52,8 +55,12 @@ def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(data
     coll.delete(ids=gone)
     # 2. three chunks nobody made
     foreign = [f"stray-{i}" for i in range(3)]
-    coll.add(ids=foreign, embeddings=np.full((3, 384), 0.05, dtype=np.float32), documents=["stray"] * 3,
-             metadatas=[{"job_id": 99999, "document_id": 99999}] * 3)
+    coll.add(
+        ids=foreign,
+        embeddings=np.full((3, 384), 0.05, dtype=np.float32),
+        documents=["stray"] * 3,
+        metadatas=[{"job_id": 99999, "document_id": 99999}] * 3,
+    )
     # 3. one of orchard's chunks claims another document
     tampered = ids_of_job(ctx, orchard.id)[2]
     coll.update(ids=[tampered], metadatas=[{"document_id": glacier.document_id}])
@@ -64,13 +71,20 @@ def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(data
     by_doc = {f.document_id: f for f in report.findings}
     assert set(by_doc) == {harbour.document_id, orchard.document_id, None}
     h, o, stray = by_doc[harbour.document_id], by_doc[orchard.document_id], by_doc[None]
-    assert (h.missing, h.orphans, h.mismatched) == (2, 0, 0) and sorted(h.missing_ids) == sorted(gone)
+    assert (h.missing, h.orphans, h.mismatched) == (2, 0, 0) and sorted(h.missing_ids) == sorted(
+        gone
+    )
     assert (stray.missing, stray.orphans, stray.mismatched) == (0, 3, 0)
     assert sorted(stray.orphan_ids) == foreign and list(stray.orphan_sources) == [
-        "foreign: no job of this dataset makes this id"]
+        "foreign: no job of this dataset makes this id"
+    ]
     assert (o.missing, o.orphans, o.mismatched) == (0, 0, 1)
-    assert o.mismatches == [{"id": tampered, "fields": {"document_id": [glacier.document_id, orchard.document_id]}}]
-    assert h.repair == [f"reindex job {harbour.id}: the re-run adds the 2 missing chunk(s) from the embedding cache"]
+    assert o.mismatches == [
+        {"id": tampered, "fields": {"document_id": [glacier.document_id, orchard.document_id]}}
+    ]
+    assert h.repair == [
+        f"reindex job {harbour.id}: the re-run adds the 2 missing chunk(s) from the embedding cache"
+    ]
     assert job(ctx, harbour.id).status == JobStatus.succeeded  # a dry run changes nothing
     assert coll.count() == sum(j.chunk_count for j in done.values()) - 2 + 3
 
@@ -83,23 +97,40 @@ def test_three_problems_made_behind_its_back_are_found_exactly_and_repaired(data
     kinds = [e.kind for e in events(ctx, orchard.id)]
     assert kinds[-1] == "reconcile_repair"
     rebuild = [e for e in events(ctx, harbour.id) if e.kind == "reindex_requested"]
-    assert len(rebuild) == 1 and "2 chunk(s) missing" in rebuild[0].message and rebuild[0].actor == "test"
+    assert (
+        len(rebuild) == 1
+        and "2 chunk(s) missing" in rebuild[0].message
+        and rebuild[0].actor == "test"
+    )
 
     # Repair is idempotent: while the rebuild waits, a second repair queues nothing more.
     again = reconcile(ctx, repair=True, actor="test")
-    assert again.clean and again.queued == [] and again.datasets[0].in_flight == harbour.chunk_count - 2
+    assert (
+        again.clean
+        and again.queued == []
+        and again.datasets[0].in_flight == harbour.chunk_count - 2
+    )
 
     assert run_job(harbour.id, ctx=ctx).result == "succeeded"
     rebuilt = job(ctx, harbour.id)
-    assert (rebuilt.embedded_count, rebuilt.cached_count) == (0, 2)  # only the missing, from the cache
+    assert (rebuilt.embedded_count, rebuilt.cached_count) == (
+        0,
+        2,
+    )  # only the missing, from the cache
     assert len(ids_of_job(ctx, harbour.id)) == harbour.chunk_count
 
     final = reconcile(ctx)
     assert final.clean, final.describe()
-    assert final.datasets[0].present == final.datasets[0].expected == sum(j.chunk_count for j in done.values())
+    assert (
+        final.datasets[0].present
+        == final.datasets[0].expected
+        == sum(j.chunk_count for j in done.values())
+    )
 
 
-def test_leftovers_of_failed_and_cancelled_runs_are_orphans_and_repaired(database_url, make_ctx, monkeypatch):
+def test_leftovers_of_failed_and_cancelled_runs_are_orphans_and_repaired(
+    database_url, make_ctx, monkeypatch
+):
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4", SLUICE_MAX_ATTEMPTS="3")
     keep = indexed(ctx, ["meadow"])["meadow"]
 
@@ -122,7 +153,9 @@ def test_leftovers_of_failed_and_cancelled_runs_are_orphans_and_repaired(databas
     by_doc = {f.document_id: f for f in report.findings}
     assert set(by_doc) == {failed.document_id, cancelled.document_id}
     assert by_doc[failed.document_id].orphan_sources == {f"left by failed job {failed.job_id}": 4}
-    assert by_doc[cancelled.document_id].orphan_sources == {f"left by cancelled job {cancelled.job_id}": 4}
+    assert by_doc[cancelled.document_id].orphan_sources == {
+        f"left by cancelled job {cancelled.job_id}": 4
+    }
     assert report.missing == report.mismatched == 0
 
     reconcile(ctx, repair=True, actor="test")
@@ -138,7 +171,9 @@ def test_running_jobs_chunks_are_not_orphans(make_ctx, monkeypatch):
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=transient")
     r = ingest_bytes(ctx, text("canyon"), dataset="default", filename="canyon.txt")
-    assert run_job(r.job_id, ctx=ctx).result == "retrying"  # 4 chunks written, the retry will reuse them
+    assert (
+        run_job(r.job_id, ctx=ctx).result == "retrying"
+    )  # 4 chunks written, the retry will reuse them
     monkeypatch.delenv("SLUICE_FAULTS")
 
     report = reconcile(ctx, repair=True, actor="test")
@@ -170,7 +205,8 @@ def test_repair_running_alongside_new_jobs_never_touches_their_chunks(make_ctx, 
 
     assert len(reports) > 1
     assert [(r.missing, r.orphans, r.mismatched, r.queued, r.errors) for r in reports] == [
-        (0, 0, 0, [], [])] * len(reports)
+        (0, 0, 0, [], [])
+    ] * len(reports)
     for jid in made:
         j = job(ctx, jid)
         assert j.status == JobStatus.succeeded and len(ids_of_job(ctx, jid)) == j.chunk_count
@@ -184,20 +220,39 @@ def test_superseded_and_beyond_count_leftovers_and_deleted_documents(ctx):
     sha = sha_of(ctx, river.document_id)
     # A chunk past the end of river's job (an older run made more chunks and the cleanup was lost).
     beyond = chunk_id(sha, river.pipeline_version, river.chunk_count)
-    coll.add(ids=[beyond], embeddings=np.full((1, 384), 0.1, dtype=np.float32), documents=["old tail"],
-             metadatas=[{"job_id": river.id, "document_id": river.document_id,
-                         "pipeline_version": river.pipeline_version, "position": river.chunk_count}])
+    coll.add(
+        ids=[beyond],
+        embeddings=np.full((1, 384), 0.1, dtype=np.float32),
+        documents=["old tail"],
+        metadatas=[
+            {
+                "job_id": river.id,
+                "document_id": river.document_id,
+                "pipeline_version": river.pipeline_version,
+                "position": river.chunk_count,
+            }
+        ],
+    )
     # Summit's document is deleted in the database only, as if the vector delete had failed.
     with Session(ctx.engine) as session:
-        assert all(r.ok for r in jobs.mark_deleted(session=session, document_id=summit.document_id, actor="test"))
+        assert all(
+            r.ok
+            for r in jobs.mark_deleted(
+                session=session, document_id=summit.document_id, actor="test"
+            )
+        )
 
     report = reconcile(ctx)
 
     by_doc = {f.document_id: f for f in report.findings}
     assert by_doc[river.document_id].orphan_ids == [beyond]
-    assert by_doc[river.document_id].orphan_sources == {f"beyond the {river.chunk_count} chunks of job {river.id}": 1}
+    assert by_doc[river.document_id].orphan_sources == {
+        f"beyond the {river.chunk_count} chunks of job {river.id}": 1
+    }
     assert by_doc[summit.document_id].orphans == summit.chunk_count
-    assert list(by_doc[summit.document_id].orphan_sources) == [f"of deleted document {summit.document_id}"]
+    assert list(by_doc[summit.document_id].orphan_sources) == [
+        f"of deleted document {summit.document_id}"
+    ]
 
     reconcile(ctx, repair=True, actor="test")
     assert reconcile(ctx).clean
@@ -226,7 +281,11 @@ def test_missing_chunks_of_an_older_pipeline_version_get_a_job_of_the_current_on
 def test_cli_reconcile_json_and_exit_codes(ctx, capsys):
     indexed(ctx, ["tundra"])
     ctx.vectors.collection(collection(ctx)).add(
-        ids=["x-1"], embeddings=np.full((1, 384), 0.2, dtype=np.float32), documents=["x"], metadatas=[{"a": 1}])
+        ids=["x-1"],
+        embeddings=np.full((1, 384), 0.2, dtype=np.float32),
+        documents=["x"],
+        metadatas=[{"a": 1}],
+    )
 
     assert cli(["reconcile", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
@@ -243,7 +302,11 @@ def test_periodic_reconcile_signature_repairs(ctx):
 
     indexed(ctx, ["steppe"])
     ctx.vectors.collection(collection(ctx)).add(
-        ids=["y-1"], embeddings=np.full((1, 384), 0.3, dtype=np.float32), documents=["y"], metadatas=[{"b": 2}])
+        ids=["y-1"],
+        embeddings=np.full((1, 384), 0.3, dtype=np.float32),
+        documents=["y"],
+        metadatas=[{"b": 2}],
+    )
     report = reconcile(get_context(), repair=True, actor="periodic reconcile")
     assert report.orphans == 1 and reconcile(ctx).clean
 
@@ -255,9 +318,12 @@ def test_crash_leftovers_are_orphans_and_repaired(ctx, start_worker):
     from sluice.pipeline.queueing import recovery
     from sluice.pipeline.queueing.publishing import publish
 
-    victim = start_worker(env={"SLUICE_FAULTS": "embed_batch@3=exit", "SLUICE_EMBED_BATCH_SIZE": "4"},
-                          name="victim")
-    r = ingest_bytes(ctx, text("estuary", 30), dataset="default", filename="estuary.txt", publish=publish)
+    victim = start_worker(
+        env={"SLUICE_FAULTS": "embed_batch@3=exit", "SLUICE_EMBED_BATCH_SIZE": "4"}, name="victim"
+    )
+    r = ingest_bytes(
+        ctx, text("estuary", 30), dataset="default", filename="estuary.txt", publish=publish
+    )
     deadline = time.monotonic() + 60
     while victim.alive() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -274,7 +340,9 @@ def test_crash_leftovers_are_orphans_and_repaired(ctx, start_worker):
     assert j.status == JobStatus.cancelled and ids_of_job(ctx, r.job_id) == written
 
     report = reconcile(ctx)
-    assert report.orphans == 12 and report.findings[0].orphan_sources == {f"left by cancelled job {r.job_id}": 12}
+    assert report.orphans == 12 and report.findings[0].orphan_sources == {
+        f"left by cancelled job {r.job_id}": 12
+    }
     reconcile(ctx, repair=True, actor="test")
     assert ids_of_job(ctx, r.job_id) == [] and reconcile(ctx).clean
 
@@ -286,7 +354,9 @@ def synthetic_sha(n: int) -> str:
     return hashlib.sha256(str(n).encode()).hexdigest()
 
 
-def _synthetic_store(ctx, *, documents: int, chunks_each: int, dim: int = 2) -> tuple[str, list[Job]]:
+def _synthetic_store(
+    ctx, *, documents: int, chunks_each: int, dim: int = 2
+) -> tuple[str, list[Job]]:
     """Documents and succeeded jobs in the database, and their chunks in a collection of its own
     (tiny synthetic vectors: the audit reads ids and metadata only)."""
     version = ctx.pipeline_version
@@ -298,13 +368,28 @@ def _synthetic_store(ctx, *, documents: int, chunks_each: int, dim: int = 2) -> 
         made = []
         for d in range(documents):
             sha = synthetic_sha(d)
-            doc = Document(dataset_id=ds.id, sha256=sha, size=1, media_type="text/plain", filename=f"f{d}.txt",
-                           blob_key=sha)
+            doc = Document(
+                dataset_id=ds.id,
+                sha256=sha,
+                size=1,
+                media_type="text/plain",
+                filename=f"f{d}.txt",
+                blob_key=sha,
+            )
             session.add(doc)
             session.flush()
-            j = Job(document_id=doc.id, dataset_id=ds.id, filename=doc.filename, idempotency_key=f"{ds.id}:{sha}:{version}",
-                    pipeline_version=version, status=JobStatus.succeeded, stage=Stage.done, chunk_count=chunks_each,
-                    finished_at=utcnow(), lease=1)
+            j = Job(
+                document_id=doc.id,
+                dataset_id=ds.id,
+                filename=doc.filename,
+                idempotency_key=f"{ds.id}:{sha}:{version}",
+                pipeline_version=version,
+                status=JobStatus.succeeded,
+                stage=Stage.done,
+                chunk_count=chunks_each,
+                finished_at=utcnow(),
+                lease=1,
+            )
             session.add(j)
             session.flush()
             doc.active_job_id = j.id
@@ -318,26 +403,36 @@ def _synthetic_store(ctx, *, documents: int, chunks_each: int, dim: int = 2) -> 
     for doc_id, sha, jid in made:
         for p in range(chunks_each):
             ids.append(chunk_id(sha, version, p))
-            metas.append({"job_id": jid, "document_id": doc_id, "pipeline_version": version, "position": p})
+            metas.append(
+                {"job_id": jid, "document_id": doc_id, "pipeline_version": version, "position": p}
+            )
             if len(ids) == batch:
-                ctx.vectors.collection(name).add(ids=ids, embeddings=rng.random((batch, dim), dtype=np.float32),
-                                                 metadatas=metas)
+                ctx.vectors.collection(name).add(
+                    ids=ids, embeddings=rng.random((batch, dim), dtype=np.float32), metadatas=metas
+                )
                 ids, metas = [], []
     if ids:
-        ctx.vectors.collection(name).add(ids=ids, embeddings=rng.random((len(ids), dim), dtype=np.float32),
-                                         metadatas=metas)
+        ctx.vectors.collection(name).add(
+            ids=ids, embeddings=rng.random((len(ids), dim), dtype=np.float32), metadatas=metas
+        )
     return name, jobs_made
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # two walks of 200,000 chunks, one traced: over 300 s on a loaded 2-core machine
+@pytest.mark.timeout(
+    900
+)  # two walks of 200,000 chunks, one traced: over 300 s on a loaded 2-core machine
 def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
     name, made = _synthetic_store(ctx, documents=200, chunks_each=1000)
     coll = ctx.vectors.collection(name)
     assert coll.count() == 200_000
     # A few problems among them, so the audit has something to find.
     coll.delete(ids=[chunk_id(synthetic_sha(7), ctx.pipeline_version, p) for p in range(10, 15)])
-    coll.add(ids=["alien-1", "alien-2"], embeddings=np.ones((2, 2), dtype=np.float32), metadatas=[{"z": 1}] * 2)
+    coll.add(
+        ids=["alien-1", "alien-2"],
+        embeddings=np.ones((2, 2), dtype=np.float32),
+        metadatas=[{"z": 1}] * 2,
+    )
 
     started = time.perf_counter()
     reconcile(ctx, dataset="big", save=False)
@@ -353,8 +448,10 @@ def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
     # Loading all ids with their metadata would take well over 100 MB in Python objects.
     assert peak < 32 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
     with capsys.disabled():
-        print(f"\nreconcile of {summary.chunks:,} chunks in {summary.pages} pages: {seconds:.1f} s, "
-              f"peak traced memory {peak / 1e6:.1f} MB")
+        print(
+            f"\nreconcile of {summary.chunks:,} chunks in {summary.pages} pages: {seconds:.1f} s, "
+            f"peak traced memory {peak / 1e6:.1f} MB"
+        )
     ctx.vectors.drop_collection(name)
 
 
@@ -370,7 +467,11 @@ def test_console_integrity_panel_reports_previews_repairs_deletes_and_reindexes(
     ctx = make_ctx()
     done = indexed(ctx, ["harbour", "orchard"])
     ctx.vectors.collection(collection(ctx)).add(
-        ids=["stray-1"], embeddings=np.full((1, 384), 0.2, dtype=np.float32), documents=["x"], metadatas=[{"a": 1}])
+        ids=["stray-1"],
+        embeddings=np.full((1, 384), 0.2, dtype=np.float32),
+        documents=["x"],
+        metadatas=[{"a": 1}],
+    )
 
     def settle(at, until):
         deadline = time.monotonic() + 30
@@ -405,7 +506,9 @@ def test_console_integrity_panel_reports_previews_repairs_deletes_and_reindexes(
     make_ctx(SLUICE_CHUNK_SIZE="400")
     at.toggle(key="reindex_preview").set_value(True).run()
     assert_ok(at)
-    assert metric(at, "Documents to rebuild") == "1" and metric(at, "From the embedding cache") == "0"
+    assert (
+        metric(at, "Documents to rebuild") == "1" and metric(at, "From the embedding cache") == "0"
+    )
     at.button(key="reindex_all").click().run()
     at.button(key="reindex_all:yes").click().run()
     assert_ok(at)

@@ -51,7 +51,9 @@ class Searcher(Background):
                 if not hits:
                     self.problems.append(f"search for {topic} returned nothing")
                 elif doc_id not in versions:
-                    self.problems.append(f"search for {topic} lost its document: {[h.filename for h in hits]}")
+                    self.problems.append(
+                        f"search for {topic} lost its document: {[h.filename for h in hits]}"
+                    )
                 for d, vs in versions.items():
                     if len(vs) != 1:
                         self.problems.append(f"document {d} answered in versions {sorted(vs)}")
@@ -70,7 +72,9 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
     plan = reindex.plan(ctx)
     assert (plan.documents, plan.underway, plan.old_chunks) == (5, 0, old_total)
     assert not plan.preview.estimated and plan.preview.sampled == 5
-    assert plan.preview.chunks > old_total and plan.preview.cached == 0  # a new version: a cold cache
+    assert (
+        plan.preview.chunks > old_total and plan.preview.cached == 0
+    )  # a new version: a cold cache
     assert plan.preview.to_embed == plan.preview.chunks
     assert {c.action for c in plan.candidates} == {"create"}
 
@@ -94,15 +98,25 @@ def test_reindex_all_switches_each_document_once_while_searches_run(make_ctx, st
     searcher.result(30)
 
     assert searcher.problems == [], searcher.problems[:5]
-    both = [d for d, vs in searcher.versions_seen.items() if vs == {old_ctx.pipeline_version, ctx.pipeline_version}]
+    both = [
+        d
+        for d, vs in searcher.versions_seen.items()
+        if vs == {old_ctx.pipeline_version, ctx.pipeline_version}
+    ]
     assert both, "no search saw a document before and after its switch"
-    assert all(j.status == JobStatus.succeeded and j.pipeline_version == ctx.pipeline_version for j in done)
+    assert all(
+        j.status == JobStatus.succeeded and j.pipeline_version == ctx.pipeline_version for j in done
+    )
     assert {j.id for j in active_jobs(ctx).values()} == set(new_ids)
     assert all(job(ctx, j.id).status == JobStatus.superseded for j in old.values())
     # Only the new version's chunks remain.
     held = ctx.vectors.ids_where(collection(ctx), {"pipeline_version": old_ctx.pipeline_version})
     assert held == []
-    assert ctx.vectors.count(collection(ctx)) == sum(j.chunk_count for j in done) == plan.preview.chunks
+    assert (
+        ctx.vectors.count(collection(ctx))
+        == sum(j.chunk_count for j in done)
+        == plan.preview.chunks
+    )
     assert reconcile(ctx).clean
     # Nothing left to do; a second run queues nothing.
     assert reindex.plan(ctx).documents == 0 and reindex.reindex_all(ctx, actor="test").queued == 0
@@ -126,10 +140,14 @@ def test_a_failed_new_version_keeps_the_old_one_searchable_and_is_retried(make_c
     again = reindex.reindex_all(ctx, actor="test")
     assert [r.job_id for r in again.results] == [queued.job_id] and again.queued == 1
     assert run_job(queued.job_id, ctx=ctx).result == "succeeded"
-    assert {h.job_id for h in search(ctx, query="orchard", dataset="default", k=3)} == {queued.job_id}
+    assert {h.job_id for h in search(ctx, query="orchard", dataset="default", k=3)} == {
+        queued.job_id
+    }
 
 
-def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(database_url, make_ctx):
+def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(
+    database_url, make_ctx
+):
     first = make_ctx()
     v1 = indexed(first, ["glacier"])["glacier"]
     second = make_ctx(SLUICE_CHUNK_SIZE="400")
@@ -141,7 +159,9 @@ def test_going_back_to_the_old_settings_revives_the_old_version_from_the_cache(d
     assert back.pipeline_version == v1.pipeline_version
     plan = reindex.plan(back)
     assert [(c.action, c.target_job_id) for c in plan.candidates] == [("revive", v1.id)]
-    assert plan.preview.chunks == v1.chunk_count and plan.preview.cached == v1.chunk_count  # all cached
+    assert (
+        plan.preview.chunks == v1.chunk_count and plan.preview.cached == v1.chunk_count
+    )  # all cached
     assert plan.preview.cache_hit_rate == 1.0 and plan.preview.to_embed == 0
 
     assert reindex.reindex_all(back, actor="test").queued == 1
@@ -166,12 +186,17 @@ def test_dataset_scope_and_cli(make_ctx, capsys):
     assert cli(["reindex", "--all", "--dataset", "other"]) == 0
     assert capsys.readouterr().out.startswith("1 job(s) queued")
     assert cli(["reindex", "--all", "--dry-run"]) == 0
-    assert "1 document(s) to rebuild" in (text_out := capsys.readouterr().out) and "1 more already under way" in text_out
+    assert (
+        "1 document(s) to rebuild" in (text_out := capsys.readouterr().out)
+        and "1 more already under way" in text_out
+    )
 
 
 def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys, services):
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
-    total = indexed(ctx, ["lagoon"], dataset="elsewhere")["lagoon"].chunk_count  # the same text, run cleanly
+    total = indexed(ctx, ["lagoon"], dataset="elsewhere")[
+        "lagoon"
+    ].chunk_count  # the same text, run cleanly
     assert total > 4
     services.cache.client().flushall()
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=permanent")
@@ -182,7 +207,9 @@ def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys
     p = preview_jobs(ctx, [r.job_id, 424242])
     assert (p.jobs, p.chunks, p.in_index, p.cached, p.to_embed) == (1, total, 4, 0, total - 4)
 
-    ctx.vectors.delete(collection(ctx), ids=ids_of_job(ctx, r.job_id))  # the index lost them, the cache did not
+    ctx.vectors.delete(
+        collection(ctx), ids=ids_of_job(ctx, r.job_id)
+    )  # the index lost them, the cache did not
     assert cli(["retry", "--dry-run", "--json", str(r.job_id)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["in_index"], out["cached"], out["to_embed"]) == (0, 4, total - 4)
@@ -192,7 +219,9 @@ def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys
 def test_the_preview_extrapolates_a_sample_by_the_size_of_the_documents(make_ctx):
     old_ctx = make_ctx()
     for n, topic in enumerate(TOPICS, start=1):
-        r = ingest_bytes(old_ctx, text(topic, paragraphs=3 * n), dataset="default", filename=f"{topic}.txt")
+        r = ingest_bytes(
+            old_ctx, text(topic, paragraphs=3 * n), dataset="default", filename=f"{topic}.txt"
+        )
         assert run_job(r.job_id, ctx=old_ctx).result == "succeeded"
     ctx = make_ctx(SLUICE_CHUNK_SIZE="400")
 
@@ -201,5 +230,7 @@ def test_the_preview_extrapolates_a_sample_by_the_size_of_the_documents(make_ctx
 
     assert not exact.estimated and exact.sampled == 5
     assert guess.estimated and guess.sampled == 2 and guess.jobs == 5
-    assert abs(guess.chunks - exact.chunks) <= 0.2 * exact.chunks  # the two smallest stand for all five
+    assert (
+        abs(guess.chunks - exact.chunks) <= 0.2 * exact.chunks
+    )  # the two smallest stand for all five
     assert "estimated from 2 parsed document(s)" in reindex.plan(ctx, sample=2).describe()

@@ -18,13 +18,20 @@ def _job(engine, n: int, status: JobStatus, *, days_ago: int, dismissed: bool = 
     made = make_job(engine, "default", n)
     with Session(engine, expire_on_commit=False) as session:
         job = session.get(Job, made.id)
-        for kind in ("claimed", "attempt_failed", "claimed", {"succeeded": "succeeded", "failed": "failed"}
-                     .get(status.value, "claimed")):
+        for kind in (
+            "claimed",
+            "attempt_failed",
+            "claimed",
+            {"succeeded": "succeeded", "failed": "failed"}.get(status.value, "claimed"),
+        ):
             jobs.add_event(session, job, kind, message=kind)
         session.flush()
         when = utcnow() - timedelta(days=days_ago)
-        session.execute(update(Job).where(Job.id == job.id).values(
-            status=status, finished_at=when, updated_at=when, dismissed=dismissed))
+        session.execute(
+            update(Job)
+            .where(Job.id == job.id)
+            .values(status=status, finished_at=when, updated_at=when, dismissed=dismissed)
+        )
         session.execute(update(Outbox).where(Outbox.job_id == job.id).values(sent_at=when))
         session.commit()
         return job.id
@@ -32,7 +39,11 @@ def _job(engine, n: int, status: JobStatus, *, days_ago: int, dismissed: bool = 
 
 def _events(engine, job_id: int) -> list[str]:
     with Session(engine) as session:
-        return list(session.exec(select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)))
+        return list(
+            session.exec(
+                select(JobEvent.kind).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+            )
+        )
 
 
 def test_prune_keeps_what_matters_and_a_dry_run_counts_exactly(database_url):
@@ -51,7 +62,11 @@ def test_prune_keeps_what_matters_and_a_dry_run_counts_exactly(database_url):
     assert {j: _events(engine, j) for j in before} == before  # a dry run changes nothing
     with Session(engine) as session:
         done = retention.prune(session=session, cutoff=cutoff, dry_run=False)
-    assert (dry.events, dry.superseded_jobs, dry.outbox) == (done.events, done.superseded_jobs, done.outbox)
+    assert (dry.events, dry.superseded_jobs, dry.outbox) == (
+        done.events,
+        done.superseded_jobs,
+        done.outbox,
+    )
     assert done.events == (len(before[old_ok]) - 1) + (len(before[dismissed]) - 1)
     assert done.superseded_jobs == 1
 
@@ -62,8 +77,18 @@ def test_prune_keeps_what_matters_and_a_dry_run_counts_exactly(database_url):
     assert _events(engine, running) == before[running]  # never an active job
     with Session(engine) as session:
         assert session.get(Job, superseded) is None and session.get(Job, old_ok) is not None
-        assert session.exec(select(func.count()).select_from(JobEvent).where(JobEvent.job_id == superseded)).one() == 0
-        assert session.exec(select(func.count()).select_from(Outbox).where(Outbox.sent_at < cutoff)).one() == 0
+        assert (
+            session.exec(
+                select(func.count()).select_from(JobEvent).where(JobEvent.job_id == superseded)
+            ).one()
+            == 0
+        )
+        assert (
+            session.exec(
+                select(func.count()).select_from(Outbox).where(Outbox.sent_at < cutoff)
+            ).one()
+            == 0
+        )
     with Session(engine) as session:  # a second run finds nothing more
         again = retention.prune(session=session, cutoff=cutoff, dry_run=False)
     assert (again.events, again.superseded_jobs, again.outbox) == (0, 0, 0)
@@ -74,7 +99,11 @@ def test_cli_prune_dry_run_then_prune(ctx, capsys):
 
     old = _job(ctx.engine, 9, JobStatus.succeeded, days_ago=40)
     assert main(["prune", "--dry-run"]) == 0
-    assert "would remove 4 event(s)" in capsys.readouterr().out  # created, claimed, failed attempt, claimed
+    assert (
+        "would remove 4 event(s)" in capsys.readouterr().out
+    )  # created, claimed, failed attempt, claimed
     assert len(_events(ctx.engine, old)) == 5
     assert main(["prune"]) == 0
-    assert "removed 4 event(s)" in capsys.readouterr().out and _events(ctx.engine, old) == ["succeeded"]
+    assert "removed 4 event(s)" in capsys.readouterr().out and _events(ctx.engine, old) == [
+        "succeeded"
+    ]

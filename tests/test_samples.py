@@ -20,8 +20,29 @@ def expected_outcome(name: str):
         return NO_TEXT
     if number == "017":
         return UNREADABLE
-    if number in {"001", "002", "003", "004", "006", "009", "011", "014", "021", "025", "026",
-                  "008", "010", "012", "013", "015", "016", "018", "020", "022", "024"}:
+    if number in {
+        "001",
+        "002",
+        "003",
+        "004",
+        "006",
+        "009",
+        "011",
+        "014",
+        "021",
+        "025",
+        "026",
+        "008",
+        "010",
+        "012",
+        "013",
+        "015",
+        "016",
+        "018",
+        "020",
+        "022",
+        "024",
+    }:
         return OK
     raise AssertionError(f"{name} is not in the corpus table: classify it")
 
@@ -35,7 +56,9 @@ def test_every_sample_ends_as_its_table_says(ctx, samples, start_worker):
     files = sorted(samples.glob("*.pdf"))
     assert len(files) >= 30
     results = {f.name: ingest_path(ctx, f, dataset="samples", publish=publish) for f in files}
-    assert all(r.accepted for r in results.values()), [r for r in results.values() if not r.accepted]
+    assert all(r.accepted for r in results.values()), [
+        r for r in results.values() if not r.accepted
+    ]
     # 015-habibi.pdf and 015-habibi-oneline-cmap.pdf are the same bytes: one job for both.
     ids = sorted({r.job_id for r in results.values()})
 

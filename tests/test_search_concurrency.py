@@ -28,8 +28,12 @@ class Churn(Background):
         coll = self.ctx.vectors.collection(self.coll)
         while not self.stop:
             ids = [f"churn-{self.rounds}-{i}" for i in range(40)]
-            coll.add(ids=ids, embeddings=rng.normal(size=(40, self.ctx.embedder.dim)).astype("float32"),
-                     documents=["gone soon"] * 40, metadatas=[{"job_id": 10**9, "document_id": 10**9}] * 40)
+            coll.add(
+                ids=ids,
+                embeddings=rng.normal(size=(40, self.ctx.embedder.dim)).astype("float32"),
+                documents=["gone soon"] * 40,
+                metadatas=[{"job_id": 10**9, "document_id": 10**9}] * 40,
+            )
             coll.delete(ids=ids)
             self.rounds += 1
 
@@ -45,7 +49,9 @@ def test_search_leaves_out_chunks_deleted_while_it_queries(make_ctx):
     try:
         # Until Chroma has answered at least once with a deleted record (the window this is about).
         while ctx.vectors.vanished_hits == 0:
-            assert time.monotonic() < deadline, f"no query met a concurrent delete in {searches} searches"
+            assert time.monotonic() < deadline, (
+                f"no query met a concurrent delete in {searches} searches"
+            )
             churn.check()
             hits = search(ctx, query="harbour ships", dataset="default", k=20, mode="dense")
             searches += 1
@@ -72,5 +78,9 @@ def test_a_search_of_every_dataset_encodes_the_query_once(make_ctx):
         indexed(ctx, [f"{name}-harbour"], dataset=name)
     Counting.calls = 0
     hits = reads.search("harbour section", None, 60, mode="dense")
-    assert {h.filename for h in hits} == {"alpha-harbour.txt", "beta-harbour.txt", "gamma-harbour.txt"}
+    assert {h.filename for h in hits} == {
+        "alpha-harbour.txt",
+        "beta-harbour.txt",
+        "gamma-harbour.txt",
+    }
     assert Counting.calls == 1

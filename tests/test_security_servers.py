@@ -42,8 +42,11 @@ def outside_address() -> str:
 
 
 def serve(what: str, env: dict, tmp_path: Path) -> ManagedProcess:
-    proc = ManagedProcess([sys.executable, "-m", "sluice.cli.main", "serve", what], env=env,
-                          log=tmp_path / f"serve-{what}-{time.monotonic_ns()}.log")
+    proc = ManagedProcess(
+        [sys.executable, "-m", "sluice.cli.main", "serve", what],
+        env=env,
+        log=tmp_path / f"serve-{what}-{time.monotonic_ns()}.log",
+    )
     proc.start()
     return proc
 
@@ -66,10 +69,16 @@ def exits_or_listens(proc: ManagedProcess, host: str, port: int, timeout: float 
 @pytest.fixture
 def base_env(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
-    env.update({"SLUICE_ENV_FILE": "", "SLUICE_DATA_DIR": str(tmp_path / "data"),
-                "SLUICE_QUEUE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-                "SLUICE_CACHE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
-                "SLUICE_CHROMA_URL": f"http://127.0.0.1:{free_port()}", "SLUICE_EMBEDDER": "hash"})
+    env.update(
+        {
+            "SLUICE_ENV_FILE": "",
+            "SLUICE_DATA_DIR": str(tmp_path / "data"),
+            "SLUICE_QUEUE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "SLUICE_CACHE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "SLUICE_CHROMA_URL": f"http://127.0.0.1:{free_port()}",
+            "SLUICE_EMBEDDER": "hash",
+        }
+    )
     return env
 
 
@@ -82,12 +91,19 @@ def test_redis_off_loopback_without_a_password_refuses_to_start(base_env, tmp_pa
         code = exits_or_listens(proc, host, port)
         if code is None:
             try:  # Redis 6.2 answers this; 7.x still refuses it through protected mode
-                answer = repr(redis.Redis(host=host, port=port, socket_timeout=5).config_get("requirepass"))
+                answer = repr(
+                    redis.Redis(host=host, port=port, socket_timeout=5).config_get("requirepass")
+                )
             except redis.RedisError as exc:
                 answer = f"{type(exc).__name__}: {str(exc)[:60]}"
-            pytest.fail(f"the {role} Redis started on {host} with no password (CONFIG GET from there: {answer})")
+            pytest.fail(
+                f"the {role} Redis started on {host} with no password (CONFIG GET from there: {answer})"
+            )
         assert code == 2
-        assert f"SLUICE_{role.upper()}_REDIS_URL" in proc.output() and "without a password" in proc.output()
+        assert (
+            f"SLUICE_{role.upper()}_REDIS_URL" in proc.output()
+            and "without a password" in proc.output()
+        )
     finally:
         proc.stop()
 
@@ -95,8 +111,11 @@ def test_redis_off_loopback_without_a_password_refuses_to_start(base_env, tmp_pa
 @pytest.mark.parametrize("form", ["userinfo", "query"])
 def test_redis_off_loopback_requires_its_password_which_ps_never_shows(base_env, tmp_path, form):
     host, port = outside_address(), free_port()
-    url = (f"redis://:{SECRET}@{host}:{port}/0" if form == "userinfo"
-           else f"redis://{host}:{port}/0?password={SECRET}")
+    url = (
+        f"redis://:{SECRET}@{host}:{port}/0"
+        if form == "userinfo"
+        else f"redis://{host}:{port}/0?password={SECRET}"
+    )
     proc = serve("queue", {**base_env, "SLUICE_QUEUE_REDIS_URL": url}, tmp_path)
     try:
         assert exits_or_listens(proc, host, port) is None, proc.output()
@@ -117,14 +136,26 @@ def test_redis_off_loopback_requires_its_password_which_ps_never_shows(base_env,
 @pytest.mark.parametrize("scheme", ["http", "https"])
 def test_chroma_off_loopback_refuses_to_start(base_env, tmp_path, scheme):
     host, port = outside_address(), free_port()
-    proc = serve("chroma", {**base_env, "SLUICE_CHROMA_URL": f"{scheme}://0.0.0.0:{port}",
-                            "SLUICE_CHROMA_TOKEN": "tok-1234567"}, tmp_path)
+    proc = serve(
+        "chroma",
+        {
+            **base_env,
+            "SLUICE_CHROMA_URL": f"{scheme}://0.0.0.0:{port}",
+            "SLUICE_CHROMA_TOKEN": "tok-1234567",
+        },
+        tmp_path,
+    )
     try:
         code = exits_or_listens(proc, host, port, timeout=60)
         if code is None:
-            r = httpx.get(f"http://{host}:{port}/api/v2/tenants/default_tenant/databases/default_database/"
-                          "collections", timeout=10)
-            pytest.fail(f"chroma listens on {host} and answered an anonymous request: {r.status_code} {r.text}")
+            r = httpx.get(
+                f"http://{host}:{port}/api/v2/tenants/default_tenant/databases/default_database/"
+                "collections",
+                timeout=10,
+            )
+            pytest.fail(
+                f"chroma listens on {host} and answered an anonymous request: {r.status_code} {r.text}"
+            )
         assert code == 2 and "SLUICE_CHROMA_URL" in proc.output()
         assert scheme == "http" or "checks no token" in proc.output()
     finally:
@@ -163,17 +194,29 @@ def test_a_chroma_token_never_travels_over_plain_http_beyond_loopback(base_env, 
     thread = threading.Thread(target=recorder.serve_forever, daemon=True)
     thread.start()
     try:
-        env = {**base_env, "SLUICE_CHROMA_URL": f"http://{host}:{recorder.server_address[1]}",
-               "SLUICE_CHROMA_TOKEN": "chroma-Token-in-clear"}
-        done = subprocess.run([sys.executable, "-m", "sluice.cli.main", "search", "anything"], env=env,
-                              capture_output=True, text=True, timeout=120)
+        env = {
+            **base_env,
+            "SLUICE_CHROMA_URL": f"http://{host}:{recorder.server_address[1]}",
+            "SLUICE_CHROMA_TOKEN": "chroma-Token-in-clear",
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "sluice.cli.main", "search", "anything"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         leaked = [h for h in recorder.seen if "chroma-Token-in-clear" in str(h)]
         assert not leaked, f"the token went over plain http to {host}: {leaked[0]}"
         assert done.returncode == 2 and "SLUICE_CHROMA_URL" in done.stderr, done.stderr
-        no_token = subprocess.run([sys.executable, "-m", "sluice.cli.main", "search", "anything"],
-                                  env={**env, "SLUICE_CHROMA_TOKEN": ""} | {"SLUICE_CHROMA_URL": env[
-                                      "SLUICE_CHROMA_URL"].replace("http:", "https:")},
-                                  capture_output=True, text=True, timeout=120)
+        no_token = subprocess.run(
+            [sys.executable, "-m", "sluice.cli.main", "search", "anything"],
+            env={**env, "SLUICE_CHROMA_TOKEN": ""}
+            | {"SLUICE_CHROMA_URL": env["SLUICE_CHROMA_URL"].replace("http:", "https:")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert no_token.returncode == 2 and "SLUICE_CHROMA_TOKEN" in no_token.stderr
     finally:
         recorder.shutdown()
@@ -197,27 +240,53 @@ def test_local_state_is_private_under_umask_022(base_env, tmp_path):
         doc = tmp_path / "secret.txt"
         doc.write_text("The vault code is 4711. " * 30)
         ingest = subprocess.run(
-            [sys.executable, "-c", "import os, sys; os.umask(0o022); from sluice.cli.main import main; "
-                                   "sys.exit(main(sys.argv[1:]))", "ingest", str(doc)],
-            env=env, capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "import os, sys; os.umask(0o022); from sluice.cli.main import main; "
+                "sys.exit(main(sys.argv[1:]))",
+                "ingest",
+                str(doc),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert ingest.returncode == 0, ingest.stderr
         from sluice.storage.vectors import VectorStore
 
         store = VectorStore(env["SLUICE_CHROMA_URL"])
         store.heartbeat()
-        files = [data / "sluice.db", data / "chroma" / "chroma.sqlite3",
-                 *sorted((data / "redis-queue").rglob("*.aof"))]
+        files = [
+            data / "sluice.db",
+            data / "chroma" / "chroma.sqlite3",
+            *sorted((data / "redis-queue").rglob("*.aof")),
+        ]
         assert len(files) > 2, sorted(str(p) for p in data.rglob("*"))
         assert stat.S_IMODE(data.stat().st_mode) == 0o700
-        loose = {str(p.relative_to(data)): oct(stat.S_IMODE(p.stat().st_mode)) for p in files
-                 if stat.S_IMODE(p.stat().st_mode) & 0o077}
+        loose = {
+            str(p.relative_to(data)): oct(stat.S_IMODE(p.stat().st_mode))
+            for p in files
+            if stat.S_IMODE(p.stat().st_mode) & 0o077
+        }
         assert not loose, f"readable by other users: {loose}"
         if os.getuid() == 0:  # prove it as an unprivileged local user would try it
             probe = subprocess.run(
-                [sys.executable, "-c", "import os, sys; os.setgid(65534); os.setuid(65534); "
-                                       "open(sys.argv[1], 'rb').read(1)", str(files[1])],
-                capture_output=True, text=True, timeout=60)
-            assert probe.returncode != 0 and "Permission" in probe.stderr, "nobody read chroma.sqlite3"
+                [
+                    sys.executable,
+                    "-c",
+                    "import os, sys; os.setgid(65534); os.setuid(65534); "
+                    "open(sys.argv[1], 'rb').read(1)",
+                    str(files[1]),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert probe.returncode != 0 and "Permission" in probe.stderr, (
+                "nobody read chroma.sqlite3"
+            )
     finally:
         queue.stop()
         chroma.stop()
@@ -236,8 +305,13 @@ def _use(store) -> None:
     import numpy as np
 
     store.heartbeat()
-    store.add("gate_check", ids=["a", "b"], embeddings=np.eye(2, 3), documents=["x", "y"],
-              metadatas=[{"job_id": 1}, {"job_id": 2}])
+    store.add(
+        "gate_check",
+        ids=["a", "b"],
+        embeddings=np.eye(2, 3),
+        documents=["x", "y"],
+        metadatas=[{"job_id": 1}, {"job_id": 2}],
+    )
     assert store.count("gate_check") == 2
     assert [h.id for h in store.query("gate_check", np.array([1.0, 0.0, 0.0]), n=1)] == ["a"]
 
@@ -248,9 +322,14 @@ def test_chroma_answers_only_its_own_host_names(base_env, tmp_path):
     proc, url = _listening_chroma(base_env, tmp_path)
     try:
         port = url.rsplit(":", 1)[1]
-        forged = httpx.get(f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
-                           headers={"Host": f"rebind.attacker.example:{port}"}, timeout=10)
-        assert forged.status_code == 403, f"a forged Host got {forged.status_code}: {forged.text[:200]}"
+        forged = httpx.get(
+            f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
+            headers={"Host": f"rebind.attacker.example:{port}"},
+            timeout=10,
+        )
+        assert forged.status_code == 403, (
+            f"a forged Host got {forged.status_code}: {forged.text[:200]}"
+        )
         assert httpx.get(f"{url}/api/v2/heartbeat", timeout=10).status_code == 200
         _use(VectorStore(url))
     finally:
@@ -262,9 +341,13 @@ def test_chroma_with_a_token_requires_it_on_every_request(base_env, tmp_path):
 
     proc, url = _listening_chroma(base_env, tmp_path, SLUICE_CHROMA_TOKEN="local-Chroma-token-55")
     try:
-        anonymous = httpx.get(f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
-                              timeout=10)
-        assert anonymous.status_code == 401, f"no token got {anonymous.status_code}: {anonymous.text[:200]}"
+        anonymous = httpx.get(
+            f"{url}/api/v2/tenants/default_tenant/databases/default_database/collections",
+            timeout=10,
+        )
+        assert anonymous.status_code == 401, (
+            f"no token got {anonymous.status_code}: {anonymous.text[:200]}"
+        )
         _use(VectorStore(url, token="local-Chroma-token-55", auth_header="Authorization"))
     finally:
         proc.stop()

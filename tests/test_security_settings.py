@@ -18,9 +18,14 @@ def test_a_dotenv_in_the_working_directory_is_not_read(tmp_path, sluice_env):
     redirected = tmp_path / "attacker.db"
     (hostile / ".env").write_text(f"SLUICE_DATABASE_URL=sqlite:///{redirected}\n")
     env = {k: v for k, v in sluice_env.items() if k != "SLUICE_ENV_FILE"}
-    done = subprocess.run([sys.executable, "-m", "sluice.cli.main", "datasets", "--create", "notes"],
-                          cwd=hostile, env={**env, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.cli.main", "datasets", "--create", "notes"],
+        cwd=hostile,
+        env={**env, "PYTHONPATH": os.getcwd()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert not redirected.exists(), "a .env in the working directory redirected the job database"
     own = tmp_path / "data" / "sluice.db"
@@ -33,13 +38,18 @@ def test_a_password_in_the_url_query_is_masked_and_counted_as_set(make_ctx):
     cache = os.environ["SLUICE_CACHE_REDIS_URL"]
     make_ctx(SLUICE_CACHE_REDIS_URL=f"{cache}?password={SECRET}")
     assert get_settings().secrets_status()["cache Redis password"]
-    db = get_settings().model_copy(update={"database_url": f"postgresql://db.internal/sluice?password={SECRET}"})
+    db = get_settings().model_copy(
+        update={"database_url": f"postgresql://db.internal/sluice?password={SECRET}"}
+    )
     assert db.secrets_status()["database password"] and SECRET not in repr(db.public_view())
     at = open_console()
     at.switch_page("views/system_page.py").run()
     assert_ok(at)
-    shown = [str(e.value) for kind in ("markdown", "caption", "error", "success", "warning")
-             for e in getattr(at, kind)]
+    shown = [
+        str(e.value)
+        for kind in ("markdown", "caption", "error", "success", "warning")
+        for e in getattr(at, kind)
+    ]
     shown += [frame.value.to_string() for frame in at.dataframe]
     assert not [s for s in shown if SECRET in s], "the System page shows a password"
     secrets = dict(at.dataframe[-2].value.itertuples(index=False))

@@ -54,7 +54,9 @@ def test_env_example_lists_every_setting_once_with_a_comment():
     )
     for i, key in _example_keys():
         above = lines[i - 1] if i else ""
-        assert above.startswith("#") and not KEY_LINE.match(above), f"{key} has no comment line above it"
+        assert above.startswith("#") and not KEY_LINE.match(above), (
+            f"{key} has no comment line above it"
+        )
 
 
 def test_env_example_is_a_valid_configuration(clean_env, tmp_path):
@@ -105,7 +107,9 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize(("var", "value", "named"), BAD_VALUES, ids=[f"{v}={x!r}" for v, x, _ in BAD_VALUES])
+@pytest.mark.parametrize(
+    ("var", "value", "named"), BAD_VALUES, ids=[f"{v}={x!r}" for v, x, _ in BAD_VALUES]
+)
 def test_a_bad_value_is_refused_naming_the_variable(clean_env, var, value, named):
     clean_env.setenv(var, value)
     with pytest.raises(SettingsError) as info:
@@ -129,10 +133,18 @@ def test_logs_name_the_secrets_that_are_set_never_their_values(clean_env, caplog
     _set_every_secret(clean_env)
     with caplog.at_level(logging.DEBUG):
         settings = get_settings()
-        logging.getLogger("test").info("config: %s / %r / %s", settings.public_view(), settings, settings)
+        logging.getLogger("test").info(
+            "config: %s / %r / %s", settings.public_view(), settings, settings
+        )
     assert "secrets set:" in caplog.text
-    for name in ("SLUICE_CONSOLE_PASSWORD", "SLUICE_CONSOLE_READONLY_PASSWORD", "SLUICE_CHROMA_TOKEN",
-                 "queue Redis password", "cache Redis password", "database password"):
+    for name in (
+        "SLUICE_CONSOLE_PASSWORD",
+        "SLUICE_CONSOLE_READONLY_PASSWORD",
+        "SLUICE_CHROMA_TOKEN",
+        "queue Redis password",
+        "cache Redis password",
+        "database password",
+    ):
         assert name in caplog.text
     assert all(settings.secrets_status().values())
     assert SECRET not in caplog.text
@@ -148,12 +160,16 @@ def test_no_secret_is_logged_when_none_is_set(clean_env, caplog):
     assert "secrets set: none" in caplog.text
 
 
-@pytest.mark.parametrize("bad", [
-    {"SLUICE_QUEUE_REDIS_URL": f"http://:{SECRET}@127.0.0.1:6390/0"},
-    {"SLUICE_CHROMA_URL": f"ftp://user:{SECRET}@chroma.example"},
-    {"SLUICE_MAX_PAGES": "0"},
-    {"SLUICE_CONSOLE_PASSWORD": "changeme"},
-], ids=["bad-redis-url", "bad-chroma-url", "bad-other-value", "placeholder-password"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"SLUICE_QUEUE_REDIS_URL": f"http://:{SECRET}@127.0.0.1:6390/0"},
+        {"SLUICE_CHROMA_URL": f"ftp://user:{SECRET}@chroma.example"},
+        {"SLUICE_MAX_PAGES": "0"},
+        {"SLUICE_CONSOLE_PASSWORD": "changeme"},
+    ],
+    ids=["bad-redis-url", "bad-chroma-url", "bad-other-value", "placeholder-password"],
+)
 def test_a_refused_configuration_never_echoes_a_secret(clean_env, caplog, bad):
     _set_every_secret(clean_env)
     for key, value in bad.items():

@@ -23,7 +23,9 @@ from sluice.storage.blobs import CHUNK
 from sluice.storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Outbox
 from tests.helpers import collection, ids_of_job, job
 
-WORDS = ("sluice gate water channel lock weir basin canal flow level river dam spill mill race").split()
+WORDS = (
+    "sluice gate water channel lock weir basin canal flow level river dam spill mill race"
+).split()
 
 
 def make_pdf(pages: int, lines_per_page: int = 3, seed: int = 0) -> bytes:
@@ -32,7 +34,9 @@ def make_pdf(pages: int, lines_per_page: int = 3, seed: int = 0) -> bytes:
         page = doc.new_page()
         for line in range(lines_per_page):
             words = " ".join(WORDS[(seed + p * 7 + line * 3 + i) % len(WORDS)] for i in range(12))
-            page.insert_text((40, 40 + 14 * line), f"page {p + 1} line {line + 1}: {words}", fontsize=9)
+            page.insert_text(
+                (40, 40 + 14 * line), f"page {p + 1} line {line + 1}: {words}", fontsize=9
+            )
     data = doc.tobytes()
     doc.close()
     return data
@@ -58,10 +62,16 @@ def elf_bytes() -> bytes:
 
 def stored(ctx) -> dict[str, int]:
     """What an upload may leave behind: files under the blob dir and rows in the job database."""
-    files = [p for p in ctx.settings.blob_dir.rglob("*") if p.is_file()] if ctx.settings.blob_dir.exists() else []
+    files = (
+        [p for p in ctx.settings.blob_dir.rglob("*") if p.is_file()]
+        if ctx.settings.blob_dir.exists()
+        else []
+    )
     with Session(ctx.engine) as session:
-        rows = {t.__name__: session.exec(select(func.count()).select_from(t)).one()
-                for t in (Document, Job, Outbox, JobEvent)}
+        rows = {
+            t.__name__: session.exec(select(func.count()).select_from(t)).one()
+            for t in (Document, Job, Outbox, JobEvent)
+        }
     return {"files": len(files), **rows}
 
 
@@ -74,15 +84,28 @@ NOTHING = {"files": 0, "Document": 0, "Job": 0, "Outbox": 0, "JobEvent": 0}
 BAD_TYPES = [
     # (display name, bytes, error kind, error code, words the message must contain)
     ("scan.pdf", png_bytes, "user_action_required", "unsupported_type", ["image/png", ".pdf"]),
-    ("notes.txt", zip_bytes, "user_action_required", "unsupported_type", ["application/zip", ".txt"]),
+    (
+        "notes.txt",
+        zip_bytes,
+        "user_action_required",
+        "unsupported_type",
+        ["application/zip", ".txt"],
+    ),
     ("report.pdf", elf_bytes, "user_action_required", "unsupported_type", ["elf"]),
-    ("random.md", lambda: bytes(range(256)) * 64, "user_action_required", "unsupported_type", ["neither"]),
+    (
+        "random.md",
+        lambda: bytes(range(256)) * 64,
+        "user_action_required",
+        "unsupported_type",
+        ["neither"],
+    ),
     ("empty.pdf", lambda: b"", "permanent", "empty_file", ["empty"]),
 ]
 
 
-@pytest.mark.parametrize(("name", "make", "kind", "code", "words"), BAD_TYPES,
-                         ids=[f"{c[0]}:{c[3]}" for c in BAD_TYPES])
+@pytest.mark.parametrize(
+    ("name", "make", "kind", "code", "words"), BAD_TYPES, ids=[f"{c[0]}:{c[3]}" for c in BAD_TYPES]
+)
 def test_type_comes_from_the_bytes_not_the_name(ctx, name, make, kind, code, words):
     result = ingest_bytes(ctx, make(), dataset="default", filename=name)
     assert not result.accepted
@@ -95,8 +118,12 @@ def test_type_comes_from_the_bytes_not_the_name(ctx, name, make, kind, code, wor
 
 def test_a_pdf_named_txt_is_read_as_a_pdf_and_text_named_pdf_as_text(ctx):
     pdf = ingest_bytes(ctx, make_pdf(2), dataset="default", filename="really-a-pdf.txt")
-    text = ingest_bytes(ctx, b"plain words about canals and locks\n" * 40, dataset="default",
-                        filename="really-text.pdf")
+    text = ingest_bytes(
+        ctx,
+        b"plain words about canals and locks\n" * 40,
+        dataset="default",
+        filename="really-text.pdf",
+    )
     with Session(ctx.engine) as session:
         types = {d.filename: d.media_type for d in session.exec(select(Document)).all()}
     assert types == {"really-a-pdf.txt": "application/pdf", "really-text.pdf": "text/plain"}
@@ -173,7 +200,9 @@ def test_display_names_are_sanitised(raw, shown):
 
 def test_the_blob_path_comes_from_the_hash_never_from_the_name(ctx):
     data = make_pdf(1, seed=3)
-    result = ingest_bytes(ctx, data, dataset="default", filename="../../../../tmp/evil\u202efdp.exe")
+    result = ingest_bytes(
+        ctx, data, dataset="default", filename="../../../../tmp/evil\u202efdp.exe"
+    )
     assert result.accepted and result.filename == "evil fdp.exe"
     sha = hashlib.sha256(data).hexdigest()
     with Session(ctx.engine) as session:
@@ -183,8 +212,13 @@ def test_the_blob_path_comes_from_the_hash_never_from_the_name(ctx):
     assert files == [ctx.settings.blob_dir / sha[:2] / sha[2:4] / sha]
     assert files[0].read_bytes() == data
     # Nothing was written anywhere else under the data directory besides the job database.
-    others = [p for p in ctx.settings.data_dir.rglob("*")
-              if p.is_file() and ctx.settings.blob_dir not in p.parents and not p.name.startswith("sluice.db")]
+    others = [
+        p
+        for p in ctx.settings.data_dir.rglob("*")
+        if p.is_file()
+        and ctx.settings.blob_dir not in p.parents
+        and not p.name.startswith("sluice.db")
+    ]
     assert others == []
 
 
@@ -208,7 +242,10 @@ def test_a_pdf_over_the_page_limit_fails_with_a_hint_and_nothing_indexed(make_ct
     ctx = make_ctx(SLUICE_MAX_PAGES="5")
     failed = _run_refused(ctx, make_pdf(6), "six-pages.pdf")
     assert failed.status == JobStatus.failed
-    assert (failed.error_kind, failed.error_code) == (ErrorKind.user_action_required, "too_many_pages")
+    assert (failed.error_kind, failed.error_code) == (
+        ErrorKind.user_action_required,
+        "too_many_pages",
+    )
     assert "6 pages" in failed.error_message and "limit of 5" in failed.error_message
     assert "SLUICE_MAX_PAGES" in failed.fix_hint
     assert failed.attempt == 1  # not retried
@@ -224,8 +261,13 @@ def test_a_pdf_at_the_page_limit_is_indexed(make_ctx):
 
 def test_a_text_over_the_page_limit_fails_with_a_hint(make_ctx):
     ctx = make_ctx(SLUICE_MAX_PAGES="2")
-    failed = _run_refused(ctx, b"words and more words about water\n" * 2500, "long.txt")  # ~82,000 chars
-    assert (failed.error_kind, failed.error_code) == (ErrorKind.user_action_required, "too_many_pages")
+    failed = _run_refused(
+        ctx, b"words and more words about water\n" * 2500, "long.txt"
+    )  # ~82,000 chars
+    assert (failed.error_kind, failed.error_code) == (
+        ErrorKind.user_action_required,
+        "too_many_pages",
+    )
     assert "SLUICE_MAX_PAGES" in failed.fix_hint
     _nothing_indexed(ctx, failed.id)
 
@@ -233,7 +275,10 @@ def test_a_text_over_the_page_limit_fails_with_a_hint(make_ctx):
 def test_a_pdf_over_the_chunk_limit_fails_with_a_hint_and_nothing_indexed(make_ctx):
     ctx = make_ctx(SLUICE_MAX_CHUNKS="3", SLUICE_CHUNK_SIZE="200", SLUICE_CHUNK_OVERLAP="0")
     failed = _run_refused(ctx, make_pdf(3, lines_per_page=40), "dense.pdf")
-    assert (failed.error_kind, failed.error_code) == (ErrorKind.user_action_required, "too_many_chunks")
+    assert (failed.error_kind, failed.error_code) == (
+        ErrorKind.user_action_required,
+        "too_many_chunks",
+    )
     assert "more than 3 chunks" in failed.error_message
     assert "SLUICE_MAX_CHUNKS" in failed.fix_hint
     _nothing_indexed(ctx, failed.id)
@@ -244,8 +289,12 @@ def test_a_stage_over_its_time_limit_is_retried_then_fails_classified(make_ctx, 
     # (The heartbeat's watchdog, which ends an attempt stuck in one call, beats too rarely here to
     # act first: this is the job's own thread noticing at its next batch.) Parsing starts a child
     # process (0.1 s, more on a busy machine): the limit leaves it room.
-    ctx = make_ctx(SLUICE_STAGE_TIMEOUT_SECONDS="2", SLUICE_EMBED_BATCH_SIZE="2", SLUICE_MAX_ATTEMPTS="1",
-                   SLUICE_HEARTBEAT_SECONDS="30")
+    ctx = make_ctx(
+        SLUICE_STAGE_TIMEOUT_SECONDS="2",
+        SLUICE_EMBED_BATCH_SIZE="2",
+        SLUICE_MAX_ATTEMPTS="1",
+        SLUICE_HEARTBEAT_SECONDS="30",
+    )
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:2.5")
     failed = _run_refused(ctx, make_pdf(4), "slow.pdf")
     assert (failed.error_kind, failed.error_code) == (ErrorKind.transient, "stage_timeout")

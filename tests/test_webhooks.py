@@ -57,7 +57,9 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.requests.append({"headers": dict(self.headers), "body": body, "at": time.time()})
+                receiver.requests.append(
+                    {"headers": dict(self.headers), "body": body, "at": time.time()}
+                )
                 if receiver.hold:
                     receiver.release.wait(10)
                 self.send_response(receiver.status)
@@ -115,12 +117,23 @@ def running_job(engine, n: int = 1) -> tuple[int, int]:
     sha = f"{n:064x}"
     with Session(engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name="default")
-        doc = Document(dataset_id=ds.id, sha256=sha, size=10, media_type="application/pdf",
-                       filename=f"report-{n}.pdf", blob_key=sha)
+        doc = Document(
+            dataset_id=ds.id,
+            sha256=sha,
+            size=10,
+            media_type="application/pdf",
+            filename=f"report-{n}.pdf",
+            blob_key=sha,
+        )
         session.add(doc)
         session.flush()
-        job, _ = jobs.create_job(session=session, document=doc, pipeline_version="vtest",
-                                 idempotency_key=f"{ds.id}:{sha}:vtest", max_attempts=3)
+        job, _ = jobs.create_job(
+            session=session,
+            document=doc,
+            pipeline_version="vtest",
+            idempotency_key=f"{ds.id}:{sha}:vtest",
+            max_attempts=3,
+        )
         session.commit()
         claimed = jobs.claim(session=session, job_id=job.id, worker_id="w1", lease_seconds=30)
         assert claimed.claimed
@@ -129,14 +142,33 @@ def running_job(engine, n: int = 1) -> tuple[int, int]:
 
 def succeed(engine, job_id: int, lease: int) -> None:
     with Session(engine) as session:
-        jobs.succeed(session=session, job_id=job_id, lease=lease, chunk_count=3, page_count=1, worker_id="w1",
-                     embedded=3, cached=0)
+        jobs.succeed(
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            chunk_count=3,
+            page_count=1,
+            worker_id="w1",
+            embedded=3,
+            cached=0,
+        )
 
 
 def fail(engine, job_id: int, lease: int, kind: ErrorKind) -> None:
     with Session(engine) as session:
-        jobs.fail(session=session, job_id=job_id, lease=lease, kind=kind, code="bad_pdf", message="no text",
-                  hint="upload a text PDF", detail="", worker_id="w1", base_delay=0.1, max_delay=0.2)
+        jobs.fail(
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            kind=kind,
+            code="bad_pdf",
+            message="no text",
+            hint="upload a text PDF",
+            detail="",
+            worker_id="w1",
+            base_delay=0.1,
+            max_delay=0.2,
+        )
 
 
 def deliveries(engine, job_id: int | None = None) -> list[WebhookDelivery]:
@@ -148,7 +180,14 @@ def deliveries(engine, job_id: int | None = None) -> list[WebhookDelivery]:
 
 
 def deliver(engine, **kw) -> webhook_delivery.DeliveryReport:
-    kw = {"secret": SECRET, "timeout": 2.0, "max_age_seconds": 3600.0, "base": 0.05, "cap": 0.2, **kw}
+    kw = {
+        "secret": SECRET,
+        "timeout": 2.0,
+        "max_age_seconds": 3600.0,
+        "base": 0.05,
+        "cap": 0.2,
+        **kw,
+    }
     return webhook_delivery.deliver_due(engine=engine, **kw)
 
 
@@ -156,10 +195,18 @@ def check_signed(request: dict, *, now: float | None = None) -> dict:
     """What a receiver does: recompute the HMAC over "<timestamp>.<body>", refuse old timestamps."""
     headers, body = request["headers"], request["body"]
     timestamp = headers["X-Sluice-Timestamp"]
-    expected = "v1=" + hmac.new(SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    expected = (
+        "v1="
+        + hmac.new(SECRET.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    )
     assert hmac.compare_digest(headers["X-Sluice-Signature"], expected)
-    assert webhook_records.verify(SECRET, timestamp=timestamp, body=body, signature=headers["X-Sluice-Signature"],
-                           now=now or time.time())
+    assert webhook_records.verify(
+        SECRET,
+        timestamp=timestamp,
+        body=body,
+        signature=headers["X-Sluice-Signature"],
+        now=now or time.time(),
+    )
     return json.loads(body)
 
 
@@ -179,17 +226,28 @@ def test_final_transitions_write_one_event_per_endpoint_in_their_transaction(hoo
 
     rows = deliveries(engine)
     assert sorted((r.job_id, r.event, r.endpoint[-1]) for r in rows) == [
-        (ok, "job.succeeded", "a"), (ok, "job.succeeded", "b"),
-        (dead, "job.failed", "a"), (dead, "job.failed", "b"),
-        (again, "job.cancelled", "a"), (again, "job.cancelled", "b")]
+        (ok, "job.succeeded", "a"),
+        (ok, "job.succeeded", "b"),
+        (dead, "job.failed", "a"),
+        (dead, "job.failed", "b"),
+        (again, "job.cancelled", "a"),
+        (again, "job.cancelled", "b"),
+    ]
     for r in rows:
         body = json.loads(r.body)
-        assert body["type"] == r.event and body["id"] == r.event_id and body["job"]["id"] == r.job_id
+        assert (
+            body["type"] == r.event and body["id"] == r.event_id and body["job"]["id"] == r.job_id
+        )
         assert r.delivered_at is None and r.attempts == 0
     assert len({r.event_id for r in rows}) == 3  # one event, the same id for both endpoints
     failed = json.loads(next(r.body for r in rows if r.event == "job.failed"))["job"]
-    assert (failed["status"], failed["error_kind"], failed["error_code"], failed["fix_hint"], failed["dataset"]) == (
-        "failed", "permanent", "bad_pdf", "upload a text PDF", "default")
+    assert (
+        failed["status"],
+        failed["error_kind"],
+        failed["error_code"],
+        failed["fix_hint"],
+        failed["dataset"],
+    ) == ("failed", "permanent", "bad_pdf", "upload a text PDF", "default")
 
 
 def test_a_success_that_loses_to_a_cancel_writes_no_success_event(hooked):
@@ -199,8 +257,11 @@ def test_a_success_that_loses_to_a_cancel_writes_no_success_event(hooked):
 
     def cancel_meanwhile(**info):
         with Session(engine) as other:
-            other.execute(update(Job).where(Job.id == info["job_id"]).values(cancel_requested=True,
-                                                                               version=Job.version + 1))
+            other.execute(
+                update(Job)
+                .where(Job.id == info["job_id"])
+                .values(cancel_requested=True, version=Job.version + 1)
+            )
             other.commit()
 
     with faults.hook("before_supersede", cancel_meanwhile), pytest.raises(JobCancelled):
@@ -231,7 +292,11 @@ def test_delivered_signed_once_and_a_replay_is_refused(hooked, receivers):
     assert report.delivered == [deliveries(engine)[0].id]
     [request] = receiver.requests
     body = check_signed(request)
-    assert body["type"] == "job.succeeded" and body["job"]["id"] == job_id and body["job"]["chunk_count"] == 3
+    assert (
+        body["type"] == "job.succeeded"
+        and body["job"]["id"] == job_id
+        and body["job"]["chunk_count"] == 3
+    )
     assert request["headers"]["X-Sluice-Event-Id"] == body["id"]
     [row] = deliveries(engine)
     assert row.delivered_at is not None and row.last_status == 200 and row.attempts == 1
@@ -240,12 +305,27 @@ def test_delivered_signed_once_and_a_replay_is_refused(hooked, receivers):
     # A replay of the same request an hour later fails the receiver's timestamp check; a
     # timestamp changed to look fresh fails the signature.
     h = request["headers"]
-    assert not webhook_records.verify(SECRET, timestamp=h["X-Sluice-Timestamp"], body=request["body"],
-                               signature=h["X-Sluice-Signature"], now=time.time() + 3600)
-    assert not webhook_records.verify(SECRET, timestamp=str(int(time.time()) + 3600), body=request["body"],
-                               signature=h["X-Sluice-Signature"], now=time.time() + 3600)
-    assert not webhook_records.verify("another-secret", timestamp=h["X-Sluice-Timestamp"], body=request["body"],
-                               signature=h["X-Sluice-Signature"], now=time.time())
+    assert not webhook_records.verify(
+        SECRET,
+        timestamp=h["X-Sluice-Timestamp"],
+        body=request["body"],
+        signature=h["X-Sluice-Signature"],
+        now=time.time() + 3600,
+    )
+    assert not webhook_records.verify(
+        SECRET,
+        timestamp=str(int(time.time()) + 3600),
+        body=request["body"],
+        signature=h["X-Sluice-Signature"],
+        now=time.time() + 3600,
+    )
+    assert not webhook_records.verify(
+        "another-secret",
+        timestamp=h["X-Sluice-Timestamp"],
+        body=request["body"],
+        signature=h["X-Sluice-Signature"],
+        now=time.time(),
+    )
 
 
 def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_back(hooked, receivers):
@@ -271,23 +351,34 @@ def test_a_receiver_down_for_a_while_gets_every_event_once_it_is_back(hooked, re
         assert row.attempts == 1 and row.delivered_at is None and row.gave_up_at is None
         assert row.next_attempt_at > row.created_at  # backoff: not due again at once
         assert row.last_error
-    assert rows[report.failed[1]].last_status == 503 and "HTTP 503" in rows[report.failed[1]].last_error
+    assert (
+        rows[report.failed[1]].last_status == 503
+        and "HTTP 503" in rows[report.failed[1]].last_error
+    )
     assert "Connect" in rows[report.failed[0]].last_error
 
     def round_then(predicate):
         deliver(engine)
         return predicate(deliveries(engine))
 
-    until(lambda: round_then(lambda rows: sum(r.attempts for r in rows) >= 8), interval=0.05,
-          timeout=20, what="several rounds of retries while both endpoints fail")
+    until(
+        lambda: round_then(lambda rows: sum(r.attempts for r in rows) >= 8),
+        interval=0.05,
+        timeout=20,
+        what="several rounds of retries while both endpoints fail",
+    )
     assert all(r.delivered_at is None for r in deliveries(engine))
     with Session(engine) as session:  # the jobs are done and know nothing of it
         assert {session.get(Job, j).status for j in job_ids} == {JobStatus.succeeded}
 
     down.start()
     erroring.status = 200
-    until(lambda: round_then(lambda rows: all(r.delivered_at for r in rows)), interval=0.05, timeout=20,
-          what="every event delivered once the receivers are back")
+    until(
+        lambda: round_then(lambda rows: all(r.delivered_at for r in rows)),
+        interval=0.05,
+        timeout=20,
+        what="every event delivered once the receivers are back",
+    )
     for receiver in (down, erroring):
         got = [check_signed(r) for r in receiver.requests if r["headers"].get("X-Sluice-Event")]
         ok_ids = {b["job"]["id"] for b in got}
@@ -345,7 +436,9 @@ def test_two_dispatchers_never_post_one_row_twice(hooked, receivers):
     assert row.attempts == 1 and row.delivered_at is not None
 
 
-def test_a_dispatcher_that_dies_mid_post_leaves_the_row_to_another_after_the_hold(hooked, receivers):
+def test_a_dispatcher_that_dies_mid_post_leaves_the_row_to_another_after_the_hold(
+    hooked, receivers
+):
     receiver = receivers()
     engine = hooked(receiver.url)
     job_id, lease = running_job(engine)
@@ -359,7 +452,12 @@ def test_a_dispatcher_that_dies_mid_post_leaves_the_row_to_another_after_the_hol
     [row] = deliveries(engine)
     assert row.attempts == 1 and row.delivered_at is None and not receiver.requests
     assert deliver(engine).anything is False  # still held by the dead claim
-    until(lambda: deliver(engine).delivered, interval=0.05, timeout=10, what="the row posted after the hold")
+    until(
+        lambda: deliver(engine).delivered,
+        interval=0.05,
+        timeout=10,
+        what="the row posted after the hold",
+    )
     assert len(receiver.requests) == 1 and deliveries(engine)[0].attempts == 2
 
 
@@ -413,24 +511,39 @@ def test_retention_prunes_finished_deliveries_only(hooked, receivers):
     deliver(engine)
     old = utcnow() - timedelta(days=40)
     with Session(engine) as session:
-        session.execute(update(WebhookDelivery).where(WebhookDelivery.delivered_at.is_not(None))
-                        .values(delivered_at=old, created_at=old))
+        session.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.delivered_at.is_not(None))
+            .values(delivered_at=old, created_at=old)
+        )
         session.commit()
     cutoff = utcnow() - timedelta(days=30)
     with Session(engine) as session:
         assert retention.prune(session=session, cutoff=cutoff, dry_run=True).webhooks == 1
         assert retention.prune(session=session, cutoff=cutoff, dry_run=False).webhooks == 1
-    assert [r.endpoint for r in deliveries(engine)] == ["http://127.0.0.1:9/down"]  # still being tried
+    assert [r.endpoint for r in deliveries(engine)] == [
+        "http://127.0.0.1:9/down"
+    ]  # still being tried
 
 
 # --- settings ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"SLUICE_WEBHOOK_URLS": "https://hooks.example/a"}, "SLUICE_WEBHOOK_SECRET"),
-    ({"SLUICE_WEBHOOK_URLS": "https://hooks.example/a", "SLUICE_WEBHOOK_SECRET": "changeme"}, "placeholder"),
-    ({"SLUICE_WEBHOOK_URLS": "ftp://hooks.example/a", "SLUICE_WEBHOOK_SECRET": SECRET}, "SLUICE_WEBHOOK_URLS"),
-], ids=["no-secret", "placeholder-secret", "not-http"])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"SLUICE_WEBHOOK_URLS": "https://hooks.example/a"}, "SLUICE_WEBHOOK_SECRET"),
+        (
+            {"SLUICE_WEBHOOK_URLS": "https://hooks.example/a", "SLUICE_WEBHOOK_SECRET": "changeme"},
+            "placeholder",
+        ),
+        (
+            {"SLUICE_WEBHOOK_URLS": "ftp://hooks.example/a", "SLUICE_WEBHOOK_SECRET": SECRET},
+            "SLUICE_WEBHOOK_URLS",
+        ),
+    ],
+    ids=["no-secret", "placeholder-secret", "not-http"],
+)
 def test_webhook_settings_are_refused_when_unsafe(store_env, monkeypatch, env, message):
     from sluice.errors import SettingsError
     from sluice.settings import load_settings
@@ -449,7 +562,10 @@ def test_webhook_settings_parse_a_comma_list(store_env, monkeypatch):
     monkeypatch.setenv("SLUICE_WEBHOOK_SECRET", SECRET)
     s = load_settings()
     assert s.webhook_urls == ["https://a.example/h", "http://127.0.0.1:8000/h"]
-    assert s.public_view()["SLUICE_WEBHOOK_SECRET"] == "set" and s.secrets_status()["SLUICE_WEBHOOK_SECRET"]
+    assert (
+        s.public_view()["SLUICE_WEBHOOK_SECRET"] == "set"
+        and s.secrets_status()["SLUICE_WEBHOOK_SECRET"]
+    )
 
 
 # --- from a real worker ------------------------------------------------------------------------------
@@ -464,9 +580,16 @@ def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, rece
     receiver = receivers()
     ctx = make_ctx(SLUICE_WEBHOOK_URLS=receiver.url, SLUICE_WEBHOOK_SECRET=SECRET)
     start_worker(workers=1)
-    good = ingest_bytes(ctx, text_pdf(["webhooks from a real worker"]), dataset="default", filename="good.pdf",
-                        publish=publish)
-    bad = ingest_bytes(ctx, invalid_page_count(), dataset="default", filename="bad.pdf", publish=publish)
+    good = ingest_bytes(
+        ctx,
+        text_pdf(["webhooks from a real worker"]),
+        dataset="default",
+        filename="good.pdf",
+        publish=publish,
+    )
+    bad = ingest_bytes(
+        ctx, invalid_page_count(), dataset="default", filename="bad.pdf", publish=publish
+    )
     done = {j.id: j.status for j in wait_for(ctx, [good.job_id, bad.job_id], timeout=90)}
     assert done == {good.job_id: JobStatus.succeeded, bad.job_id: JobStatus.failed}
 
@@ -480,16 +603,22 @@ def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, rece
 def test_system_page_shows_the_delivery_log_per_endpoint(one_delivered_one_waiting):
     from tests.apptest import open_console, texts
 
-    receiver, job_id = one_delivered_one_waiting("http://ops:hook-pw-77@127.0.0.1:9/[down](javascript:x)")
+    receiver, job_id = one_delivered_one_waiting(
+        "http://ops:hook-pw-77@127.0.0.1:9/[down](javascript:x)"
+    )
 
     at = open_console("system")
     page = texts(at)
     assert f"{receiver.url}: 1 delivered, 0 waiting, 0 given up" in page
     assert "http://ops:***@127.0.0.1:9/[down](javascript:x): 0 delivered, 1 waiting" in page
     assert "hook-pw-77" not in page
-    assert not any("](javascript" in m.value for m in at.markdown if "\\]" not in m.value)  # escaped, no link
+    assert not any(
+        "](javascript" in m.value for m in at.markdown if "\\]" not in m.value
+    )  # escaped, no link
     logs = [df.value for df in at.dataframe if "delivered / next try" in df.value.columns]
     assert sorted((row["state"], row["job"]) for log in logs for _, row in log.iterrows()) == [
-        ("delivered", job_id), ("retrying", job_id)]
+        ("delivered", job_id),
+        ("retrying", job_id),
+    ]
     refused = next(log for log in logs if log["state"][0] == "retrying")
     assert "Connect" in refused["last error"][0]

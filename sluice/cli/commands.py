@@ -37,7 +37,9 @@ def _dataset_id(name: str | None) -> int | None:
 
 
 def ingest(args) -> int:
-    found = collect_files(list(args.paths), suffixes=SUPPORTED_SUFFIXES, follow_links=args.follow_links)
+    found = collect_files(
+        list(args.paths), suffixes=SUPPORTED_SUFFIXES, follow_links=args.follow_links
+    )
     for path, why in found.skipped:
         print(f"sluice: skipped {path}: {why}", file=sys.stderr)
     files = found.files
@@ -88,8 +90,11 @@ def _wait(ids: Sequence[int], *, timeout: float, quiet: bool) -> bool:
             last[row["id"]] = line
         finished = all(r["status"] in FINAL for r in rows)
         if live:
-            print(f"\r\033[K{_totals(rows, time.monotonic() - started)}", end="" if not finished else "\n",
-                  flush=True)
+            print(
+                f"\r\033[K{_totals(rows, time.monotonic() - started)}",
+                end="" if not finished else "\n",
+                flush=True,
+            )
         if finished:
             if not quiet:
                 n_ok = sum(r["status"] == "succeeded" for r in rows)
@@ -109,8 +114,10 @@ def _totals(rows: list[dict], elapsed: float) -> str:
     running = [r for r in rows if r["status"] == "running"]
     width = 24
     filled = int(width * len(done) / max(1, len(rows)))
-    text = (f"[{'#' * filled}{'.' * (width - filled)}] {len(done)}/{len(rows)} done "
-            f"({len(done) - failed} succeeded, {failed} failed)")
+    text = (
+        f"[{'#' * filled}{'.' * (width - filled)}] {len(done)}/{len(rows)} done "
+        f"({len(done) - failed} succeeded, {failed} failed)"
+    )
     if running:
         text += f", {len(running)} running: {running[0]['progress']}"
     if done and len(done) < len(rows):
@@ -130,9 +137,19 @@ def jobs(args) -> int:
     for r in rows:
         r["attempts"] = f"{r['attempt']}/{r['max_attempts']}"
         r["error"] = f"{r['error_kind']}: {r['error_message']}" if r["error_message"] else ""
-    table(rows, [("id", "ID"), ("dataset", "DATASET"), ("filename", "FILE"), ("status", "STATUS"),
-                 ("progress", "PROGRESS"), ("attempts", "ATTEMPTS"), ("error", "ERROR")],
-          empty="no jobs" + (f" in dataset {args.dataset!r}" if args.dataset else ""))
+    table(
+        rows,
+        [
+            ("id", "ID"),
+            ("dataset", "DATASET"),
+            ("filename", "FILE"),
+            ("status", "STATUS"),
+            ("progress", "PROGRESS"),
+            ("attempts", "ATTEMPTS"),
+            ("error", "ERROR"),
+        ],
+        empty="no jobs" + (f" in dataset {args.dataset!r}" if args.dataset else ""),
+    )
     return 0
 
 
@@ -146,20 +163,40 @@ def show(args) -> int:
     if getattr(args, "chunks", False):
         from sluice.ops.document_view import job_chunks
 
-        chunks = [{"position": c.position, "page": c.page, "chunk_id": c.chunk_id, "text": c.text}
-                  for c in job_chunks(reads.ctx(), args.job_id)]
+        chunks = [
+            {"position": c.position, "page": c.page, "chunk_id": c.chunk_id, "text": c.text}
+            for c in job_chunks(reads.ctx(), args.job_id)
+        ]
     if args.json:
         print_json({**row, "events": events, **({"chunks": chunks} if chunks is not None else {})})
         return 0
-    for key in ("id", "dataset", "filename", "status", "progress", "attempt", "error_kind", "error_message",
-                "fix_hint", "chunk_count", "pipeline_version"):
+    for key in (
+        "id",
+        "dataset",
+        "filename",
+        "status",
+        "progress",
+        "attempt",
+        "error_kind",
+        "error_message",
+        "fix_hint",
+        "chunk_count",
+        "pipeline_version",
+    ):
         print(f"{key:16} {plain(row[key])}")
     print("events:")
-    table(events, [("at", "AT"), ("kind", "EVENT"), ("actor", "BY"), ("message", "MESSAGE")], empty="  none")
+    table(
+        events,
+        [("at", "AT"), ("kind", "EVENT"), ("actor", "BY"), ("message", "MESSAGE")],
+        empty="  none",
+    )
     if chunks is not None:
         print("chunks:")
-        table([{**c, "text": " ".join(c["text"].split())[:120]} for c in chunks],
-              [("position", "#"), ("page", "PAGE"), ("text", "TEXT")], empty="  none in the index")
+        table(
+            [{**c, "text": " ".join(c["text"].split())[:120]} for c in chunks],
+            [("position", "#"), ("page", "PAGE"), ("text", "TEXT")],
+            empty="  none in the index",
+        )
     return 0
 
 
@@ -176,7 +213,11 @@ def datasets(args) -> int:
     if args.json:
         print_json(rows)
         return 0
-    table(rows, [("name", "DATASET"), ("documents", "DOCUMENTS"), ("chunks", "CHUNKS")], empty="no datasets")
+    table(
+        rows,
+        [("name", "DATASET"), ("documents", "DOCUMENTS"), ("chunks", "CHUNKS")],
+        empty="no datasets",
+    )
     return 0
 
 
@@ -197,16 +238,42 @@ def dataset_settings(args) -> int:
         if args.json:
             print_json(view.to_dict())
             return 0
-        table([{**r.to_dict(), "source": "this dataset" if r.source == "dataset" else "default (SLUICE_*)"}
-               for r in view.rows],
-              [("key", "SETTING"), ("value", "VALUE"), ("source", "FROM"), ("description", "MEANING")], empty="")
-        print(f"pipeline {view.pipeline_version}"
-              + (f"; changed by {view.changed_by} at {view.changed_at:%Y-%m-%d %H:%M} UTC" if view.changed_at else "")
-              + (f"; {view.to_rebuild} document(s) still on another version (sluice reindex --all --dataset "
-                 f"{shlex.quote(args.name)})" if view.to_rebuild else ""))
+        table(
+            [
+                {
+                    **r.to_dict(),
+                    "source": "this dataset" if r.source == "dataset" else "default (SLUICE_*)",
+                }
+                for r in view.rows
+            ],
+            [
+                ("key", "SETTING"),
+                ("value", "VALUE"),
+                ("source", "FROM"),
+                ("description", "MEANING"),
+            ],
+            empty="",
+        )
+        print(
+            f"pipeline {view.pipeline_version}"
+            + (
+                f"; changed by {view.changed_by} at {view.changed_at:%Y-%m-%d %H:%M} UTC"
+                if view.changed_at
+                else ""
+            )
+            + (
+                f"; {view.to_rebuild} document(s) still on another version (sluice reindex --all --dataset "
+                f"{shlex.quote(args.name)})"
+                if view.to_rebuild
+                else ""
+            )
+        )
         return 0
-    change = (actions.set_dataset_settings(cli_operator(), args.name, assignments) if args.yes
-              else actions.preview_dataset_settings(args.name, assignments))
+    change = (
+        actions.set_dataset_settings(cli_operator(), args.name, assignments)
+        if args.yes
+        else actions.preview_dataset_settings(args.name, assignments)
+    )
     if args.json:
         print_json(change.to_dict())
         return 0 if change.ok else 1
@@ -222,17 +289,41 @@ def search(args) -> int:
     from sluice.ops.search import BadQuery, UnknownDataset
 
     try:
-        hits = reads.search(args.query, args.dataset, args.k, mode=args.mode, filename=args.file, pages=args.pages,
-                            media_type=args.media_type)
+        hits = reads.search(
+            args.query,
+            args.dataset,
+            args.k,
+            mode=args.mode,
+            filename=args.file,
+            pages=args.pages,
+            media_type=args.media_type,
+        )
     except (UnknownDataset, BadQuery) as exc:
         return _fail(str(exc))
     if args.json:
         print_json([h.to_dict() for h in hits])
         return 0
-    rows = [{"score": f"{h.score:.3f}", "filename": h.filename, "page": h.page, "matched": "+".join(h.matched),
-             "text": h.snippet[:160]} for h in hits]
-    table(rows, [("score", "SCORE"), ("filename", "FILE"), ("page", "PAGE"), ("matched", "BY"), ("text", "TEXT")],
-          empty=f"no matches in dataset {args.dataset!r}")
+    rows = [
+        {
+            "score": f"{h.score:.3f}",
+            "filename": h.filename,
+            "page": h.page,
+            "matched": "+".join(h.matched),
+            "text": h.snippet[:160],
+        }
+        for h in hits
+    ]
+    table(
+        rows,
+        [
+            ("score", "SCORE"),
+            ("filename", "FILE"),
+            ("page", "PAGE"),
+            ("matched", "BY"),
+            ("text", "TEXT"),
+        ],
+        empty=f"no matches in dataset {args.dataset!r}",
+    )
     return 0
 
 
@@ -263,12 +354,20 @@ def webhooks(args) -> int:
         return 0
     for e in log["endpoints"]:
         note = "" if e["configured"] else " (no longer configured)"
-        print(plain(f"{e['endpoint']}{note}: {e['delivered']} delivered, {e['waiting']} waiting, "
-                    f"{e['gave_up']} given up; last delivered {e['last_delivered_at'] or 'never'}"))
+        print(
+            plain(
+                f"{e['endpoint']}{note}: {e['delivered']} delivered, {e['waiting']} waiting, "
+                f"{e['gave_up']} given up; last delivered {e['last_delivered_at'] or 'never'}"
+            )
+        )
     for d in log["deliveries"]:
         when = d["delivered_at"] or f"next try {d['next_attempt_at']}"
-        print(plain(f"  {d['id']}\t{d['event']}\tjob {d['job_id']}\t{d['state']}\t{d['attempts']} attempt(s)\t"
-                    f"{when}\t{d['endpoint']}\t{d['last_error'] or ''}"))
+        print(
+            plain(
+                f"  {d['id']}\t{d['event']}\tjob {d['job_id']}\t{d['state']}\t{d['attempts']} attempt(s)\t"
+                f"{when}\t{d['endpoint']}\t{d['last_error'] or ''}"
+            )
+        )
     return 0
 
 
@@ -317,8 +416,15 @@ def recover(args) -> int:
     from sluice.pipeline.queueing.worker import recover_once
 
     result = recover_once()
-    print_json({"reaped": result.reaped, "published": result.published, "republished": result.republished,
-                "publish_error": result.publish_error, "reap_waited_seconds": round(result.reap_waited_seconds, 1)})
+    print_json(
+        {
+            "reaped": result.reaped,
+            "published": result.published,
+            "republished": result.republished,
+            "publish_error": result.publish_error,
+            "reap_waited_seconds": round(result.reap_waited_seconds, 1),
+        }
+    )
     return 0
 
 
@@ -355,8 +461,10 @@ def reindex(args) -> int:
         print_json(result.to_dict())
     else:
         if result.queued:
-            print(f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
-                  + (f", {result.underway} already under way" if result.underway else ""))
+            print(
+                f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
+                + (f", {result.underway} already under way" if result.underway else "")
+            )
         for r in result.results:
             if not r.ok:
                 print(r.message, file=sys.stderr)
@@ -366,12 +474,24 @@ def reindex(args) -> int:
 
 
 def bulk(args) -> int:
-    f = JobFilter(dataset_id=_dataset_id(args.dataset), statuses=args.status or [], stages=args.stage or [],
-                  error_kinds=args.kind or [], name_contains=args.name or "")
+    f = JobFilter(
+        dataset_id=_dataset_id(args.dataset),
+        statuses=args.status or [],
+        stages=args.stage or [],
+        error_kinds=args.kind or [],
+        name_contains=args.name or "",
+    )
     plan = reads.bulk_preview(args.action, f, with_cost=not args.yes)
     if args.json and not args.yes:
-        print_json({"action": plan.action, "matching": plan.matching, "job_ids": plan.job_ids,
-                    "documents": plan.documents, "cost": plan.cost})
+        print_json(
+            {
+                "action": plan.action,
+                "matching": plan.matching,
+                "job_ids": plan.job_ids,
+                "documents": plan.documents,
+                "cost": plan.cost,
+            }
+        )
         return 0
     if not args.yes:
         print(plan.describe())

@@ -1,30 +1,30 @@
 """The ``sluice`` command: the console's operations, for scripts and shells.
 
-    sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
-    sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
-    sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
-    sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
-    sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
-                                                         a dataset's parse settings; a change shows its
-                                                         cost, and with --yes reindexes that dataset
-    sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
-                  [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
-    sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
-    sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
-    sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
-    sluice cancel JOB_ID...                              cancel pending or running jobs
-    sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
-    sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
-    sluice recover                                       one round of recovery (reaper, outbox)
-    sluice pause [--dataset NAME] [--reason TEXT] [--list]  stop starting jobs (all, or one dataset)
-    sluice resume [--dataset NAME]                       lift that pause; waiting jobs are published
-    sluice run-next JOB_ID...                            move waiting jobs to the front of the queue
-    sluice priority N|default JOB_ID... | --dataset NAME  higher priority starts first
-    sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
-    sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
-    sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
-    sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
-    sluice serve queue|cache|chroma|worker|console|metrics  run one of the Procfile's processes
+sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
+sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
+sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
+sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
+sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
+                                                     a dataset's parse settings; a change shows its
+                                                     cost, and with --yes reindexes that dataset
+sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
+              [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
+sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
+sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
+sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
+sluice cancel JOB_ID...                              cancel pending or running jobs
+sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
+sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
+sluice recover                                       one round of recovery (reaper, outbox)
+sluice pause [--dataset NAME] [--reason TEXT] [--list]  stop starting jobs (all, or one dataset)
+sluice resume [--dataset NAME]                       lift that pause; waiting jobs are published
+sluice run-next JOB_ID...                            move waiting jobs to the front of the queue
+sluice priority N|default JOB_ID... | --dataset NAME  higher priority starts first
+sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
+sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
+sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
+sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
+sluice serve queue|cache|chroma|worker|console|metrics  run one of the Procfile's processes
 """
 
 from __future__ import annotations
@@ -41,44 +41,77 @@ from sluice.cli.serve import serve
 from sluice.errors import SettingsError
 from sluice.files import use_private_umask
 
-STATUSES = ["pending", "running", "retrying", "succeeded", "failed", "cancelled", "superseded", "deleted"]
+STATUSES = [
+    "pending",
+    "running",
+    "retrying",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "superseded",
+    "deleted",
+]
 
 
 def add_integrity_commands(sub) -> None:
     a = sub.add_parser("reconcile", help="audit the index against the job database (and repair it)")
-    a.add_argument("--repair", action="store_true",
-                   help="delete orphans, fix metadata, queue rebuilds of documents with missing chunks")
+    a.add_argument(
+        "--repair",
+        action="store_true",
+        help="delete orphans, fix metadata, queue rebuilds of documents with missing chunks",
+    )
     a.add_argument("--dataset", help="only this dataset")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.reconcile)
 
-    a = sub.add_parser("delete", help="delete a document: its vectors, its blob if unshared, its jobs marked deleted")
-    a.add_argument("ref", metavar="JOB_OR_DOCUMENT_ID",
-                   help="a job id (17) deletes that job's document; doc:42 names the document itself")
+    a = sub.add_parser(
+        "delete",
+        help="delete a document: its vectors, its blob if unshared, its jobs marked deleted",
+    )
+    a.add_argument(
+        "ref",
+        metavar="JOB_OR_DOCUMENT_ID",
+        help="a job id (17) deletes that job's document; doc:42 names the document itself",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.delete)
 
-    a = sub.add_parser("reindex", help="rebuild documents with the pipeline version the settings make now")
-    a.add_argument("--all", action="store_true", required=True,
-                   help="every document whose searchable job is of another pipeline version")
+    a = sub.add_parser(
+        "reindex", help="rebuild documents with the pipeline version the settings make now"
+    )
+    a.add_argument(
+        "--all",
+        action="store_true",
+        required=True,
+        help="every document whose searchable job is of another pipeline version",
+    )
     a.add_argument("--dataset", help="only this dataset")
-    a.add_argument("--dry-run", action="store_true", help="show documents, about how many chunks, cache hits")
+    a.add_argument(
+        "--dry-run", action="store_true", help="show documents, about how many chunks, cache hits"
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.reindex)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sluice", description="Durable document ingestion into a vector index.")
+    p = argparse.ArgumentParser(
+        prog="sluice", description="Durable document ingestion into a vector index."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     a = sub.add_parser("ingest", help="upload files or folders")
     a.add_argument("paths", nargs="+")
     a.add_argument("--dataset", default="default")
-    a.add_argument("--wait", action="store_true", help="show progress; exit 0 only if every job succeeded")
+    a.add_argument(
+        "--wait", action="store_true", help="show progress; exit 0 only if every job succeeded"
+    )
     a.add_argument("--timeout", type=float, default=3600)
     a.add_argument("--json", action="store_true")
-    a.add_argument("--follow-links", action="store_true",
-                   help="in folders, also follow symbolic links that point outside them")
+    a.add_argument(
+        "--follow-links",
+        action="store_true",
+        help="in folders, also follow symbolic links that point outside them",
+    )
     a.set_defaults(func=commands.ingest)
 
     a = sub.add_parser("jobs", help="list jobs")
@@ -90,17 +123,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("show", help="one job with its timeline")
     a.add_argument("job_id", type=int)
-    a.add_argument("--chunks", action="store_true", help="also the job's chunks in order, with pages")
+    a.add_argument(
+        "--chunks", action="store_true", help="also the job's chunks in order, with pages"
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.show)
 
-    a = sub.add_parser("datasets", help="datasets with document and chunk counts; one dataset's parse settings")
-    a.add_argument("name", nargs="?", help="one dataset: show (and with --set, change) its parse settings")
+    a = sub.add_parser(
+        "datasets", help="datasets with document and chunk counts; one dataset's parse settings"
+    )
+    a.add_argument(
+        "name", nargs="?", help="one dataset: show (and with --set, change) its parse settings"
+    )
     a.add_argument("--create", metavar="NAME")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="chunk_size, chunk_overlap, ocr_mode (auto|always|off) or ocr_language")
-    a.add_argument("--unset", action="append", default=[], metavar="KEY", help="back to the SLUICE_* default")
-    a.add_argument("--yes", action="store_true", help="apply the change (without: show what it would cost)")
+    a.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="chunk_size, chunk_overlap, ocr_mode (auto|always|off) or ocr_language",
+    )
+    a.add_argument(
+        "--unset", action="append", default=[], metavar="KEY", help="back to the SLUICE_* default"
+    )
+    a.add_argument(
+        "--yes", action="store_true", help="apply the change (without: show what it would cost)"
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.datasets)
 
@@ -108,8 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("query")
     a.add_argument("--dataset", default="default")
     a.add_argument("--k", type=int, default=5)
-    a.add_argument("--mode", choices=["hybrid", "dense", "lexical"], default="hybrid",
-                   help="hybrid fuses both rankings; lexical never loads the model")
+    a.add_argument(
+        "--mode",
+        choices=["hybrid", "dense", "lexical"],
+        default="hybrid",
+        help="hybrid fuses both rankings; lexical never loads the model",
+    )
     a.add_argument("--file", help="only files whose name contains this")
     a.add_argument("--pages", help="only these pages: A-B, A-, -B or one page")
     a.add_argument("--media-type", help="only this media type, e.g. application/pdf")
@@ -124,34 +176,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("retry", help="queue failed or cancelled jobs again")
     a.add_argument("job_ids", nargs="*", type=int)
-    a.add_argument("--dead", action="store_true", help="all dead letters (narrow with --kind, --dataset)")
+    a.add_argument(
+        "--dead", action="store_true", help="all dead letters (narrow with --kind, --dataset)"
+    )
     a.add_argument("--kind", choices=["transient", "permanent", "user_action_required"])
     a.add_argument("--dataset")
     a.add_argument("--reason", default="manual retry")
-    a.add_argument("--dry-run", action="store_true", help="show what a retry would embed, change nothing")
+    a.add_argument(
+        "--dry-run", action="store_true", help="show what a retry would embed, change nothing"
+    )
     a.add_argument("--json", action="store_true")
-    a.add_argument("--password-stdin", action="store_true",
-                   help="a locked PDF's job: read its password from stdin (one line), unlock it, retry")
+    a.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="a locked PDF's job: read its password from stdin (one line), unlock it, retry",
+    )
     a.set_defaults(func=commands.retry)
 
     a = sub.add_parser("bulk", help="retry, cancel, reindex or delete every job a filter matches")
     a.add_argument("action", choices=["retry", "cancel", "reindex", "delete"])
     a.add_argument("--dataset")
     a.add_argument("--status", action="append", choices=STATUSES)
-    a.add_argument("--stage", action="append", choices=["queued", "parsing", "ocr", "chunking", "embedding", "indexing", "done"])
-    a.add_argument("--kind", action="append", choices=["transient", "permanent", "user_action_required"])
+    a.add_argument(
+        "--stage",
+        action="append",
+        choices=["queued", "parsing", "ocr", "chunking", "embedding", "indexing", "done"],
+    )
+    a.add_argument(
+        "--kind", action="append", choices=["transient", "permanent", "user_action_required"]
+    )
     a.add_argument("--name", help="file name contains this")
-    a.add_argument("--yes", action="store_true", help="do it; without it, only show what it would change and cost")
+    a.add_argument(
+        "--yes",
+        action="store_true",
+        help="do it; without it, only show what it would change and cost",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.bulk)
 
-    a = sub.add_parser("prune", help="forget old history that retention allows (SLUICE_RETENTION_DAYS)")
+    a = sub.add_parser(
+        "prune", help="forget old history that retention allows (SLUICE_RETENTION_DAYS)"
+    )
     a.add_argument("--dry-run", action="store_true", help="count what would go, remove nothing")
-    a.add_argument("--days", type=int, help="older than this many days (default: SLUICE_RETENTION_DAYS)")
+    a.add_argument(
+        "--days", type=int, help="older than this many days (default: SLUICE_RETENTION_DAYS)"
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.prune)
 
-    a = sub.add_parser("webhooks", help="recent webhook deliveries per endpoint (SLUICE_WEBHOOK_URLS)")
+    a = sub.add_parser(
+        "webhooks", help="recent webhook deliveries per endpoint (SLUICE_WEBHOOK_URLS)"
+    )
     a.add_argument("--endpoint", help="only the deliveries to this URL")
     a.add_argument("--limit", type=int, default=50)
     a.add_argument("--json", action="store_true")
@@ -166,9 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("serve", help="run one of the Procfile's processes")
     a.add_argument("what", choices=["queue", "cache", "chroma", "worker", "console", "metrics"])
-    a.add_argument("--workers", type=int, default=4,
-                   help="worker threads (default 4: jobs share the model's lanes, one per core, so more jobs than "
-                        "cores keep the lanes busy between one job's writes and the next one's parse)")
+    a.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="worker threads (default 4: jobs share the model's lanes, one per core, so more jobs than "
+        "cores keep the lanes busy between one job's writes and the next one's parse)",
+    )
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)
 
@@ -180,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     use_private_umask()  # also for the servers `sluice serve` execs: their files are private too
-    logging.basicConfig(level=os.getenv("SLUICE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.getenv("SLUICE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

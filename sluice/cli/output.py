@@ -35,8 +35,9 @@ def plain(value: Any) -> str:
     return str(value)
 
 
-def table(rows: Sequence[dict], columns: Sequence[tuple[str, str]], *, empty: str,
-          out=None) -> None:
+def table(
+    rows: Sequence[dict], columns: Sequence[tuple[str, str]], *, empty: str, out=None
+) -> None:
     """Rows under a header, columns padded to their widest cell; ``empty`` when there are none."""
     out = out or sys.stdout
     if not rows:

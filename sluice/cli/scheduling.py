@@ -32,7 +32,9 @@ def pause(args) -> int:
     if args.list:
         _show(args.json)
         return 0
-    done = pausing.pause(cli_operator(), dataset_id=_dataset_id(args.dataset), reason=args.reason or "")
+    done = pausing.pause(
+        cli_operator(), dataset_id=_dataset_id(args.dataset), reason=args.reason or ""
+    )
     print(done.message, file=sys.stdout if done.ok else sys.stderr)
     return 0 if done.ok else 1
 
@@ -46,10 +48,14 @@ def resume(args) -> int:
 
 
 def add_pause_commands(sub) -> None:
-    a = sub.add_parser("pause", help="stop starting jobs of one dataset or of the whole queue; running jobs finish")
+    a = sub.add_parser(
+        "pause", help="stop starting jobs of one dataset or of the whole queue; running jobs finish"
+    )
     a.add_argument("--dataset", help="only this dataset (default: the whole queue)")
     a.add_argument("--reason", help="why, shown to other operators")
-    a.add_argument("--list", action="store_true", help="only show what is paused, by whom, since when")
+    a.add_argument(
+        "--list", action="store_true", help="only show what is paused, by whom, since when"
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=pause)
 
@@ -82,7 +88,9 @@ def add_priority_commands(sub) -> None:
     a.add_argument("job_ids", nargs="+", type=int)
     a.set_defaults(func=run_next)
 
-    a = sub.add_parser("priority", help="set the priority of waiting jobs or of a dataset (higher starts first)")
+    a = sub.add_parser(
+        "priority", help="set the priority of waiting jobs or of a dataset (higher starts first)"
+    )
     a.add_argument("priority", help="an integer (default 0), or 'default' to clear it")
     a.add_argument("job_ids", nargs="*", type=int)
     a.add_argument("--dataset", help="the dataset's priority, for its jobs without their own")

@@ -23,13 +23,34 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
         return redis_argv(what, url=url, data_dir=s.data_dir)
     if what == "worker":
         exe = str(Path(sys.executable).with_name("huey_consumer"))
-        return [exe, "sluice.pipeline.queueing.worker.huey", "-k", kind, "-w", str(workers), "-d", "0.1"]
+        return [
+            exe,
+            "sluice.pipeline.queueing.worker.huey",
+            "-k",
+            kind,
+            "-w",
+            str(workers),
+            "-d",
+            "0.1",
+        ]
     check_bind(s)
-    return [sys.executable, "-m", "streamlit", "run", str(CONSOLE_APP), "--server.address", s.console_address,
-            "--server.port", str(s.console_port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false",
-            "--server.maxUploadSize", str(max(1, s.max_upload_bytes // (1024 * 1024)))] + [
-            arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(CONSOLE_APP),
+        "--server.address",
+        s.console_address,
+        "--server.port",
+        str(s.console_port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.maxUploadSize",
+        str(max(1, s.max_upload_bytes // (1024 * 1024))),
+    ] + [arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]
 
 
 def serve(args) -> int:

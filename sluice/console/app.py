@@ -11,7 +11,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-if str(ROOT) not in sys.path:  # `streamlit run sluice/console/app.py` from a checkout puts only console/ on the path
+if (
+    str(ROOT) not in sys.path
+):  # `streamlit run sluice/console/app.py` from a checkout puts only console/ on the path
     sys.path.insert(0, str(ROOT))
 
 import streamlit as st  # noqa: E402
@@ -35,15 +37,50 @@ def _pages() -> list:
     # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
     # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
     return [
-        st.Page("views/overview_page.py", url_path="overview", title="Overview", icon=":material/dashboard:", default=True),
-        st.Page("views/upload_page.py", url_path="upload", title="Upload", icon=":material/upload_file:"),
+        st.Page(
+            "views/overview_page.py",
+            url_path="overview",
+            title="Overview",
+            icon=":material/dashboard:",
+            default=True,
+        ),
+        st.Page(
+            "views/upload_page.py", url_path="upload", title="Upload", icon=":material/upload_file:"
+        ),
         st.Page("views/jobs_page.py", url_path="jobs", title="Jobs", icon=":material/list_alt:"),
-        st.Page("views/dead_letters_page.py", url_path="dead_letters", title="Dead letters", icon=":material/report:"),
-        st.Page("views/search_page.py", url_path="search", title="Search", icon=":material/search:"),
-        st.Page("views/document_page.py", url_path="document", title="Document", icon=":material/description:"),
-        st.Page("views/system_page.py", url_path="system", title="System", icon=":material/monitor_heart:"),
-        st.Page("views/integrity_page.py", url_path="integrity", title="Integrity", icon=":material/fact_check:"),
-        st.Page("views/datasets_page.py", url_path="datasets", title="Datasets", icon=":material/folder_data:"),
+        st.Page(
+            "views/dead_letters_page.py",
+            url_path="dead_letters",
+            title="Dead letters",
+            icon=":material/report:",
+        ),
+        st.Page(
+            "views/search_page.py", url_path="search", title="Search", icon=":material/search:"
+        ),
+        st.Page(
+            "views/document_page.py",
+            url_path="document",
+            title="Document",
+            icon=":material/description:",
+        ),
+        st.Page(
+            "views/system_page.py",
+            url_path="system",
+            title="System",
+            icon=":material/monitor_heart:",
+        ),
+        st.Page(
+            "views/integrity_page.py",
+            url_path="integrity",
+            title="Integrity",
+            icon=":material/fact_check:",
+        ),
+        st.Page(
+            "views/datasets_page.py",
+            url_path="datasets",
+            title="Datasets",
+            icon=":material/folder_data:",
+        ),
     ]
 
 
@@ -66,10 +103,18 @@ if who is None:
 with st.sidebar:
     names = [d.name for d in reads.datasets()]
     asked = st.query_params.get(ui.DATASET_KEY)
-    if asked and asked not in (ui.ALL_DATASETS, *names):  # a stale or mistyped link: say so, do not guess
+    if asked and asked not in (
+        ui.ALL_DATASETS,
+        *names,
+    ):  # a stale or mistyped link: say so, do not guess
         ui.flash("warning", f"There is no dataset named {asked!r}; showing all datasets.")
-    st.selectbox("Dataset", [ui.ALL_DATASETS, *names], key=ui.DATASET_KEY, bind="query-params",
-                 help="Every page shows only this dataset; uploads go into it.")
+    st.selectbox(
+        "Dataset",
+        [ui.ALL_DATASETS, *names],
+        key=ui.DATASET_KEY,
+        bind="query-params",
+        help="Every page shows only this dataset; uploads go into it.",
+    )
     with st.popover("New dataset", disabled=not who.can_act):
         st.text_input("Name", key="new_dataset_name", placeholder="e.g. contracts-2024")
         st.button("Create", key="create_dataset", on_click=_create_dataset)

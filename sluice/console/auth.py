@@ -58,13 +58,15 @@ class LoginThrottle:
         self._account: deque[float] = deque()  # times of recent failures, any client
         self._known: dict[str, float] = {}  # browser -> time of its last successful sign-in
 
-    def wait_seconds(self, client: str, *, max_failures: int, lockout_seconds: float,
-                     device: str | None = None) -> float:
+    def wait_seconds(
+        self, client: str, *, max_failures: int, lockout_seconds: float, device: str | None = None
+    ) -> float:
         with self._lock:
             return self._wait(client, self._clock(), max_failures, lockout_seconds, device)
 
-    def reserve(self, client: str, *, max_failures: int, lockout_seconds: float,
-                device: str | None = None) -> tuple[float, int]:
+    def reserve(
+        self, client: str, *, max_failures: int, lockout_seconds: float, device: str | None = None
+    ) -> tuple[float, int]:
         """(wait, failures): a client that may try now has the try counted as a failure at once.
 
         Checking and counting under one lock bounds parallel attempts: twenty sign-ins sent at once
@@ -77,8 +79,9 @@ class LoginThrottle:
                 return wait, self._failures.get(client, (0, 0.0))[0]
             return 0.0, self._count(client, now)
 
-    def _wait(self, client: str, now: float, max_failures: int, lockout_seconds: float,
-              device: str | None) -> float:
+    def _wait(
+        self, client: str, now: float, max_failures: int, lockout_seconds: float, device: str | None
+    ) -> float:
         if device and device in self._known:
             return 0.0
         count, last = self._failures.get(client, (0, 0.0))
@@ -139,10 +142,20 @@ class LoginOutcome:
     message: str = ""
 
 
-def attempt_login(settings: Settings, given: str, *, client: str, device: str | None = None,
-                  throttle: LoginThrottle = THROTTLE) -> LoginOutcome:
-    wait, n = throttle.reserve(client, max_failures=settings.login_max_failures,
-                               lockout_seconds=settings.login_lockout_seconds, device=device)
+def attempt_login(
+    settings: Settings,
+    given: str,
+    *,
+    client: str,
+    device: str | None = None,
+    throttle: LoginThrottle = THROTTLE,
+) -> LoginOutcome:
+    wait, n = throttle.reserve(
+        client,
+        max_failures=settings.login_max_failures,
+        lockout_seconds=settings.login_lockout_seconds,
+        device=device,
+    )
     if wait > 0:
         return LoginOutcome(None, f"Too many failed sign-ins. Try again in {wait:.0f} s.")
     who = operator_for_password(settings, given)
@@ -150,8 +163,9 @@ def attempt_login(settings: Settings, given: str, *, client: str, device: str | 
         left = settings.login_max_failures - n
         if left > 0:
             return LoginOutcome(None, f"Wrong password ({left} more tries before a lockout).")
-        return LoginOutcome(None, f"Wrong password. Sign-in is locked for "
-                                  f"{settings.login_lockout_seconds:.0f} s.")
+        return LoginOutcome(
+            None, f"Wrong password. Sign-in is locked for {settings.login_lockout_seconds:.0f} s."
+        )
     throttle.succeeded(client, device)
     return LoginOutcome(who)
 

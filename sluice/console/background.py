@@ -33,7 +33,9 @@ class Background:
             if self.running:
                 return False
             self.label, self.started_at, self.error = label, time.time(), None
-            self._thread = threading.Thread(target=self._run, args=(fn,), name="sluice-reconcile", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(fn,), name="sluice-reconcile", daemon=True
+            )
             self._thread.start()
             return True
 

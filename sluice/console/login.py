@@ -105,7 +105,9 @@ def _oidc_operator() -> Operator | None:
         allowed = list(st.secrets.get("sluice", {}).get("operator_emails", []))
     except Exception:
         allowed = []
-    return Operator(str(email or st.user.get("name") or "oidc user"), auth.oidc_role(email, allowed))
+    return Operator(
+        str(email or st.user.get("name") or "oidc user"), auth.oidc_role(email, allowed)
+    )
 
 
 def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
@@ -162,7 +164,9 @@ def _install_upload_guard() -> None:
     except Exception:  # no server runtime (AppTest): nothing receives uploads
         return
     with _uploaders_lock:
-        if type(manager).__name__ != "MemoryUploadedFileManager" or getattr(manager, "_sluice_guarded", False):
+        if type(manager).__name__ != "MemoryUploadedFileManager" or getattr(
+            manager, "_sluice_guarded", False
+        ):
             return
         original = manager.add_file
 
@@ -172,7 +176,9 @@ def _install_upload_guard() -> None:
             if not allowed:
                 from starlette.exceptions import HTTPException
 
-                raise HTTPException(status_code=403, detail="sign in as an operator before uploading")
+                raise HTTPException(
+                    status_code=403, detail="sign in as an operator before uploading"
+                )
             original(session_id=session_id, file=file)
 
         manager.add_file = add_file
@@ -202,24 +208,35 @@ def _sign_in_page(settings: Settings, conn: gate.Connection) -> None:
                 st.rerun()
             st.error(outcome.message)
         else:
-            wait = auth.THROTTLE.wait_seconds(client, max_failures=settings.login_max_failures,
-                                              lockout_seconds=settings.login_lockout_seconds, device=browser)
+            wait = auth.THROTTLE.wait_seconds(
+                client,
+                max_failures=settings.login_max_failures,
+                lockout_seconds=settings.login_lockout_seconds,
+                device=browser,
+            )
             if wait > 0:
                 st.warning(f"Too many failed sign-ins. Try again in {wait:.0f} s.")
     elif not oidc_configured():
-        st.warning("This connection does not come straight from this machine (another address, or a proxy "
-                   "in between), so the console needs a sign-in, and none is set up. Set "
-                   "SLUICE_CONSOLE_PASSWORD, or SLUICE_CONSOLE_SIGN_IN=off behind a proxy that signs people in.")
+        st.warning(
+            "This connection does not come straight from this machine (another address, or a proxy "
+            "in between), so the console needs a sign-in, and none is set up. Set "
+            "SLUICE_CONSOLE_PASSWORD, or SLUICE_CONSOLE_SIGN_IN=off behind a proxy that signs people in."
+        )
     if oidc_configured():
         st.button("Sign in with single sign-on", on_click=st.login)
-    st.caption("The operator password is SLUICE_CONSOLE_PASSWORD; SLUICE_CONSOLE_READONLY_PASSWORD signs "
-               "in read-only.")
+    st.caption(
+        "The operator password is SLUICE_CONSOLE_PASSWORD; SLUICE_CONSOLE_READONLY_PASSWORD signs "
+        "in read-only."
+    )
 
 
 def sidebar_identity(who: Operator, settings: Settings) -> None:
     if who == LOCAL_OPERATOR:
-        st.sidebar.caption("Sign-in is off (SLUICE_CONSOLE_SIGN_IN=off)." if settings.console_sign_in == "off"
-                           else "Local console (straight from this machine, no sign-in).")
+        st.sidebar.caption(
+            "Sign-in is off (SLUICE_CONSOLE_SIGN_IN=off)."
+            if settings.console_sign_in == "off"
+            else "Local console (straight from this machine, no sign-in)."
+        )
         return
     role = "operator" if who.can_act else "read-only"
     st.sidebar.caption(f"Signed in as **{ui.plain(who.name)}** ({role}).")

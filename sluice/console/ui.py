@@ -27,16 +27,30 @@ JOBS_PAGE = "views/jobs_page.py"
 DOCUMENT_PAGE = "views/document_page.py"
 
 STATUS_ICON = {  # Material icons: they come with Streamlit's own font, so every browser draws them
-    "pending": ":material/schedule:", "running": ":material/progress_activity:", "retrying": ":material/replay:",
-    "succeeded": ":material/check_circle:", "failed": ":material/error:", "cancelled": ":material/block:",
-    "superseded": ":material/layers:", "deleted": ":material/delete:",
+    "pending": ":material/schedule:",
+    "running": ":material/progress_activity:",
+    "retrying": ":material/replay:",
+    "succeeded": ":material/check_circle:",
+    "failed": ":material/error:",
+    "cancelled": ":material/block:",
+    "superseded": ":material/layers:",
+    "deleted": ":material/delete:",
 }
 STATUS_COLOR = {
-    "pending": "gray", "running": "blue", "retrying": "orange", "succeeded": "green", "failed": "red",
-    "cancelled": "violet", "superseded": "gray", "deleted": "gray",
+    "pending": "gray",
+    "running": "blue",
+    "retrying": "orange",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "violet",
+    "superseded": "gray",
+    "deleted": "gray",
 }
 STATUS_CELL = {  # background of the status cell in tables
-    "running": "#e3f2fd", "retrying": "#fff3e0", "succeeded": "#e8f5e9", "failed": "#ffebee",
+    "running": "#e3f2fd",
+    "retrying": "#fff3e0",
+    "succeeded": "#e8f5e9",
+    "failed": "#ffebee",
     "cancelled": "#f3e5f5",
 }
 KIND_LABEL = {
@@ -68,7 +82,11 @@ def job_cells(r: dict) -> dict[str, str]:
     error = ""
     if r["error_message"]:
         kind = KIND_LABEL.get(r["error_kind"] or "", "")
-        error = f"{kind}: {r['error_message']}" if kind and r["status"] != "cancelled" else r["error_message"]
+        error = (
+            f"{kind}: {r['error_message']}"
+            if kind and r["status"] != "cancelled"
+            else r["error_message"]
+        )
     return {"status": status, "progress": progress, "attempts": attempts, "error": error}
 
 
@@ -114,7 +132,6 @@ def plain(value: object) -> str:
     so no link, image, emphasis, heading, HTML, URL autolink, emoji or Streamlit directive can form.
     """
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", " ".join(str(value).splitlines()))
-
 
 
 def highlighted(snippet: str) -> str:
@@ -188,7 +205,9 @@ def flash_outcome(outcome: ActionReport, verb: str) -> None:
         if len(done) == 1:
             flash("success", f"{verb}: 1 job(s). {done[0].message}")
         else:  # one line for many jobs: their ids, not the same sentence again and again
-            ids = ", ".join(str(r.job_id) for r in done[:30]) + (f" and {len(done) - 30} more" if len(done) > 30 else "")
+            ids = ", ".join(str(r.job_id) for r in done[:30]) + (
+                f" and {len(done) - 30} more" if len(done) > 30 else ""
+            )
             flash("success", f"{verb}: {len(done)} job(s): {ids}.")
     for text in outcome.warnings[:5]:
         flash("warning", text)
@@ -207,15 +226,28 @@ def show_flashes() -> None:
         getattr(st, level)(plain(text))  # messages carry names: shown as text
 
 
-def confirm_button(label: str, *, key: str, prompt: str | Callable[[], str], on_confirm: Callable[[], None],
-                   disabled: bool = False, help: str | None = None, danger: bool = True) -> None:
+def confirm_button(
+    label: str,
+    *,
+    key: str,
+    prompt: str | Callable[[], str],
+    on_confirm: Callable[[], None],
+    disabled: bool = False,
+    help: str | None = None,
+    danger: bool = True,
+) -> None:
     """A button that asks first: the first click shows the prompt with Confirm / Keep buttons.
 
     ``prompt`` may be a callable, for prompts that cost a query (only built once asked)."""
     flag = f"confirm:{key}"
     if not st.session_state.get(flag):
-        st.button(label, key=key, disabled=disabled, help=help,
-                  on_click=lambda: st.session_state.__setitem__(flag, True))
+        st.button(
+            label,
+            key=key,
+            disabled=disabled,
+            help=help,
+            on_click=lambda: st.session_state.__setitem__(flag, True),
+        )
         return
     box = st.container(border=True)
     (box.warning if danger else box.info)(prompt() if callable(prompt) else prompt)
@@ -225,13 +257,18 @@ def confirm_button(label: str, *, key: str, prompt: str | Callable[[], str], on_
         st.session_state.pop(flag, None)
         on_confirm()
 
-    left.button(f"Confirm: {label}", key=f"{key}:yes", type="primary", disabled=disabled, on_click=yes)
+    left.button(
+        f"Confirm: {label}", key=f"{key}:yes", type="primary", disabled=disabled, on_click=yes
+    )
     right.button("Keep as is", key=f"{key}:no", on_click=lambda: st.session_state.pop(flag, None))
 
 
 def read_only_note(who: Operator) -> None:
     if not who.can_act:
-        st.info("You are signed in read-only: you see everything, and actions are disabled.", icon=":material/lock:")
+        st.info(
+            "You are signed in read-only: you see everything, and actions are disabled.",
+            icon=":material/lock:",
+        )
 
 
 def scope_caption(sc: Scope) -> None:

@@ -56,8 +56,6 @@ def require_operator(who: Operator, action: str) -> None:
         raise ReadOnlyOperator(f"{who.name} is signed in read-only and cannot {action}")
 
 
-
-
 def cli_operator() -> Operator:
     """Whoever runs the ``sluice`` command on this machine: an operator, named after the OS user."""
     try:

@@ -63,11 +63,20 @@ def dispatch_outbox() -> str:
 
 
 def _refused(ids: Iterable[int], exc: ReadOnlyOperator) -> ActionReport:
-    return ActionReport([ActionResult(i, False, str(exc)) for i in ids] or [ActionResult(0, False, str(exc))])
+    return ActionReport(
+        [ActionResult(i, False, str(exc)) for i in ids] or [ActionResult(0, False, str(exc))]
+    )
 
 
-def _transition(fn: Callable[..., list[ActionResult]], who: Operator, verb: str, ids: Iterable[int], *,
-                queues_work: bool, **kw) -> ActionReport:
+def _transition(
+    fn: Callable[..., list[ActionResult]],
+    who: Operator,
+    verb: str,
+    ids: Iterable[int],
+    *,
+    queues_work: bool,
+    **kw,
+) -> ActionReport:
     ids = [int(i) for i in ids]
     try:
         require_operator(who, verb)
@@ -85,12 +94,16 @@ def _transition(fn: Callable[..., list[ActionResult]], who: Operator, verb: str,
 def retry_outlook(row: dict) -> str:
     """What a retry of this failed job will do, when that is not simply "run again": a permanent or
     user-action failure comes from the file, so the same bytes fail the same way."""
-    if row["status"] != "failed" or row["error_kind"] not in (ErrorKind.permanent.value,
-                                                               ErrorKind.user_action_required.value):
+    if row["status"] != "failed" or row["error_kind"] not in (
+        ErrorKind.permanent.value,
+        ErrorKind.user_action_required.value,
+    ):
         return ""
-    return (f"job {row['id']} ({row['filename']}) failed because {row['error_message']}; a retry runs the "
-            "same file again and fails the same way unless that cause has been fixed outside the file"
-            + (f". What helps: {row['fix_hint']}" if row["fix_hint"] else ""))
+    return (
+        f"job {row['id']} ({row['filename']}) failed because {row['error_message']}; a retry runs the "
+        "same file again and fails the same way unless that cause has been fixed outside the file"
+        + (f". What helps: {row['fix_hint']}" if row["fix_hint"] else "")
+    )
 
 
 def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry") -> ActionReport:
@@ -111,8 +124,14 @@ def retry_with_password(who: Operator, job_id: int, password: str) -> ActionRepo
     return ActionReport([result], dispatch_outbox() if result.ok else "")
 
 
-def retry_dead(who: Operator, *, kind: str | None = None, code: str | None = None,
-               dataset_id: int | None = None, reason: str = "manual retry") -> ActionReport:
+def retry_dead(
+    who: Operator,
+    *,
+    kind: str | None = None,
+    code: str | None = None,
+    dataset_id: int | None = None,
+    reason: str = "manual retry",
+) -> ActionReport:
     """Retry every dead letter of a kind (and reason), in one dataset or all."""
     return retry(who, dead_letter_ids(kind, code, dataset_id), reason=reason)
 
@@ -135,7 +154,9 @@ def run_next(who: Operator, ids: Iterable[int]) -> ActionReport:
 
 
 def set_priority(who: Operator, ids: Iterable[int], priority: int | None) -> ActionReport:
-    return _transition(jobs.set_priority, who, "move jobs in the queue", ids, queues_work=True, priority=priority)
+    return _transition(
+        jobs.set_priority, who, "move jobs in the queue", ids, queues_work=True, priority=priority
+    )
 
 
 def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -> tuple[bool, str]:
@@ -157,10 +178,17 @@ def upload(who: Operator, *, dataset: str, filename: str, stream: BinaryIO) -> I
     try:
         require_operator(who, "upload files")
     except ReadOnlyOperator as exc:
-        return IngestResult(filename, False, dataset=dataset, error_code="read_only", message=str(exc),
-                            fix_hint="Sign in with the operator password to upload.")
-    return ingest_stream(ctx(), dataset=dataset, filename=filename, stream=stream, actor=who.actor,
-                         publish=publish)
+        return IngestResult(
+            filename,
+            False,
+            dataset=dataset,
+            error_code="read_only",
+            message=str(exc),
+            fix_hint="Sign in with the operator password to upload.",
+        )
+    return ingest_stream(
+        ctx(), dataset=dataset, filename=filename, stream=stream, actor=who.actor, publish=publish
+    )
 
 
 def upload_path(who: Operator, path: Path, *, dataset: str) -> IngestResult:
@@ -175,8 +203,10 @@ def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
         return False, str(exc)
     name = name.strip()
     if not DATASET_NAME.match(name):
-        return False, ("A dataset name is 1 to 64 letters, digits, spaces, '.', '_' or '-', "
-                       "starting with a letter or digit.")
+        return False, (
+            "A dataset name is 1 to 64 letters, digits, spaces, '.', '_' or '-', "
+            "starting with a letter or digit."
+        )
     with Session(ctx().engine) as session:
         ensure_dataset(session=session, name=name)
     return True, f"dataset {name!r} is ready"
@@ -187,12 +217,16 @@ def dataset_settings(name: str) -> settings_changes.SettingsView:
     return settings_changes.current(ctx(), name)
 
 
-def preview_dataset_settings(name: str, assignments: dict[str, str | None]) -> settings_changes.SettingsChange:
+def preview_dataset_settings(
+    name: str, assignments: dict[str, str | None]
+) -> settings_changes.SettingsChange:
     """What a change of the dataset's parse settings would cost, before anything is written."""
     return settings_changes.propose(ctx(), name, assignments)
 
 
-def set_dataset_settings(who: Operator, name: str, assignments: dict[str, str | None]) -> settings_changes.SettingsChange:
+def set_dataset_settings(
+    who: Operator, name: str, assignments: dict[str, str | None]
+) -> settings_changes.SettingsChange:
     """Save the dataset's parse settings (KEY -> value; None unsets) and rebuild that dataset with them."""
     try:
         require_operator(who, "change dataset settings")
@@ -218,7 +252,9 @@ def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> Rec
         try:
             require_operator(who, "repair the index")
         except ReadOnlyOperator as exc:
-            report = ReconcileReport(repair=False, actor=who.actor, started_at=utcnow().isoformat(), scope=dataset)
+            report = ReconcileReport(
+                repair=False, actor=who.actor, started_at=utcnow().isoformat(), scope=dataset
+            )
             report.errors.append(str(exc))
             return report
     return audit.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)

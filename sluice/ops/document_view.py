@@ -29,8 +29,13 @@ class DocumentView:
     page_count: int | None
 
     def to_dict(self) -> dict:
-        return {**asdict(self.info), "media_type": self.media_type, "created_at": self.created_at,
-                "chunk_count": self.chunk_count, "page_count": self.page_count}
+        return {
+            **asdict(self.info),
+            "media_type": self.media_type,
+            "created_at": self.created_at,
+            "chunk_count": self.chunk_count,
+            "page_count": self.page_count,
+        }
 
 
 def view(ctx: Context, ref: str | int) -> DocumentView:
@@ -40,12 +45,18 @@ def view(ctx: Context, ref: str | int) -> DocumentView:
     with Session(ctx.engine) as session:
         doc = session.get(Document, document_id)
         active = session.get(Job, doc.active_job_id) if doc.active_job_id else None
-    return DocumentView(info, doc.media_type, doc.created_at.isoformat(timespec="seconds"),
-                        active.chunk_count or 0 if active else 0, active.page_count if active else None)
+    return DocumentView(
+        info,
+        doc.media_type,
+        doc.created_at.isoformat(timespec="seconds"),
+        active.chunk_count or 0 if active else 0,
+        active.page_count if active else None,
+    )
 
 
-def chunks(ctx: Context, document_id: int, *, offset: int = 0,
-           limit: int = CHUNKS_PER_PAGE) -> list[lexical.ChunkRow]:
+def chunks(
+    ctx: Context, document_id: int, *, offset: int = 0, limit: int = CHUNKS_PER_PAGE
+) -> list[lexical.ChunkRow]:
     """One page of the chunks search serves for the document, in order (none when nothing is served)."""
     with Session(ctx.engine) as session:
         doc = session.get(Document, document_id)
@@ -56,8 +67,9 @@ def chunks(ctx: Context, document_id: int, *, offset: int = 0,
     return lexical.job_chunks(ctx.engine, doc.active_job_id, offset=offset, limit=limit)
 
 
-def page_image(ctx: Context, document_id: int, page: int, *, locate: str | None = None,
-               zoom: float = 1.5) -> tuple[bytes, int] | None:
+def page_image(
+    ctx: Context, document_id: int, page: int, *, locate: str | None = None, zoom: float = 1.5
+) -> tuple[bytes, int] | None:
     """(PNG of a PDF page, rectangles where ``locate``'s first words were found on it), or None for a
     document that is not a PDF or whose file is gone."""
     import pymupdf
@@ -93,6 +105,8 @@ def original(ctx: Context, who: Operator, document_id: int) -> tuple[bytes, str,
     return ctx.blobs.path(doc.blob_key).read_bytes(), doc.filename, doc.media_type
 
 
-def job_chunks(ctx: Context, job_id: int, *, offset: int = 0, limit: int = 10_000) -> list[lexical.ChunkRow]:
+def job_chunks(
+    ctx: Context, job_id: int, *, offset: int = 0, limit: int = 10_000
+) -> list[lexical.ChunkRow]:
     """A job's chunks in order, as its index holds them (``sluice show --chunks``)."""
     return lexical.job_chunks(ctx.engine, job_id, offset=offset, limit=limit)

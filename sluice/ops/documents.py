@@ -63,9 +63,11 @@ def parse_reference(ref: str | int) -> tuple[str, int]:
     text = str(ref).strip()
     kind = "job"
     if text.lower().startswith(DOC_PREFIX):
-        kind, text = "document", text[len(DOC_PREFIX):]
+        kind, text = "document", text[len(DOC_PREFIX) :]
     if not text.isdigit():
-        raise UnknownReference(f"{ref!r} is neither a job id (e.g. 17) nor a document id (e.g. doc:42)")
+        raise UnknownReference(
+            f"{ref!r} is neither a job id (e.g. 17) nor a document id (e.g. doc:42)"
+        )
     return kind, int(text)
 
 
@@ -89,13 +91,27 @@ def document_info(ctx: Context, document_id: int) -> DocumentInfo:
         if doc is None:
             raise UnknownReference(f"no document {document_id}")
         ds = session.get(Dataset, doc.dataset_id)
-        rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)).all()
+        rows = session.exec(
+            select(Job).where(Job.document_id == document_id).order_by(Job.id)
+        ).all()
         shared = blob_users(session, doc)
     info = DocumentInfo(
-        document_id=doc.id, dataset=ds.name, filename=doc.filename, sha256=doc.sha256, size=doc.size,
-        deleted=doc.deleted_at is not None, active_job_id=doc.active_job_id,
-        jobs=[{"id": j.id, "status": j.status.value, "pipeline_version": j.pipeline_version,
-               "chunk_count": j.chunk_count} for j in rows],
+        document_id=doc.id,
+        dataset=ds.name,
+        filename=doc.filename,
+        sha256=doc.sha256,
+        size=doc.size,
+        deleted=doc.deleted_at is not None,
+        active_job_id=doc.active_job_id,
+        jobs=[
+            {
+                "id": j.id,
+                "status": j.status.value,
+                "pipeline_version": j.pipeline_version,
+                "chunk_count": j.chunk_count,
+            }
+            for j in rows
+        ],
         blob_shared_with=shared,
         running=[j.id for j in rows if j.status == JobStatus.running],
     )
@@ -103,7 +119,9 @@ def document_info(ctx: Context, document_id: int) -> DocumentInfo:
     return info
 
 
-def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "document deleted") -> DeleteResult:
+def delete_document(
+    ctx: Context, ref: str | int, *, actor: str, reason: str = "document deleted"
+) -> DeleteResult:
     """Delete the document a reference names. Safe to repeat: a second call removes what is left."""
     try:
         document_id = resolve(ctx, ref)
@@ -111,7 +129,9 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
     except UnknownReference as exc:
         return DeleteResult(False, str(exc))
     with Session(ctx.engine) as session:
-        results = jobs.mark_deleted(session=session, document_id=document_id, actor=actor, reason=reason)
+        results = jobs.mark_deleted(
+            session=session, document_id=document_id, actor=actor, reason=reason
+        )
         refused = [r for r in results if not r.ok]
         if refused:
             return DeleteResult(False, "; ".join(r.message for r in refused), before)
@@ -129,29 +149,52 @@ def delete_document(ctx: Context, ref: str | int, *, actor: str, reason: str = "
     noted = newly or (job_ids[-1:] if ids or blob_removed else [])
     with Session(ctx.engine) as session:
         for jid in noted:
-            jobs.add_event(session, session.get(Job, jid), "vectors_removed", actor=actor,
-                           message=f"document deleted: {len(ids)} chunk(s) removed from the index; blob "
-                                   + ("removed" if blob_removed else
-                                      f"kept ({shared} other document(s) share it)" if shared else "already gone"),
-                           data={"chunks": len(ids), "blob_removed": blob_removed, "blob_shared_with": shared})
+            jobs.add_event(
+                session,
+                session.get(Job, jid),
+                "vectors_removed",
+                actor=actor,
+                message=f"document deleted: {len(ids)} chunk(s) removed from the index; blob "
+                + (
+                    "removed"
+                    if blob_removed
+                    else f"kept ({shared} other document(s) share it)"
+                    if shared
+                    else "already gone"
+                ),
+                data={"chunks": len(ids), "blob_removed": blob_removed, "blob_shared_with": shared},
+            )
         session.commit()
-    message = (f"deleted document {document_id} ({before.filename}, dataset {before.dataset}): "
-               f"{len(ids)} chunk(s) removed, {len(newly)} job(s) marked deleted, "
-               f"blob {'removed' if blob_removed else 'kept' if shared else 'already gone'}"
-               + (f" ({shared} other document(s) use the same bytes)" if shared else ""))
+    message = (
+        f"deleted document {document_id} ({before.filename}, dataset {before.dataset}): "
+        f"{len(ids)} chunk(s) removed, {len(newly)} job(s) marked deleted, "
+        f"blob {'removed' if blob_removed else 'kept' if shared else 'already gone'}"
+        + (f" ({shared} other document(s) use the same bytes)" if shared else "")
+    )
     if before.running:
-        message += (f"; job(s) {', '.join(map(str, before.running))} were running and stop at their next "
-                    "batch (`sluice reconcile --repair` removes anything written after this)")
+        message += (
+            f"; job(s) {', '.join(map(str, before.running))} were running and stop at their next "
+            "batch (`sluice reconcile --repair` removes anything written after this)"
+        )
     log.info("%s by %s", message, actor)
-    return DeleteResult(True, message, before, vectors_removed=len(ids), blob_removed=blob_removed,
-                        jobs_deleted=newly)
+    return DeleteResult(
+        True,
+        message,
+        before,
+        vectors_removed=len(ids),
+        blob_removed=blob_removed,
+        jobs_deleted=newly,
+    )
 
 
 def blob_users(session: Session, doc: Document) -> int:
     """Other live documents, in any dataset, whose bytes are the same blob."""
     return session.exec(
-        select(func.count()).select_from(Document).where(
-            Document.blob_key == doc.blob_key, Document.id != doc.id, Document.deleted_at.is_(None))
+        select(func.count())
+        .select_from(Document)
+        .where(
+            Document.blob_key == doc.blob_key, Document.id != doc.id, Document.deleted_at.is_(None)
+        )
     ).one()
 
 

@@ -44,11 +44,15 @@ class DrainEstimate:
         if self.active == 0:
             return "nothing is waiting"
         if self.chunks_per_second is None:
-            return (f"{self.active:,} active; no job finished in the last hour, so there is no rate to "
-                    "estimate from yet")
-        return (f"{self.active:,} active, about {self.remaining_chunks:,.0f} chunks left at "
-                f"{self.chunks_per_second:,.1f} chunks/s while busy ({self.basis_jobs} job(s) measured over "
-                f"{self.busy_seconds:,.0f} s of busy time; {self.confidence} estimate)")
+            return (
+                f"{self.active:,} active; no job finished in the last hour, so there is no rate to "
+                "estimate from yet"
+            )
+        return (
+            f"{self.active:,} active, about {self.remaining_chunks:,.0f} chunks left at "
+            f"{self.chunks_per_second:,.1f} chunks/s while busy ({self.basis_jobs} job(s) measured over "
+            f"{self.busy_seconds:,.0f} s of busy time; {self.confidence} estimate)"
+        )
 
 
 def busy_seconds(intervals: list[tuple[datetime, datetime]]) -> float:
@@ -97,5 +101,10 @@ def estimate(*, finished: list[tuple], active: WorkLeft) -> DrainEstimate:
     per_byte = done_chunks / done_bytes if done_bytes else None
     per_job = done_chunks / len(finished) if finished else 0.0
     unknown = active.unknown_bytes * per_byte if per_byte else active.unknown_jobs * per_job
-    return DrainEstimate(active=active.jobs, remaining_chunks=active.chunks + unknown, chunks_per_second=rate,
-                         busy_seconds=busy, basis_jobs=len(finished))
+    return DrainEstimate(
+        active=active.jobs,
+        remaining_chunks=active.chunks + unknown,
+        chunks_per_second=rate,
+        busy_seconds=busy,
+        basis_jobs=len(finished),
+    )

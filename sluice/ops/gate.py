@@ -27,8 +27,15 @@ from urllib.parse import urlsplit
 
 from sluice.settings import Settings, is_loopback
 
-FORWARDING_HEADERS = ("x-forwarded-for", "forwarded", "x-real-ip", "x-forwarded-host", "x-forwarded-proto",
-                      "x-forwarded-server", "via")
+FORWARDING_HEADERS = (
+    "x-forwarded-for",
+    "forwarded",
+    "x-real-ip",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-server",
+    "via",
+)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 UVICORN_DEFAULT_TRUSTED = "127.0.0.1,::1"
 
@@ -49,8 +56,12 @@ class Connection:
         return any(self.header(h) for h in FORWARDING_HEADERS)
 
 
-def connection(remote_ip: str | None, headers: Iterable[tuple[str, str]] | Mapping[str, str] | None,
-               *, in_process: bool = False) -> Connection:
+def connection(
+    remote_ip: str | None,
+    headers: Iterable[tuple[str, str]] | Mapping[str, str] | None,
+    *,
+    in_process: bool = False,
+) -> Connection:
     """Build a Connection from what Streamlit reports, undoing uvicorn's X-Forwarded-For rewrite."""
     items = headers.items() if isinstance(headers, Mapping) else (headers or [])
     merged: dict[str, str] = {}
@@ -99,12 +110,16 @@ def host_refusal(settings: Settings, conn: Connection) -> str | None:
         return None
     host = _hostname(conn.header("host"))
     if host is None or host not in allowed:
-        return (f"this console does not answer at {conn.header('host')!r}. It is served at "
-                f"{', '.join(sorted(allowed))}; add a name it is reached by to SLUICE_CONSOLE_HOSTS.")
+        return (
+            f"this console does not answer at {conn.header('host')!r}. It is served at "
+            f"{', '.join(sorted(allowed))}; add a name it is reached by to SLUICE_CONSOLE_HOSTS."
+        )
     origin = conn.header("origin")
     if origin is not None and origin != "null":
         if _hostname(origin, origin=True) not in allowed:
-            return f"a page at {origin!r} may not drive this console (Origin is not one of its hosts)."
+            return (
+                f"a page at {origin!r} may not drive this console (Origin is not one of its hosts)."
+            )
     elif origin == "null":
         return "a page with an opaque origin may not drive this console."
     return None
@@ -114,8 +129,11 @@ def direct_loopback(conn: Connection) -> bool:
     """The request comes from this machine, straight, with no proxy in between."""
     if conn.in_process:
         return True
-    return (is_loopback(conn.peer) and not conn.forwarded
-            and is_loopback(_hostname(conn.header("host"))))
+    return (
+        is_loopback(conn.peer)
+        and not conn.forwarded
+        and is_loopback(_hostname(conn.header("host")))
+    )
 
 
 def sign_in_required(settings: Settings, conn: Connection) -> bool:
@@ -181,7 +199,7 @@ def _rightmost_untrusted(xff: str, trusted: list) -> str | None:
 
 def _strip_port(value: str) -> str:
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
+        return value[1 : value.find("]")] if "]" in value else value
     if value.count(":") == 1:
         return value.rsplit(":", 1)[0]
     return value

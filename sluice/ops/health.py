@@ -16,7 +16,16 @@ from sluice.pipeline.queueing import broker
 from sluice.settings import Settings, redact_url
 
 PROBE_TIMEOUT = 1.5
-VERSIONED = ("streamlit", "huey", "chromadb", "sentence-transformers", "torch", "sqlmodel", "redis", "pymupdf")
+VERSIONED = (
+    "streamlit",
+    "huey",
+    "chromadb",
+    "sentence-transformers",
+    "torch",
+    "sqlmodel",
+    "redis",
+    "pymupdf",
+)
 
 
 @dataclass
@@ -41,7 +50,9 @@ def queue_state() -> QueueState:
     now = time.time()
     for w in workers:
         w["seen_seconds_ago"] = round(now - float(w.get("seen", now)), 1)
-    return QueueState(True, queued=depth.get("queued", 0), scheduled=depth.get("scheduled", 0), workers=workers)
+    return QueueState(
+        True, queued=depth.get("queued", 0), scheduled=depth.get("scheduled", 0), workers=workers
+    )
 
 
 @dataclass
@@ -80,13 +91,17 @@ class Probe:
 
 
 def _redis_probe(name: str, url: str) -> Probe:
-    client = redis.Redis.from_url(url, socket_timeout=PROBE_TIMEOUT, socket_connect_timeout=PROBE_TIMEOUT)
+    client = redis.Redis.from_url(
+        url, socket_timeout=PROBE_TIMEOUT, socket_connect_timeout=PROBE_TIMEOUT
+    )
     try:
         client.ping()
         info = client.info("server")
         mem = client.info("memory")
-        detail = (f"server redis {info.get('redis_version', '?')}, maxmemory-policy "
-                  f"{mem.get('maxmemory_policy', '?')}, used {mem.get('used_memory_human', '?')}")
+        detail = (
+            f"server redis {info.get('redis_version', '?')}, maxmemory-policy "
+            f"{mem.get('maxmemory_policy', '?')}, used {mem.get('used_memory_human', '?')}"
+        )
         return Probe(name, redact_url(url), True, detail)
     except redis.RedisError as exc:
         return Probe(name, redact_url(url), False, f"{type(exc).__name__}: {exc}")
@@ -103,17 +118,24 @@ def _chroma_probe(settings: Settings) -> Probe:
         header = settings.chroma_auth_header
         headers[header] = f"Bearer {token}" if header.lower() == "authorization" else token
     try:
-        r = httpx.get(f"{settings.chroma_url}/api/v2/heartbeat", headers=headers, timeout=PROBE_TIMEOUT)
+        r = httpx.get(
+            f"{settings.chroma_url}/api/v2/heartbeat", headers=headers, timeout=PROBE_TIMEOUT
+        )
         r.raise_for_status()
         version = ""
         try:
-            version = httpx.get(f"{settings.chroma_url}/api/v2/version", headers=headers,
-                                timeout=PROBE_TIMEOUT).json()
+            version = httpx.get(
+                f"{settings.chroma_url}/api/v2/version", headers=headers, timeout=PROBE_TIMEOUT
+            ).json()
         except Exception:
             pass
-        return Probe("chroma", redact_url(settings.chroma_url), True, f"server chroma {version}".strip())
+        return Probe(
+            "chroma", redact_url(settings.chroma_url), True, f"server chroma {version}".strip()
+        )
     except Exception as exc:
-        return Probe("chroma", redact_url(settings.chroma_url), False, f"{type(exc).__name__}: {exc}")
+        return Probe(
+            "chroma", redact_url(settings.chroma_url), False, f"{type(exc).__name__}: {exc}"
+        )
 
 
 def probes(settings: Settings) -> list[Probe]:

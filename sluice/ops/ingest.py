@@ -29,8 +29,20 @@ from sluice.storage.models import JobStatus
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_SUFFIXES = {".pdf", ".txt", ".md", ".markdown", ".docx", ".pptx", ".html", ".htm", ".xhtml", ".epub",
-                      ".csv", ".tsv"}
+SUPPORTED_SUFFIXES = {
+    ".pdf",
+    ".txt",
+    ".md",
+    ".markdown",
+    ".docx",
+    ".pptx",
+    ".html",
+    ".htm",
+    ".xhtml",
+    ".epub",
+    ".csv",
+    ".tsv",
+}
 SNIFF_BYTES = 8192
 MAX_NAME = 200
 
@@ -58,47 +70,92 @@ def sanitize_filename(name: str) -> str:
     """A display name safe to show: no directories, control or bidi-override characters."""
     name = name.replace("\\", "/").split("/")[-1]
     cleaned = "".join(
-        ch if unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp") else " " for ch in name
+        ch if unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp") else " "
+        for ch in name
     )
     cleaned = " ".join(cleaned.split()).strip(" .")
     return cleaned[:MAX_NAME] or "unnamed"
 
 
-def ingest_stream(ctx: Context, *, dataset: str, filename: str, stream: BinaryIO, actor: str = "system",
-                  publish: Callable[[int], None] | None = None) -> IngestResult:
+def ingest_stream(
+    ctx: Context,
+    *,
+    dataset: str,
+    filename: str,
+    stream: BinaryIO,
+    actor: str = "system",
+    publish: Callable[[int], None] | None = None,
+) -> IngestResult:
     s = ctx.settings
     display = sanitize_filename(filename)
     head = stream.read(SNIFF_BYTES)
     try:
         media_type = sniff_type(head, display)
     except PipelineError as err:
-        return IngestResult(display, False, dataset=dataset, error_kind=err.kind.value, error_code=err.code,
-                            message=err.message, fix_hint=err.hint)
+        return IngestResult(
+            display,
+            False,
+            dataset=dataset,
+            error_kind=err.kind.value,
+            error_code=err.code,
+            message=err.message,
+            fix_hint=err.hint,
+        )
     try:
         key, size = ctx.blobs.put_stream(_Prepend(head, stream), max_bytes=s.max_upload_bytes)
     except BlobTooLarge:
         return IngestResult(
-            display, False, dataset=dataset, error_kind="user_action_required", error_code="too_large",
+            display,
+            False,
+            dataset=dataset,
+            error_kind="user_action_required",
+            error_code="too_large",
             message=f"the file is larger than the upload limit of {s.max_upload_bytes // (1024 * 1024)} MB",
             fix_hint="Split the file, or raise SLUICE_MAX_UPLOAD_BYTES.",
         )
-    if media_type == ZIP:  # which archive it is, or a bomb, shows in its directory: refused ones are not kept
+    if (
+        media_type == ZIP
+    ):  # which archive it is, or a bomb, shows in its directory: refused ones are not kept
         try:
-            media_type = archive_type(ctx.blobs.path(key), name=display, limits=ParseLimits.from_settings(s))
+            media_type = archive_type(
+                ctx.blobs.path(key), name=display, limits=ParseLimits.from_settings(s)
+            )
         except PipelineError as err:
             with Session(ctx.engine) as session:
                 kept = queries.blob_in_use(session=session, blob_key=key)
             if not kept:
                 ctx.blobs.delete(key)
-            return IngestResult(display, False, dataset=dataset, error_kind=err.kind.value, error_code=err.code,
-                                message=err.message, fix_hint=err.hint)
+            return IngestResult(
+                display,
+                False,
+                dataset=dataset,
+                error_kind=err.kind.value,
+                error_code=err.code,
+                message=err.message,
+                fix_hint=err.hint,
+            )
     with Session(ctx.engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name=dataset)
         document, job, created = jobs.create_upload(
-            session=session, dataset_id=ds.id, sha256=key, size=size, media_type=media_type, filename=display,
-            pipeline_version=ctx.version_for(ds), max_attempts=s.max_attempts, actor=actor)
-    result = IngestResult(display, True, job_id=job.id, document_id=document.id, dataset=dataset,
-                          duplicate=not created, status=job.status.value)
+            session=session,
+            dataset_id=ds.id,
+            sha256=key,
+            size=size,
+            media_type=media_type,
+            filename=display,
+            pipeline_version=ctx.version_for(ds),
+            max_attempts=s.max_attempts,
+            actor=actor,
+        )
+    result = IngestResult(
+        display,
+        True,
+        job_id=job.id,
+        document_id=document.id,
+        dataset=dataset,
+        duplicate=not created,
+        status=job.status.value,
+    )
     if not created:
         result.message = f"already uploaded as job {job.id} ({job.status.value}); not indexed again"
         if job.status == JobStatus.succeeded:
@@ -120,7 +177,9 @@ class FileList:
     skipped: list[tuple[Path, str]]  # (path, why)
 
 
-def collect_files(paths: list[str | Path], *, suffixes: set[str], follow_links: bool = False) -> FileList:
+def collect_files(
+    paths: list[str | Path], *, suffixes: set[str], follow_links: bool = False
+) -> FileList:
     """The files to ingest from files and folders (folders recursively, only ``suffixes``).
 
     A symbolic link in a folder is taken only when it points inside that folder: a link to a private
@@ -153,8 +212,14 @@ def _walk(top: Path, out: FileList, *, suffixes: set[str], follow_links: bool) -
             entry = Path(folder) / name
             if entry.is_symlink() and not follow_links:
                 inside = entry.resolve().is_relative_to(root)
-                out.skipped.append((entry, "a link to a folder inside (already walked)" if inside else
-                                    f"a link out of {top} (to follow it: --follow-links)"))
+                out.skipped.append(
+                    (
+                        entry,
+                        "a link to a folder inside (already walked)"
+                        if inside
+                        else f"a link out of {top} (to follow it: --follow-links)",
+                    )
+                )
         dirs.sort()
         for name in sorted(files):
             entry = Path(folder) / name
@@ -167,16 +232,37 @@ def _walk(top: Path, out: FileList, *, suffixes: set[str], follow_links: bool) -
                 out.files.append(entry)
 
 
-def ingest_path(ctx: Context, path: Path, *, dataset: str, actor: str = "cli",
-                publish: Callable[[int], None] | None = None) -> IngestResult:
+def ingest_path(
+    ctx: Context,
+    path: Path,
+    *,
+    dataset: str,
+    actor: str = "cli",
+    publish: Callable[[int], None] | None = None,
+) -> IngestResult:
     with open(path, "rb") as fh:
-        return ingest_stream(ctx, dataset=dataset, filename=path.name, stream=fh, actor=actor, publish=publish)
+        return ingest_stream(
+            ctx, dataset=dataset, filename=path.name, stream=fh, actor=actor, publish=publish
+        )
 
 
-def ingest_bytes(ctx: Context, data: bytes, *, dataset: str, filename: str, actor: str = "system",
-                 publish: Callable[[int], None] | None = None) -> IngestResult:
-    return ingest_stream(ctx, dataset=dataset, filename=filename, stream=io.BytesIO(data), actor=actor,
-                         publish=publish)
+def ingest_bytes(
+    ctx: Context,
+    data: bytes,
+    *,
+    dataset: str,
+    filename: str,
+    actor: str = "system",
+    publish: Callable[[int], None] | None = None,
+) -> IngestResult:
+    return ingest_stream(
+        ctx,
+        dataset=dataset,
+        filename=filename,
+        stream=io.BytesIO(data),
+        actor=actor,
+        publish=publish,
+    )
 
 
 class _Prepend(io.RawIOBase):
@@ -191,7 +277,8 @@ class _Prepend(io.RawIOBase):
 
     def read(self, n: int = -1) -> bytes:
         if self.head:
-            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            out, self.head = (
+                (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            )
             return out
         return self.stream.read(n)
-

@@ -57,7 +57,9 @@ class Buckets:
                 self.counts[i] += 1
 
     def samples(self) -> list[tuple[str, int]]:
-        return [(str(b), n) for b, n in zip(self.bounds, self.counts, strict=True)] + [("+Inf", self.count)]
+        return [(str(b), n) for b, n in zip(self.bounds, self.counts, strict=True)] + [
+            ("+Inf", self.count)
+        ]
 
 
 class EventTail:
@@ -68,7 +70,9 @@ class EventTail:
     # Other ends of an attempt: they count in neither figure, but the attempt is over.
     ENDS = ("cancelled", "superseded", "deleted", "waiting")
     BATCH = 10_000
-    MAX_BATCHES = 20  # per scrape: a long log is caught up over a few scrapes, never in one slow one
+    MAX_BATCHES = (
+        20  # per scrape: a long log is caught up over a few scrapes, never in one slow one
+    )
 
     def __init__(self) -> None:
         self.last_id = 0
@@ -104,7 +108,9 @@ class EventTail:
             self.failures[key] = self.failures.get(key, 0) + 1
 
 
-def histogram(name: str, doc: str, by_label: dict[tuple, Buckets], labels: list[str]) -> HistogramMetricFamily:
+def histogram(
+    name: str, doc: str, by_label: dict[tuple, Buckets], labels: list[str]
+) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=labels)
     for label_values, buckets in by_label.items():
         family.add_metric(list(label_values), buckets.samples(), sum_value=buckets.sum)
@@ -116,7 +122,9 @@ class SluiceCollector(Collector):
         self.tail = EventTail()
 
     def collect(self) -> Iterable[Metric]:
-        up = GaugeMetricFamily("sluice_up", "1 when the service answered this scrape", labels=["service"])
+        up = GaugeMetricFamily(
+            "sluice_up", "1 when the service answered this scrape", labels=["service"]
+        )
         try:
             c = metric_counts()
             self.tail.advance()
@@ -127,34 +135,56 @@ class SluiceCollector(Collector):
             return
         up.add_metric(["database"], 1)
 
-        jobs = GaugeMetricFamily("sluice_jobs", "Jobs by dataset and status", labels=["dataset", "status"])
+        jobs = GaugeMetricFamily(
+            "sluice_jobs", "Jobs by dataset and status", labels=["dataset", "status"]
+        )
         for (dataset, status), n in sorted(c.jobs.items()):
             jobs.add_metric([dataset, status], n)
         yield jobs
 
-        yield GaugeMetricFamily("sluice_oldest_pending_job_age_seconds",
-                                "Seconds the oldest pending job has waited (0 when none waits)",
-                                value=c.oldest_pending_seconds)
+        yield GaugeMetricFamily(
+            "sluice_oldest_pending_job_age_seconds",
+            "Seconds the oldest pending job has waited (0 when none waits)",
+            value=c.oldest_pending_seconds,
+        )
         t = self.tail
-        yield histogram("sluice_job_duration_seconds", "Duration of the attempt that succeeded, claim to success",
-                        {(): t.job_seconds}, [])
-        yield histogram("sluice_stage_duration_seconds", "Time spent in each stage by attempts that succeeded",
-                        {(stage,): v for stage, v in sorted(t.stage_seconds.items())}, ["stage"])
-        yield CounterMetricFamily("sluice_chunks_embedded", "Chunks the model encoded", value=c.embedded)
-        yield CounterMetricFamily("sluice_chunks_from_cache", "Chunks served by the embedding cache",
-                                  value=c.cached)
+        yield histogram(
+            "sluice_job_duration_seconds",
+            "Duration of the attempt that succeeded, claim to success",
+            {(): t.job_seconds},
+            [],
+        )
+        yield histogram(
+            "sluice_stage_duration_seconds",
+            "Time spent in each stage by attempts that succeeded",
+            {(stage,): v for stage, v in sorted(t.stage_seconds.items())},
+            ["stage"],
+        )
+        yield CounterMetricFamily(
+            "sluice_chunks_embedded", "Chunks the model encoded", value=c.embedded
+        )
+        yield CounterMetricFamily(
+            "sluice_chunks_from_cache", "Chunks served by the embedding cache", value=c.cached
+        )
         total = c.embedded + c.cached
-        yield GaugeMetricFamily("sluice_embedding_cache_hit_ratio",
-                                "Share of chunks the embedding cache served (0 before any)",
-                                value=c.cached / total if total else 0.0)
-        failures = CounterMetricFamily("sluice_job_failures", "Failed attempts by error kind and code",
-                                       labels=["kind", "code"])
+        yield GaugeMetricFamily(
+            "sluice_embedding_cache_hit_ratio",
+            "Share of chunks the embedding cache served (0 before any)",
+            value=c.cached / total if total else 0.0,
+        )
+        failures = CounterMetricFamily(
+            "sluice_job_failures", "Failed attempts by error kind and code", labels=["kind", "code"]
+        )
         for (kind, code), n in sorted(t.failures.items()):
             failures.add_metric([kind, code], n)
         yield failures
 
-        messages = GaugeMetricFamily("sluice_queue_messages", "Messages in the queue Redis", labels=["state"])
-        workers = GaugeMetricFamily("sluice_workers_alive", "Consumer processes seen in the last seconds")
+        messages = GaugeMetricFamily(
+            "sluice_queue_messages", "Messages in the queue Redis", labels=["state"]
+        )
+        workers = GaugeMetricFamily(
+            "sluice_workers_alive", "Consumer processes seen in the last seconds"
+        )
         threads = GaugeMetricFamily("sluice_worker_threads", "Worker threads of the live consumers")
         try:
             depth, alive = broker.queue_depth(), broker.workers_alive()

@@ -38,11 +38,17 @@ def pause(who: Operator, *, dataset_id: int | None = None, reason: str = "") -> 
     except ReadOnlyOperator as exc:
         return PauseResult(False, str(exc))
     with Session(ctx().engine) as session:
-        row, made = pauses.pause(session=session, dataset_id=dataset_id, actor=who.actor, reason=reason)
-        text = pauses.describe(row, None if dataset_id is None else _what(dataset_id).removeprefix("dataset "))
+        row, made = pauses.pause(
+            session=session, dataset_id=dataset_id, actor=who.actor, reason=reason
+        )
+        text = pauses.describe(
+            row, None if dataset_id is None else _what(dataset_id).removeprefix("dataset ")
+        )
     if not made:
         return PauseResult(True, f"{_what(dataset_id)} was already {text}")
-    return PauseResult(True, f"{_what(dataset_id)} is {text}; running jobs finish, uploads are still accepted")
+    return PauseResult(
+        True, f"{_what(dataset_id)} is {text}; running jobs finish, uploads are still accepted"
+    )
 
 
 def resume(who: Operator, *, dataset_id: int | None = None) -> PauseResult:

@@ -52,8 +52,10 @@ class Preview:
 
     def describe(self) -> str:
         about = "about " if self.estimated else ""
-        text = (f"{self.jobs} job(s), {about}{self.chunks:,} chunk(s): {about}{self.in_index:,} already in the "
-                f"index, {about}{self.cached:,} in the embedding cache, {about}{self.to_embed:,} to embed")
+        text = (
+            f"{self.jobs} job(s), {about}{self.chunks:,} chunk(s): {about}{self.in_index:,} already in the "
+            f"index, {about}{self.cached:,} in the embedding cache, {about}{self.to_embed:,} to embed"
+        )
         if self.unreadable:
             text += f"; {self.unreadable} sampled document(s) cannot be read and will fail again"
         if self.estimated:
@@ -69,12 +71,20 @@ def document_texts(ctx: Context, document: Document, settings: Settings | None =
         with Session(ctx.engine) as session:
             settings = ctx.settings_for(session.get(Dataset, document.dataset_id))
     s = settings
-    parsed = open_document(ctx.blobs.path(document.blob_key), media_type=document.media_type,
-                           max_pages=s.max_pages, limits=ParseLimits.from_settings(s), name=document.filename,
-                           ocr=OcrOptions.from_settings(s))
+    parsed = open_document(
+        ctx.blobs.path(document.blob_key),
+        media_type=document.media_type,
+        max_pages=s.max_pages,
+        limits=ParseLimits.from_settings(s),
+        name=document.filename,
+        ocr=OcrOptions.from_settings(s),
+    )
     try:
-        return [piece for _, text in parsed.pages()
-                for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)]
+        return [
+            piece
+            for _, text in parsed.pages()
+            for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)
+        ]
     finally:
         parsed.close()
 
@@ -87,8 +97,15 @@ class _Count:
     readable: bool = True
 
 
-def count_work(ctx: Context, *, document: Document, collection: str, pipeline_version: str,
-               job_id: int | None = None, settings: Settings | None = None) -> _Count:
+def count_work(
+    ctx: Context,
+    *,
+    document: Document,
+    collection: str,
+    pipeline_version: str,
+    job_id: int | None = None,
+    settings: Settings | None = None,
+) -> _Count:
     """What running a job of ``pipeline_version`` for ``document`` would do now (chunked with
     ``settings``, by default its dataset's)."""
     try:
@@ -99,12 +116,15 @@ def count_work(ctx: Context, *, document: Document, collection: str, pipeline_ve
     held: set[str] = set()
     if job_id is not None:
         held = set(ctx.vectors.ids_where(collection, {"job_id": job_id}))
-    todo = [t for i, t in enumerate(texts) if chunk_id(document.sha256, pipeline_version, i) not in held]
+    todo = [
+        t for i, t in enumerate(texts) if chunk_id(document.sha256, pipeline_version, i) not in held
+    ]
     return _Count(len(texts), len(texts) - len(todo), ctx.cache.contains_many(todo))
 
 
-def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: int,
-               scale: float | None = None) -> Preview:
+def accumulate(
+    counts: Iterable[_Count], *, total_jobs: int, total_documents: int, scale: float | None = None
+) -> Preview:
     """Sum the sampled counts and extrapolate them to all jobs: by ``scale`` when the caller knows
     a better factor (say, old chunk counts of all documents over those of the sample), else by the
     number of jobs."""
@@ -119,15 +139,23 @@ def accumulate(counts: Iterable[_Count], *, total_jobs: int, total_documents: in
         p.cached += c.cached
     if p.sampled and total_jobs > p.sampled:
         factor = scale if scale is not None else total_jobs / p.sampled
-        p.chunks, p.in_index, p.cached = (round(x * factor) for x in (p.chunks, p.in_index, p.cached))
+        p.chunks, p.in_index, p.cached = (
+            round(x * factor) for x in (p.chunks, p.in_index, p.cached)
+        )
         p.estimated = True
     p.to_embed = max(0, p.chunks - p.in_index - p.cached)
     return p
 
 
-def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE,
-                 budget_seconds: float = BUDGET_SECONDS, total_jobs: int | None = None,
-                 total_documents: int | None = None) -> Preview:
+def preview_jobs(
+    ctx: Context,
+    job_ids: Iterable[int],
+    *,
+    sample: int = SAMPLE,
+    budget_seconds: float = BUDGET_SECONDS,
+    total_jobs: int | None = None,
+    total_documents: int | None = None,
+) -> Preview:
     """What retrying (or reindexing) these jobs would cost, counted as the runner will do it. Only
     the first ``sample`` jobs are read; ``total_jobs`` and ``total_documents``, when the caller
     counted them (say, in SQL), stand for all of them, else the ids given do."""
@@ -143,13 +171,19 @@ def preview_jobs(ctx: Context, job_ids: Iterable[int], *, sample: int = SAMPLE,
             if job.dataset_id not in collections:
                 collections[job.dataset_id] = session.get(Dataset, job.dataset_id).collection
             found.append((job, doc, collections[job.dataset_id]))
+
     def counts():
         deadline = time.monotonic() + budget_seconds
         for i, (job, doc, coll) in enumerate(found[:sample]):
             if i and time.monotonic() > deadline:
                 return  # the rest is extrapolated from what was parsed
-            yield count_work(ctx, document=doc, collection=coll, pipeline_version=job.pipeline_version,
-                             job_id=job.id if job.lease else None)
+            yield count_work(
+                ctx,
+                document=doc,
+                collection=coll,
+                pipeline_version=job.pipeline_version,
+                job_id=job.id if job.lease else None,
+            )
 
     if total_jobs is None or total_documents is None:
         if len(ids) <= sample:  # all of them were read: count what exists

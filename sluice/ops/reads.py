@@ -109,13 +109,22 @@ def overview(dataset_id: int | None) -> Overview:
             counts=queries.status_counts(session=session, dataset_id=dataset_id),
             oldest_pending=queries.oldest_waiting(session=session, dataset_id=dataset_id),
             failures=queries.failures_by_kind(session=session, dataset_id=dataset_id),
-            throughput=queries.throughput(session=session, minutes=60, dataset_id=dataset_id, now=now),
-            throughput_day=queries.throughput(session=session, minutes=24 * 60, dataset_id=dataset_id, now=now,
-                                              bucket_minutes=60),
+            throughput=queries.throughput(
+                session=session, minutes=60, dataset_id=dataset_id, now=now
+            ),
+            throughput_day=queries.throughput(
+                session=session, minutes=24 * 60, dataset_id=dataset_id, now=now, bucket_minutes=60
+            ),
             drain=drain.estimate(
-                finished=queries.recent_attempts(session=session, since=now - timedelta(minutes=RATE_WINDOW_MINUTES),
-                                                 dataset_id=dataset_id),
-                active=drain.WorkLeft(*queries.remaining_work(session=session, dataset_id=dataset_id))),
+                finished=queries.recent_attempts(
+                    session=session,
+                    since=now - timedelta(minutes=RATE_WINDOW_MINUTES),
+                    dataset_id=dataset_id,
+                ),
+                active=drain.WorkLeft(
+                    *queries.remaining_work(session=session, dataset_id=dataset_id)
+                ),
+            ),
         )
 
 
@@ -143,12 +152,20 @@ def workers(presence: list[dict], dataset_id: int | None = None) -> list[WorkerV
     out = []
     for w in presence:
         started = w.get("started")
-        out.append(WorkerView(
-            id=str(w.get("id", "")), host=str(w.get("host", "")), pid=w.get("pid"), threads=w.get("threads"),
-            started=datetime.fromtimestamp(float(started), UTC) if started else None,
-            seen_seconds_ago=float(w.get("seen_seconds_ago", 0.0)),
-            running=[f"job {j.id}: {queries.job_row(j)['progress']}" for j in running.get(str(w.get("id")), [])],
-        ))
+        out.append(
+            WorkerView(
+                id=str(w.get("id", "")),
+                host=str(w.get("host", "")),
+                pid=w.get("pid"),
+                threads=w.get("threads"),
+                started=datetime.fromtimestamp(float(started), UTC) if started else None,
+                seen_seconds_ago=float(w.get("seen_seconds_ago", 0.0)),
+                running=[
+                    f"job {j.id}: {queries.job_row(j)['progress']}"
+                    for j in running.get(str(w.get("id")), [])
+                ],
+            )
+        )
     return out
 
 
@@ -171,13 +188,16 @@ class JobsPage:
         return any(r["status"] in ACTIVE for r in self.rows)
 
 
-def jobs_page(f: queries.JobFilter, *, sort: str, descending: bool, page: int, page_size: int) -> JobsPage:
+def jobs_page(
+    f: queries.JobFilter, *, sort: str, descending: bool, page: int, page_size: int
+) -> JobsPage:
     with _session() as session:
         total = queries.count_jobs(session=session, f=f)
         pages = max(1, -(-total // page_size))
         page = min(max(1, page), pages)
-        jobs = queries.list_jobs(session=session, f=f, sort=sort, descending=descending, page=page,
-                                 page_size=page_size)
+        jobs = queries.list_jobs(
+            session=session, f=f, sort=sort, descending=descending, page=page, page_size=page_size
+        )
         names = queries.dataset_names(session=session)
         rows = [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in jobs]
     return JobsPage(rows, total, page, page_size)
@@ -188,7 +208,11 @@ def job_rows(ids: list[int]) -> list[dict]:
     with _session() as session:
         names = queries.dataset_names(session=session)
         found = [get_job(session=session, job_id=i) for i in ids]
-        return [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")} for j in found if j is not None]
+        return [
+            {**queries.job_row(j), "dataset": names.get(j.dataset_id, "")}
+            for j in found
+            if j is not None
+        ]
 
 
 @dataclass
@@ -244,7 +268,9 @@ def phases_of(events: list[dict]) -> list[Phase]:
             close(at, kind.replace("_", " "), e["stage"] or "")
         if kind in START_OF_WAIT:
             close(at)
-            phases.append(Phase("backoff wait" if kind == "attempt_failed" else "waiting in queue", at, None))
+            phases.append(
+                Phase("backoff wait" if kind == "attempt_failed" else "waiting in queue", at, None)
+            )
     return phases
 
 
@@ -255,25 +281,50 @@ def job_detail(job_id: int) -> JobDetail | None:
             return None
         names = queries.dataset_names(session=session)
         events = [
-            {"at": e.at, "kind": e.kind, "from": e.from_status, "to": e.to_status, "stage": e.stage,
-             "attempt": e.attempt, "actor": e.actor, "message": e.message, "data": e.data}
+            {
+                "at": e.at,
+                "kind": e.kind,
+                "from": e.from_status,
+                "to": e.to_status,
+                "stage": e.stage,
+                "attempt": e.attempt,
+                "actor": e.actor,
+                "message": e.message,
+                "data": e.data,
+            }
             for e in queries.job_events(session=session, job_id=job_id)
         ]
-        unsent = [{"since": o.created_at, "attempts": o.publish_attempts, "last_error": o.last_error}
-                  for o in queries.unsent_messages(session=session, job_id=job_id)]
-        ahead = queries.waiting_ahead(session=session, job=job) if job.status == JobStatus.pending else 0
-        return JobDetail(row=queries.job_row(job), dataset=names.get(job.dataset_id, ""),
-                         error_detail=job.error_detail, events=events, phases=phases_of(events),
-                         unsent=unsent, waiting_ahead=ahead,
-                         published_at=queries.last_published(session=session, job_id=job_id),
-                         paused=_paused(session, job))
+        unsent = [
+            {"since": o.created_at, "attempts": o.publish_attempts, "last_error": o.last_error}
+            for o in queries.unsent_messages(session=session, job_id=job_id)
+        ]
+        ahead = (
+            queries.waiting_ahead(session=session, job=job)
+            if job.status == JobStatus.pending
+            else 0
+        )
+        return JobDetail(
+            row=queries.job_row(job),
+            dataset=names.get(job.dataset_id, ""),
+            error_detail=job.error_detail,
+            events=events,
+            phases=phases_of(events),
+            unsent=unsent,
+            waiting_ahead=ahead,
+            published_at=queries.last_published(session=session, job_id=job_id),
+            paused=_paused(session, job),
+        )
 
 
 def _paused(session: Session, job) -> str:
     if job.status not in (JobStatus.pending, JobStatus.retrying):
         return ""
     held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
-    return pauses.describe(held, queries.dataset_names(session=session).get(job.dataset_id)) if held else ""
+    return (
+        pauses.describe(held, queries.dataset_names(session=session).get(job.dataset_id))
+        if held
+        else ""
+    )
 
 
 # --- dead letters ----------------------------------------------------------------------------------------
@@ -284,20 +335,32 @@ def dead_letter_groups(dataset_id: int | None) -> list[dict]:
         return queries.dead_letter_groups(session=session, dataset_id=dataset_id)
 
 
-def dead_letters_in_group(kind: str, code: str, dataset_id: int | None, limit: int = 200) -> list[dict]:
+def dead_letters_in_group(
+    kind: str, code: str, dataset_id: int | None, limit: int = 200
+) -> list[dict]:
     with _session() as session:
         names = queries.dataset_names(session=session)
-        return [{**queries.job_row(j), "dataset": names.get(j.dataset_id, "")}
-                for j in queries.dead_letters_in_group(session=session, kind=kind, code=code,
-                                                       dataset_id=dataset_id, limit=limit)]
+        return [
+            {**queries.job_row(j), "dataset": names.get(j.dataset_id, "")}
+            for j in queries.dead_letters_in_group(
+                session=session, kind=kind, code=code, dataset_id=dataset_id, limit=limit
+            )
+        ]
 
 
 def dead_letter_ids(kind: str | None, code: str | None, dataset_id: int | None) -> list[int]:
     with _session() as session:
         if kind == "unknown" or code == "unknown":
-            return [j.id for j in queries.dead_letters_in_group(
-                session=session, kind=kind or "unknown", code=code or "unknown", dataset_id=dataset_id,
-                limit=100_000)]
+            return [
+                j.id
+                for j in queries.dead_letters_in_group(
+                    session=session,
+                    kind=kind or "unknown",
+                    code=code or "unknown",
+                    dataset_id=dataset_id,
+                    limit=100_000,
+                )
+            ]
         return queries.dead_letter_ids(session=session, kind=kind, code=code, dataset_id=dataset_id)
 
 
@@ -314,17 +377,37 @@ def retry_cost(job_ids: list[int]) -> Preview:
 # --- search ----------------------------------------------------------------------------------------------
 
 
-def search(query: str, dataset: str | None, k: int, *, mode: str = "hybrid", filename: str | None = None,
-           pages: str | None = None, media_type: str | None = None) -> list:
+def search(
+    query: str,
+    dataset: str | None,
+    k: int,
+    *,
+    mode: str = "hybrid",
+    filename: str | None = None,
+    pages: str | None = None,
+    media_type: str | None = None,
+) -> list:
     """The best chunks of one dataset (``None``: of every dataset, merged by score), from each
     document's active job only (sluice.ops.search)."""
     names = [dataset] if dataset else [d.name for d in datasets()]
     # Every dataset's dense search asks with the same vector: encoded once, here.
     several = len(names) > 1 and mode in ("hybrid", "dense") and not parse_query(query).empty
     vector = query_vector(ctx(), query) if several else None
-    hits = [h for name in names
-            for h in run_search(ctx(), query=query, dataset=name, k=k, mode=mode, filename=filename, pages=pages,
-                                media_type=media_type, vector=vector)]
+    hits = [
+        h
+        for name in names
+        for h in run_search(
+            ctx(),
+            query=query,
+            dataset=name,
+            k=k,
+            mode=mode,
+            filename=filename,
+            pages=pages,
+            media_type=media_type,
+            vector=vector,
+        )
+    ]
     return sorted(hits, key=lambda h: -h.score)[:k] if not dataset else hits
 
 
@@ -362,17 +445,30 @@ def metric_counts() -> MetricCounts:
     with _session() as session:
         oldest = queries.oldest_waiting(session=session)
         embedded, cached = queries.embedding_totals(session=session)
-        return MetricCounts(jobs=queries.jobs_by_dataset_and_status(session=session),
-                            oldest_pending_seconds=(utcnow() - oldest).total_seconds() if oldest else 0.0,
-                            embedded=embedded, cached=cached)
+        return MetricCounts(
+            jobs=queries.jobs_by_dataset_and_status(session=session),
+            oldest_pending_seconds=(utcnow() - oldest).total_seconds() if oldest else 0.0,
+            embedded=embedded,
+            cached=cached,
+        )
 
 
 def events_after(after_id: int, kinds: tuple[str, ...], limit: int = 10_000) -> list[dict]:
     """Audit events newer than ``after_id`` (for exporters that follow the log)."""
     with _session() as session:
-        return [{"id": e.id, "kind": e.kind, "at": e.at, "job_id": e.job_id, "data": e.data or {},
-                 "message": e.message}
-                for e in queries.events_after(session=session, after_id=after_id, kinds=kinds, limit=limit)]
+        return [
+            {
+                "id": e.id,
+                "kind": e.kind,
+                "at": e.at,
+                "job_id": e.job_id,
+                "data": e.data or {},
+                "message": e.message,
+            }
+            for e in queries.events_after(
+                session=session, after_id=after_id, kinds=kinds, limit=limit
+            )
+        ]
 
 
 # --- bulk actions ----------------------------------------------------------------------------------------------
@@ -402,10 +498,14 @@ class BulkPreview:
 
 
 def _past(action: str) -> str:
-    return {"retry": "retried", "cancel": "cancelled", "reindex": "reindexed", "delete": "deleted"}[action]
+    return {"retry": "retried", "cancel": "cancelled", "reindex": "reindexed", "delete": "deleted"}[
+        action
+    ]
 
 
-def bulk_preview(action: str, f: queries.JobFilter, *, with_cost: bool = True, ids: bool = True) -> BulkPreview:
+def bulk_preview(
+    action: str, f: queries.JobFilter, *, with_cost: bool = True, ids: bool = True
+) -> BulkPreview:
     """What a bulk action over everything ``f`` matches would change, and cost, before it does. Counted
     by the database; the job ids are read only with ``ids`` (to act on them), and for the cost only
     those of the sample it parses (a page that refreshes every few seconds never reads 100,000 ids)."""
@@ -414,16 +514,26 @@ def bulk_preview(action: str, f: queries.JobFilter, *, with_cost: bool = True, i
         matching = queries.count_jobs(session=session, f=f)
         applicable, documents = queries.count_applicable(session=session, f=f, statuses=statuses)
         wanted = with_cost and applicable and action in ("retry", "reindex")
-        job_ids = (queries.matching_job_ids(session=session, f=f, statuses=statuses) if ids
-                   else queries.matching_job_ids(session=session, f=f, statuses=statuses, limit=SAMPLE)
-                   if wanted else [])
+        job_ids = (
+            queries.matching_job_ids(session=session, f=f, statuses=statuses)
+            if ids
+            else queries.matching_job_ids(session=session, f=f, statuses=statuses, limit=SAMPLE)
+            if wanted
+            else []
+        )
     preview = BulkPreview(action, matching, applicable, documents, job_ids)
     if wanted:
-        preview.cost = "Cost: " + preview_jobs(ctx(), job_ids, total_jobs=applicable,
-                                               total_documents=documents).describe()
+        preview.cost = (
+            "Cost: "
+            + preview_jobs(
+                ctx(), job_ids, total_jobs=applicable, total_documents=documents
+            ).describe()
+        )
     elif action == "delete" and applicable:
-        preview.cost = (f"Removes {documents:,} document(s) with their chunks and files; their jobs stay as "
-                        "history, marked deleted")
+        preview.cost = (
+            f"Removes {documents:,} document(s) with their chunks and files; their jobs stay as "
+            "history, marked deleted"
+        )
     return preview
 
 
@@ -443,13 +553,35 @@ def webhook_log(endpoint: str | None = None, limit: int = 50) -> dict:
         summary = {row["endpoint"]: row for row in webhook_records.summary(session=session)}
         rows = webhook_records.recent(session=session, endpoint=endpoint, limit=limit)
     for url in ctx().settings.webhook_urls:
-        summary.setdefault(url, {"endpoint": url, "delivered": 0, "waiting": 0, "gave_up": 0,
-                                 "last_delivered_at": None})
-    endpoints = [{**row, "endpoint": redact_url(url), "configured": url in ctx().settings.webhook_urls}
-                 for url, row in sorted(summary.items())]
-    deliveries = [{"id": r.id, "endpoint": redact_url(r.endpoint), "event": r.event, "job_id": r.job_id,
-                   "event_id": r.event_id, "state": webhook_records.delivery_state(r), "attempts": r.attempts,
-                   "created_at": webhook_records.iso(r.created_at), "next_attempt_at": webhook_records.iso(r.next_attempt_at),
-                   "delivered_at": webhook_records.iso(r.delivered_at), "last_status": r.last_status, "last_error": r.last_error}
-                  for r in rows]
+        summary.setdefault(
+            url,
+            {
+                "endpoint": url,
+                "delivered": 0,
+                "waiting": 0,
+                "gave_up": 0,
+                "last_delivered_at": None,
+            },
+        )
+    endpoints = [
+        {**row, "endpoint": redact_url(url), "configured": url in ctx().settings.webhook_urls}
+        for url, row in sorted(summary.items())
+    ]
+    deliveries = [
+        {
+            "id": r.id,
+            "endpoint": redact_url(r.endpoint),
+            "event": r.event,
+            "job_id": r.job_id,
+            "event_id": r.event_id,
+            "state": webhook_records.delivery_state(r),
+            "attempts": r.attempts,
+            "created_at": webhook_records.iso(r.created_at),
+            "next_attempt_at": webhook_records.iso(r.next_attempt_at),
+            "delivered_at": webhook_records.iso(r.delivered_at),
+            "last_status": r.last_status,
+            "last_error": r.last_error,
+        }
+        for r in rows
+    ]
     return {"endpoints": endpoints, "deliveries": deliveries}

@@ -60,21 +60,31 @@ class ReindexPlan:
     candidates: list[Candidate] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"pipeline_version": self.pipeline_version, "documents": self.documents, "underway": self.underway,
-                "old_chunks": self.old_chunks, "preview": self.preview.to_dict(),
-                "candidates": [c.to_dict() for c in self.candidates]}
+        return {
+            "pipeline_version": self.pipeline_version,
+            "documents": self.documents,
+            "underway": self.underway,
+            "old_chunks": self.old_chunks,
+            "preview": self.preview.to_dict(),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
 
     def describe(self) -> str:
-        target = (f"pipeline {self.pipeline_version}" if self.pipeline_version != EACH
-                  else "its dataset's pipeline version")
+        target = (
+            f"pipeline {self.pipeline_version}"
+            if self.pipeline_version != EACH
+            else "its dataset's pipeline version"
+        )
         if not self.documents:
             text = f"every document is on {target}: nothing to reindex"
         else:
             p = self.preview
             about = "about " if p.estimated else ""
-            text = (f"{self.documents} document(s) to rebuild with {target} "
-                    f"({self.old_chunks:,} chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} "
-                    f"in the embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed")
+            text = (
+                f"{self.documents} document(s) to rebuild with {target} "
+                f"({self.old_chunks:,} chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} "
+                f"in the embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed"
+            )
             if p.unreadable:
                 text += f"; {p.unreadable} sampled document(s) cannot be read"
             if p.estimated:
@@ -96,12 +106,19 @@ class ReindexResult:
         return sum(r.ok for r in self.results)
 
     def to_dict(self) -> dict:
-        return {"pipeline_version": self.pipeline_version, "queued": self.queued, "underway": self.underway,
-                "refused": [asdict(r) for r in self.results if not r.ok], "queue_error": self.queue_error,
-                "jobs": [r.job_id for r in self.results if r.ok]}
+        return {
+            "pipeline_version": self.pipeline_version,
+            "queued": self.queued,
+            "underway": self.underway,
+            "refused": [asdict(r) for r in self.results if not r.ok],
+            "queue_error": self.queue_error,
+            "jobs": [r.job_id for r in self.results if r.ok],
+        }
 
 
-def candidates(ctx: Context, *, dataset: str | None = None, proposed: Dataset | None = None) -> list[Candidate]:
+def candidates(
+    ctx: Context, *, dataset: str | None = None, proposed: Dataset | None = None
+) -> list[Candidate]:
     """Live documents whose active, succeeded job is of another pipeline version than their
     dataset's (the process's settings with the dataset's own parse settings). ``proposed``: one
     dataset with parse settings not saved yet (the preview of a change)."""
@@ -112,26 +129,49 @@ def candidates(ctx: Context, *, dataset: str | None = None, proposed: Dataset | 
             stmt = stmt.where(Dataset.name == dataset)
         for ds in [proposed] if proposed is not None else session.exec(stmt).all():
             target = ctx.version_for(ds)
-            rows = session.exec(select(Document, Job)
-                                .join(Job, Job.id == Document.active_job_id)
-                                .where(Document.dataset_id == ds.id, Document.deleted_at.is_(None),
-                                       Job.status == JobStatus.succeeded, Job.pipeline_version != target)
-                                .order_by(Document.id)).all()
-            keys = {jobs.idempotency_key(dataset_id=ds.id, sha256=doc.sha256, pipeline_version=target): doc.id
-                    for doc, _ in rows}
+            rows = session.exec(
+                select(Document, Job)
+                .join(Job, Job.id == Document.active_job_id)
+                .where(
+                    Document.dataset_id == ds.id,
+                    Document.deleted_at.is_(None),
+                    Job.status == JobStatus.succeeded,
+                    Job.pipeline_version != target,
+                )
+                .order_by(Document.id)
+            ).all()
+            keys = {
+                jobs.idempotency_key(
+                    dataset_id=ds.id, sha256=doc.sha256, pipeline_version=target
+                ): doc.id
+                for doc, _ in rows
+            }
             existing = {}
             key_list = list(keys)
             for start in range(0, len(key_list), 500):
-                part = key_list[start:start + 500]
-                for jid, key, status in session.exec(select(Job.id, Job.idempotency_key, Job.status)
-                                                     .where(Job.idempotency_key.in_(part))).all():
+                part = key_list[start : start + 500]
+                for jid, key, status in session.exec(
+                    select(Job.id, Job.idempotency_key, Job.status).where(
+                        Job.idempotency_key.in_(part)
+                    )
+                ).all():
                     existing[keys[key]] = (jid, JobStatus(status))
             for doc, job in rows:
                 target_id, status = existing.get(doc.id, (None, None))
-                out.append(Candidate(document_id=doc.id, dataset=ds.name, filename=doc.filename, active_job_id=job.id,
-                                     from_version=job.pipeline_version, chunk_count=job.chunk_count or 0,
-                                     target_job_id=target_id, target_status=status.value if status else None,
-                                     action=jobs.ACTION_FOR_STATUS[status], to_version=target))
+                out.append(
+                    Candidate(
+                        document_id=doc.id,
+                        dataset=ds.name,
+                        filename=doc.filename,
+                        active_job_id=job.id,
+                        from_version=job.pipeline_version,
+                        chunk_count=job.chunk_count or 0,
+                        target_job_id=target_id,
+                        target_status=status.value if status else None,
+                        action=jobs.ACTION_FOR_STATUS[status],
+                        to_version=target,
+                    )
+                )
     return out
 
 
@@ -146,8 +186,13 @@ def target_version(ctx: Context, dataset: str | None, found: list[Candidate]) ->
     return versions.pop() if len(versions) == 1 else ctx.pipeline_version if not versions else EACH
 
 
-def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE,
-         proposed: Dataset | None = None) -> ReindexPlan:
+def plan(
+    ctx: Context,
+    *,
+    dataset: str | None = None,
+    sample: int = SAMPLE,
+    proposed: Dataset | None = None,
+) -> ReindexPlan:
     """The preview of ``reindex --all``: documents, about how many chunks, how many from the cache.
     ``proposed``: the same for one dataset under parse settings not saved yet."""
     found = candidates(ctx, dataset=dataset, proposed=proposed)
@@ -156,37 +201,76 @@ def plan(ctx: Context, *, dataset: str | None = None, sample: int = SAMPLE,
     with Session(ctx.engine) as session:
         collections = {d.name: d.collection for d in session.exec(select(Dataset)).all()}
         sampled = [(c, session.get(Document, c.document_id)) for c in todo[:sample]]
-        leases = {c.target_job_id: session.get(Job, c.target_job_id).lease
-                  for c, _ in sampled if c.target_job_id}
-    counts = (count_work(ctx, document=doc, collection=collections[c.dataset], pipeline_version=c.to_version,
-                         job_id=c.target_job_id if leases.get(c.target_job_id) else None, settings=settings)
-              for c, doc in sampled)
+        leases = {
+            c.target_job_id: session.get(Job, c.target_job_id).lease
+            for c, _ in sampled
+            if c.target_job_id
+        }
+    counts = (
+        count_work(
+            ctx,
+            document=doc,
+            collection=collections[c.dataset],
+            pipeline_version=c.to_version,
+            job_id=c.target_job_id if leases.get(c.target_job_id) else None,
+            settings=settings,
+        )
+        for c, doc in sampled
+    )
     # Documents differ in size: extrapolate by the chunks they have today, not by their number.
     old_sampled = sum(c.chunk_count for c, _ in sampled)
     old_total = sum(c.chunk_count for c in todo)
-    preview = accumulate(counts, total_jobs=len(todo), total_documents=len(todo),
-                         scale=old_total / old_sampled if old_sampled else None)
-    version = ctx.version_for(proposed) if proposed is not None else target_version(ctx, dataset, found)
-    return ReindexPlan(pipeline_version=version, documents=len(todo),
-                       underway=len(found) - len(todo), old_chunks=old_total,
-                       preview=preview, candidates=found)
+    preview = accumulate(
+        counts,
+        total_jobs=len(todo),
+        total_documents=len(todo),
+        scale=old_total / old_sampled if old_sampled else None,
+    )
+    version = (
+        ctx.version_for(proposed) if proposed is not None else target_version(ctx, dataset, found)
+    )
+    return ReindexPlan(
+        pipeline_version=version,
+        documents=len(todo),
+        underway=len(found) - len(todo),
+        old_chunks=old_total,
+        preview=preview,
+        candidates=found,
+    )
 
 
-def reindex_all(ctx: Context, *, actor: str, dataset: str | None = None,
-                publish: Callable[[int], None] | None = None) -> ReindexResult:
+def reindex_all(
+    ctx: Context,
+    *,
+    actor: str,
+    dataset: str | None = None,
+    publish: Callable[[int], None] | None = None,
+) -> ReindexResult:
     """Queue a job of the current pipeline version for every document still on another version."""
     found = candidates(ctx, dataset=dataset)
-    result = ReindexResult(target_version(ctx, dataset, found), underway=sum(c.action == "underway" for c in found))
+    result = ReindexResult(
+        target_version(ctx, dataset, found), underway=sum(c.action == "underway" for c in found)
+    )
     todo = [c for c in found if c.action != "underway"]
     for start in range(0, len(todo), BATCH):
         with Session(ctx.engine) as session:
-            for c in todo[start:start + BATCH]:
+            for c in todo[start : start + BATCH]:
                 document = session.get(Document, c.document_id)
-                done, _ = jobs.ensure_version_job(session=session, document=document, pipeline_version=c.to_version,
-                                                  max_attempts=ctx.settings.max_attempts, actor=actor,
-                                                  reason=f"reindex --all to pipeline {c.to_version}")
+                done, _ = jobs.ensure_version_job(
+                    session=session,
+                    document=document,
+                    pipeline_version=c.to_version,
+                    max_attempts=ctx.settings.max_attempts,
+                    actor=actor,
+                    reason=f"reindex --all to pipeline {c.to_version}",
+                )
                 result.results.append(done)
     if publish is not None and result.queued:
         result.queue_error = dispatch_now(ctx.engine, via=publish)[0].error
-    log.info("reindex --all to %s: %d queued, %d under way", result.pipeline_version, result.queued, result.underway)
+    log.info(
+        "reindex --all to %s: %d queued, %d under way",
+        result.pipeline_version,
+        result.queued,
+        result.underway,
+    )
     return result

@@ -25,9 +25,15 @@ log = logging.getLogger(__name__)
 
 MODES = ("hybrid", "dense", "lexical")
 RRF_K = 60  # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
-STRICT_WEIGHT = 2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
-LEXICAL_DEPTH = 50  # candidates the lexical ranker gives the fusion, at least (cheap: one indexed query)
-DENSE_DEPTH = 20  # candidates the dense ranker gives it, at least (Chroma returns texts and metadata)
+STRICT_WEIGHT = (
+    2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
+)
+LEXICAL_DEPTH = (
+    50  # candidates the lexical ranker gives the fusion, at least (cheap: one indexed query)
+)
+DENSE_DEPTH = (
+    20  # candidates the dense ranker gives it, at least (Chroma returns texts and metadata)
+)
 
 
 class UnknownDataset(LookupError):
@@ -50,7 +56,9 @@ class SearchHit:
     pipeline_version: str
     matched: list[str] = field(default_factory=list)  # which rankers found it: dense, lexical
     snippet: str = ""  # the text around the first match, matched words in **bold**
-    where: str = ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
+    where: str = (
+        ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
+    )
     ocr: bool = False  # the text was read by OCR from a page image
     similarity: float | None = None  # the model's cosine similarity, when the dense ranker found it
 
@@ -86,15 +94,29 @@ def parse_pages(value: str | None) -> tuple[int | None, int | None]:
     return a, b
 
 
-def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "hybrid",
-           filename: str | None = None, pages: str | None = None, media_type: str | None = None,
-           vector=None) -> list[SearchHit]:
+def search(
+    ctx: Context,
+    *,
+    query: str,
+    dataset: str,
+    k: int = 5,
+    mode: str = "hybrid",
+    filename: str | None = None,
+    pages: str | None = None,
+    media_type: str | None = None,
+    vector=None,
+) -> list[SearchHit]:
     """The best ``k`` chunks of ``dataset`` for ``query``; ``vector``: the query already encoded
     (``query_vector``), else it is encoded here when the mode needs it."""
     if mode not in MODES:
         raise BadQuery(f"mode {mode!r}: one of {', '.join(MODES)}")
     page_from, page_to = parse_pages(pages)
-    filters = Filters(filename=filename or None, media_type=media_type or None, page_from=page_from, page_to=page_to)
+    filters = Filters(
+        filename=filename or None,
+        media_type=media_type or None,
+        page_from=page_from,
+        page_to=page_to,
+    )
     parsed = lexical.parse_query(query)
     if parsed.empty or k <= 0:
         return []
@@ -103,8 +125,13 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "h
         lexical_hits: list[lexical.LexicalHit] = []
         dense_hits: list[SearchHit] = []
         if mode in ("hybrid", "lexical"):
-            lexical_hits = lexical.search(ctx.engine, dataset_id=ds.id, query=parsed, n=max(LEXICAL_DEPTH, k * 4),
-                                          filters=filters)
+            lexical_hits = lexical.search(
+                ctx.engine,
+                dataset_id=ds.id,
+                query=parsed,
+                n=max(LEXICAL_DEPTH, k * 4),
+                filters=filters,
+            )
         if mode in ("hybrid", "dense"):
             depth = max(DENSE_DEPTH, k * 2) if mode == "hybrid" else k
             if vector is None:
@@ -115,7 +142,9 @@ def search(ctx: Context, *, query: str, dataset: str, k: int = 5, mode: str = "h
         # Each ranker read the active jobs at its own moment: a document whose new version became
         # active in between would be answered in both versions. One read decides for both; after a
         # switch the new version is complete in both stores, so one more round finds it there.
-        active = _active_jobs(ctx, {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits})
+        active = _active_jobs(
+            ctx, {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits}
+        )
         if all(active.get(h.document_id) == h.job_id for h in [*lexical_hits, *dense_hits]):
             break
         if again:
@@ -151,9 +180,17 @@ def _fill_positions(ctx: Context, ds: Dataset, hits: list[SearchHit]) -> None:
 
 
 def _from_lexical(h: lexical.LexicalHit, ctx: Context, score: float | None = None) -> SearchHit:
-    return SearchHit(filename=h.filename, page=h.page, score=round(h.score if score is None else score, 4),
-                     text=h.text, job_id=h.job_id, document_id=h.document_id, chunk_id=h.chunk_id,
-                     pipeline_version=_version(h.chunk_id), matched=["lexical"])
+    return SearchHit(
+        filename=h.filename,
+        page=h.page,
+        score=round(h.score if score is None else score, 4),
+        text=h.text,
+        job_id=h.job_id,
+        document_id=h.document_id,
+        chunk_id=h.chunk_id,
+        pipeline_version=_version(h.chunk_id),
+        matched=["lexical"],
+    )
 
 
 def _version(cid: str) -> str:
@@ -161,7 +198,9 @@ def _version(cid: str) -> str:
     return parts[1] if len(parts) == 3 else ""
 
 
-def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool) -> list[SearchHit]:
+def _fuse(
+    ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool
+) -> list[SearchHit]:
     """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare token
     is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it count."""
     scores: dict[str, float] = {}
@@ -175,7 +214,12 @@ def _fuse(ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *
         scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
         if h.chunk_id in hits:
             both = hits[h.chunk_id]
-            both.matched, both.similarity, both.where, both.ocr = ["dense", "lexical"], h.similarity, h.where, h.ocr
+            both.matched, both.similarity, both.where, both.ocr = (
+                ["dense", "lexical"],
+                h.similarity,
+                h.where,
+                h.ocr,
+            )
         else:
             hits[h.chunk_id] = h
     order = sorted(scores, key=lambda cid: (-scores[cid], cid))
@@ -192,8 +236,13 @@ def _active_jobs(ctx: Context, document_ids: set[int]) -> dict[int, int | None]:
     if not document_ids:
         return {}
     with Session(ctx.engine) as session:
-        return dict(session.exec(select(Document.id, Document.active_job_id)
-                                 .where(Document.id.in_(document_ids), Document.deleted_at.is_(None))).all())
+        return dict(
+            session.exec(
+                select(Document.id, Document.active_job_id).where(
+                    Document.id.in_(document_ids), Document.deleted_at.is_(None)
+                )
+            ).all()
+        )
 
 
 def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | None:
@@ -237,7 +286,9 @@ def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[
         clauses.append({"page": {"$lte": filters.page_to}})
     where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
     total = ctx.vectors.count(ds.collection)
-    n = min(total, max(20, k * 2))  # room for chunks of inactive jobs; asks for more when they crowd
+    n = min(
+        total, max(20, k * 2)
+    )  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
         answered = ctx.vectors.query(ds.collection, vector, n=n, where=where)
@@ -248,7 +299,9 @@ def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[
         # its new chunks were complete before the switch, so one more query finds them. Chunks
         # deleted while the query ran (a superseded version) left holes: the same one more query.
         switched = vanished > 0 or any(
-            active.get(int(h.metadata.get("document_id", -1))) not in (None, _job_of(h)) for h in hits)
+            active.get(int(h.metadata.get("document_id", -1))) not in (None, _job_of(h))
+            for h in hits
+        )
         if switched and not requeried:
             requeried = True
             continue
@@ -256,11 +309,19 @@ def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[
             break
         n = min(total, n * 4)
     return [
-        SearchHit(filename=str(h.metadata.get("filename", "")), page=int(h.metadata.get("page", 0)),
-                  score=round(h.score, 4), text=h.text, job_id=_job_of(h),
-                  document_id=int(h.metadata.get("document_id", 0)), chunk_id=h.id,
-                  pipeline_version=str(h.metadata.get("pipeline_version", "")), matched=["dense"],
-                  where=str(h.metadata.get("where", "")), ocr=bool(h.metadata.get("ocr", False)),
-                  similarity=round(h.score, 4))
+        SearchHit(
+            filename=str(h.metadata.get("filename", "")),
+            page=int(h.metadata.get("page", 0)),
+            score=round(h.score, 4),
+            text=h.text,
+            job_id=_job_of(h),
+            document_id=int(h.metadata.get("document_id", 0)),
+            chunk_id=h.id,
+            pipeline_version=str(h.metadata.get("pipeline_version", "")),
+            matched=["dense"],
+            where=str(h.metadata.get("where", "")),
+            ocr=bool(h.metadata.get("ocr", False)),
+            similarity=round(h.score, 4),
+        )
         for h in kept[:k]
     ]

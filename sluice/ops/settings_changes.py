@@ -37,7 +37,12 @@ class SettingRow:
     description: str
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "value": self.value, "source": self.source, "description": self.description}
+        return {
+            "key": self.key,
+            "value": self.value,
+            "source": self.source,
+            "description": self.description,
+        }
 
 
 @dataclass
@@ -47,17 +52,23 @@ class SettingsView:
     pipeline_version: str
     changed_at: datetime | None
     changed_by: str | None
-    to_rebuild: int  # documents whose searchable chunks are of another version (a reindex under way or due)
+    to_rebuild: (
+        int  # documents whose searchable chunks are of another version (a reindex under way or due)
+    )
 
     @property
     def overrides(self) -> dict:
         return {r.key: r.value for r in self.rows if r.source == "dataset"}
 
     def to_dict(self) -> dict:
-        return {"dataset": self.dataset, "settings": [r.to_dict() for r in self.rows],
-                "pipeline_version": self.pipeline_version,
-                "changed_at": self.changed_at.isoformat() if self.changed_at else None,
-                "changed_by": self.changed_by, "documents_to_rebuild": self.to_rebuild}
+        return {
+            "dataset": self.dataset,
+            "settings": [r.to_dict() for r in self.rows],
+            "pipeline_version": self.pipeline_version,
+            "changed_at": self.changed_at.isoformat() if self.changed_at else None,
+            "changed_by": self.changed_by,
+            "documents_to_rebuild": self.to_rebuild,
+        }
 
 
 @dataclass
@@ -75,10 +86,19 @@ class SettingsChange:
     reindex: reindexing.ReindexResult | None = None
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "message": self.message, "dataset": self.dataset, "before": self.before,
-                "after": self.after, "from_version": self.from_version, "to_version": self.to_version,
-                "plan": self.plan.to_dict() if self.plan else None, "applied": self.applied,
-                "restamped": self.restamped, "reindex": self.reindex.to_dict() if self.reindex else None}
+        return {
+            "ok": self.ok,
+            "message": self.message,
+            "dataset": self.dataset,
+            "before": self.before,
+            "after": self.after,
+            "from_version": self.from_version,
+            "to_version": self.to_version,
+            "plan": self.plan.to_dict() if self.plan else None,
+            "applied": self.applied,
+            "restamped": self.restamped,
+            "reindex": self.reindex.to_dict() if self.reindex else None,
+        }
 
 
 def current(ctx: Context, name: str) -> SettingsView:
@@ -86,13 +106,24 @@ def current(ctx: Context, name: str) -> SettingsView:
         ds = dataset_named(session, name)
     eff = ctx.settings_for(ds)
     own = dataset_settings.overrides_of(ds.parse_settings)
-    rows = [SettingRow(k, getattr(eff, k), "dataset" if k in own else "default", dataset_settings.DESCRIPTIONS[k])
-            for k in dataset_settings.KEYS]
+    rows = [
+        SettingRow(
+            k,
+            getattr(eff, k),
+            "dataset" if k in own else "default",
+            dataset_settings.DESCRIPTIONS[k],
+        )
+        for k in dataset_settings.KEYS
+    ]
     behind = sum(c.action != "underway" for c in reindexing.candidates(ctx, dataset=name))
-    return SettingsView(name, rows, ctx.version_for(ds), ds.settings_changed_at, ds.settings_changed_by, behind)
+    return SettingsView(
+        name, rows, ctx.version_for(ds), ds.settings_changed_at, ds.settings_changed_by, behind
+    )
 
 
-def propose(ctx: Context, name: str, assignments: dict[str, str | None], *, preview: bool = True) -> SettingsChange:
+def propose(
+    ctx: Context, name: str, assignments: dict[str, str | None], *, preview: bool = True
+) -> SettingsChange:
     """What the change would be and cost (documents, chunks, cache), without writing anything."""
     try:
         with Session(ctx.engine) as session:
@@ -101,26 +132,45 @@ def propose(ctx: Context, name: str, assignments: dict[str, str | None], *, prev
     except (UnknownDataset, SettingsError) as exc:
         return SettingsChange(False, str(exc), dataset=name)
     language = after.get("ocr_language")
-    if language and language != dataset_settings.overrides_of(ds.parse_settings).get("ocr_language"):
+    if language and language != dataset_settings.overrides_of(ds.parse_settings).get(
+        "ocr_language"
+    ):
         missing = ocr.available(language)
         if missing:
             return SettingsChange(False, f"ocr_language {language}: {missing}", dataset=name)
     proposed = Dataset.model_validate(ds.model_dump())
     proposed.parse_settings = after or None
-    change = SettingsChange(True, "", dataset=name, before=dataset_settings.overrides_of(ds.parse_settings),
-                            after=after, from_version=ctx.version_for(ds), to_version=ctx.version_for(proposed))
+    change = SettingsChange(
+        True,
+        "",
+        dataset=name,
+        before=dataset_settings.overrides_of(ds.parse_settings),
+        after=after,
+        from_version=ctx.version_for(ds),
+        to_version=ctx.version_for(proposed),
+    )
     if change.from_version == change.to_version:
-        change.message = (f"dataset {name!r} keeps pipeline {change.to_version}: these settings cut and read "
-                          "its documents as before, nothing to reindex")
+        change.message = (
+            f"dataset {name!r} keeps pipeline {change.to_version}: these settings cut and read "
+            "its documents as before, nothing to reindex"
+        )
         return change
     if preview:
         change.plan = reindexing.plan(ctx, dataset=name, proposed=proposed)
-        change.message = f"dataset {name!r} moves to pipeline {change.to_version}: {change.plan.describe()}"
+        change.message = (
+            f"dataset {name!r} moves to pipeline {change.to_version}: {change.plan.describe()}"
+        )
     return change
 
 
-def apply(ctx: Context, name: str, assignments: dict[str, str | None], *, actor: str,
-          publish: Callable[[int], None] | None = None) -> SettingsChange:
+def apply(
+    ctx: Context,
+    name: str,
+    assignments: dict[str, str | None],
+    *,
+    actor: str,
+    publish: Callable[[int], None] | None = None,
+) -> SettingsChange:
     """Save the dataset's new parse settings and rebuild its documents with them (that dataset only)."""
     change = propose(ctx, name, assignments, preview=False)
     if not change.ok:
@@ -134,20 +184,40 @@ def apply(ctx: Context, name: str, assignments: dict[str, str | None], *, actor:
         session.commit()
         change.applied = True
         if change.from_version != change.to_version:
-            change.restamped = jobs.restamp(session=session, dataset_id=ds.id, from_version=change.from_version,
-                                            to_version=change.to_version, actor=actor)
-    log.info("dataset %s: parse settings %s -> %s by %s (pipeline %s -> %s)", name, change.before, change.after,
-             actor, change.from_version, change.to_version)
+            change.restamped = jobs.restamp(
+                session=session,
+                dataset_id=ds.id,
+                from_version=change.from_version,
+                to_version=change.to_version,
+                actor=actor,
+            )
+    log.info(
+        "dataset %s: parse settings %s -> %s by %s (pipeline %s -> %s)",
+        name,
+        change.before,
+        change.after,
+        actor,
+        change.from_version,
+        change.to_version,
+    )
     if change.from_version == change.to_version:
-        change.message = f"dataset {name!r}: settings saved; its documents stay on pipeline {change.to_version}"
+        change.message = (
+            f"dataset {name!r}: settings saved; its documents stay on pipeline {change.to_version}"
+        )
         return change
     change.reindex = reindexing.reindex_all(ctx, actor=actor, dataset=name, publish=publish)
     r = change.reindex
-    change.message = (f"dataset {name!r} now builds pipeline {change.to_version}: {r.queued} document(s) queued "
-                      f"for a rebuild" + (f", {r.underway} already under way" if r.underway else "")
-                      + (f", {len(change.restamped)} waiting job(s) switched to the new settings"
-                         if change.restamped else "")
-                      + "; search keeps serving each document's current chunks until its new job succeeds")
+    change.message = (
+        f"dataset {name!r} now builds pipeline {change.to_version}: {r.queued} document(s) queued "
+        f"for a rebuild"
+        + (f", {r.underway} already under way" if r.underway else "")
+        + (
+            f", {len(change.restamped)} waiting job(s) switched to the new settings"
+            if change.restamped
+            else ""
+        )
+        + "; search keeps serving each document's current chunks until its new job succeeds"
+    )
     if r.queue_error:
         change.message += f"; {queue_note(r.queue_error)}"
     return change

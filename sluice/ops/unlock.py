@@ -40,9 +40,18 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
         document = session.get(Document, job.document_id) if job is not None else None
     if job is None or document is None:
         return ActionResult(job_id, False, f"job {job_id} does not exist")
-    if job.status != JobStatus.failed or job.error_code not in LOCKED_CODES or document.media_type != PDF:
-        return ActionResult(job_id, False, f"job {job_id} is not waiting for a password (it is {job.status.value}"
-                                           + (f", {job.error_code}" if job.error_code else "") + ")")
+    if (
+        job.status != JobStatus.failed
+        or job.error_code not in LOCKED_CODES
+        or document.media_type != PDF
+    ):
+        return ActionResult(
+            job_id,
+            False,
+            f"job {job_id} is not waiting for a password (it is {job.status.value}"
+            + (f", {job.error_code}" if job.error_code else "")
+            + ")",
+        )
     if not password:
         return ActionResult(job_id, False, "no password given")
     source = ctx.blobs.path(document.blob_key)
@@ -51,32 +60,57 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
     os.close(fd)
     try:
         try:
-            decrypt_pdf(source, password, Path(tmp), limits=ParseLimits.from_settings(ctx.settings),
-                        name=document.filename)
+            decrypt_pdf(
+                source,
+                password,
+                Path(tmp),
+                limits=ParseLimits.from_settings(ctx.settings),
+                name=document.filename,
+            )
         except PipelineError as exc:
             with Session(ctx.engine) as session:
-                jobs.action_rejected(session=session, job_id=job_id, actor=actor, code=exc.code,
-                                     message=exc.message, hint=exc.hint)
+                jobs.action_rejected(
+                    session=session,
+                    job_id=job_id,
+                    actor=actor,
+                    code=exc.code,
+                    message=exc.message,
+                    hint=exc.hint,
+                )
             return ActionResult(job_id, False, f"job {job_id}: {exc.message}")
         with open(tmp, "rb") as fh:
-            key, _ = ctx.blobs.put_stream(fh, max_bytes=max(ctx.settings.max_upload_bytes * 4, 1 << 20))
+            key, _ = ctx.blobs.put_stream(
+                fh, max_bytes=max(ctx.settings.max_upload_bytes * 4, 1 << 20)
+            )
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     old = document.blob_key
     with Session(ctx.engine) as session:
-        switched = session.execute(
-            update(Document).where(Document.id == document.id, Document.blob_key == old).values(blob_key=key)
-        ).rowcount == 1
+        switched = (
+            session.execute(
+                update(Document)
+                .where(Document.id == document.id, Document.blob_key == old)
+                .values(blob_key=key)
+            ).rowcount
+            == 1
+        )
         session.commit()
         locked_users = blob_users(session, document) if switched else 0
     if switched and locked_users == 0:
         ctx.blobs.delete(old)  # the locked bytes: no other document reads them
     with Session(ctx.engine) as session:
-        jobs.add_event(session, session.get(Job, job_id), "unlocked", actor=actor,
-                       message="password given; the document's blob is now the decrypted PDF "
-                               "(the document keeps the uploaded file's sha256)")
+        jobs.add_event(
+            session,
+            session.get(Job, job_id),
+            "unlocked",
+            actor=actor,
+            message="password given; the document's blob is now the decrypted PDF "
+            "(the document keeps the uploaded file's sha256)",
+        )
         session.commit()
-        result = jobs.retry(session=session, job_ids=[job_id], actor=actor, reason="password given")[0]
+        result = jobs.retry(
+            session=session, job_ids=[job_id], actor=actor, reason="password given"
+        )[0]
     log.info("job %s: unlocked by %s; %s", job_id, actor, result.message)
     return result

@@ -24,12 +24,23 @@ from sluice.files import private_dir, use_private_umask
 from sluice.servers.processes import chroma_argv, free_loopback_port, wait_listening
 from sluice.settings import Settings
 
-HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
-              b"transfer-encoding", b"upgrade", b"host"}
+HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+}
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 
-def refusal(headers: dict[bytes, bytes], *, token: str | None, header: str, allowed_hosts: set[str]) -> int | None:
+def refusal(
+    headers: dict[bytes, bytes], *, token: str | None, header: str, allowed_hosts: set[str]
+) -> int | None:
     """The HTTP status to refuse a request with, or None to let it through."""
     if token is not None:
         given = headers.get(header.lower().encode("latin-1"), b"").decode("latin-1")
@@ -47,7 +58,9 @@ def make_app(*, upstream: str, token: str | None, header: str, allowed_hosts: se
     """A plain ASGI app that forwards every allowed request to ``upstream``, streaming both ways."""
     import httpx
 
-    client = httpx.AsyncClient(base_url=upstream, timeout=httpx.Timeout(None), follow_redirects=False)
+    client = httpx.AsyncClient(
+        base_url=upstream, timeout=httpx.Timeout(None), follow_redirects=False
+    )
     auth = header.lower().encode("latin-1")
 
     async def app(scope, receive, send) -> None:
@@ -66,8 +79,16 @@ def make_app(*, upstream: str, token: str | None, header: str, allowed_hosts: se
         status = refusal(headers, token=token, header=header, allowed_hosts=allowed_hosts)
         if status is not None:
             body = b'{"error":"Forbidden","message":"refused by the Sluice gate (host or token)"}'
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": status,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
 
@@ -81,17 +102,32 @@ def make_app(*, upstream: str, token: str | None, header: str, allowed_hosts: se
 
         forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k != auth]
         path = scope.get("raw_path") or scope["path"].encode()
-        url = path.decode("latin-1") + (f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else "")
+        url = path.decode("latin-1") + (
+            f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else ""
+        )
         request = client.build_request(scope["method"], url, headers=forward, content=body())
         try:
             response = await client.send(request, stream=True)
         except httpx.HTTPError:
-            await send({"type": "http.response.start", "status": 502, "headers": [(b"content-length", b"0")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 502,
+                    "headers": [(b"content-length", b"0")],
+                }
+            )
             await send({"type": "http.response.body", "body": b""})
             return
         try:
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [
+                        (k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP
+                    ],
+                }
+            )
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
@@ -114,13 +150,29 @@ def serve(settings: Settings) -> int:
     chroma = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     try:
         wait_listening(inner, 60, exited=lambda: chroma.poll() is not None)
-        token = settings.chroma_token.get_secret_value() if settings.chroma_token is not None else None
-        app = make_app(upstream=f"http://127.0.0.1:{inner}", token=token, header=settings.chroma_auth_header,
-                       allowed_hosts=LOOPBACK_NAMES | {host.lower()})
-        print(f"sluice: Chroma at http://{host}:{port} ({'token required' if token else 'loopback Host only'})",
-              file=sys.stderr, flush=True)
-        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False, access_log=False,
-                    lifespan="on")
+        token = (
+            settings.chroma_token.get_secret_value() if settings.chroma_token is not None else None
+        )
+        app = make_app(
+            upstream=f"http://127.0.0.1:{inner}",
+            token=token,
+            header=settings.chroma_auth_header,
+            allowed_hosts=LOOPBACK_NAMES | {host.lower()},
+        )
+        print(
+            f"sluice: Chroma at http://{host}:{port} ({'token required' if token else 'loopback Host only'})",
+            file=sys.stderr,
+            flush=True,
+        )
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            proxy_headers=False,
+            access_log=False,
+            lifespan="on",
+        )
         return 0
     finally:
         chroma.terminate()

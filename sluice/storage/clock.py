@@ -72,4 +72,6 @@ def _epoch_default(element, compiler, **kw) -> str:
 def _epoch_sqlite(element, compiler, **kw) -> str:
     # Only the first 19 characters (to the whole second): strftime rounds fractions, and 59.9999995 s
     # would fall in the next minute.
-    return f"CAST(strftime('%s', substr({compiler.process(element.clauses, **kw)}, 1, 19)) AS INTEGER)"
+    return (
+        f"CAST(strftime('%s', substr({compiler.process(element.clauses, **kw)}, 1, 19)) AS INTEGER)"
+    )

@@ -49,13 +49,16 @@ def effective(settings: Settings, raw: dict[str, Any] | None) -> Settings:
     return settings.model_copy(update=over)
 
 
-def change(settings: Settings, current: dict[str, Any] | None, assignments: dict[str, str | None]) -> dict[str, Any]:
+def change(
+    settings: Settings, current: dict[str, Any] | None, assignments: dict[str, str | None]
+) -> dict[str, Any]:
     """The dataset's new overrides after ``assignments`` (KEY -> text; None or "" unsets the key),
     validated as a whole against the process's settings. Raises SettingsError saying what is wrong."""
     unknown = sorted(set(assignments) - set(KEYS))
     if unknown:
-        raise SettingsError(f"unknown dataset setting(s) {', '.join(unknown)}: a dataset sets "
-                            + ", ".join(KEYS))
+        raise SettingsError(
+            f"unknown dataset setting(s) {', '.join(unknown)}: a dataset sets " + ", ".join(KEYS)
+        )
     merged: dict[str, Any] = dict(overrides_of(current))
     for key, value in assignments.items():
         if value is None or str(value).strip() == "":
@@ -70,8 +73,10 @@ def change(settings: Settings, current: dict[str, Any] | None, assignments: dict
         raise SettingsError(f"{key}: {first['msg']} (got {merged.get(key)!r})") from None
     result = effective(settings, checked)
     if result.chunk_overlap >= result.chunk_size:
-        raise SettingsError(f"chunk_overlap ({result.chunk_overlap}) must be smaller than chunk_size "
-                            f"({result.chunk_size})")
+        raise SettingsError(
+            f"chunk_overlap ({result.chunk_overlap}) must be smaller than chunk_size "
+            f"({result.chunk_size})"
+        )
     # A key set to the process's own value is still kept: the dataset then stays put when the
     # process default changes later.
     return checked

@@ -43,9 +43,14 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             private_dir(Path(parsed.database).parent)
-            private_file(Path(parsed.database))  # SQLite gives its -wal and -shm files the same mode
+            private_file(
+                Path(parsed.database)
+            )  # SQLite gives its -wal and -shm files the same mode
         engine = create_engine(
-            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=10, max_overflow=20
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=10,
+            max_overflow=20,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
@@ -149,7 +154,9 @@ def add_missing_columns(engine: Engine) -> list[str]:
             kind = column.type.compile(dialect=engine.dialect)
             try:
                 with engine.begin() as conn:
-                    conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+                    conn.execute(
+                        text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}')
+                    )
                 added.append(f"{table.name}.{column.name}")
             except (OperationalError, ProgrammingError) as exc:
                 if not _made_by_another(exc):
@@ -183,7 +190,9 @@ def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dat
     dataset = session.exec(select(Dataset).where(Dataset.name == name)).first()
     if dataset is not None:
         return dataset
-    dataset = Dataset(name=name, description=description, collection=f"sluice-{uuid.uuid4().hex[:16]}")
+    dataset = Dataset(
+        name=name, description=description, collection=f"sluice-{uuid.uuid4().hex[:16]}"
+    )
     session.add(dataset)
     try:
         session.commit()

@@ -71,7 +71,9 @@ def describe_progress(stage: Stage | str, done: int, total: int) -> str:
     return stage.value
 
 
-def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random | None = None) -> tuple[float, float]:
+def backoff_delay(
+    attempt: int, *, base: float, cap: float, rng: random.Random | None = None
+) -> tuple[float, float]:
     """Exponential backoff with full jitter: returns (ceiling, drawn delay) for a failed attempt."""
     ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
     return ceiling, (rng or random).uniform(0, ceiling)
@@ -107,8 +109,14 @@ def _val(v: Any) -> Any:
     return v.value if hasattr(v, "value") else v
 
 
-def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), now: datetime | None = None,
-         **values: Any) -> bool:
+def _cas(
+    session: Session,
+    job: Job,
+    *,
+    where: Sequence[Any] = (),
+    now: datetime | None = None,
+    **values: Any,
+) -> bool:
     """Update ``job`` only if its version is still the one we read; refresh the object on success."""
     values.setdefault("updated_at", now or db_now(session))
     stmt = (
@@ -127,7 +135,9 @@ def _cas(session: Session, job: Job, *, where: Sequence[Any] = (), now: datetime
     return True
 
 
-def _fenced(session: Session, job_id: int, lease: int, *, where: Sequence[Any] = (), **values: Any) -> bool:
+def _fenced(
+    session: Session, job_id: int, lease: int, *, where: Sequence[Any] = (), **values: Any
+) -> bool:
     """Update a running job only while ``lease`` still owns it."""
     values.setdefault("updated_at", current_time())
     stmt = (
@@ -145,8 +155,10 @@ def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
     transitions can never both add a row: a job has at most one unsent outbox row."""
     at = at or db_now(session)
     waiting = session.execute(
-        update(Outbox).where(Outbox.job_id == job.id, Outbox.sent_at.is_(None))
-        .values(available_at=at, last_error=None).execution_options(synchronize_session=False)
+        update(Outbox)
+        .where(Outbox.job_id == job.id, Outbox.sent_at.is_(None))
+        .values(available_at=at, last_error=None)
+        .execution_options(synchronize_session=False)
     ).rowcount
     if not waiting:
         session.add(Outbox(job_id=job.id, available_at=at))
@@ -157,8 +169,13 @@ def republish(*, session: Session, job: Job, now: datetime) -> bool:
     loops that both found it stranded publish it once). The caller commits."""
     if not _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
         return False
-    add_event(session, job, "republished", message="its queue message was lost; published again",
-              data={"status": _val(job.status)})
+    add_event(
+        session,
+        job,
+        "republished",
+        message="its queue message was lost; published again",
+        data={"status": _val(job.status)},
+    )
     _publish(session, job, now)
     return True
 
@@ -193,12 +210,34 @@ def create_job(
         if existing.status == JobStatus.deleted:
             # The same bytes uploaded again after a delete: bring the job back.
             before = existing.status
-            if _cas(session, existing, status=JobStatus.pending, stage=Stage.queued, done=0, total=0,
-                    attempt=0, max_attempts=max_attempts, next_attempt_at=None, finished_at=None,
-                    cancel_requested=False, dismissed=False, error_kind=None, error_code=None,
-                    error_message=None, fix_hint=None, error_detail=None):
-                add_event(session, existing, "reuploaded", actor=actor, from_status=before,
-                          to_status=JobStatus.pending, message="uploaded again after delete")
+            if _cas(
+                session,
+                existing,
+                status=JobStatus.pending,
+                stage=Stage.queued,
+                done=0,
+                total=0,
+                attempt=0,
+                max_attempts=max_attempts,
+                next_attempt_at=None,
+                finished_at=None,
+                cancel_requested=False,
+                dismissed=False,
+                error_kind=None,
+                error_code=None,
+                error_message=None,
+                fix_hint=None,
+                error_detail=None,
+            ):
+                add_event(
+                    session,
+                    existing,
+                    "reuploaded",
+                    actor=actor,
+                    from_status=before,
+                    to_status=JobStatus.pending,
+                    message="uploaded again after delete",
+                )
                 _publish(session, existing)
                 return existing, True
         return existing, False
@@ -212,15 +251,31 @@ def create_job(
     )
     session.add(job)
     session.flush()
-    add_event(session, job, "created", actor=actor, to_status=JobStatus.pending,
-              message=f"{document.filename} ({document.size} bytes, {document.media_type})")
+    add_event(
+        session,
+        job,
+        "created",
+        actor=actor,
+        to_status=JobStatus.pending,
+        message=f"{document.filename} ({document.size} bytes, {document.media_type})",
+    )
     _publish(session, job)
     return job, True
 
 
-def create_upload(*, session: Session, dataset_id: int, sha256: str, size: int, media_type: str,
-                  filename: str, pipeline_version: str, max_attempts: int, actor: str = "system",
-                  attempts: int = 5) -> tuple[Document, Job, bool]:
+def create_upload(
+    *,
+    session: Session,
+    dataset_id: int,
+    sha256: str,
+    size: int,
+    media_type: str,
+    filename: str,
+    pipeline_version: str,
+    max_attempts: int,
+    actor: str = "system",
+    attempts: int = 5,
+) -> tuple[Document, Job, bool]:
     """Document + Job(pending) + Outbox for uploaded bytes, committed in one transaction; or the
     document and job that already exist for the same bytes, dataset and pipeline version.
 
@@ -235,12 +290,24 @@ def create_upload(*, session: Session, dataset_id: int, sha256: str, size: int, 
             ).first()
             if document is None:
                 faults.hit("before_document_insert", sha256=sha256)
-                document = Document(dataset_id=dataset_id, sha256=sha256, size=size, media_type=media_type,
-                                    filename=filename, blob_key=sha256)
+                document = Document(
+                    dataset_id=dataset_id,
+                    sha256=sha256,
+                    size=size,
+                    media_type=media_type,
+                    filename=filename,
+                    blob_key=sha256,
+                )
                 session.add(document)
                 session.flush()
-            job, created = create_job(session=session, document=document, pipeline_version=pipeline_version,
-                                      idempotency_key=key, max_attempts=max_attempts, actor=actor)
+            job, created = create_job(
+                session=session,
+                document=document,
+                pipeline_version=pipeline_version,
+                idempotency_key=key,
+                max_attempts=max_attempts,
+                actor=actor,
+            )
             session.commit()
             return document, job, created
         except IntegrityError:
@@ -268,7 +335,11 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
             if fresh
             else "delivery ignored: running with a stale heartbeat; the reaper takes it back"
         )
-    elif job.status == JobStatus.retrying and job.next_attempt_at and job.next_attempt_at > now + timedelta(seconds=1):
+    elif (
+        job.status == JobStatus.retrying
+        and job.next_attempt_at
+        and job.next_attempt_at > now + timedelta(seconds=1)
+    ):
         reason = f"delivery ignored: next attempt is due at {job.next_attempt_at:%H:%M:%S}"
     if reason:
         add_event(session, job, "noop", message=reason, actor=worker_id)
@@ -279,11 +350,23 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         return _refuse_paused(session, job, held, worker_id, now)
     before = job.status
     ok = _cas(
-        session, job, where=[Job.status.in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
-        status=JobStatus.running, stage=Stage.parsing, done=0, total=0,
-        attempt=job.attempt + 1, lease=job.lease + 1, worker_id=worker_id,
-        heartbeat_at=now, started_at=job.started_at or now, next_attempt_at=None,
-        embedded_count=0, cached_count=0, waiting_for=None, now=now,
+        session,
+        job,
+        where=[Job.status.in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
+        status=JobStatus.running,
+        stage=Stage.parsing,
+        done=0,
+        total=0,
+        attempt=job.attempt + 1,
+        lease=job.lease + 1,
+        worker_id=worker_id,
+        heartbeat_at=now,
+        started_at=job.started_at or now,
+        next_attempt_at=None,
+        embedded_count=0,
+        cached_count=0,
+        waiting_for=None,
+        now=now,
     )
     if not ok:
         session.rollback()
@@ -295,27 +378,49 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         add_event(session, job, "noop", message=reason, actor=worker_id)
         session.commit()
         return ClaimResult(job, False, reason)
-    add_event(session, job, "claimed", actor=worker_id, from_status=before, to_status=JobStatus.running,
-              message=f"attempt {job.attempt} of {job.max_attempts}", data={"lease": job.lease})
+    add_event(
+        session,
+        job,
+        "claimed",
+        actor=worker_id,
+        from_status=before,
+        to_status=JobStatus.running,
+        message=f"attempt {job.attempt} of {job.max_attempts}",
+        data={"lease": job.lease},
+    )
     session.commit()
     return ClaimResult(job, True)
 
 
-def _refuse_paused(session: Session, job: Job, held: Any, worker_id: str, now: datetime) -> ClaimResult:
+def _refuse_paused(
+    session: Session, job: Job, held: Any, worker_id: str, now: datetime
+) -> ClaimResult:
     """The job's dataset (or the whole queue) is paused: leave the job waiting with an unsent outbox
     row, which the dispatcher publishes once the pause is lifted."""
     reason = f"delivery ignored: {pauses.describe(held)}; it runs when resumed"
     if _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
-        add_event(session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope})
+        add_event(
+            session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope}
+        )
         _publish(session, job, max(now, job.next_attempt_at or now))
     session.commit()
     return ClaimResult(job, False, reason)
 
 
-def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int,
-             **extra: Any) -> bool:
+def progress(
+    *, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int, **extra: Any
+) -> bool:
     """Write stage counts and the heartbeat; return cancel_requested. LeaseLost if not ours."""
-    ok = _fenced(session, job_id, lease, stage=stage, done=done, total=total, heartbeat_at=current_time(), **extra)
+    ok = _fenced(
+        session,
+        job_id,
+        lease,
+        stage=stage,
+        done=done,
+        total=total,
+        heartbeat_at=current_time(),
+        **extra,
+    )
     if not ok:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
@@ -325,7 +430,9 @@ def progress(*, session: Session, job_id: int, lease: int, stage: Stage, done: i
 
 
 def cancel_requested(*, session: Session, job_id: int) -> bool:
-    return bool(session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none())
+    return bool(
+        session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
+    )
 
 
 def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
@@ -337,9 +444,20 @@ def heartbeat(*, session: Session, job_id: int, lease: int) -> bool:
 SUPERSEDABLE = (JobStatus.succeeded, JobStatus.pending, JobStatus.running, JobStatus.retrying)
 
 
-def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page_count: int,
-            worker_id: str, embedded: int, cached: int, warnings: Sequence[str] = (),
-            stages: dict[str, float] | None = None, attempts: int = 5) -> list[int]:
+def succeed(
+    *,
+    session: Session,
+    job_id: int,
+    lease: int,
+    chunk_count: int,
+    page_count: int,
+    worker_id: str,
+    embedded: int,
+    cached: int,
+    warnings: Sequence[str] = (),
+    stages: dict[str, float] | None = None,
+    attempts: int = 5,
+) -> list[int]:
     """running -> succeeded; makes this job the document's searchable one. Each warning (a page
     skipped, a file that needed repair) is a ``warning`` event of the job; ``stages`` (seconds per
     stage) go into the success event.
@@ -365,57 +483,128 @@ def succeed(*, session: Session, job_id: int, lease: int, chunk_count: int, page
         document = session.get(Document, job.document_id, populate_existing=True)
         serving = document.active_job_id
         others = session.exec(
-            select(Job).where(Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE))
-            .order_by(Job.id).execution_options(populate_existing=True)
+            select(Job)
+            .where(
+                Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE)
+            )
+            .order_by(Job.id)
+            .execution_options(populate_existing=True)
         ).all()
         faults.hit("before_supersede", job_id=job_id)
         now = db_now(session)
-        if not _cas(session, job, where=[Job.lease == lease, Job.status == JobStatus.running,
-                                         Job.cancel_requested.is_(False)],
-                    status=JobStatus.succeeded, stage=Stage.done, done=chunk_count, total=chunk_count,
-                    chunk_count=chunk_count, page_count=page_count, finished_at=now, heartbeat_at=now,
-                    error_kind=None, error_code=None, error_message=None, fix_hint=None, error_detail=None,
-                    embedded_count=embedded, cached_count=cached, waiting_for=None, waiting_since=None, now=now):
+        if not _cas(
+            session,
+            job,
+            where=[
+                Job.lease == lease,
+                Job.status == JobStatus.running,
+                Job.cancel_requested.is_(False),
+            ],
+            status=JobStatus.succeeded,
+            stage=Stage.done,
+            done=chunk_count,
+            total=chunk_count,
+            chunk_count=chunk_count,
+            page_count=page_count,
+            finished_at=now,
+            heartbeat_at=now,
+            error_kind=None,
+            error_code=None,
+            error_message=None,
+            fix_hint=None,
+            error_detail=None,
+            embedded_count=embedded,
+            cached_count=cached,
+            waiting_for=None,
+            waiting_since=None,
+            now=now,
+        ):
             session.rollback()
             continue  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
-        add_event(session, job, "succeeded", actor=worker_id, from_status=JobStatus.running,
-                  to_status=JobStatus.succeeded,
-                  message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
-                  data={"chunks": chunk_count, "pages": page_count, "embedded": embedded, "cached": cached,
-                        "warnings": len(warnings), "stages": stages or {}})
+        add_event(
+            session,
+            job,
+            "succeeded",
+            actor=worker_id,
+            from_status=JobStatus.running,
+            to_status=JobStatus.succeeded,
+            message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
+            data={
+                "chunks": chunk_count,
+                "pages": page_count,
+                "embedded": embedded,
+                "cached": cached,
+                "warnings": len(warnings),
+                "stages": stages or {},
+            },
+        )
         webhook_records.record(session, job, "job.succeeded")
         for text in warnings:
             add_event(session, job, "warning", actor=worker_id, message=text)
         superseded, lost = [], False
         for old in others:
             before = old.status
-            if not _cas(session, old, where=[Job.status == before], status=JobStatus.superseded,
-                        cancel_requested=False, worker_id=None, next_attempt_at=None, waiting_for=None,
-                        waiting_since=None, finished_at=old.finished_at or now, now=now):
+            if not _cas(
+                session,
+                old,
+                where=[Job.status == before],
+                status=JobStatus.superseded,
+                cancel_requested=False,
+                worker_id=None,
+                next_attempt_at=None,
+                waiting_for=None,
+                waiting_since=None,
+                finished_at=old.finished_at or now,
+                now=now,
+            ):
                 lost = True
                 break
-            add_event(session, old, "superseded", from_status=before, to_status=JobStatus.superseded,
-                      message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search",
-                      data={"by_job": job.id})
+            add_event(
+                session,
+                old,
+                "superseded",
+                from_status=before,
+                to_status=JobStatus.superseded,
+                message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search",
+                data={"by_job": job.id},
+            )
             superseded.append(old.id)
-        switched = session.execute(
-            update(Document)
-            .where(Document.id == document.id,
-                   Document.active_job_id == serving if serving is not None else Document.active_job_id.is_(None))
-            .values(active_job_id=job.id, deleted_at=None)
-            .execution_options(synchronize_session=False)
-        ).rowcount == 1
+        switched = (
+            session.execute(
+                update(Document)
+                .where(
+                    Document.id == document.id,
+                    Document.active_job_id == serving
+                    if serving is not None
+                    else Document.active_job_id.is_(None),
+                )
+                .values(active_job_id=job.id, deleted_at=None)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            == 1
+        )
         if lost or not switched:
             session.rollback()
             continue
         session.commit()
         return superseded
-    raise TransientError("success_contended", f"job {job_id} could not record its success: the document's "
-                         f"jobs kept changing ({attempts} tries)", "Sluice retries this by itself.")
+    raise TransientError(
+        "success_contended",
+        f"job {job_id} could not record its success: the document's "
+        f"jobs kept changing ({attempts} tries)",
+        "Sluice retries this by itself.",
+    )
 
 
-def _while_ours(session: Session, job_id: int, lease: int, once: Callable[[], Job | None], *,
-                stale_before: datetime | None = None, attempts: int = 5) -> Job | None:
+def _while_ours(
+    session: Session,
+    job_id: int,
+    lease: int,
+    once: Callable[[], Job | None],
+    *,
+    stale_before: datetime | None = None,
+    attempts: int = 5,
+) -> Job | None:
     """Run a compare-and-set transition of a running attempt until it lands, or the job is no
     longer this lease's (or, for the reaper, no longer stale). Losing only to a beat of the job's
     own heartbeat, which bumps the version several times a second, is no reason to give up."""
@@ -427,16 +616,33 @@ def _while_ours(session: Session, job_id: int, lease: int, once: Callable[[], Jo
         session.rollback()
         if job is None or job.lease != lease or job.status != JobStatus.running:
             return None
-        if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
+        if stale_before is not None and (
+            job.heartbeat_at is None or job.heartbeat_at >= stale_before
+        ):
             return None
     return None
 
 
-def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
-         hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-         rng: random.Random | None = None, stale_before: datetime | None = None,
-         waiting_for: str | None = None, poll_seconds: float = 15.0,
-         max_wait_seconds: float = 6 * 3600.0, page_count: int | None = None) -> Job | None:
+def fail(
+    *,
+    session: Session,
+    job_id: int,
+    lease: int,
+    kind: ErrorKind,
+    code: str,
+    message: str,
+    hint: str,
+    detail: str,
+    worker_id: str,
+    base_delay: float,
+    max_delay: float,
+    rng: random.Random | None = None,
+    stale_before: datetime | None = None,
+    waiting_for: str | None = None,
+    poll_seconds: float = 15.0,
+    max_wait_seconds: float = 6 * 3600.0,
+    page_count: int | None = None,
+) -> Job | None:
     """End a failed attempt: retrying with backoff (transient, budget left) or failed (dead letter).
     ``page_count``, when the attempt got as far as counting pages, is kept on the job.
 
@@ -445,25 +651,66 @@ def fail(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: st
     ``poll_seconds`` or so with the attempt given back, until the wait that began with the first
     such round exceeds ``max_wait_seconds``; then it is a dead letter that says so.
     """
-    return _while_ours(session, job_id, lease, lambda: _fail_once(
-        session=session, job_id=job_id, lease=lease, kind=kind, code=code, message=message, hint=hint,
-        detail=detail, worker_id=worker_id, base_delay=base_delay, max_delay=max_delay, rng=rng,
-        stale_before=stale_before, waiting_for=waiting_for, poll_seconds=poll_seconds,
-        max_wait_seconds=max_wait_seconds, page_count=page_count), stale_before=stale_before)
+    return _while_ours(
+        session,
+        job_id,
+        lease,
+        lambda: _fail_once(
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            kind=kind,
+            code=code,
+            message=message,
+            hint=hint,
+            detail=detail,
+            worker_id=worker_id,
+            base_delay=base_delay,
+            max_delay=max_delay,
+            rng=rng,
+            stale_before=stale_before,
+            waiting_for=waiting_for,
+            poll_seconds=poll_seconds,
+            max_wait_seconds=max_wait_seconds,
+            page_count=page_count,
+        ),
+        stale_before=stale_before,
+    )
 
 
-def _fail_once(*, session: Session, job_id: int, lease: int, kind: ErrorKind, code: str, message: str,
-               hint: str, detail: str, worker_id: str, base_delay: float, max_delay: float,
-               rng: random.Random | None, stale_before: datetime | None, waiting_for: str | None,
-               poll_seconds: float, max_wait_seconds: float, page_count: int | None = None) -> Job | None:
+def _fail_once(
+    *,
+    session: Session,
+    job_id: int,
+    lease: int,
+    kind: ErrorKind,
+    code: str,
+    message: str,
+    hint: str,
+    detail: str,
+    worker_id: str,
+    base_delay: float,
+    max_delay: float,
+    rng: random.Random | None,
+    stale_before: datetime | None,
+    waiting_for: str | None,
+    poll_seconds: float,
+    max_wait_seconds: float,
+    page_count: int | None = None,
+) -> Job | None:
     job = get_job(session=session, job_id=job_id)
     if job is None or job.lease != lease or job.status != JobStatus.running:
         return None
     if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
         session.rollback()
         return None
-    errors = dict(error_kind=kind, error_code=code, error_message=message, fix_hint=hint,
-                  error_detail=detail[-8000:] if detail else None)
+    errors = dict(
+        error_kind=kind,
+        error_code=code,
+        error_message=message,
+        fix_hint=hint,
+        error_detail=detail[-8000:] if detail else None,
+    )
     if page_count is not None:
         errors["page_count"] = page_count
     if job.cancel_requested:
@@ -476,58 +723,137 @@ def _fail_once(*, session: Session, job_id: int, lease: int, kind: ErrorKind, co
         since = job.waiting_since or now
         waited = (now - since).total_seconds()
         if waited <= max_wait_seconds:
-            return _wait(session, job, now=now, since=since, waiting_for=waiting_for, worker_id=worker_id,
-                         poll_seconds=poll_seconds, rng=rng, data=data, **errors)
+            return _wait(
+                session,
+                job,
+                now=now,
+                since=since,
+                waiting_for=waiting_for,
+                worker_id=worker_id,
+                poll_seconds=poll_seconds,
+                rng=rng,
+                data=data,
+                **errors,
+            )
         kind = errors["error_kind"] = ErrorKind.transient
         errors["error_code"] = "outage_too_long"
-        errors["error_message"] = (f"waited {waited / 3600:.1f} h for {waiting_for}, longer than "
-                                   f"SLUICE_MAX_OUTAGE_SECONDS ({max_wait_seconds:.0f} s): {message}")
-        errors["fix_hint"] = (f"Bring {waiting_for} back, then retry the job (Retry in the console, or "
-                              "`sluice retry`).")
+        errors["error_message"] = (
+            f"waited {waited / 3600:.1f} h for {waiting_for}, longer than "
+            f"SLUICE_MAX_OUTAGE_SECONDS ({max_wait_seconds:.0f} s): {message}"
+        )
+        errors["fix_hint"] = (
+            f"Bring {waiting_for} back, then retry the job (Retry in the console, or "
+            "`sluice retry`)."
+        )
         gave_up_waiting = True
     if kind == ErrorKind.transient and job.attempt < job.max_attempts and not gave_up_waiting:
         ceiling, delay = backoff_delay(job.attempt, base=base_delay, cap=max_delay, rng=rng)
         due = now + timedelta(seconds=delay)
-        if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.retrying,
-                    next_attempt_at=due, worker_id=None, waiting_for=None, waiting_since=None, **errors):
+        if not _cas(
+            session,
+            job,
+            where=[Job.lease == lease],
+            status=JobStatus.retrying,
+            next_attempt_at=due,
+            worker_id=None,
+            waiting_for=None,
+            waiting_since=None,
+            **errors,
+        ):
             session.rollback()
             return None
         data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
-        add_event(session, job, "attempt_failed", actor=worker_id, from_status=JobStatus.running,
-                  to_status=JobStatus.retrying, data=data,
-                  message=f"{message}; retry {job.attempt + 1}/{job.max_attempts} in {delay:.1f}s")
+        add_event(
+            session,
+            job,
+            "attempt_failed",
+            actor=worker_id,
+            from_status=JobStatus.running,
+            to_status=JobStatus.retrying,
+            data=data,
+            message=f"{message}; retry {job.attempt + 1}/{job.max_attempts} in {delay:.1f}s",
+        )
         _publish(session, job, due)
     else:
         if kind == ErrorKind.transient and not gave_up_waiting:
             errors["error_message"] = f"gave up after {job.attempt} attempts: {message}"
-        if not _cas(session, job, where=[Job.lease == lease], status=JobStatus.failed,
-                    finished_at=now, worker_id=None, next_attempt_at=None, waiting_for=None, **errors):
+        if not _cas(
+            session,
+            job,
+            where=[Job.lease == lease],
+            status=JobStatus.failed,
+            finished_at=now,
+            worker_id=None,
+            next_attempt_at=None,
+            waiting_for=None,
+            **errors,
+        ):
             session.rollback()
             return None
-        add_event(session, job, "failed", actor=worker_id, from_status=JobStatus.running,
-                  to_status=JobStatus.failed, data=data, message=errors["error_message"])
+        add_event(
+            session,
+            job,
+            "failed",
+            actor=worker_id,
+            from_status=JobStatus.running,
+            to_status=JobStatus.failed,
+            data=data,
+            message=errors["error_message"],
+        )
         webhook_records.record(session, job, "job.failed")
     session.commit()
     return job
 
 
-def _wait(session: Session, job: Job, *, now: datetime, since: datetime, waiting_for: str, worker_id: str,
-          poll_seconds: float, rng: random.Random | None, data: dict[str, Any], **errors: Any) -> Job | None:
+def _wait(
+    session: Session,
+    job: Job,
+    *,
+    now: datetime,
+    since: datetime,
+    waiting_for: str,
+    worker_id: str,
+    poll_seconds: float,
+    rng: random.Random | None,
+    data: dict[str, Any],
+    **errors: Any,
+) -> Job | None:
     """running -> retrying without spending the attempt: something the job needs is missing."""
     delay = (rng or random).uniform(poll_seconds / 2, poll_seconds)
     due = now + timedelta(seconds=delay)
     message = f"waiting for {waiting_for}: {errors['error_message']}"
     errors["error_message"] = message
-    if not _cas(session, job, where=[Job.lease == job.lease], status=JobStatus.retrying, attempt=job.attempt - 1,
-                next_attempt_at=due, worker_id=None, waiting_for=waiting_for, waiting_since=since, now=now,
-                **errors):
+    if not _cas(
+        session,
+        job,
+        where=[Job.lease == job.lease],
+        status=JobStatus.retrying,
+        attempt=job.attempt - 1,
+        next_attempt_at=due,
+        worker_id=None,
+        waiting_for=waiting_for,
+        waiting_since=since,
+        now=now,
+        **errors,
+    ):
         session.rollback()
         return None
-    data.update(delay=round(delay, 3), due=due.isoformat(), waiting_for=waiting_for,
-                waiting_since=since.isoformat())
-    add_event(session, job, "waiting", actor=worker_id, from_status=JobStatus.running,
-              to_status=JobStatus.retrying, data=data,
-              message=f"{message}; attempt not counted; looking again in {delay:.1f}s")
+    data.update(
+        delay=round(delay, 3),
+        due=due.isoformat(),
+        waiting_for=waiting_for,
+        waiting_since=since.isoformat(),
+    )
+    add_event(
+        session,
+        job,
+        "waiting",
+        actor=worker_id,
+        from_status=JobStatus.running,
+        to_status=JobStatus.retrying,
+        data=data,
+        message=f"{message}; attempt not counted; looking again in {delay:.1f}s",
+    )
     _publish(session, job, due)
     session.commit()
     return job
@@ -538,14 +864,36 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
     before = job.status
     msg = f"cancelled at {where_text}"
     now = db_now(session)
-    if not _cas(session, job, status=JobStatus.cancelled, finished_at=now, cancel_requested=False, now=now,
-                worker_id=None, next_attempt_at=None,
-                **{"error_message": msg, "error_code": "cancelled", "error_kind": None, "fix_hint": None,
-                   "waiting_for": None, **extra}):
+    if not _cas(
+        session,
+        job,
+        status=JobStatus.cancelled,
+        finished_at=now,
+        cancel_requested=False,
+        now=now,
+        worker_id=None,
+        next_attempt_at=None,
+        **{
+            "error_message": msg,
+            "error_code": "cancelled",
+            "error_kind": None,
+            "fix_hint": None,
+            "waiting_for": None,
+            **extra,
+        },
+    ):
         session.rollback()
         return None
-    add_event(session, job, "cancelled", actor=actor, from_status=before, to_status=JobStatus.cancelled,
-              message=msg, data={"stage": _val(job.stage), "done": job.done, "total": job.total})
+    add_event(
+        session,
+        job,
+        "cancelled",
+        actor=actor,
+        from_status=before,
+        to_status=JobStatus.cancelled,
+        message=msg,
+        data={"stage": _val(job.stage), "done": job.done, "total": job.total},
+    )
     webhook_records.record(session, job, "job.cancelled")
     session.commit()
     return job
@@ -584,7 +932,10 @@ def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: floa
     if row is None:
         session.rollback()
         return None
-    if row.reaper_tick_at is not None and (now - row.reaper_tick_at).total_seconds() > silence_seconds:
+    if (
+        row.reaper_tick_at is not None
+        and (now - row.reaper_tick_at).total_seconds() > silence_seconds
+    ):
         row.reap_after = now + timedelta(seconds=grace_seconds)
     row.reaper_tick_at = now
     wait = _held_for(row, now)
@@ -596,6 +947,7 @@ def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: floa
 @dataclass(frozen=True)
 class ReaperState:
     """What the fleet's reapers last did, on the database's clock (see ``reaper_wait``)."""
+
     last_tick_seconds_ago: float | None  # None: no reaper has ticked yet (no worker ever ran)
     held_for_seconds: float  # > 0: reaping waits this much longer after a silence of every reaper
 
@@ -613,8 +965,14 @@ def _held_for(row: Instance, now: datetime) -> float:
     return max(0.0, (row.reap_after - now).total_seconds()) if row.reap_after is not None else 0.0
 
 
-def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay: float,
-         now: datetime | None = None) -> list[int]:
+def reap(
+    *,
+    session: Session,
+    lease_seconds: float,
+    base_delay: float,
+    max_delay: float,
+    now: datetime | None = None,
+) -> list[int]:
     """Take back running jobs whose heartbeat is older than the lease; returns their ids.
 
     Only running jobs have heartbeats; a job waiting in the queue is pending or retrying and is
@@ -626,7 +984,8 @@ def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay
     cutoff = now - timedelta(seconds=lease_seconds)
     stale = session.execute(
         select(Job.id, Job.lease, Job.heartbeat_at, Job.worker_id, Job.stage, Job.done, Job.total)
-        .where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff).order_by(Job.id)
+        .where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff)
+        .order_by(Job.id)
     ).all()
     session.rollback()  # plain values read; nothing held open while each job is handled
     taken = []
@@ -634,12 +993,19 @@ def reap(*, session: Session, lease_seconds: float, base_delay: float, max_delay
         faults.hit("reap_selected", job_id=job_id)
         silent = (now - beat).total_seconds()
         result = fail(
-            session=session, job_id=job_id, lease=lease, kind=ErrorKind.transient,
+            session=session,
+            job_id=job_id,
+            lease=lease,
+            kind=ErrorKind.transient,
             code="worker_lost",
             message=f"worker {worker} stopped answering during {describe_progress(stage, done, total)} "
-                    f"(no heartbeat for {silent:.0f}s)",
+            f"(no heartbeat for {silent:.0f}s)",
             hint="Sluice retries this by itself. If workers keep dying, check their logs and memory.",
-            detail="", worker_id="reaper", base_delay=base_delay, max_delay=max_delay, stale_before=cutoff,
+            detail="",
+            worker_id="reaper",
+            base_delay=base_delay,
+            max_delay=max_delay,
+            stale_before=cutoff,
         )
         if result is not None:
             taken.append(job_id)
@@ -660,32 +1026,64 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
             results.append(ActionResult(jid, False, f"job {jid} does not exist"))
         elif job.status in (JobStatus.pending, JobStatus.retrying):
             done = _cancelled(session, job, actor=actor)
-            results.append(ActionResult(jid, done is not None,
-                                        f"job {jid} cancelled before it ran" if done else f"job {jid} changed meanwhile; try again"))
+            results.append(
+                ActionResult(
+                    jid,
+                    done is not None,
+                    f"job {jid} cancelled before it ran"
+                    if done
+                    else f"job {jid} changed meanwhile; try again",
+                )
+            )
         elif job.status == JobStatus.running:
             if job.cancel_requested:
                 results.append(ActionResult(jid, True, f"job {jid}: cancel already requested"))
                 continue
             # Not on the version: the job's own heartbeat bumps it several times a second.
-            ok = session.execute(
-                update(Job).where(Job.id == jid, Job.status == JobStatus.running)
-                .values(cancel_requested=True, version=Job.version + 1, updated_at=current_time())
-                .execution_options(synchronize_session=False)
-            ).rowcount == 1
+            ok = (
+                session.execute(
+                    update(Job)
+                    .where(Job.id == jid, Job.status == JobStatus.running)
+                    .values(
+                        cancel_requested=True, version=Job.version + 1, updated_at=current_time()
+                    )
+                    .execution_options(synchronize_session=False)
+                ).rowcount
+                == 1
+            )
             if ok:
-                add_event(session, job, "cancel_requested", actor=actor,
-                          message=f"cancel requested at {describe_progress(job.stage, job.done, job.total)}")
+                add_event(
+                    session,
+                    job,
+                    "cancel_requested",
+                    actor=actor,
+                    message=f"cancel requested at {describe_progress(job.stage, job.done, job.total)}",
+                )
             session.commit()
-            results.append(ActionResult(jid, ok, f"job {jid} is running; it stops at its next batch "
-                                        "and its vectors are removed"
-                                        if ok else f"job {jid} changed meanwhile; try again"))
+            results.append(
+                ActionResult(
+                    jid,
+                    ok,
+                    f"job {jid} is running; it stops at its next batch and its vectors are removed"
+                    if ok
+                    else f"job {jid} changed meanwhile; try again",
+                )
+            )
         else:
-            results.append(ActionResult(jid, False, f"job {jid} is {job.status.value}; only pending, "
-                                        "retrying or running jobs can be cancelled"))
+            results.append(
+                ActionResult(
+                    jid,
+                    False,
+                    f"job {jid} is {job.status.value}; only pending, "
+                    "retrying or running jobs can be cancelled",
+                )
+            )
     return results
 
 
-def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str = "manual retry") -> list[ActionResult]:
+def retry(
+    *, session: Session, job_ids: Iterable[int], actor: str, reason: str = "manual retry"
+) -> list[ActionResult]:
     """failed/cancelled -> pending with a fresh attempt budget, published again."""
     results = []
     for jid, job in _load_many(session, job_ids):
@@ -693,67 +1091,154 @@ def retry(*, session: Session, job_ids: Iterable[int], actor: str, reason: str =
             results.append(ActionResult(jid, False, f"job {jid} does not exist"))
             continue
         if job.status == JobStatus.succeeded:
-            results.append(ActionResult(jid, False, f"job {jid} has already succeeded; retry refused. "
-                                        "Use reindex to rebuild its chunks on purpose."))
+            results.append(
+                ActionResult(
+                    jid,
+                    False,
+                    f"job {jid} has already succeeded; retry refused. "
+                    "Use reindex to rebuild its chunks on purpose.",
+                )
+            )
             continue
         if job.status not in RETRYABLE:
-            results.append(ActionResult(jid, False, f"job {jid} is {job.status.value}; only failed or "
-                                        "cancelled jobs can be retried"))
+            results.append(
+                ActionResult(
+                    jid,
+                    False,
+                    f"job {jid} is {job.status.value}; only failed or "
+                    "cancelled jobs can be retried",
+                )
+            )
             continue
         before = job.status
-        ok = _cas(session, job, where=[Job.status.in_(RETRYABLE)], status=JobStatus.pending, stage=Stage.queued,
-                  done=0, total=0, attempt=0, next_attempt_at=None, finished_at=None, dismissed=False,
-                  cancel_requested=False, error_kind=None, error_code=None, error_message=None,
-                  fix_hint=None, error_detail=None, waiting_for=None, waiting_since=None)
+        ok = _cas(
+            session,
+            job,
+            where=[Job.status.in_(RETRYABLE)],
+            status=JobStatus.pending,
+            stage=Stage.queued,
+            done=0,
+            total=0,
+            attempt=0,
+            next_attempt_at=None,
+            finished_at=None,
+            dismissed=False,
+            cancel_requested=False,
+            error_kind=None,
+            error_code=None,
+            error_message=None,
+            fix_hint=None,
+            error_detail=None,
+            waiting_for=None,
+            waiting_since=None,
+        )
         if ok:
-            add_event(session, job, "retried", actor=actor, from_status=before, to_status=JobStatus.pending,
-                      message=reason)
+            add_event(
+                session,
+                job,
+                "retried",
+                actor=actor,
+                from_status=before,
+                to_status=JobStatus.pending,
+                message=reason,
+            )
             _publish(session, job)
         session.commit()
-        results.append(ActionResult(jid, ok, f"job {jid} queued again ({reason})" if ok
-                                    else f"job {jid} changed meanwhile; try again"))
+        results.append(
+            ActionResult(
+                jid,
+                ok,
+                f"job {jid} queued again ({reason})"
+                if ok
+                else f"job {jid} changed meanwhile; try again",
+            )
+        )
     return results
 
 
-def set_priority(*, session: Session, job_ids: Iterable[int], actor: str, priority: int | None,
-                 verb: str = "priority set") -> list[ActionResult]:
+def set_priority(
+    *,
+    session: Session,
+    job_ids: Iterable[int],
+    actor: str,
+    priority: int | None,
+    verb: str = "priority set",
+) -> list[ActionResult]:
     """Give waiting jobs a priority (higher is published first; None: their dataset's again)."""
     results = []
     for jid, job in _load_many(session, job_ids):
         if job is None or job.status not in CLAIMABLE:
             state = "does not exist" if job is None else f"is {job.status.value}"
-            results.append(ActionResult(jid, False, f"job {jid} {state}; only waiting jobs (pending, "
-                                        "retrying) can be moved in the queue"))
+            results.append(
+                ActionResult(
+                    jid,
+                    False,
+                    f"job {jid} {state}; only waiting jobs (pending, "
+                    "retrying) can be moved in the queue",
+                )
+            )
             continue
         before = job.priority
         ok = _cas(session, job, where=[Job.status.in_(CLAIMABLE)], priority=priority)
         if ok:
-            add_event(session, job, "priority", actor=actor, message=f"{verb}: {priority}",
-                      data={"from": before, "to": priority})
+            add_event(
+                session,
+                job,
+                "priority",
+                actor=actor,
+                message=f"{verb}: {priority}",
+                data={"from": before, "to": priority},
+            )
         session.commit()
-        results.append(ActionResult(jid, ok, f"job {jid}: {verb} ({priority})" if ok
-                                    else f"job {jid} changed meanwhile; try again"))
+        results.append(
+            ActionResult(
+                jid,
+                ok,
+                f"job {jid}: {verb} ({priority})"
+                if ok
+                else f"job {jid} changed meanwhile; try again",
+            )
+        )
     return results
 
 
 def run_next(*, session: Session, job_ids: Iterable[int], actor: str) -> list[ActionResult]:
     """Move waiting jobs to the front: a priority above every other waiting job's."""
-    top = session.execute(
-        select(func.max(func.coalesce(Job.priority, models.Dataset.priority, 0)))
-        .join(models.Dataset, models.Dataset.id == Job.dataset_id).where(Job.status.in_(CLAIMABLE))
-    ).scalar() or 0
-    return set_priority(session=session, job_ids=job_ids, actor=actor, priority=top + 1, verb="run next")
+    top = (
+        session.execute(
+            select(func.max(func.coalesce(Job.priority, models.Dataset.priority, 0)))
+            .join(models.Dataset, models.Dataset.id == Job.dataset_id)
+            .where(Job.status.in_(CLAIMABLE))
+        ).scalar()
+        or 0
+    )
+    return set_priority(
+        session=session, job_ids=job_ids, actor=actor, priority=top + 1, verb="run next"
+    )
 
 
 def set_dataset_priority(*, session: Session, dataset_id: int, priority: int | None) -> bool:
     """The priority of a dataset's jobs that have none of their own (None: the default, 0)."""
-    done = session.execute(update(models.Dataset).where(models.Dataset.id == dataset_id).values(priority=priority)).rowcount
+    done = session.execute(
+        update(models.Dataset).where(models.Dataset.id == dataset_id).values(priority=priority)
+    ).rowcount
     session.commit()
     return bool(done)
 
 
-def _from_status(session: Session, job_ids: Iterable[int], *, source: JobStatus, refusal: str, event: str,
-                 actor: str, reason: str, said: Callable[[Job], str], publish: bool, **change: Any) -> list[ActionResult]:
+def _from_status(
+    session: Session,
+    job_ids: Iterable[int],
+    *,
+    source: JobStatus,
+    refusal: str,
+    event: str,
+    actor: str,
+    reason: str,
+    said: Callable[[Job], str],
+    publish: bool,
+    **change: Any,
+) -> list[ActionResult]:
     """One operator transition out of ``source`` for each job, by compare-and-set; each a result line."""
     results = []
     for jid, job in _load_many(session, job_ids):
@@ -764,8 +1249,15 @@ def _from_status(session: Session, job_ids: Iterable[int], *, source: JobStatus,
         ok = _cas(session, job, where=[Job.status == source], **change)
         if ok:
             to_status = change.get("status")
-            add_event(session, job, event, actor=actor, from_status=source if to_status else None,
-                      to_status=to_status, message=reason)
+            add_event(
+                session,
+                job,
+                event,
+                actor=actor,
+                from_status=source if to_status else None,
+                to_status=to_status,
+                message=reason,
+            )
             if publish:
                 _publish(session, job)
         session.commit()
@@ -773,39 +1265,91 @@ def _from_status(session: Session, job_ids: Iterable[int], *, source: JobStatus,
     return results
 
 
-def reindex(*, session: Session, job_ids: Iterable[int], actor: str, reason: str = "reindex") -> list[ActionResult]:
+def reindex(
+    *, session: Session, job_ids: Iterable[int], actor: str, reason: str = "reindex"
+) -> list[ActionResult]:
     """succeeded -> pending: rebuild the same chunks on purpose; search keeps serving the old ones."""
-    return _from_status(session, job_ids, source=JobStatus.succeeded, event="reindex_requested", actor=actor,
-                        reason=reason, refusal="only succeeded jobs can be reindexed", publish=True,
-                        said=lambda job: f"job {job.id} queued for reindex",
-                        **{"status": JobStatus.pending, "stage": Stage.queued, "done": 0, "total": 0, "attempt": 0,
-                           "finished_at": None})
+    return _from_status(
+        session,
+        job_ids,
+        source=JobStatus.succeeded,
+        event="reindex_requested",
+        actor=actor,
+        reason=reason,
+        refusal="only succeeded jobs can be reindexed",
+        publish=True,
+        said=lambda job: f"job {job.id} queued for reindex",
+        **{
+            "status": JobStatus.pending,
+            "stage": Stage.queued,
+            "done": 0,
+            "total": 0,
+            "attempt": 0,
+            "finished_at": None,
+        },
+    )
 
 
 def dismiss(*, session: Session, job_ids: Iterable[int], actor: str) -> list[ActionResult]:
     """Hide a dead letter from the dead-letter list (it stays failed, with its history)."""
-    return _from_status(session, job_ids, source=JobStatus.failed, event="dismissed", actor=actor,
-                        reason="dismissed from dead letters", refusal="only a dead letter can be dismissed",
-                        publish=False, said=lambda job: f"job {job.id} dismissed", dismissed=True)
+    return _from_status(
+        session,
+        job_ids,
+        source=JobStatus.failed,
+        event="dismissed",
+        actor=actor,
+        reason="dismissed from dead letters",
+        refusal="only a dead letter can be dismissed",
+        publish=False,
+        said=lambda job: f"job {job.id} dismissed",
+        dismissed=True,
+    )
 
 
 # --- integrity: pipeline versions and delete ---------------------------------------------------------
 
 
-def revive(*, session: Session, job_ids: Iterable[int], actor: str,
-           reason: str = "pipeline version in force again") -> list[ActionResult]:
+def revive(
+    *,
+    session: Session,
+    job_ids: Iterable[int],
+    actor: str,
+    reason: str = "pipeline version in force again",
+) -> list[ActionResult]:
     """superseded -> pending: the settings went back to this job's pipeline version, so build it
     again (its chunks were removed when it was superseded). Search keeps serving the document's
     active job until this one succeeds and takes over."""
-    return _from_status(session, job_ids, source=JobStatus.superseded, event="revived", actor=actor,
-                        reason=reason, refusal="only superseded jobs can be revived", publish=True,
-                        said=lambda job: f"job {job.id} queued to build pipeline {job.pipeline_version} again",
-                        **{"status": JobStatus.pending, "stage": Stage.queued, "done": 0, "total": 0, "attempt": 0,
-                           "finished_at": None, "next_attempt_at": None, "cancel_requested": False})
+    return _from_status(
+        session,
+        job_ids,
+        source=JobStatus.superseded,
+        event="revived",
+        actor=actor,
+        reason=reason,
+        refusal="only superseded jobs can be revived",
+        publish=True,
+        said=lambda job: f"job {job.id} queued to build pipeline {job.pipeline_version} again",
+        **{
+            "status": JobStatus.pending,
+            "stage": Stage.queued,
+            "done": 0,
+            "total": 0,
+            "attempt": 0,
+            "finished_at": None,
+            "next_attempt_at": None,
+            "cancel_requested": False,
+        },
+    )
 
 
-def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str = "document deleted",
-                 attempts: int = 5) -> list[ActionResult]:
+def mark_deleted(
+    *,
+    session: Session,
+    document_id: int,
+    actor: str,
+    reason: str = "document deleted",
+    attempts: int = 5,
+) -> list[ActionResult]:
     """Every job of a document -> deleted, and the document -> deleted_at, in one transaction.
 
     Jobs and their events stay (the audit trail); search stops answering the document at once. A
@@ -816,8 +1360,12 @@ def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str 
         document = session.get(Document, document_id, populate_existing=True)
         if document is None:
             return [ActionResult(0, False, f"document {document_id} does not exist")]
-        rows = session.exec(select(Job).where(Job.document_id == document_id).order_by(Job.id)
-                            .execution_options(populate_existing=True)).all()
+        rows = session.exec(
+            select(Job)
+            .where(Job.document_id == document_id)
+            .order_by(Job.id)
+            .execution_options(populate_existing=True)
+        ).all()
         now = db_now(session)
         results, lost = [], False
         for job in rows:
@@ -825,14 +1373,30 @@ def mark_deleted(*, session: Session, document_id: int, actor: str, reason: str 
                 results.append(ActionResult(job.id, True, f"job {job.id} was already deleted"))
                 continue
             before = job.status
-            if not _cas(session, job, status=JobStatus.deleted, cancel_requested=False, worker_id=None,
-                        next_attempt_at=None, waiting_for=None, waiting_since=None,
-                        finished_at=job.finished_at or now, now=now):
+            if not _cas(
+                session,
+                job,
+                status=JobStatus.deleted,
+                cancel_requested=False,
+                worker_id=None,
+                next_attempt_at=None,
+                waiting_for=None,
+                waiting_since=None,
+                finished_at=job.finished_at or now,
+                now=now,
+            ):
                 lost = True
                 break
-            add_event(session, job, "deleted", actor=actor, from_status=before, to_status=JobStatus.deleted,
-                      message=reason, data={"document_id": document_id,
-                                            "was_active": document.active_job_id == job.id})
+            add_event(
+                session,
+                job,
+                "deleted",
+                actor=actor,
+                from_status=before,
+                to_status=JobStatus.deleted,
+                message=reason,
+                data={"document_id": document_id, "was_active": document.active_job_id == job.id},
+            )
             results.append(ActionResult(job.id, True, f"job {job.id} deleted (was {before.value})"))
         if lost:
             session.rollback()
@@ -860,8 +1424,15 @@ ACTION_FOR_STATUS = {
 }
 
 
-def ensure_version_job(*, session: Session, document: Document, pipeline_version: str, max_attempts: int,
-                       actor: str, reason: str) -> tuple[ActionResult, bool]:
+def ensure_version_job(
+    *,
+    session: Session,
+    document: Document,
+    pipeline_version: str,
+    max_attempts: int,
+    actor: str,
+    reason: str,
+) -> tuple[ActionResult, bool]:
     """Make sure a job of ``pipeline_version`` is queued for ``document``; returns the
     result and whether this call queued it.
 
@@ -869,36 +1440,56 @@ def ensure_version_job(*, session: Session, document: Document, pipeline_version
     already under way is left alone (ok, nothing queued).
     """
     version = pipeline_version
-    key = idempotency_key(dataset_id=document.dataset_id, sha256=document.sha256, pipeline_version=version)
+    key = idempotency_key(
+        dataset_id=document.dataset_id, sha256=document.sha256, pipeline_version=version
+    )
     existing = session.exec(select(Job).where(Job.idempotency_key == key)).first()
     status = existing.status if existing is not None else None
     action = ACTION_FOR_STATUS[status]
     if action == "underway":
-        return ActionResult(existing.id, True, f"job {existing.id} of pipeline {version} is already "
-                                               f"{status.value}"), False
+        return ActionResult(
+            existing.id, True, f"job {existing.id} of pipeline {version} is already {status.value}"
+        ), False
     transition = {"retry": retry, "revive": revive, "reindex": reindex}.get(action)
     if transition is not None:
         [result] = transition(session=session, job_ids=[existing.id], actor=actor, reason=reason)
         return result, result.ok
     try:
-        job, created = create_job(session=session, document=document, pipeline_version=version,
-                                       idempotency_key=key, max_attempts=max_attempts, actor=actor)
+        job, created = create_job(
+            session=session,
+            document=document,
+            pipeline_version=version,
+            idempotency_key=key,
+            max_attempts=max_attempts,
+            actor=actor,
+        )
         if created:
-            add_event(session, job, "reindex_requested", actor=actor, to_status=JobStatus.pending,
-                           message=reason, data={"pipeline_version": version,
-                                                 "replaces_job": document.active_job_id})
+            add_event(
+                session,
+                job,
+                "reindex_requested",
+                actor=actor,
+                to_status=JobStatus.pending,
+                message=reason,
+                data={"pipeline_version": version, "replaces_job": document.active_job_id},
+            )
         session.commit()
     except IntegrityError:  # another reindex created it at the same moment
         session.rollback()
-        return ActionResult(0, True, f"document {document.id}: a job of pipeline {version} was just created"), False
-    return ActionResult(job.id, True, f"job {job.id} queued to build {document.filename} with pipeline "
-                                      f"{version}"), created
+        return ActionResult(
+            0, True, f"document {document.id}: a job of pipeline {version} was just created"
+        ), False
+    return ActionResult(
+        job.id, True, f"job {job.id} queued to build {document.filename} with pipeline {version}"
+    ), created
 
 
 RESTAMPABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.failed)
 
 
-def restamp(*, session: Session, dataset_id: int, from_version: str, to_version: str, actor: str) -> list[int]:
+def restamp(
+    *, session: Session, dataset_id: int, from_version: str, to_version: str, actor: str
+) -> list[int]:
     """The dataset's parse settings changed from those making ``from_version`` to those making
     ``to_version``: its jobs of the old version that are not running (waiting, due for a retry, or
     dead letters) build the new version instead, or no worker would ever take them. Each by
@@ -908,21 +1499,40 @@ def restamp(*, session: Session, dataset_id: int, from_version: str, to_version:
     done: list[int] = []
     if from_version == to_version:
         return done
-    found = session.exec(select(Job).where(Job.dataset_id == dataset_id, Job.pipeline_version == from_version,
-                                           Job.status.in_(RESTAMPABLE)).order_by(Job.id)).all()
+    found = session.exec(
+        select(Job)
+        .where(
+            Job.dataset_id == dataset_id,
+            Job.pipeline_version == from_version,
+            Job.status.in_(RESTAMPABLE),
+        )
+        .order_by(Job.id)
+    ).all()
     for job in found:
         document = session.get(Document, job.document_id)
-        key = idempotency_key(dataset_id=dataset_id, sha256=document.sha256, pipeline_version=to_version)
+        key = idempotency_key(
+            dataset_id=dataset_id, sha256=document.sha256, pipeline_version=to_version
+        )
         if session.exec(select(Job.id).where(Job.idempotency_key == key)).first() is not None:
             continue
         status = job.status
         try:
-            if _cas(session, job, where=[Job.status == status, Job.pipeline_version == from_version],
-                    pipeline_version=to_version, idempotency_key=key):
-                add_event(session, job, "restamped", actor=actor,
-                          message=f"the dataset's parse settings changed: this job builds pipeline {to_version} "
-                                  f"instead of {from_version}",
-                          data={"from_version": from_version, "to_version": to_version})
+            if _cas(
+                session,
+                job,
+                where=[Job.status == status, Job.pipeline_version == from_version],
+                pipeline_version=to_version,
+                idempotency_key=key,
+            ):
+                add_event(
+                    session,
+                    job,
+                    "restamped",
+                    actor=actor,
+                    message=f"the dataset's parse settings changed: this job builds pipeline {to_version} "
+                    f"instead of {from_version}",
+                    data={"from_version": from_version, "to_version": to_version},
+                )
                 done.append(job.id)
             session.commit()
         except IntegrityError:  # a job of the new version was just made for this document
@@ -930,15 +1540,27 @@ def restamp(*, session: Session, dataset_id: int, from_version: str, to_version:
     return done
 
 
-def action_rejected(*, session: Session, job_id: int, actor: str, code: str, message: str, hint: str) -> bool:
+def action_rejected(
+    *, session: Session, job_id: int, actor: str, code: str, message: str, hint: str
+) -> bool:
     """A failed job whose fix the operator tried, and that fix did not work (a wrong password): it
     stays failed as user_action_required, and its error now says why. False if it is not failed."""
     job = get_job(session=session, job_id=job_id)
     if job is None or job.status != JobStatus.failed:
         return False
-    ok = _cas(session, job, where=[Job.status == JobStatus.failed], error_kind=ErrorKind.user_action_required,
-              error_code=code, error_message=message, fix_hint=hint, error_detail=None)
+    ok = _cas(
+        session,
+        job,
+        where=[Job.status == JobStatus.failed],
+        error_kind=ErrorKind.user_action_required,
+        error_code=code,
+        error_message=message,
+        fix_hint=hint,
+        error_detail=None,
+    )
     if ok:
-        add_event(session, job, "action_rejected", actor=actor, message=message, data={"code": code})
+        add_event(
+            session, job, "action_rejected", actor=actor, message=message, data={"code": code}
+        )
     session.commit()
     return ok

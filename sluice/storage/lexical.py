@@ -46,7 +46,7 @@ def _word_tokens(word: str) -> list[str]:
         elif len(part) == 1:
             out.append(part)
         else:
-            out.extend(part[j:j + 2] for j in range(len(part) - 1))
+            out.extend(part[j : j + 2] for j in range(len(part) - 1))
     return out
 
 
@@ -186,29 +186,45 @@ def _tsvector(toks: Sequence[str]) -> str:
     return " ".join(f"'{t}':{min(i + 1, 16383)}" for i, t in enumerate(toks))
 
 
-def write_job(engine: Engine, *, dataset_id: int, document_id: int, job_id: int, rows: Iterable[Row]) -> int:
+def write_job(
+    engine: Engine, *, dataset_id: int, document_id: int, job_id: int, rows: Iterable[Row]
+) -> int:
     """Make the job's rows exactly ``rows``, in one transaction (a re-run writes the same ids again,
     and what an older run left beyond the new count goes). Returns how many rows it wrote."""
     pg = _postgres(engine)
     params = []
     for r in rows:
         toks = tokens(r.text)
-        params.append({"dataset_id": dataset_id, "chunk_id": r.chunk_id, "document_id": document_id,
-                       "job_id": job_id, "position": r.position, "page": r.page, "text": r.text,
-                       "terms": _tsvector(toks) if pg else " ".join(toks)})
+        params.append(
+            {
+                "dataset_id": dataset_id,
+                "chunk_id": r.chunk_id,
+                "document_id": document_id,
+                "job_id": job_id,
+                "position": r.position,
+                "page": r.page,
+                "text": r.text,
+                "terms": _tsvector(toks) if pg else " ".join(toks),
+            }
+        )
     column, value = ("tsv", "CAST(:terms AS tsvector)") if pg else ("terms", ":terms")
-    insert = text(f"INSERT INTO lexical_chunk (dataset_id, chunk_id, document_id, job_id, position, page, text, "
-                  f"{column}) VALUES (:dataset_id, :chunk_id, :document_id, :job_id, :position, :page, :text, "
-                  f"{value})")
+    insert = text(
+        f"INSERT INTO lexical_chunk (dataset_id, chunk_id, document_id, job_id, position, page, text, "
+        f"{column}) VALUES (:dataset_id, :chunk_id, :document_id, :job_id, :position, :page, :text, "
+        f"{value})"
+    )
     with engine.begin() as conn:
         conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :job_id"), {"job_id": job_id})
         # A chunk id is the same for the same bytes and pipeline version: a row another job of this
         # dataset left with these ids (never the case unless by hand) must not block the insert.
         for start in range(0, len(params), BATCH):
-            part = params[start:start + BATCH]
-            conn.execute(text("DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids")
-                         .bindparams(_expanding("ids")),
-                         {"d": dataset_id, "ids": [p["chunk_id"] for p in part]})
+            part = params[start : start + BATCH]
+            conn.execute(
+                text(
+                    "DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids"
+                ).bindparams(_expanding("ids")),
+                {"d": dataset_id, "ids": [p["chunk_id"] for p in part]},
+            )
             conn.execute(insert, part)
     return len(params)
 
@@ -222,24 +238,31 @@ def _expanding(name: str):
 def delete_job(engine: Engine, job_id: int) -> int:
     """Remove every row a job wrote (cancel, supersede, delete). Returns how many went."""
     with engine.begin() as conn:
-        return conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}).rowcount
+        return conn.execute(
+            text("DELETE FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}
+        ).rowcount
 
 
 def delete_jobs(engine: Engine, job_ids: Sequence[int]) -> int:
     if not job_ids:
         return 0
     with engine.begin() as conn:
-        return conn.execute(text("DELETE FROM lexical_chunk WHERE job_id IN :ids").bindparams(_expanding("ids")),
-                            {"ids": list(job_ids)}).rowcount
+        return conn.execute(
+            text("DELETE FROM lexical_chunk WHERE job_id IN :ids").bindparams(_expanding("ids")),
+            {"ids": list(job_ids)},
+        ).rowcount
 
 
 def delete_ids(engine: Engine, dataset_id: int, chunk_ids: Sequence[str]) -> int:
     n = 0
     with engine.begin() as conn:
         for start in range(0, len(chunk_ids), BATCH):
-            n += conn.execute(text("DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids")
-                              .bindparams(_expanding("ids")),
-                              {"d": dataset_id, "ids": list(chunk_ids[start:start + BATCH])}).rowcount
+            n += conn.execute(
+                text(
+                    "DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids"
+                ).bindparams(_expanding("ids")),
+                {"d": dataset_id, "ids": list(chunk_ids[start : start + BATCH])},
+            ).rowcount
     return n
 
 
@@ -252,8 +275,10 @@ def update_fields(engine: Engine, dataset_id: int, fixes: Sequence[tuple[str, di
             if not values:
                 continue
             sets = ", ".join(f"{k} = :{k}" for k in values)
-            conn.execute(text(f"UPDATE lexical_chunk SET {sets} WHERE dataset_id = :d AND chunk_id = :cid"),
-                         {**values, "d": dataset_id, "cid": cid})
+            conn.execute(
+                text(f"UPDATE lexical_chunk SET {sets} WHERE dataset_id = :d AND chunk_id = :cid"),
+                {**values, "d": dataset_id, "cid": cid},
+            )
 
 
 # --- reading -------------------------------------------------------------------------------------------------
@@ -264,9 +289,13 @@ def iter_rows(engine: Engine, dataset_id: int, *, page_size: int = 5000):
     last = ""
     while True:
         with engine.connect() as conn:
-            page = conn.execute(text("SELECT chunk_id, job_id, document_id, position FROM lexical_chunk "
-                                     "WHERE dataset_id = :d AND chunk_id > :last ORDER BY chunk_id LIMIT :n"),
-                                {"d": dataset_id, "last": last, "n": page_size}).all()
+            page = conn.execute(
+                text(
+                    "SELECT chunk_id, job_id, document_id, position FROM lexical_chunk "
+                    "WHERE dataset_id = :d AND chunk_id > :last ORDER BY chunk_id LIMIT :n"
+                ),
+                {"d": dataset_id, "last": last, "n": page_size},
+            ).all()
         if not page:
             return
         yield [tuple(r) for r in page]
@@ -280,16 +309,21 @@ def get_fields(engine: Engine, dataset_id: int, chunk_ids: Sequence[str]) -> dic
     with engine.connect() as conn:
         for start in range(0, len(chunk_ids), BATCH):
             for cid, jid, did, pos in conn.execute(
-                    text("SELECT chunk_id, job_id, document_id, position FROM lexical_chunk "
-                         "WHERE dataset_id = :d AND chunk_id IN :ids").bindparams(_expanding("ids")),
-                    {"d": dataset_id, "ids": list(chunk_ids[start:start + BATCH])}):
+                text(
+                    "SELECT chunk_id, job_id, document_id, position FROM lexical_chunk "
+                    "WHERE dataset_id = :d AND chunk_id IN :ids"
+                ).bindparams(_expanding("ids")),
+                {"d": dataset_id, "ids": list(chunk_ids[start : start + BATCH])},
+            ):
                 out[cid] = {"job_id": jid, "document_id": did, "position": pos}
     return out
 
 
 def count_job(engine: Engine, job_id: int) -> int:
     with engine.connect() as conn:
-        return conn.execute(text("SELECT COUNT(*) FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}).scalar_one()
+        return conn.execute(
+            text("SELECT COUNT(*) FROM lexical_chunk WHERE job_id = :j"), {"j": job_id}
+        ).scalar_one()
 
 
 @dataclass(frozen=True)
@@ -303,8 +337,13 @@ class ChunkRow:
 def job_chunks(engine: Engine, job_id: int, *, offset: int = 0, limit: int = 50) -> list[ChunkRow]:
     """A job's chunks in order (the document view), one page of them."""
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT chunk_id, position, page, text FROM lexical_chunk WHERE job_id = :j "
-                                 "ORDER BY position LIMIT :n OFFSET :o"), {"j": job_id, "n": limit, "o": offset})
+        rows = conn.execute(
+            text(
+                "SELECT chunk_id, position, page, text FROM lexical_chunk WHERE job_id = :j "
+                "ORDER BY position LIMIT :n OFFSET :o"
+            ),
+            {"j": job_id, "n": limit, "o": offset},
+        )
         return [ChunkRow(*r) for r in rows]
 
 
@@ -320,8 +359,15 @@ def _tsquery_expr(query: Query, *, loose: bool) -> str:
     return " & ".join("(" + " <-> ".join(f"'{t}'" for t in g) + ")" for g in query.groups)
 
 
-def search(engine: Engine, *, dataset_id: int, query: Query, n: int, filters: Filters | None = None,
-           loose: bool = True) -> list[LexicalHit]:
+def search(
+    engine: Engine,
+    *,
+    dataset_id: int,
+    query: Query,
+    n: int,
+    filters: Filters | None = None,
+    loose: bool = True,
+) -> list[LexicalHit]:
     """The best ``n`` chunks of the dataset's active jobs for the query, best first.
 
     Every group (quoted phrase, typed word) must match; when no chunk has them all and ``loose``
@@ -331,12 +377,16 @@ def search(engine: Engine, *, dataset_id: int, query: Query, n: int, filters: Fi
         return []
     hits = _run(engine, dataset_id, query, n, filters, loose=False)
     if not hits and loose and not query.quoted and len(query.terms) > 1:
-        hits = [replace(h, strict=False) for h in _run(engine, dataset_id, query, n, filters, loose=True)]
+        hits = [
+            replace(h, strict=False)
+            for h in _run(engine, dataset_id, query, n, filters, loose=True)
+        ]
     return hits
 
 
-def _run(engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters | None, *,
-         loose: bool) -> list[LexicalHit]:
+def _run(
+    engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters | None, *, loose: bool
+) -> list[LexicalHit]:
     pg = _postgres(engine)
     params: dict = {"d": dataset_id, "n": n}
     where = ["l.dataset_id = :d"]
@@ -354,10 +404,14 @@ def _run(engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters
         where.append("l.page <= :pt")
         params["pt"] = f.page_to
     active = "JOIN document d ON d.id = l.document_id AND d.active_job_id = l.job_id AND d.deleted_at IS NULL"
-    cols = "l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, d.filename, d.media_type"
+    cols = (
+        "l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, d.filename, d.media_type"
+    )
     if pg:
         params["q"] = _tsquery_expr(query, loose=loose)
-        matches = "FROM lexical_chunk, CAST(:q AS tsquery) AS q(q) WHERE tsv @@ q.q AND dataset_id = :d"
+        matches = (
+            "FROM lexical_chunk, CAST(:q AS tsquery) AS q(q) WHERE tsv @@ q.q AND dataset_id = :d"
+        )
         ranked = f"SELECT id, ts_rank(tsv, q.q, 1) AS score {matches} ORDER BY score DESC LIMIT :m"
     else:
         params["q"] = _fts5_expr(query, loose=loose)
@@ -366,20 +420,35 @@ def _run(engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters
     # Rank in the full-text index alone, then join only the best: carrying every match's text through
     # the join and the sort cost as much as the ranking. When filters or inactive jobs leave fewer
     # than asked, rank more, until every match was seen.
-    sql = (f"SELECT {cols}, f.score FROM ({ranked}) f JOIN lexical_chunk l ON l.id = f.id {active} "
-           f"WHERE {' AND '.join(where)} ORDER BY f.score DESC, l.chunk_id LIMIT :n")
+    sql = (
+        f"SELECT {cols}, f.score FROM ({ranked}) f JOIN lexical_chunk l ON l.id = f.id {active} "
+        f"WHERE {' AND '.join(where)} ORDER BY f.score DESC, l.chunk_id LIMIT :n"
+    )
     params["m"] = max(CANDIDATES, 4 * n)
     with engine.connect() as conn:
         while True:
             rows = conn.execute(text(sql), params).all()
-            if len(rows) >= n or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one() <= params["m"]:
+            if (
+                len(rows) >= n
+                or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one()
+                <= params["m"]
+            ):
                 return [_hit(r) for r in rows]
             params["m"] *= 8
 
 
 def _hit(r) -> LexicalHit:
-    return LexicalHit(chunk_id=r[0], document_id=r[1], job_id=r[2], position=r[3], page=r[4], text=r[5],
-                      filename=r[6], media_type=r[7], score=float(r[8]))
+    return LexicalHit(
+        chunk_id=r[0],
+        document_id=r[1],
+        job_id=r[2],
+        position=r[3],
+        page=r[4],
+        text=r[5],
+        filename=r[6],
+        media_type=r[7],
+        score=float(r[8]),
+    )
 
 
 # --- highlighting ----------------------------------------------------------------------------------------------
@@ -408,7 +477,7 @@ def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:
                     spans.append((m.start() + pos, m.start() + pos + 1))
             else:
                 for j in range(len(part) - 1):
-                    if part[j:j + 2] in wanted:
+                    if part[j : j + 2] in wanted:
                         spans.append((m.start() + pos + j, m.start() + pos + j + 2))
             pos += len(part)
     merged: list[tuple[int, int]] = []
@@ -420,7 +489,9 @@ def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:
     return merged
 
 
-def snippet(value: str, query: Query, *, width: int = 240, mark: tuple[str, str] = ("**", "**")) -> str:
+def snippet(
+    value: str, query: Query, *, width: int = 240, mark: tuple[str, str] = ("**", "**")
+) -> str:
     """A window of the text around the first match, matched words wrapped in ``mark``."""
     flat = " ".join(value.split())
     spans = matched_spans(flat, query)

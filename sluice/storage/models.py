@@ -77,9 +77,13 @@ class Dataset(SQLModel, table=True):
     # Chroma collection of this dataset; unique per row so instances can share one Chroma server.
     collection: str = Field(unique=True, max_length=80)
     created_at: datetime = Field(default_factory=utcnow)
-    priority: int | None = None  # its jobs' priority when they have none of their own (higher first; None = 0)
+    priority: int | None = (
+        None  # its jobs' priority when they have none of their own (higher first; None = 0)
+    )
     # What this dataset sets for itself instead of the process's settings (sluice.storage.dataset_settings).
-    parse_settings: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    parse_settings: dict[str, Any] | None = Field(
+        default=None, sa_column=Column(JSON, nullable=True)
+    )
     settings_changed_at: datetime | None = None
     settings_changed_by: str | None = Field(default=None, max_length=120)
 

@@ -30,8 +30,9 @@ class DispatchResult:
     error: str | None = None
 
 
-def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 1000,
-             window: int = 0) -> DispatchResult:
+def dispatch(
+    *, engine: Engine, publish: Callable[[int], None], limit: int = 1000, window: int = 0
+) -> DispatchResult:
     """Publish due outbox rows, the most urgent first; stop at the first publish error (the queue is down).
 
     With a ``window``, only that many messages are kept on the queue (published, not yet claimed):
@@ -48,12 +49,16 @@ def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 100
         due = choose(session=session, now=now, limit=limit, window=window)
         if not due:
             return result
-        claimed = set(session.execute(
-            update(Outbox)
-            .where(Outbox.id.in_([row_id for row_id, _, _ in due]), Outbox.sent_at.is_(None))
-            .values(sent_at=now, publish_attempts=Outbox.publish_attempts + 1)
-            .returning(Outbox.id)
-        ).scalars().all())
+        claimed = set(
+            session.execute(
+                update(Outbox)
+                .where(Outbox.id.in_([row_id for row_id, _, _ in due]), Outbox.sent_at.is_(None))
+                .values(sent_at=now, publish_attempts=Outbox.publish_attempts + 1)
+                .returning(Outbox.id)
+            )
+            .scalars()
+            .all()
+        )
         session.commit()
         skipped, failed = [], []
         for row_id, job_id, status in due:
@@ -72,12 +77,18 @@ def dispatch(*, engine: Engine, publish: Callable[[int], None], limit: int = 100
                 result.error = f"{type(exc).__name__}: {exc}"[:500]
                 failed.append(row_id)
         if skipped:
-            session.execute(update(Outbox).where(Outbox.id.in_(skipped))
-                            .values(last_error="not published: the job no longer waits to run"))
+            session.execute(
+                update(Outbox)
+                .where(Outbox.id.in_(skipped))
+                .values(last_error="not published: the job no longer waits to run")
+            )
             result.skipped = len(skipped)
         if failed:
-            session.execute(update(Outbox).where(Outbox.id.in_(failed))
-                            .values(sent_at=None, last_error=result.error))
+            session.execute(
+                update(Outbox)
+                .where(Outbox.id.in_(failed))
+                .values(sent_at=None, last_error=result.error)
+            )
         session.commit()
     return result
 
@@ -96,7 +107,10 @@ def load_by_dataset(*, session: Session) -> tuple[int, dict[int, int]]:
     unsent = exists().where(Outbox.job_id == Job.id, Outbox.sent_at.is_(None))
     rows = session.execute(
         select(Job.dataset_id, Job.status, func.count())
-        .where(Job.status.in_((*CLAIMABLE, JobStatus.running)), or_(Job.status == JobStatus.running, ~unsent))
+        .where(
+            Job.status.in_((*CLAIMABLE, JobStatus.running)),
+            or_(Job.status == JobStatus.running, ~unsent),
+        )
         .group_by(Job.dataset_id, Job.status)
     ).all()
     load: dict[int, int] = defaultdict(int)
@@ -105,7 +119,9 @@ def load_by_dataset(*, session: Session) -> tuple[int, dict[int, int]]:
     return sum(n for _, status, n in rows if status != JobStatus.running), load
 
 
-def choose(*, session: Session, now: datetime, limit: int, window: int) -> list[tuple[int, int, JobStatus]]:
+def choose(
+    *, session: Session, now: datetime, limit: int, window: int
+) -> list[tuple[int, int, JobStatus]]:
     """The due outbox rows to publish now: (row id, job id, job status), in publishing order.
 
     With a window: as many as it has room for; each next one is the head of the dataset whose head
@@ -114,29 +130,48 @@ def choose(*, session: Session, now: datetime, limit: int, window: int) -> list[
     priority) goes before both.
     """
     if not window:
-        return [tuple(r) for r in session.execute(
-            select(Outbox.id, Outbox.job_id, Job.status)
-            .join(Job, Job.id == Outbox.job_id).join(Dataset, Dataset.id == Job.dataset_id)
-            .where(*_due(now)).order_by(_priority().desc(), Outbox.id).limit(limit)
-        ).all()]
+        return [
+            tuple(r)
+            for r in session.execute(
+                select(Outbox.id, Outbox.job_id, Job.status)
+                .join(Job, Job.id == Outbox.job_id)
+                .join(Dataset, Dataset.id == Job.dataset_id)
+                .where(*_due(now))
+                .order_by(_priority().desc(), Outbox.id)
+                .limit(limit)
+            ).all()
+        ]
     in_flight, load = load_by_dataset(session=session)
     room = min(limit, window - in_flight)
     if room <= 0:
         return []
-    rank = func.row_number().over(partition_by=Job.dataset_id, order_by=(_priority().desc(), Outbox.id))
+    rank = func.row_number().over(
+        partition_by=Job.dataset_id, order_by=(_priority().desc(), Outbox.id)
+    )
     heads = (
-        select(Outbox.id.label("row_id"), Outbox.job_id, Job.status, Job.dataset_id,
-               _priority().label("priority"), rank.label("rank"))
-        .join(Job, Job.id == Outbox.job_id).join(Dataset, Dataset.id == Job.dataset_id)
+        select(
+            Outbox.id.label("row_id"),
+            Outbox.job_id,
+            Job.status,
+            Job.dataset_id,
+            _priority().label("priority"),
+            rank.label("rank"),
+        )
+        .join(Job, Job.id == Outbox.job_id)
+        .join(Dataset, Dataset.id == Job.dataset_id)
         .where(*_due(now))
         .subquery()
     )
     queues: dict[int, deque] = defaultdict(deque)
-    for row in session.execute(select(heads).where(heads.c.rank <= room).order_by(heads.c.rank)).all():
+    for row in session.execute(
+        select(heads).where(heads.c.rank <= room).order_by(heads.c.rank)
+    ).all():
         queues[row.dataset_id].append(row)
     chosen = []
     while queues and len(chosen) < room:
-        dataset_id = min(queues, key=lambda d: (-queues[d][0].priority, load[d], queues[d][0].row_id))
+        dataset_id = min(
+            queues, key=lambda d: (-queues[d][0].priority, load[d], queues[d][0].row_id)
+        )
         row = queues[dataset_id].popleft()
         chosen.append((row.row_id, row.job_id, JobStatus(row.status)))
         load[dataset_id] += 1
@@ -146,11 +181,14 @@ def choose(*, session: Session, now: datetime, limit: int, window: int) -> list[
 
 
 def unsent_count(*, session: Session) -> int:
-    return session.exec(select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))).one()
+    return session.exec(
+        select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))
+    ).one()
 
 
-def redeliver_stranded(*, session: Session, older_than_seconds: float,
-                       queued_job_ids: Collection[int]) -> list[int]:
+def redeliver_stranded(
+    *, session: Session, older_than_seconds: float, queued_job_ids: Collection[int]
+) -> list[int]:
     """Publish again jobs that wait for a message that no longer exists.
 
     A job is stranded when it is pending or due for retry, its last message was sent more than
@@ -161,8 +199,11 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
     now = db_now(session)
     cutoff = now - timedelta(seconds=older_than_seconds)
     last_sent = (
-        select(Outbox.job_id, func.max(Outbox.sent_at).label("last_sent"),
-               func.count(Outbox.id).filter(Outbox.sent_at.is_(None)).label("unsent"))
+        select(
+            Outbox.job_id,
+            func.max(Outbox.sent_at).label("last_sent"),
+            func.count(Outbox.id).filter(Outbox.sent_at.is_(None)).label("unsent"),
+        )
         .group_by(Outbox.job_id)
         .subquery()
     )
@@ -183,7 +224,9 @@ def redeliver_stranded(*, session: Session, older_than_seconds: float,
         if job.id in queued_job_ids:
             continue
         faults.hit("redeliver_selected", job_id=job.id)
-        if republish(session=session, job=job, now=now):  # else another recovery loop or a claim won
+        if republish(
+            session=session, job=job, now=now
+        ):  # else another recovery loop or a claim won
             republished.append(job.id)
     session.commit()
     return republished

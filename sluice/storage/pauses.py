@@ -33,27 +33,39 @@ def covering(dataset_id: Any) -> Any:
 def pause_for(*, session: Session, dataset_id: int | None) -> Pause | None:
     """The pause that stops the jobs of ``dataset_id`` (the whole queue's first), or None."""
     rows = session.exec(
-        select(Pause).where(or_(Pause.dataset_id.is_(None), Pause.dataset_id == dataset_id))
+        select(Pause)
+        .where(or_(Pause.dataset_id.is_(None), Pause.dataset_id == dataset_id))
         .order_by(Pause.dataset_id.is_not(None), Pause.id)
     ).all()
     return rows[0] if rows else None
 
 
 def describe(pause: Pause, dataset_name: str | None = None) -> str:
-    what = "the whole queue" if pause.dataset_id is None else f"dataset {dataset_name or pause.dataset_id}"
+    what = (
+        "the whole queue"
+        if pause.dataset_id is None
+        else f"dataset {dataset_name or pause.dataset_id}"
+    )
     why = f": {pause.reason}" if pause.reason else ""
     return f"paused ({what}, by {pause.paused_by} at {pause.paused_at:%Y-%m-%d %H:%M:%S} UTC{why})"
 
 
-def pause(*, session: Session, dataset_id: int | None, actor: str, reason: str = "") -> tuple[Pause, bool]:
+def pause(
+    *, session: Session, dataset_id: int | None, actor: str, reason: str = ""
+) -> tuple[Pause, bool]:
     """Pause the dataset (None: the whole queue). Returns the pause and whether this call made it
     (False: it was already paused, and that pause stays as it was)."""
     scope = scope_of(dataset_id)
     existing = session.exec(select(Pause).where(Pause.scope == scope)).first()
     if existing is not None:
         return existing, False
-    row = Pause(scope=scope, dataset_id=dataset_id, paused_by=actor, paused_at=db_now(session),
-                reason=reason.strip()[:2000])
+    row = Pause(
+        scope=scope,
+        dataset_id=dataset_id,
+        paused_by=actor,
+        paused_at=db_now(session),
+        reason=reason.strip()[:2000],
+    )
     session.add(row)
     try:
         session.commit()
@@ -74,8 +86,19 @@ def resume(*, session: Session, dataset_id: int | None) -> bool:
 def active(*, session: Session) -> list[dict]:
     """Every pause in force, the whole queue first: what, who, when, why."""
     rows = session.exec(
-        select(Pause, Dataset.name).join(Dataset, Dataset.id == Pause.dataset_id, isouter=True)
+        select(Pause, Dataset.name)
+        .join(Dataset, Dataset.id == Pause.dataset_id, isouter=True)
         .order_by(Pause.dataset_id.is_not(None), Dataset.name)
     ).all()
-    return [{"scope": p.scope, "dataset_id": p.dataset_id, "dataset": name, "paused_by": p.paused_by,
-             "paused_at": p.paused_at, "reason": p.reason, "text": describe(p, name)} for p, name in rows]
+    return [
+        {
+            "scope": p.scope,
+            "dataset_id": p.dataset_id,
+            "dataset": name,
+            "paused_by": p.paused_by,
+            "paused_at": p.paused_at,
+            "reason": p.reason,
+            "text": describe(p, name),
+        }
+        for p, name in rows
+    ]

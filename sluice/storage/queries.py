@@ -51,17 +51,30 @@ def _apply(stmt, f: JobFilter):
     return stmt
 
 
-def list_jobs(*, session: Session, f: JobFilter | None = None, sort: str = "created", descending: bool = True,
-              page: int = 1, page_size: int = 50) -> list[Job]:
+def list_jobs(
+    *,
+    session: Session,
+    f: JobFilter | None = None,
+    sort: str = "created",
+    descending: bool = True,
+    page: int = 1,
+    page_size: int = 50,
+) -> list[Job]:
     f = f or JobFilter()
     column = SORTABLE.get(sort, Job.created_at)
     order = [column.desc(), Job.id.desc()] if descending else [column.asc(), Job.id.asc()]
-    stmt = _apply(select(Job), f).order_by(*order).offset(max(0, page - 1) * page_size).limit(page_size)
+    stmt = (
+        _apply(select(Job), f)
+        .order_by(*order)
+        .offset(max(0, page - 1) * page_size)
+        .limit(page_size)
+    )
     return list(session.exec(stmt).all())
 
 
-def matching_job_ids(*, session: Session, f: JobFilter, statuses: list[str] | None = None,
-                     limit: int = 100_000) -> list[int]:
+def matching_job_ids(
+    *, session: Session, f: JobFilter, statuses: list[str] | None = None, limit: int = 100_000
+) -> list[int]:
     """Ids of the jobs a filter matches (narrowed to ``statuses``), oldest first."""
     stmt = _apply(select(Job.id), f)
     if statuses is not None:
@@ -71,8 +84,12 @@ def matching_job_ids(*, session: Session, f: JobFilter, statuses: list[str] | No
 
 def count_applicable(*, session: Session, f: JobFilter, statuses: list[str]) -> tuple[int, int]:
     """(jobs, distinct documents) a filter matches among ``statuses``, counted by the database."""
-    stmt = _apply(select(func.count(), func.count(func.distinct(Job.document_id))).select_from(Job), f)
-    jobs, documents = session.exec(stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))).one()
+    stmt = _apply(
+        select(func.count(), func.count(func.distinct(Job.document_id))).select_from(Job), f
+    )
+    jobs, documents = session.exec(
+        stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
+    ).one()
     return int(jobs), int(documents)
 
 
@@ -99,39 +116,72 @@ def dataset_by_name(*, session: Session, name: str) -> Dataset | None:
 
 
 def dataset_summaries(*, session: Session) -> list[dict]:
-    docs = dict(session.exec(
-        select(Document.dataset_id, func.count()).where(Document.deleted_at.is_(None)).group_by(Document.dataset_id)
-    ).all())
-    chunks = dict(session.exec(
-        select(Job.dataset_id, func.coalesce(func.sum(Job.chunk_count), 0))
-        .where(Job.status == JobStatus.succeeded).group_by(Job.dataset_id)
-    ).all())
+    docs = dict(
+        session.exec(
+            select(Document.dataset_id, func.count())
+            .where(Document.deleted_at.is_(None))
+            .group_by(Document.dataset_id)
+        ).all()
+    )
+    chunks = dict(
+        session.exec(
+            select(Job.dataset_id, func.coalesce(func.sum(Job.chunk_count), 0))
+            .where(Job.status == JobStatus.succeeded)
+            .group_by(Job.dataset_id)
+        ).all()
+    )
     jobs_by = {}
-    for ds_id, status, n in session.exec(select(Job.dataset_id, Job.status, func.count())
-                                         .group_by(Job.dataset_id, Job.status)).all():
+    for ds_id, status, n in session.exec(
+        select(Job.dataset_id, Job.status, func.count()).group_by(Job.dataset_id, Job.status)
+    ).all():
         jobs_by.setdefault(ds_id, {})[JobStatus(status).value] = n
     return [
-        {"name": ds.name, "id": ds.id, "documents": int(docs.get(ds.id, 0)), "chunks": int(chunks.get(ds.id, 0)),
-         "jobs": jobs_by.get(ds.id, {}), "collection": ds.collection, "created_at": ds.created_at.isoformat()}
+        {
+            "name": ds.name,
+            "id": ds.id,
+            "documents": int(docs.get(ds.id, 0)),
+            "chunks": int(chunks.get(ds.id, 0)),
+            "jobs": jobs_by.get(ds.id, {}),
+            "collection": ds.collection,
+            "created_at": ds.created_at.isoformat(),
+        }
         for ds in datasets(session=session)
     ]
 
 
 def job_events(*, session: Session, job_id: int) -> list[JobEvent]:
-    return list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all())
+    return list(
+        session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all()
+    )
 
 
-def dead_letters(*, session: Session, dataset_id: int | None = None, kind: str | None = None,
-                 include_dismissed: bool = False, limit: int = 500) -> list[Job]:
-    f = JobFilter(dataset_id=dataset_id, statuses=["failed"], error_kinds=[kind] if kind else [],
-                  include_dismissed=include_dismissed)
+def dead_letters(
+    *,
+    session: Session,
+    dataset_id: int | None = None,
+    kind: str | None = None,
+    include_dismissed: bool = False,
+    limit: int = 500,
+) -> list[Job]:
+    f = JobFilter(
+        dataset_id=dataset_id,
+        statuses=["failed"],
+        error_kinds=[kind] if kind else [],
+        include_dismissed=include_dismissed,
+    )
     return list_jobs(session=session, f=f, sort="finished", page_size=limit)
 
 
 def dead_letter_groups(*, session: Session, dataset_id: int | None = None) -> list[dict]:
     """Failed, undismissed jobs grouped by kind and reason (error code), with counts and a hint."""
     stmt = (
-        select(Job.error_kind, Job.error_code, func.count(), func.min(Job.fix_hint), func.max(Job.finished_at))
+        select(
+            Job.error_kind,
+            Job.error_code,
+            func.count(),
+            func.min(Job.fix_hint),
+            func.max(Job.finished_at),
+        )
         .where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
         .group_by(Job.error_kind, Job.error_code)
         .order_by(func.count().desc())
@@ -139,14 +189,24 @@ def dead_letter_groups(*, session: Session, dataset_id: int | None = None) -> li
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
     return [
-        {"kind": ErrorKind(k).value if k else "unknown", "code": code or "unknown", "count": n,
-         "fix_hint": hint or "", "latest": latest}
+        {
+            "kind": ErrorKind(k).value if k else "unknown",
+            "code": code or "unknown",
+            "count": n,
+            "fix_hint": hint or "",
+            "latest": latest,
+        }
         for k, code, n, hint, latest in session.exec(stmt).all()
     ]
 
 
-def dead_letter_ids(*, session: Session, kind: str | None = None, code: str | None = None,
-                    dataset_id: int | None = None) -> list[int]:
+def dead_letter_ids(
+    *,
+    session: Session,
+    kind: str | None = None,
+    code: str | None = None,
+    dataset_id: int | None = None,
+) -> list[int]:
     stmt = select(Job.id).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
     if kind:
         stmt = stmt.where(Job.error_kind == ErrorKind(kind))
@@ -164,8 +224,14 @@ def oldest_waiting(*, session: Session, dataset_id: int | None = None) -> dateti
     return session.exec(stmt).one()
 
 
-def throughput(*, session: Session, minutes: int = 60, dataset_id: int | None = None,
-               now: datetime | None = None, bucket_minutes: int = 1) -> list[dict]:
+def throughput(
+    *,
+    session: Session,
+    minutes: int = 60,
+    dataset_id: int | None = None,
+    now: datetime | None = None,
+    bucket_minutes: int = 1,
+) -> list[dict]:
     """Jobs finished and chunks embedded per bucket over the last ``minutes`` (from the jobs' own
     finish times: nothing is kept besides the job rows). The database counts per bucket, so a day
     of 100,000 jobs is 24 rows read, not 100,000."""
@@ -176,9 +242,11 @@ def throughput(*, session: Session, minutes: int = 60, dataset_id: int | None = 
     # Buckets are whole minutes from a whole minute: whole seconds place every finish time exactly.
     start_s = int((start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp())
     index = ((epoch_seconds(Job.finished_at) - start_s) // (bucket_minutes * 60)).label("bucket")
-    stmt = (select(index, Job.status, func.count(), func.coalesce(func.sum(Job.chunk_count), 0))
-            .where(Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
-            .group_by("bucket", Job.status))
+    stmt = (
+        select(index, Job.status, func.count(), func.coalesce(func.sum(Job.chunk_count), 0))
+        .where(Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
+        .group_by("bucket", Job.status)
+    )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
 
@@ -200,8 +268,11 @@ def throughput(*, session: Session, minutes: int = 60, dataset_id: int | None = 
 
 
 def failures_by_kind(*, session: Session, dataset_id: int | None = None) -> dict[str, int]:
-    stmt = (select(Job.error_kind, func.count()).where(Job.status == JobStatus.failed)
-            .group_by(Job.error_kind))
+    stmt = (
+        select(Job.error_kind, func.count())
+        .where(Job.status == JobStatus.failed)
+        .group_by(Job.error_kind)
+    )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
     return {(ErrorKind(k).value if k else "unknown"): n for k, n in session.exec(stmt).all()}
@@ -248,24 +319,32 @@ def dataset_names(*, session: Session) -> dict[int, str]:
     return {ds_id: name for ds_id, name in session.exec(select(Dataset.id, Dataset.name)).all()}
 
 
-def dead_letters_in_group(*, session: Session, kind: str, code: str, dataset_id: int | None = None,
-                          limit: int = 200) -> list[Job]:
+def dead_letters_in_group(
+    *, session: Session, kind: str, code: str, dataset_id: int | None = None, limit: int = 200
+) -> list[Job]:
     """Undismissed failed jobs of one dead-letter group (kind + error code), latest first.
 
     ``kind`` / ``code`` ``"unknown"`` match jobs without one, as ``dead_letter_groups`` names them.
     """
     stmt = select(Job).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
-    stmt = stmt.where(Job.error_kind.is_(None) if kind == "unknown" else Job.error_kind == ErrorKind(kind))
+    stmt = stmt.where(
+        Job.error_kind.is_(None) if kind == "unknown" else Job.error_kind == ErrorKind(kind)
+    )
     stmt = stmt.where(Job.error_code.is_(None) if code == "unknown" else Job.error_code == code)
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
-    return list(session.exec(stmt.order_by(Job.finished_at.desc(), Job.id.desc()).limit(limit)).all())
+    return list(
+        session.exec(stmt.order_by(Job.finished_at.desc(), Job.id.desc()).limit(limit)).all()
+    )
 
 
 def waiting_ahead(*, session: Session, job: Job) -> int:
     """Pending jobs created before ``job``: how many wait ahead of it, by the database."""
-    stmt = select(func.count()).select_from(Job).where(
-        Job.status == JobStatus.pending, Job.created_at < job.created_at)
+    stmt = (
+        select(func.count())
+        .select_from(Job)
+        .where(Job.status == JobStatus.pending, Job.created_at < job.created_at)
+    )
     return session.exec(stmt).one()
 
 
@@ -276,21 +355,38 @@ def last_published(*, session: Session, job_id: int) -> datetime | None:
 
 def unsent_messages(*, session: Session, job_id: int) -> list:
     """Outbox rows of a job not yet on the queue (published later by the worker's recovery)."""
-    return list(session.exec(
-        select(Outbox).where(Outbox.job_id == job_id, Outbox.sent_at.is_(None)).order_by(Outbox.id)
-    ).all())
+    return list(
+        session.exec(
+            select(Outbox)
+            .where(Outbox.job_id == job_id, Outbox.sent_at.is_(None))
+            .order_by(Outbox.id)
+        ).all()
+    )
 
 
-def recent_attempts(*, session: Session, since: datetime, dataset_id: int | None = None) -> list[tuple]:
+def recent_attempts(
+    *, session: Session, since: datetime, dataset_id: int | None = None
+) -> list[tuple]:
     """(last attempt's start, finish, chunks, document bytes) of jobs that succeeded since ``since``:
     the work the fleet did while it was busy (the drain estimate's rate)."""
     # The last claim of each of these jobs, looked up by job id (a handful of events per job), not
     # by grouping every claim of a day.
-    last_claim = (select(func.max(JobEvent.at)).where(JobEvent.job_id == Job.id, JobEvent.kind == "claimed")
-                  .correlate(Job).scalar_subquery())
-    stmt = (select(func.coalesce(last_claim, Job.started_at), Job.finished_at, Job.chunk_count, Document.size)
-            .join(Document, Document.id == Job.document_id)
-            .where(Job.status == JobStatus.succeeded, Job.finished_at >= since))
+    last_claim = (
+        select(func.max(JobEvent.at))
+        .where(JobEvent.job_id == Job.id, JobEvent.kind == "claimed")
+        .correlate(Job)
+        .scalar_subquery()
+    )
+    stmt = (
+        select(
+            func.coalesce(last_claim, Job.started_at),
+            Job.finished_at,
+            Job.chunk_count,
+            Document.size,
+        )
+        .join(Document, Document.id == Job.document_id)
+        .where(Job.status == JobStatus.succeeded, Job.finished_at >= since)
+    )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
     return [tuple(r) for r in session.exec(stmt.limit(5000)).all()]
@@ -301,11 +397,19 @@ def remaining_work(*, session: Session, dataset_id: int | None = None) -> tuple[
     already embedding or indexing, jobs whose chunk count is not known yet, their document bytes).
     The rule per job is ``sluice.ops.drain.WorkLeft.of``."""
     known = and_(Job.stage.in_([Stage.embedding, Stage.indexing]), Job.total > 0)
-    left = case((and_(Job.stage == Stage.embedding, Job.total > Job.done), Job.total - Job.done), else_=0)
-    stmt = (select(func.count(), func.sum(case((known, left), else_=0)), func.sum(case((known, 0), else_=1)),
-                   func.sum(case((known, 0), else_=func.coalesce(Document.size, 0))))
-            .join(Document, Document.id == Job.document_id)
-            .where(Job.status.in_(JobStatus.active())))
+    left = case(
+        (and_(Job.stage == Stage.embedding, Job.total > Job.done), Job.total - Job.done), else_=0
+    )
+    stmt = (
+        select(
+            func.count(),
+            func.sum(case((known, left), else_=0)),
+            func.sum(case((known, 0), else_=1)),
+            func.sum(case((known, 0), else_=func.coalesce(Document.size, 0))),
+        )
+        .join(Document, Document.id == Job.document_id)
+        .where(Job.status.in_(JobStatus.active()))
+    )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
     jobs, chunks, unknown_jobs, unknown_bytes = session.exec(stmt).one()
@@ -327,22 +431,35 @@ def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dic
 
 
 def jobs_by_dataset_and_status(*, session: Session) -> dict[tuple[str, str], int]:
-    stmt = (select(Dataset.name, Job.status, func.count()).join(Dataset, Dataset.id == Job.dataset_id)
-            .group_by(Dataset.name, Job.status))
+    stmt = (
+        select(Dataset.name, Job.status, func.count())
+        .join(Dataset, Dataset.id == Job.dataset_id)
+        .group_by(Dataset.name, Job.status)
+    )
     return {(name, JobStatus(status).value): n for name, status, n in session.exec(stmt).all()}
 
 
 def embedding_totals(*, session: Session) -> tuple[int, int]:
     """(chunks the model encoded, chunks the cache served), over the last attempt of every job."""
-    embedded, cached = session.exec(select(func.coalesce(func.sum(Job.embedded_count), 0),
-                                           func.coalesce(func.sum(Job.cached_count), 0))).one()
+    embedded, cached = session.exec(
+        select(
+            func.coalesce(func.sum(Job.embedded_count), 0),
+            func.coalesce(func.sum(Job.cached_count), 0),
+        )
+    ).one()
     return int(embedded), int(cached)
 
 
-def events_after(*, session: Session, after_id: int, kinds: tuple[str, ...], limit: int) -> list[JobEvent]:
+def events_after(
+    *, session: Session, after_id: int, kinds: tuple[str, ...], limit: int
+) -> list[JobEvent]:
     """Events of these kinds with an id above ``after_id``, oldest first (a tail of the audit log)."""
-    stmt = (select(JobEvent).where(JobEvent.id > after_id, JobEvent.kind.in_(kinds))
-            .order_by(JobEvent.id).limit(limit))
+    stmt = (
+        select(JobEvent)
+        .where(JobEvent.id > after_id, JobEvent.kind.in_(kinds))
+        .order_by(JobEvent.id)
+        .limit(limit)
+    )
     return list(session.exec(stmt).all())
 
 
@@ -350,19 +467,26 @@ def document_ids_of_jobs(*, session: Session, job_ids: list[int]) -> dict[int, i
     """The distinct documents of these jobs, each with the first of those jobs (in job order)."""
     found: dict[int, int] = {}
     for start in range(0, len(job_ids), 1000):
-        part = job_ids[start:start + 1000]
-        for job_id, doc_id in session.exec(select(Job.id, Job.document_id).where(Job.id.in_(part))
-                                           .order_by(Job.id)).all():
+        part = job_ids[start : start + 1000]
+        for job_id, doc_id in session.exec(
+            select(Job.id, Job.document_id).where(Job.id.in_(part)).order_by(Job.id)
+        ).all():
             found.setdefault(doc_id, job_id)
     return found
 
 
 def count_existing_jobs(*, session: Session, job_ids: list[int]) -> int:
     """How many of these ids are jobs that exist."""
-    return sum(session.exec(select(func.count()).select_from(Job).where(Job.id.in_(job_ids[start:start + 1000]))).one()
-               for start in range(0, len(job_ids), 1000))
+    return sum(
+        session.exec(
+            select(func.count()).select_from(Job).where(Job.id.in_(job_ids[start : start + 1000]))
+        ).one()
+        for start in range(0, len(job_ids), 1000)
+    )
 
 
 def blob_in_use(*, session: Session, blob_key: str) -> bool:
     """Whether any document (live or deleted) names this blob."""
-    return session.exec(select(Document.id).where(Document.blob_key == blob_key)).first() is not None
+    return (
+        session.exec(select(Document.id).where(Document.blob_key == blob_key)).first() is not None
+    )

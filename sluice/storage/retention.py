@@ -41,18 +41,27 @@ class PruneReport:
 
     def describe(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
-        return (f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
-                f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) and "
-                f"{self.webhooks:,} finished webhook delivery(ies); "
-                "dead letters not dismissed are kept")
+        return (
+            f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
+            f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) and "
+            f"{self.webhooks:,} finished webhook delivery(ies); "
+            "dead letters not dismissed are kept"
+        )
 
 
 def _kept_history(session: Session, cutoff: datetime) -> list[tuple[int, str]]:
     """(job id, the kind of its one event to keep) of jobs whose older history may go."""
-    finished = select(Job.id, Job.status).where(Job.finished_at < cutoff, (
-        (Job.status == JobStatus.succeeded) | ((Job.status == JobStatus.failed) & Job.dismissed.is_(True))))
-    return [(jid, "succeeded" if JobStatus(status) == JobStatus.succeeded else "failed")
-            for jid, status in session.exec(finished).all()]
+    finished = select(Job.id, Job.status).where(
+        Job.finished_at < cutoff,
+        (
+            (Job.status == JobStatus.succeeded)
+            | ((Job.status == JobStatus.failed) & Job.dismissed.is_(True))
+        ),
+    )
+    return [
+        (jid, "succeeded" if JobStatus(status) == JobStatus.succeeded else "failed")
+        for jid, status in session.exec(finished).all()
+    ]
 
 
 def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
@@ -60,26 +69,33 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     # events of old finished jobs, all but the last one of the kind that says how it ended
     jobs = _kept_history(session, cutoff)
     for start in range(0, len(jobs), BATCH):
-        part = jobs[start:start + BATCH]
+        part = jobs[start : start + BATCH]
         ids = [jid for jid, _ in part]
         ending = dict(part)
-        last = session.exec(select(JobEvent.job_id, JobEvent.kind, func.max(JobEvent.id))
-                            .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("succeeded", "failed")))
-                            .group_by(JobEvent.job_id, JobEvent.kind)).all()
+        last = session.exec(
+            select(JobEvent.job_id, JobEvent.kind, func.max(JobEvent.id))
+            .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("succeeded", "failed")))
+            .group_by(JobEvent.job_id, JobEvent.kind)
+        ).all()
         keep = [event_id for jid, kind, event_id in last if ending[jid] == kind]
         condition = JobEvent.job_id.in_(ids) & (JobEvent.id.not_in(keep) if keep else true())
         if dry_run:
-            report.events += session.exec(select(func.count()).select_from(JobEvent).where(condition)).one()
+            report.events += session.exec(
+                select(func.count()).select_from(JobEvent).where(condition)
+            ).one()
         else:
             report.events += session.execute(delete(JobEvent).where(condition)).rowcount
             session.commit()
     # superseded versions, whole
-    superseded = list(session.exec(select(Job.id).where(Job.status == JobStatus.superseded,
-                                                        Job.updated_at < cutoff)).all())
+    superseded = list(
+        session.exec(
+            select(Job.id).where(Job.status == JobStatus.superseded, Job.updated_at < cutoff)
+        ).all()
+    )
     report.superseded_jobs = len(superseded)
     if not dry_run:
         for start in range(0, len(superseded), BATCH):
-            part = superseded[start:start + BATCH]
+            part = superseded[start : start + BATCH]
             session.execute(delete(JobEvent).where(JobEvent.job_id.in_(part)))
             session.execute(delete(Outbox).where(Outbox.job_id.in_(part)))
             session.execute(delete(Job).where(Job.id.in_(part), Job.status == JobStatus.superseded))
@@ -96,7 +112,9 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     # webhook deliveries that are over (delivered or given up)
     over = (WebhookDelivery.delivered_at < cutoff) | (WebhookDelivery.gave_up_at < cutoff)
     if dry_run:
-        report.webhooks = session.exec(select(func.count()).select_from(WebhookDelivery).where(over)).one()
+        report.webhooks = session.exec(
+            select(func.count()).select_from(WebhookDelivery).where(over)
+        ).one()
     else:
         report.webhooks = session.execute(delete(WebhookDelivery).where(over)).rowcount
         session.commit()

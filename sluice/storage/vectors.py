@@ -15,7 +15,9 @@ import httpx
 import numpy as np
 
 PAGE = 1000
-HTTP_TIMEOUT = 120.0  # seconds for one request to the Chroma server (an add of 2,000 vectors takes < 1 s)
+HTTP_TIMEOUT = (
+    120.0  # seconds for one request to the Chroma server (an add of 2,000 vectors takes < 1 s)
+)
 
 
 class ChromaAuthError(PermissionError):
@@ -131,12 +133,19 @@ class GroupCommit:
 def _unknown_collection(exc: BaseException) -> bool:
     """chromadb's NotFoundError for a collection id the server does not know (any more)."""
     return type(exc).__name__ == "NotFoundError" or (
-        "collection" in str(exc).lower() and "does not exist" in str(exc).lower())
+        "collection" in str(exc).lower() and "does not exist" in str(exc).lower()
+    )
 
 
 class VectorStore:
-    def __init__(self, url: str, *, token: str | None = None, auth_header: str = "Authorization",
-                 timeout: float = HTTP_TIMEOUT) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        auth_header: str = "Authorization",
+        timeout: float = HTTP_TIMEOUT,
+    ) -> None:
         self.url = url
         self._token = token
         self._auth_header = auth_header
@@ -145,7 +154,9 @@ class VectorStore:
         self._collections: dict[str, Any] = {}
         self._groups: dict[str, GroupCommit] = {}
         self._lock = threading.Lock()
-        self.vanished_hits = 0  # query results deleted while a query ran (left out), in all queries so far
+        self.vanished_hits = (
+            0  # query results deleted while a query ran (left out), in all queries so far
+        )
 
     @property
     def client(self):
@@ -156,7 +167,11 @@ class VectorStore:
             parts = urlsplit(self.url)
             headers = {}
             if self._token:
-                value = self._token if self._auth_header.lower() != "authorization" else f"Bearer {self._token}"
+                value = (
+                    self._token
+                    if self._auth_header.lower() != "authorization"
+                    else f"Bearer {self._token}"
+                )
                 headers[self._auth_header] = value
             # chromadb's own HTTP session has no timeout, and creating the client already talks to
             # the server: a server that accepts but never answers would hang the worker (its
@@ -164,11 +179,14 @@ class VectorStore:
             timeout = httpx.Timeout(self._timeout, connect=min(10.0, self._timeout))
             port = parts.port or (443 if parts.scheme == "https" else 80)
             host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
-            probe = httpx.get(f"{parts.scheme}://{host}:{port}/api/v2/heartbeat",
-                              headers=headers, timeout=timeout)
+            probe = httpx.get(
+                f"{parts.scheme}://{host}:{port}/api/v2/heartbeat", headers=headers, timeout=timeout
+            )
             if probe.status_code in (401, 403):
-                raise ChromaAuthError(f"the Chroma server at {self.url} refused the credentials "
-                                      f"(HTTP {probe.status_code})")
+                raise ChromaAuthError(
+                    f"the Chroma server at {self.url} refused the credentials "
+                    f"(HTTP {probe.status_code})"
+                )
             client = chromadb.HttpClient(
                 host=parts.hostname,
                 port=port,
@@ -209,30 +227,60 @@ class VectorStore:
                     del self._collections[name]
             return call(self.collection(name))
 
-    def add(self, name: str, *, ids: Sequence[str], embeddings: np.ndarray, documents: Sequence[str],
-            metadatas: Sequence[dict[str, Any]]) -> None:
+    def add(
+        self,
+        name: str,
+        *,
+        ids: Sequence[str],
+        embeddings: np.ndarray,
+        documents: Sequence[str],
+        metadatas: Sequence[dict[str, Any]],
+    ) -> None:
         """Add new rows; returns once they are written. Adds that threads of this process make to
         the same collection at the same moment travel in one request (see ``GroupCommit``)."""
         if not ids:
             return
-        rows = Rows(list(ids), np.asarray(embeddings, dtype=np.float32), list(documents), list(metadatas))
+        rows = Rows(
+            list(ids), np.asarray(embeddings, dtype=np.float32), list(documents), list(metadatas)
+        )
         with self._lock:
             group = self._groups.setdefault(name, GroupCommit())
-        group.submit(rows, lambda batch: self._on(name, lambda coll: coll.add(
-            ids=[i for r in batch for i in r.ids], embeddings=np.concatenate([r.embeddings for r in batch]),
-            documents=[d for r in batch for d in r.documents],
-            metadatas=[m for r in batch for m in r.metadatas])))
+        group.submit(
+            rows,
+            lambda batch: self._on(
+                name,
+                lambda coll: coll.add(
+                    ids=[i for r in batch for i in r.ids],
+                    embeddings=np.concatenate([r.embeddings for r in batch]),
+                    documents=[d for r in batch for d in r.documents],
+                    metadatas=[m for r in batch for m in r.metadatas],
+                ),
+            ),
+        )
 
     def ids_where(self, name: str, where: dict[str, Any]) -> list[str]:
         return [i for page in self.iter_pages(name, where=where, include=[]) for i in page["ids"]]
 
-    def iter_pages(self, name: str, *, where: dict[str, Any] | None = None, include: list[str] | None = None,
-                   page_size: int = PAGE) -> Iterator[dict[str, Any]]:
+    def iter_pages(
+        self,
+        name: str,
+        *,
+        where: dict[str, Any] | None = None,
+        include: list[str] | None = None,
+        page_size: int = PAGE,
+    ) -> Iterator[dict[str, Any]]:
         """Walk a collection page by page (bounded memory for audits of any size)."""
         offset = 0
         while True:
-            page = self._on(name, lambda coll, offset=offset: coll.get(
-                where=where, limit=page_size, offset=offset, include=include if include is not None else ["metadatas"]))
+            page = self._on(
+                name,
+                lambda coll, offset=offset: coll.get(
+                    where=where,
+                    limit=page_size,
+                    offset=offset,
+                    include=include if include is not None else ["metadatas"],
+                ),
+            )
             if not page["ids"]:
                 return
             yield page
@@ -240,26 +288,40 @@ class VectorStore:
                 return
             offset += page_size
 
-    def get(self, name: str, ids: Sequence[str], include: list[str] | None = None) -> dict[str, Any]:
-        return self._on(name, lambda coll: coll.get(ids=list(ids), include=include or ["metadatas"]))
+    def get(
+        self, name: str, ids: Sequence[str], include: list[str] | None = None
+    ) -> dict[str, Any]:
+        return self._on(
+            name, lambda coll: coll.get(ids=list(ids), include=include or ["metadatas"])
+        )
 
-    def delete(self, name: str, *, ids: Sequence[str] | None = None, where: dict[str, Any] | None = None) -> None:
+    def delete(
+        self, name: str, *, ids: Sequence[str] | None = None, where: dict[str, Any] | None = None
+    ) -> None:
         if ids is not None:
             ids = list(ids)
             for start in range(0, len(ids), PAGE):
-                self._on(name, lambda coll, part=ids[start:start + PAGE]: coll.delete(ids=part))
+                self._on(name, lambda coll, part=ids[start : start + PAGE]: coll.delete(ids=part))
         elif where is not None:
             self._on(name, lambda coll: coll.delete(where=where))
 
     def count(self, name: str) -> int:
         return self._on(name, lambda coll: coll.count())
 
-    def query(self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None) -> QueryHits:
+    def query(
+        self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None
+    ) -> QueryHits:
         if n <= 0:
             return QueryHits()
-        res = self._on(name, lambda coll: coll.query(
-            query_embeddings=[np.asarray(embedding, dtype=np.float32)], n_results=n, where=where,
-            include=["documents", "metadatas", "distances"]))
+        res = self._on(
+            name,
+            lambda coll: coll.query(
+                query_embeddings=[np.asarray(embedding, dtype=np.float32)],
+                n_results=n,
+                where=where,
+                include=["documents", "metadatas", "distances"],
+            ),
+        )
         hits = QueryHits()
         for i, cid in enumerate(res["ids"][0]):
             meta = res["metadatas"][0][i]
@@ -270,8 +332,14 @@ class VectorStore:
                 with self._lock:
                     self.vanished_hits += 1
                 continue
-            hits.append(Hit(id=cid, score=1.0 - float(res["distances"][0][i]),
-                            text=res["documents"][0][i] or "", metadata=dict(meta)))
+            hits.append(
+                Hit(
+                    id=cid,
+                    score=1.0 - float(res["distances"][0][i]),
+                    text=res["documents"][0][i] or "",
+                    metadata=dict(meta),
+                )
+            )
         return hits
 
     def drop_collection(self, name: str) -> None:

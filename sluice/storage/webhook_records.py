@@ -52,19 +52,31 @@ def event_body(session: Session, job: Job, event: str, *, event_id: str, at: dat
         "type": event,
         "occurred_at": at.isoformat(),
         "job": {
-            "id": job.id, "status": value(job.status), "dataset": dataset.name if dataset else None,
-            "dataset_id": job.dataset_id, "document_id": job.document_id, "filename": job.filename,
-            "pipeline_version": job.pipeline_version, "attempt": job.attempt, "max_attempts": job.max_attempts,
-            "chunk_count": job.chunk_count, "page_count": job.page_count,
-            "error_kind": value(job.error_kind), "error_code": job.error_code,
-            "error_message": job.error_message, "fix_hint": job.fix_hint,
-            "created_at": value(job.created_at), "finished_at": value(job.finished_at),
+            "id": job.id,
+            "status": value(job.status),
+            "dataset": dataset.name if dataset else None,
+            "dataset_id": job.dataset_id,
+            "document_id": job.document_id,
+            "filename": job.filename,
+            "pipeline_version": job.pipeline_version,
+            "attempt": job.attempt,
+            "max_attempts": job.max_attempts,
+            "chunk_count": job.chunk_count,
+            "page_count": job.page_count,
+            "error_kind": value(job.error_kind),
+            "error_code": job.error_code,
+            "error_message": job.error_message,
+            "fix_hint": job.fix_hint,
+            "created_at": value(job.created_at),
+            "finished_at": value(job.finished_at),
         },
     }
     return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
-def record(session: Session, job: Job, event: str, *, endpoints: Sequence[str] | None = None) -> int:
+def record(
+    session: Session, job: Job, event: str, *, endpoints: Sequence[str] | None = None
+) -> int:
     """Add the event's rows (one per endpoint) to the caller's transaction; returns how many."""
     assert event in EVENTS, event
     endpoints = get_settings().webhook_urls if endpoints is None else endpoints
@@ -74,8 +86,17 @@ def record(session: Session, job: Job, event: str, *, endpoints: Sequence[str] |
     event_id = uuid.uuid4().hex
     body = event_body(session, job, event, event_id=event_id, at=now)
     for endpoint in endpoints:
-        session.add(WebhookDelivery(event_id=event_id, endpoint=endpoint, job_id=job.id, event=event, body=body,
-                                    created_at=now, next_attempt_at=now))
+        session.add(
+            WebhookDelivery(
+                event_id=event_id,
+                endpoint=endpoint,
+                job_id=job.id,
+                event=event,
+                body=body,
+                created_at=now,
+                next_attempt_at=now,
+            )
+        )
     return len(endpoints)
 
 
@@ -86,8 +107,15 @@ def sign(secret: str, timestamp: int | str, body: bytes | str) -> str:
     return f"{SIGNATURE_VERSION}={digest}"
 
 
-def verify(secret: str, *, timestamp: str, body: bytes, signature: str, now: float,
-           tolerance: float = DEFAULT_TOLERANCE_SECONDS) -> bool:
+def verify(
+    secret: str,
+    *,
+    timestamp: str,
+    body: bytes,
+    signature: str,
+    now: float,
+    tolerance: float = DEFAULT_TOLERANCE_SECONDS,
+) -> bool:
     """A receiver's check: the signature matches and the timestamp is recent (no replay)."""
     try:
         sent = int(timestamp)
@@ -113,7 +141,9 @@ def delivery_state(row: WebhookDelivery) -> str:
     return "retrying" if row.attempts else "pending"
 
 
-def recent(*, session: Session, endpoint: str | None = None, limit: int = 50) -> list[WebhookDelivery]:
+def recent(
+    *, session: Session, endpoint: str | None = None, limit: int = 50
+) -> list[WebhookDelivery]:
     """The latest deliveries, newest first (of one endpoint, or of all)."""
     query = select(WebhookDelivery).order_by(WebhookDelivery.id.desc()).limit(limit)
     if endpoint is not None:
@@ -124,14 +154,25 @@ def recent(*, session: Session, endpoint: str | None = None, limit: int = 50) ->
 def summary(*, session: Session) -> list[dict]:
     """Per endpoint: deliveries delivered, waiting, given up, and the last delivery time."""
     rows = session.exec(
-        select(WebhookDelivery.endpoint,
-               func.count(WebhookDelivery.delivered_at),
-               func.count(WebhookDelivery.id).filter(WebhookDelivery.delivered_at.is_(None),
-                                                     WebhookDelivery.gave_up_at.is_(None)),
-               func.count(WebhookDelivery.gave_up_at),
-               func.max(WebhookDelivery.delivered_at))
-        .group_by(WebhookDelivery.endpoint).order_by(WebhookDelivery.endpoint)
+        select(
+            WebhookDelivery.endpoint,
+            func.count(WebhookDelivery.delivered_at),
+            func.count(WebhookDelivery.id).filter(
+                WebhookDelivery.delivered_at.is_(None), WebhookDelivery.gave_up_at.is_(None)
+            ),
+            func.count(WebhookDelivery.gave_up_at),
+            func.max(WebhookDelivery.delivered_at),
+        )
+        .group_by(WebhookDelivery.endpoint)
+        .order_by(WebhookDelivery.endpoint)
     ).all()
-    return [{"endpoint": endpoint, "delivered": delivered, "waiting": waiting, "gave_up": gave_up,
-             "last_delivered_at": iso(last)}
-            for endpoint, delivered, waiting, gave_up, last in rows]
+    return [
+        {
+            "endpoint": endpoint,
+            "delivered": delivered,
+            "waiting": waiting,
+            "gave_up": gave_up,
+            "last_delivered_at": iso(last),
+        }
+        for endpoint, delivered, waiting, gave_up, last in rows
+    ]

@@ -20,12 +20,25 @@ summaries = reads.dataset_summaries()
 if not summaries:
     st.info("No dataset yet: create one in the sidebar.")
     st.stop()
-st.dataframe(pd.DataFrame([{"Dataset": r["name"], "Documents": r["documents"], "Chunks": r["chunks"]}
-                           for r in summaries]), hide_index=True, width="stretch")
+st.dataframe(
+    pd.DataFrame(
+        [
+            {"Dataset": r["name"], "Documents": r["documents"], "Chunks": r["chunks"]}
+            for r in summaries
+        ]
+    ),
+    hide_index=True,
+    width="stretch",
+)
 
 names = [r["name"] for r in summaries]
-name = st.selectbox("Dataset", names, index=names.index(sc.dataset) if sc.dataset in names else 0,
-                    key="settings_dataset", help="Whose parse settings to show and change.")
+name = st.selectbox(
+    "Dataset",
+    names,
+    index=names.index(sc.dataset) if sc.dataset in names else 0,
+    key="settings_dataset",
+    help="Whose parse settings to show and change.",
+)
 try:
     view = actions.dataset_settings(name)
 except UnknownDataset as exc:  # deleted between two reruns
@@ -33,17 +46,31 @@ except UnknownDataset as exc:  # deleted between two reruns
     st.stop()
 
 st.subheader(f"Parse settings of {ui.plain(name)}")
-st.dataframe(pd.DataFrame([{"Setting": r.key, "Value": str(r.value),
-                            "From": "this dataset" if r.source == "dataset" else "default (SLUICE_*)",
-                            "Meaning": r.description} for r in view.rows]), hide_index=True, width="stretch")
+st.dataframe(
+    pd.DataFrame(
+        [
+            {
+                "Setting": r.key,
+                "Value": str(r.value),
+                "From": "this dataset" if r.source == "dataset" else "default (SLUICE_*)",
+                "Meaning": r.description,
+            }
+            for r in view.rows
+        ]
+    ),
+    hide_index=True,
+    width="stretch",
+)
 caption = f"Pipeline **{view.pipeline_version}**."
 if view.changed_at:
     caption += f" Changed by {ui.plain(view.changed_by)}, {ui.local_time(view.changed_at)}."
 st.caption(caption)
 if view.to_rebuild:
-    st.warning(f"{view.to_rebuild} document(s) still serve chunks of another version (a job was running when the "
-               "settings changed, or the SLUICE_* settings changed). Rebuild them on the Integrity page or with "
-               f"`sluice reindex --all --dataset {name}`.")
+    st.warning(
+        f"{view.to_rebuild} document(s) still serve chunks of another version (a job was running when the "
+        "settings changed, or the SLUICE_* settings changed). Rebuild them on the Integrity page or with "
+        f"`sluice reindex --all --dataset {name}`."
+    )
 
 # --- the change ----------------------------------------------------------------------------------------------
 
@@ -51,25 +78,53 @@ current = {r.key: r.value for r in view.rows}
 own = view.overrides
 form_key = f"settings_form:{name}"
 with st.form(form_key, border=True):
-    st.markdown("**Change**: what you change here is kept by this dataset; the rest follows the SLUICE_* "
-                "defaults. Preview first: nothing is saved until you confirm.")
+    st.markdown(
+        "**Change**: what you change here is kept by this dataset; the rest follows the SLUICE_* "
+        "defaults. Preview first: nothing is saved until you confirm."
+    )
     left, right = st.columns(2)
-    size = left.number_input("Chunk size (characters)", min_value=100, max_value=8000, step=50,
-                             value=int(current["chunk_size"]), key=f"{form_key}:chunk_size")
-    overlap = right.number_input("Chunk overlap (characters)", min_value=0, max_value=7999, step=10,
-                                 value=int(current["chunk_overlap"]), key=f"{form_key}:chunk_overlap")
-    mode = left.selectbox("OCR of pages without text", OCR_MODES, index=OCR_MODES.index(current["ocr_mode"]),
-                          key=f"{form_key}:ocr_mode",
-                          help="auto: pages without a usable text layer are read by OCR; always: every page; "
-                               "off: such files end as needing your action.")
-    language = right.text_input("OCR language", value=str(current["ocr_language"]), key=f"{form_key}:ocr_language",
-                                help="Tesseract language codes, e.g. eng, deu, eng+fra (installed ones only).")
-    defaults = st.checkbox("Use the defaults (SLUICE_*) for everything", key=f"{form_key}:defaults",
-                           disabled=not own)
+    size = left.number_input(
+        "Chunk size (characters)",
+        min_value=100,
+        max_value=8000,
+        step=50,
+        value=int(current["chunk_size"]),
+        key=f"{form_key}:chunk_size",
+    )
+    overlap = right.number_input(
+        "Chunk overlap (characters)",
+        min_value=0,
+        max_value=7999,
+        step=10,
+        value=int(current["chunk_overlap"]),
+        key=f"{form_key}:chunk_overlap",
+    )
+    mode = left.selectbox(
+        "OCR of pages without text",
+        OCR_MODES,
+        index=OCR_MODES.index(current["ocr_mode"]),
+        key=f"{form_key}:ocr_mode",
+        help="auto: pages without a usable text layer are read by OCR; always: every page; "
+        "off: such files end as needing your action.",
+    )
+    language = right.text_input(
+        "OCR language",
+        value=str(current["ocr_language"]),
+        key=f"{form_key}:ocr_language",
+        help="Tesseract language codes, e.g. eng, deu, eng+fra (installed ones only).",
+    )
+    defaults = st.checkbox(
+        "Use the defaults (SLUICE_*) for everything", key=f"{form_key}:defaults", disabled=not own
+    )
     asked = st.form_submit_button("Preview the change", disabled=not who.can_act)
 
 if asked:
-    wanted = {"chunk_size": size, "chunk_overlap": overlap, "ocr_mode": mode, "ocr_language": language.strip()}
+    wanted = {
+        "chunk_size": size,
+        "chunk_overlap": overlap,
+        "ocr_mode": mode,
+        "ocr_language": language.strip(),
+    }
     if defaults:
         assignments = dict.fromkeys(KEYS)
     else:  # only what differs from what the dataset uses now, so untouched keys keep following the defaults
@@ -87,7 +142,9 @@ if pending and pending[0] == name:
         if not change.ok:
             st.error(ui.plain(change.message))
         else:
-            described = ", ".join(f"{k} = {v if v is not None else 'default'}" for k, v in assignments.items())
+            described = ", ".join(
+                f"{k} = {v if v is not None else 'default'}" for k, v in assignments.items()
+            )
             st.info(ui.plain(f"{described}. {change.message}"))
 
             def _apply() -> None:
@@ -95,7 +152,12 @@ if pending and pending[0] == name:
                 ui.flash("success" if done.ok else "error", done.message)
                 st.session_state.pop("settings_change", None)
 
-            ui.confirm_button("Save and rebuild this dataset", key=f"apply:{name}", on_confirm=_apply,
-                              disabled=not who.can_act, danger=False,
-                              prompt=f"Save the settings of {name} and queue a rebuild of its documents? Search "
-                                     "keeps serving each document's current chunks until its new job succeeds.")
+            ui.confirm_button(
+                "Save and rebuild this dataset",
+                key=f"apply:{name}",
+                on_confirm=_apply,
+                disabled=not who.can_act,
+                danger=False,
+                prompt=f"Save the settings of {name} and queue a rebuild of its documents? Search "
+                "keeps serving each document's current chunks until its new job succeeds.",
+            )

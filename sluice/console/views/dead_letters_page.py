@@ -20,8 +20,10 @@ if not groups:
     st.stop()
 
 total = sum(g["count"] for g in groups)
-st.caption(f"{total:,} failed job(s) in {len(groups)} group(s). A failed job stays here until it is retried "
-           "or dismissed; dismissing hides it and keeps its history.")
+st.caption(
+    f"{total:,} failed job(s) in {len(groups)} group(s). A failed job stays here until it is retried "
+    "or dismissed; dismissing hides it and keeps its history."
+)
 
 
 def _gen_key(kind: str, code: str) -> str:
@@ -64,42 +66,86 @@ for g in groups:
     if g["fix_hint"]:
         box.info(f"**What to do:** {ui.plain(g['fix_hint'])}", icon=":material/build:")
     if kind in ("user_action_required", "permanent"):
-        box.caption("Retrying runs the same bytes again, so it fails again until the cause is fixed; "
-                    "usually the fix is a new upload of a corrected file.")
+        box.caption(
+            "Retrying runs the same bytes again, so it fails again until the cause is fixed; "
+            "usually the fix is a new upload of a corrected file."
+        )
 
     rows = reads.dead_letters_in_group(kind, code, sc.dataset_id, limit=LIMIT)
     ids = [r["id"] for r in rows]
     table_key = f"dl:{kind}:{code}:{st.session_state.get(_gen_key(kind, code), 0)}"
-    box.dataframe(pd.DataFrame([{
-        "job": r["id"], "file": r["filename"], "dataset": r["dataset"], "attempts": r["attempt"],
-        "error": r["error_message"], "failed": ui.ago(r["finished_at"]),
-    } for r in rows]), hide_index=True, key=table_key, on_select="rerun", selection_mode="multi-row",
+    box.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "job": r["id"],
+                    "file": r["filename"],
+                    "dataset": r["dataset"],
+                    "attempts": r["attempt"],
+                    "error": r["error_message"],
+                    "failed": ui.ago(r["finished_at"]),
+                }
+                for r in rows
+            ]
+        ),
+        hide_index=True,
+        key=table_key,
+        on_select="rerun",
+        selection_mode="multi-row",
         height=min(280, 35 * (len(rows) + 1) + 3),
-        column_config={"job": st.column_config.NumberColumn("job", format="%d", width="small"),
-                       "error": st.column_config.TextColumn("error", width="large")})
+        column_config={
+            "job": st.column_config.NumberColumn("job", format="%d", width="small"),
+            "error": st.column_config.TextColumn("error", width="large"),
+        },
+    )
     if n > LIMIT:
-        box.caption(f"Showing the latest {LIMIT} of {n:,}; 'Retry all' and 'Dismiss all' act on all {n:,}.")
+        box.caption(
+            f"Showing the latest {LIMIT} of {n:,}; 'Retry all' and 'Dismiss all' act on all {n:,}."
+        )
     chosen = _selected(table_key, ids)
     b = box.container(horizontal=True)
-    b.button(f"Retry selected ({len(chosen)})", key=f"retry_sel:{kind}:{code}", disabled=not (who.can_act and chosen),
-                on_click=_on_selected, args=(actions.retry, "Retry", table_key, ids, kind, code))
-    b.button(f"Dismiss selected ({len(chosen)})", key=f"dismiss_sel:{kind}:{code}",
-                disabled=not (who.can_act and chosen),
-                on_click=_on_selected, args=(actions.dismiss, "Dismiss", table_key, ids, kind, code))
+    b.button(
+        f"Retry selected ({len(chosen)})",
+        key=f"retry_sel:{kind}:{code}",
+        disabled=not (who.can_act and chosen),
+        on_click=_on_selected,
+        args=(actions.retry, "Retry", table_key, ids, kind, code),
+    )
+    b.button(
+        f"Dismiss selected ({len(chosen)})",
+        key=f"dismiss_sel:{kind}:{code}",
+        disabled=not (who.can_act and chosen),
+        on_click=_on_selected,
+        args=(actions.dismiss, "Dismiss", table_key, ids, kind, code),
+    )
     with b:
-        ui.confirm_button(f"Retry all {n:,}", key=f"retry_all:{kind}:{code}", disabled=not who.can_act,
-                          danger=False,
-                          prompt=lambda k=kind, c=code, n=n: (
-                              f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
-                              f"fresh attempt budget. Cost: {reads.retry_preview(k, c, sc.dataset_id)}."
-                              + (" These failed because of the files themselves: the same bytes will fail "
-                                 "the same way unless the cause has been fixed outside them."
-                                 if k in ("user_action_required", "permanent") else "")),
-                          on_confirm=lambda k=kind, c=code: _on_group(actions.retry, "Retry", k, c))
+        ui.confirm_button(
+            f"Retry all {n:,}",
+            key=f"retry_all:{kind}:{code}",
+            disabled=not who.can_act,
+            danger=False,
+            prompt=lambda k=kind, c=code, n=n: (
+                f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
+                f"fresh attempt budget. Cost: {reads.retry_preview(k, c, sc.dataset_id)}."
+                + (
+                    " These failed because of the files themselves: the same bytes will fail "
+                    "the same way unless the cause has been fixed outside them."
+                    if k in ("user_action_required", "permanent")
+                    else ""
+                )
+            ),
+            on_confirm=lambda k=kind, c=code: _on_group(actions.retry, "Retry", k, c),
+        )
     with b:
-        ui.confirm_button(f"Dismiss all {n:,}", key=f"dismiss_all:{kind}:{code}", disabled=not who.can_act,
-                          prompt=f"Dismiss all {n:,} job(s) of this group? They stay failed, with their "
-                                 "history, but leave this list.",
-                          on_confirm=lambda k=kind, c=code: _on_group(actions.dismiss, "Dismiss", k, c))
+        ui.confirm_button(
+            f"Dismiss all {n:,}",
+            key=f"dismiss_all:{kind}:{code}",
+            disabled=not who.can_act,
+            prompt=f"Dismiss all {n:,} job(s) of this group? They stay failed, with their "
+            "history, but leave this list.",
+            on_confirm=lambda k=kind, c=code: _on_group(actions.dismiss, "Dismiss", k, c),
+        )
     if len(chosen) == 1:
-        box.page_link(ui.JOBS_PAGE, label=f"Open job {chosen[0]}", query_params={"job": str(chosen[0])})
+        box.page_link(
+            ui.JOBS_PAGE, label=f"Open job {chosen[0]}", query_params={"job": str(chosen[0])}
+        )

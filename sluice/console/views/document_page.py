@@ -12,8 +12,12 @@ who = ui.operator()
 st.title("Document")
 
 ref = st.query_params.get("doc") or ""
-typed = st.text_input("Job id or doc:ID", value=ref, key="document_ref",
-                      help="A job id names its document; doc:42 names document 42.")
+typed = st.text_input(
+    "Job id or doc:ID",
+    value=ref,
+    key="document_ref",
+    help="A job id names its document; doc:42 names document 42.",
+)
 if typed.strip() and typed.strip() != ref:
     st.query_params["doc"] = typed.strip()
     st.query_params.pop("chunk", None)
@@ -29,29 +33,54 @@ except UnknownReference as exc:
 
 info = doc.info
 st.subheader(ui.plain(info.filename))
-facts = [("Dataset", info.dataset), ("Type", doc.media_type), ("Size", f"{info.size:,} bytes"),
-         ("Pages", doc.page_count), ("Chunks served", doc.chunk_count), ("Uploaded", doc.created_at[:19])]
+facts = [
+    ("Dataset", info.dataset),
+    ("Type", doc.media_type),
+    ("Size", f"{info.size:,} bytes"),
+    ("Pages", doc.page_count),
+    ("Chunks served", doc.chunk_count),
+    ("Uploaded", doc.created_at[:19]),
+]
 for col, (label, value) in zip(st.columns(len(facts)), facts, strict=True):
     col.markdown(f"**{label}**  \n{ui.plain(value) if value not in (None, '') else '—'}")
 st.caption(f"sha256 {info.sha256}")
 if info.deleted:
-    st.warning("This document was deleted: its jobs and their history stay, nothing of it is searchable.")
+    st.warning(
+        "This document was deleted: its jobs and their history stay, nothing of it is searchable."
+    )
 
 if who.can_act:
     try:
         data, name, media_type = document_view.original(reads.ctx(), who, info.document_id)
-        st.download_button("Download the original", data, file_name=name, mime=media_type, key="document_download")
+        st.download_button(
+            "Download the original", data, file_name=name, mime=media_type, key="document_download"
+        )
     except (FileNotFoundError, ReadOnlyOperator) as exc:
         st.caption(f"The original cannot be downloaded: {exc}")
 else:
-    st.caption("Signed in read-only: you see the document and its chunks; downloading the original is for operators.")
+    st.caption(
+        "Signed in read-only: you see the document and its chunks; downloading the original is for operators."
+    )
 
 st.markdown("**Jobs and versions**")
-st.dataframe([{"job": j["id"], "status": j["status"], "pipeline version": j["pipeline_version"],
-               "chunks": j["chunk_count"], "serves search": j["id"] == info.active_job_id} for j in info.jobs],
-             hide_index=True, key="document_jobs")
+st.dataframe(
+    [
+        {
+            "job": j["id"],
+            "status": j["status"],
+            "pipeline version": j["pipeline_version"],
+            "chunks": j["chunk_count"],
+            "serves search": j["id"] == info.active_job_id,
+        }
+        for j in info.jobs
+    ],
+    hide_index=True,
+    key="document_jobs",
+)
 for j in info.jobs[-3:]:
-    st.page_link(ui.JOBS_PAGE, label=f"job {j['id']} ({j['status']})", query_params={"job": str(j["id"])})
+    st.page_link(
+        ui.JOBS_PAGE, label=f"job {j['id']} ({j['status']})", query_params={"job": str(j["id"])}
+    )
 
 st.markdown("**Chunks, in order**")
 if not doc.chunk_count:
@@ -61,13 +90,26 @@ per = document_view.CHUNKS_PER_PAGE
 wanted = st.query_params.get("chunk")
 start_page = int(wanted) // per + 1 if wanted and wanted.isdigit() else 1
 pages = max(1, -(-doc.chunk_count // per))
-page_no = st.number_input(f"Page of chunks (of {pages})", min_value=1, max_value=pages, value=min(start_page, pages),
-                          key="document_chunk_page")
+page_no = st.number_input(
+    f"Page of chunks (of {pages})",
+    min_value=1,
+    max_value=pages,
+    value=min(start_page, pages),
+    key="document_chunk_page",
+)
 rows = document_view.chunks(reads.ctx(), info.document_id, offset=(page_no - 1) * per, limit=per)
 labels = [f"#{c.position} · page {c.page}" for c in rows]
-default = next((i for i, c in enumerate(rows) if wanted and wanted.isdigit() and c.position == int(wanted)), 0)
-picked = st.radio("Chunk to locate on its page", range(len(rows)), index=default, format_func=labels.__getitem__,
-                  horizontal=True, key="document_chunk")
+default = next(
+    (i for i, c in enumerate(rows) if wanted and wanted.isdigit() and c.position == int(wanted)), 0
+)
+picked = st.radio(
+    "Chunk to locate on its page",
+    range(len(rows)),
+    index=default,
+    format_func=labels.__getitem__,
+    horizontal=True,
+    key="document_chunk",
+)
 left, right = st.columns([1, 1])
 with left:
     for c in rows:
@@ -81,5 +123,12 @@ with right:
         st.caption("No page image: only PDF pages are rendered.")
     else:
         png, found = image
-        st.image(png, caption=f"page {chosen.page}" + (", the chunk highlighted" if found else
-                                                        ", the chunk's words were not found on it as written"))
+        st.image(
+            png,
+            caption=f"page {chosen.page}"
+            + (
+                ", the chunk highlighted"
+                if found
+                else ", the chunk's words were not found on it as written"
+            ),
+        )

@@ -52,15 +52,23 @@ def _latest() -> dict | None:
 # --- reconcile -----------------------------------------------------------------------------------------------
 
 st.subheader("Reconcile")
-st.caption("For every finished job, the chunk ids it must have in Chroma follow from the document's hash, the "
-           "pipeline version and the chunk count. Reconcile walks each collection page by page and reports "
-           "missing chunks, orphans (chunks no serving job owns: leftovers of cancelled, failed, superseded or "
-           "deleted work, or foreign) and chunks whose metadata names the wrong job, document or version. "
-           "Chunks of jobs that are queued or running are left alone.")
+st.caption(
+    "For every finished job, the chunk ids it must have in Chroma follow from the document's hash, the "
+    "pipeline version and the chunk count. Reconcile walks each collection page by page and reports "
+    "missing chunks, orphans (chunks no serving job owns: leftovers of cancelled, failed, superseded or "
+    "deleted work, or foreign) and chunks whose metadata names the wrong job, document or version. "
+    "Chunks of jobs that are queued or running are left alone."
+)
 left, mid, right = st.columns([1, 1, 3])
-left.button("Check now", key="reconcile_check", icon=":material/fact_check:", disabled=runs.running,
-            on_click=_run_reconcile,
-            args=(False,), help="A dry run: reports, changes nothing.")
+left.button(
+    "Check now",
+    key="reconcile_check",
+    icon=":material/fact_check:",
+    disabled=runs.running,
+    on_click=_run_reconcile,
+    args=(False,),
+    help="A dry run: reports, changes nothing.",
+)
 if runs.running:
     mid.button("Refresh", key="reconcile_refresh", icon=":material/refresh:")
 
@@ -69,8 +77,11 @@ if runs.running:
 def _progress() -> None:
     """While a run is under way, look every 2 s; when it has ended, redraw the page with its report."""
     if runs.running:
-        st.info(f"A {runs.label} is running (started {ui.duration(time.time() - runs.started_at)} ago); its "
-                "report appears here when it ends.", icon=":material/progress_activity:")
+        st.info(
+            f"A {runs.label} is running (started {ui.duration(time.time() - runs.started_at)} ago); its "
+            "report appears here when it ends.",
+            icon=":material/progress_activity:",
+        )
     elif st.session_state.pop("reconcile_watching", False):
         st.rerun()
     if runs.running:
@@ -84,63 +95,101 @@ if runs.error:
 
 report = _latest()
 if report is None:
-    st.info("No reconcile has run on this machine yet. **Check now** runs one; `sluice reconcile` and the "
-            "periodic task (SLUICE_RECONCILE_INTERVAL_MINUTES) leave their reports here too.")
+    st.info(
+        "No reconcile has run on this machine yet. **Check now** runs one; `sluice reconcile` and the "
+        "periodic task (SLUICE_RECONCILE_INTERVAL_MINUTES) leave their reports here too."
+    )
 else:
     scope = f"dataset {ui.plain(report['scope'])}" if report.get("scope") else "all datasets"
     kind = "repair" if report["repair"] else "check"
-    st.caption(f"Last {kind} of {scope}: {ui.ago(report['finished_at'])}, by {ui.plain(report['actor'])}, "
-               f"{ui.duration(report['seconds'])}.")
+    st.caption(
+        f"Last {kind} of {scope}: {ui.ago(report['finished_at'])}, by {ui.plain(report['actor'])}, "
+        f"{ui.duration(report['seconds'])}."
+    )
     c = st.columns(5)
     c[0].metric("Chunks checked", f"{report['chunks']:,}")
     c[1].metric("Missing", f"{report['missing']:,}")
     c[2].metric("Orphans", f"{report['orphans']:,}")
     c[3].metric("Metadata mismatches", f"{report['mismatched']:,}")
-    c[4].metric("Of jobs in flight", f"{sum(d['in_flight'] for d in report['datasets']):,}",
-                help="Chunks of queued or running jobs: not judged, never touched.")
+    c[4].metric(
+        "Of jobs in flight",
+        f"{sum(d['in_flight'] for d in report['datasets']):,}",
+        help="Chunks of queued or running jobs: not judged, never touched.",
+    )
     for error in report["errors"]:
         st.error(ui.plain(error))
     in_flight = sum(d["in_flight"] for d in report["datasets"])
     if report["clean"] and in_flight:
-        st.success(f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) of jobs "
-                   "still queued or running are judged once those jobs finish.")
+        st.success(
+            f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) of jobs "
+            "still queued or running are judged once those jobs finish."
+        )
     elif report["clean"]:
         st.success("Clean: the index holds exactly what the job database promises.")
     elif report["findings"]:
-        st.dataframe(pd.DataFrame([{
-            "dataset": f["dataset"],
-            "document": f["document_id"] if f["document_id"] is not None else "—",
-            "file": f["filename"] or "(no document: foreign chunks)",
-            "missing": f["missing"], "orphans": f["orphans"], "mismatched": f["mismatched"],
-            "why": "; ".join(f"{n} {why}" for why, n in f["orphan_sources"].items())
-                   or "; ".join(", ".join(f"{k}: {v[0]!r} should be {v[1]!r}" for k, v in m["fields"].items())
-                                for m in f["mismatches"][:1]),
-            ("repair did" if report["repair"] else "repair would"): "; ".join(f["repair"]),
-        } for f in report["findings"][:ROWS]]), hide_index=True,
-            column_config={"dataset": st.column_config.TextColumn(width="small"),
-                           "document": st.column_config.TextColumn(width="small"),
-                           "missing": st.column_config.NumberColumn(width="small"),
-                           "orphans": st.column_config.NumberColumn(width="small"),
-                           "mismatched": st.column_config.NumberColumn(width="small"),
-                           "why": st.column_config.TextColumn(width="medium"),
-                           ("repair did" if report["repair"] else "repair would"):
-                               st.column_config.TextColumn(width="large")})
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "dataset": f["dataset"],
+                        "document": f["document_id"] if f["document_id"] is not None else "—",
+                        "file": f["filename"] or "(no document: foreign chunks)",
+                        "missing": f["missing"],
+                        "orphans": f["orphans"],
+                        "mismatched": f["mismatched"],
+                        "why": "; ".join(f"{n} {why}" for why, n in f["orphan_sources"].items())
+                        or "; ".join(
+                            ", ".join(
+                                f"{k}: {v[0]!r} should be {v[1]!r}" for k, v in m["fields"].items()
+                            )
+                            for m in f["mismatches"][:1]
+                        ),
+                        ("repair did" if report["repair"] else "repair would"): "; ".join(
+                            f["repair"]
+                        ),
+                    }
+                    for f in report["findings"][:ROWS]
+                ]
+            ),
+            hide_index=True,
+            column_config={
+                "dataset": st.column_config.TextColumn(width="small"),
+                "document": st.column_config.TextColumn(width="small"),
+                "missing": st.column_config.NumberColumn(width="small"),
+                "orphans": st.column_config.NumberColumn(width="small"),
+                "mismatched": st.column_config.NumberColumn(width="small"),
+                "why": st.column_config.TextColumn(width="medium"),
+                ("repair did" if report["repair"] else "repair would"): st.column_config.TextColumn(
+                    width="large"
+                ),
+            },
+        )
     if report["repair"] and report["actions"]:
         with st.expander(f"What repair did ({len(report['actions'])})", expanded=True):
             st.markdown("\n".join(f"- {ui.plain(a)}" for a in report["actions"]))
     plan = report["repair_plan"]
     if not report["repair"] and not report["clean"]:
-        preview = (f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), rewrites "
-                   f"the metadata of **{plan['fix_metadata']:,}** chunk(s), and queues a rebuild of "
-                   f"**{plan['rebuild_documents']:,}** document(s) with missing chunks ({plan['missing_chunks']:,} "
-                   "chunks, taken from the embedding cache where it has them)"
-                   + (f"; in the lexical index it deletes **{plan['delete_lexical_orphans']:,}** orphan row(s) and "
-                      f"fixes **{plan['fix_lexical_fields']:,}**"
-                      if plan.get("delete_lexical_orphans") or plan.get("fix_lexical_fields") else "")
-                   + ". Every change is recorded on the job it concerns.")
+        preview = (
+            f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), rewrites "
+            f"the metadata of **{plan['fix_metadata']:,}** chunk(s), and queues a rebuild of "
+            f"**{plan['rebuild_documents']:,}** document(s) with missing chunks ({plan['missing_chunks']:,} "
+            "chunks, taken from the embedding cache where it has them)"
+            + (
+                f"; in the lexical index it deletes **{plan['delete_lexical_orphans']:,}** orphan row(s) and "
+                f"fixes **{plan['fix_lexical_fields']:,}**"
+                if plan.get("delete_lexical_orphans") or plan.get("fix_lexical_fields")
+                else ""
+            )
+            + ". Every change is recorded on the job it concerns."
+        )
         st.info(preview, icon=":material/build:")
-        ui.confirm_button("Repair", key="reconcile_repair", disabled=not who.can_act or runs.running,
-                          prompt=preview, on_confirm=lambda: _run_reconcile(True))
+        ui.confirm_button(
+            "Repair",
+            key="reconcile_repair",
+            disabled=not who.can_act or runs.running,
+            prompt=preview,
+            on_confirm=lambda: _run_reconcile(True),
+        )
     with st.expander("Per dataset"):
         st.dataframe(pd.DataFrame(report["datasets"]), hide_index=True)
 
@@ -148,9 +197,11 @@ else:
 # --- delete a document -----------------------------------------------------------------------------------------
 
 st.subheader("Delete a document")
-st.caption("Removes the document's chunks from the index and its file from the blob store (unless another "
-           "document, in any dataset, has the same bytes), and marks its jobs deleted. The jobs and their "
-           "history stay. A job id names its document; write doc:42 for document 42.")
+st.caption(
+    "Removes the document's chunks from the index and its file from the blob store (unless another "
+    "document, in any dataset, has the same bytes), and marks its jobs deleted. The jobs and their "
+    "history stay. A job id names its document; write doc:42 for document 42."
+)
 ref = st.text_input("Job id or doc:ID", key="delete_ref", placeholder="e.g. 17 or doc:42").strip()
 
 
@@ -167,32 +218,50 @@ if ref:
         st.error(ui.plain(exc))
     else:
         box = st.container(border=True)
-        box.markdown(f"**{ui.plain(info.filename)}** · document {info.document_id} · dataset {ui.plain(info.dataset)} · "
-                     f"{info.size:,} bytes")
+        box.markdown(
+            f"**{ui.plain(info.filename)}** · document {info.document_id} · dataset {ui.plain(info.dataset)} · "
+            f"{info.size:,} bytes"
+        )
         box.dataframe(pd.DataFrame(info.jobs), hide_index=True)
-        blob = (f"keeps the file: {info.blob_shared_with} other document(s) have the same bytes"
-                if info.blob_shared_with else "removes the file too")
-        box.caption(f"{info.vectors:,} chunk(s) in the index. Deleting removes them and {blob}."
-                    + (f" Job(s) {', '.join(map(str, info.running))} are running and stop at their next batch."
-                       if info.running else ""))
+        blob = (
+            f"keeps the file: {info.blob_shared_with} other document(s) have the same bytes"
+            if info.blob_shared_with
+            else "removes the file too"
+        )
+        box.caption(
+            f"{info.vectors:,} chunk(s) in the index. Deleting removes them and {blob}."
+            + (
+                f" Job(s) {', '.join(map(str, info.running))} are running and stop at their next batch."
+                if info.running
+                else ""
+            )
+        )
         if info.deleted:
-            box.info("This document is already deleted; deleting again removes anything left behind.")
+            box.info(
+                "This document is already deleted; deleting again removes anything left behind."
+            )
         with box:
-            ui.confirm_button("Delete document", key=f"delete_doc:{info.document_id}", disabled=not who.can_act,
-                              prompt=f"Delete {ui.plain(info.filename)} (document {info.document_id}) from dataset "
-                                     f"{ui.plain(info.dataset)}? Search stops answering it at once.",
-                              on_confirm=lambda: _delete(f"doc:{info.document_id}"))
+            ui.confirm_button(
+                "Delete document",
+                key=f"delete_doc:{info.document_id}",
+                disabled=not who.can_act,
+                prompt=f"Delete {ui.plain(info.filename)} (document {info.document_id}) from dataset "
+                f"{ui.plain(info.dataset)}? Search stops answering it at once.",
+                on_confirm=lambda: _delete(f"doc:{info.document_id}"),
+            )
 
 
 # --- pipeline version ---------------------------------------------------------------------------------------------
 
 st.subheader("Pipeline version")
 s = context.settings
-st.caption(f"The settings make pipeline **{context.pipeline_version}** (chunks of {s.chunk_size} characters, "
-           f"overlap {s.chunk_overlap}, model {s.embed_model if s.embedder != 'hash' else s.embedder}). "
-           "Reindexing builds each older document again beside its old chunks; search switches a document only "
-           "when its new job has succeeded, then the old chunks are removed. Run the workers with the same "
-           "settings first.")
+st.caption(
+    f"The settings make pipeline **{context.pipeline_version}** (chunks of {s.chunk_size} characters, "
+    f"overlap {s.chunk_overlap}, model {s.embed_model if s.embedder != 'hash' else s.embedder}). "
+    "Reindexing builds each older document again beside its old chunks; search switches a document only "
+    "when its new job has succeeded, then the old chunks are removed. Run the workers with the same "
+    "settings first."
+)
 
 
 @st.cache_data(ttl=120, show_spinner="Counting the chunks of a sample of documents...")
@@ -203,8 +272,11 @@ def _plan(dataset: str | None, version: str) -> dict:
 def _reindex_all() -> None:
     result = actions.reindex_all(who, dataset=sc.dataset)
     if result.queued:
-        ui.flash("success", f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
-                            + (f"; {result.underway} already under way" if result.underway else ""))
+        ui.flash(
+            "success",
+            f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
+            + (f"; {result.underway} already under way" if result.underway else ""),
+        )
     for r in [r for r in result.results if not r.ok][:10]:
         ui.flash("error", r.message)
     if result.queue_error:
@@ -217,22 +289,42 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
     p = plan["preview"]
     about = "≈ " if p["estimated"] else ""
     if not plan["documents"]:
-        st.success(f"Every document is on pipeline {plan['pipeline_version']}"
-                   + (f" or has a job of it under way ({plan['underway']:,})." if plan["underway"] else "."))
+        st.success(
+            f"Every document is on pipeline {plan['pipeline_version']}"
+            + (
+                f" or has a job of it under way ({plan['underway']:,})."
+                if plan["underway"]
+                else "."
+            )
+        )
     else:
         c = st.columns(4)
-        c[0].metric("Documents to rebuild", f"{plan['documents']:,}",
-                    help=f"{plan['underway']:,} more already have a job of this version under way.")
-        c[1].metric("New chunks", f"{about}{p['chunks']:,}", help=f"{plan['old_chunks']:,} chunks serve them today.")
-        c[2].metric("From the embedding cache", f"{about}{p['cached']:,}",
-                    help=f"{p['cache_hit_rate']:.0%} of the chunks to write are in the cache.")
+        c[0].metric(
+            "Documents to rebuild",
+            f"{plan['documents']:,}",
+            help=f"{plan['underway']:,} more already have a job of this version under way.",
+        )
+        c[1].metric(
+            "New chunks",
+            f"{about}{p['chunks']:,}",
+            help=f"{plan['old_chunks']:,} chunks serve them today.",
+        )
+        c[2].metric(
+            "From the embedding cache",
+            f"{about}{p['cached']:,}",
+            help=f"{p['cache_hit_rate']:.0%} of the chunks to write are in the cache.",
+        )
         c[3].metric("To embed", f"{about}{p['to_embed']:,}")
         if p["estimated"]:
             st.caption(f"Estimated from {p['sampled']} parsed document(s).")
         st.dataframe(pd.DataFrame(plan["candidates"][:ROWS]), hide_index=True)
-        ui.confirm_button(f"Reindex {plan['documents']:,} document(s)", key="reindex_all", danger=False,
-                          disabled=not who.can_act,
-                          prompt=f"Queue a job of pipeline {plan['pipeline_version']} for {plan['documents']:,} "
-                                 f"document(s) ({about}{p['to_embed']:,} chunks to embed)? Search keeps serving "
-                                 "the old version of each until its new job succeeds.",
-                          on_confirm=_reindex_all)
+        ui.confirm_button(
+            f"Reindex {plan['documents']:,} document(s)",
+            key="reindex_all",
+            danger=False,
+            disabled=not who.can_act,
+            prompt=f"Queue a job of pipeline {plan['pipeline_version']} for {plan['documents']:,} "
+            f"document(s) ({about}{p['to_embed']:,} chunks to embed)? Search keeps serving "
+            "the old version of each until its new job succeeds.",
+            on_confirm=_reindex_all,
+        )

@@ -48,17 +48,31 @@ def show_detail(d: reads.JobDetail) -> None:
     head.subheader(f"Job {job_id} · {ui.plain(r['filename'])}")
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
-    box.page_link(ui.DOCUMENT_PAGE, label="Open the document: its chunks, pages and versions",
-                  query_params={"doc": f"doc:{r['document_id']}"})
+    box.page_link(
+        ui.DOCUMENT_PAGE,
+        label="Open the document: its chunks, pages and versions",
+        query_params={"doc": f"doc:{r['document_id']}"},
+    )
 
     cells = ui.job_cells(r)
     retried = sum(1 for e in d.events if e["kind"] == "retried")
-    attempts = cells["attempts"] + (f" (after {retried} manual retr{'y' if retried == 1 else 'ies'})" if retried else "")
-    pages = r["page_count"] or (r["total"] if r["stage"] in ("parsing", "ocr", "chunking") else None)
+    attempts = cells["attempts"] + (
+        f" (after {retried} manual retr{'y' if retried == 1 else 'ies'})" if retried else ""
+    )
+    pages = r["page_count"] or (
+        r["total"] if r["stage"] in ("parsing", "ocr", "chunking") else None
+    )
     chunks = r["chunk_count"] or (r["total"] if r["stage"] in ("embedding", "indexing") else None)
-    facts = [("Stage", cells["progress"] or r["stage"]), ("Attempts", attempts), ("Dataset", d.dataset),
-             ("Pages", pages), ("Chunks", chunks), ("Worker", r["worker_id"]),
-             ("Created", ui.ago(r["created_at"])), ("Pipeline", r["pipeline_version"])]
+    facts = [
+        ("Stage", cells["progress"] or r["stage"]),
+        ("Attempts", attempts),
+        ("Dataset", d.dataset),
+        ("Pages", pages),
+        ("Chunks", chunks),
+        ("Worker", r["worker_id"]),
+        ("Created", ui.ago(r["created_at"])),
+        ("Pipeline", r["pipeline_version"]),
+    ]
     for col, (label, value) in zip(box.columns(len(facts)), facts, strict=True):
         col.markdown(f"**{label}**  \n{ui.plain(value) if value not in (None, '') else '—'}")
     if r["total"] and r["status"] in reads.ACTIVE:
@@ -67,26 +81,40 @@ def show_detail(d: reads.JobDetail) -> None:
         box.caption(r["progress"])
 
     if d.paused:
-        box.warning(f"**Paused**: this job does not start until resumed. {ui.plain(d.paused[0].upper() + d.paused[1:])}."
-                    " Resume it on the Overview page or with `sluice resume`.", icon=":material/pause_circle:")
+        box.warning(
+            f"**Paused**: this job does not start until resumed. {ui.plain(d.paused[0].upper() + d.paused[1:])}."
+            " Resume it on the Overview page or with `sluice resume`.",
+            icon=":material/pause_circle:",
+        )
     elif r["status"] in reads.ACTIVE:
         position = health.queue_position(job_id) if r["status"] == "pending" else None
         queue = health.queue_state()
         why = diagnose.why_waiting(
-            r, position=position, workers=len(queue.workers) if queue.reachable else None, unsent=d.unsent,
-            ahead=d.waiting_ahead, lease_seconds=reads.ctx().settings.lease_seconds, now=reads.database_now(),
-            published_at=d.published_at, redeliver_after=reads.ctx().settings.redeliver_after_seconds)
+            r,
+            position=position,
+            workers=len(queue.workers) if queue.reachable else None,
+            unsent=d.unsent,
+            ahead=d.waiting_ahead,
+            lease_seconds=reads.ctx().settings.lease_seconds,
+            now=reads.database_now(),
+            published_at=d.published_at,
+            redeliver_after=reads.ctx().settings.redeliver_after_seconds,
+        )
         if why:
             getattr(box, why[0])(why[1])
 
     if r["status"] == "succeeded":
         done = next((e for e in reversed(d.events) if e["kind"] == "succeeded"), None)
-        box.success(f"Indexed: {ui.plain(done['message']) if done else str(r['chunk_count']) + ' chunks'}; finished "
-                    f"{ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}.")
+        box.success(
+            f"Indexed: {ui.plain(done['message']) if done else str(r['chunk_count']) + ' chunks'}; finished "
+            f"{ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}."
+        )
     elif r["error_message"]:
         kind = ui.KIND_LABEL.get(r["error_kind"] or "", r["error_kind"] or "")
         prefix = f"**{kind}** ({ui.plain(ui.words(r['error_code']))}): " if r["error_kind"] else ""
-        (box.warning if r["status"] in ("cancelled", "retrying") else box.error)(prefix + ui.plain(r["error_message"]))
+        (box.warning if r["status"] in ("cancelled", "retrying") else box.error)(
+            prefix + ui.plain(r["error_message"])
+        )
         if r["fix_hint"]:
             box.info(f"**What to do:** {ui.plain(r['fix_hint'])}", icon=":material/build:")
         if d.error_detail:
@@ -96,62 +124,131 @@ def show_detail(d: reads.JobDetail) -> None:
     can = who.can_act
     if r["status"] == "failed" and r["error_code"] in actions.LOCKED_CODES:
         with box.form(f"unlock_{job_id}", border=False):
-            st.text_input("Password of the PDF", type="password", key=f"password_{job_id}", disabled=not can,
-                          help="Used once to decrypt the file; it is not stored, logged or sent to the queue.")
-            st.form_submit_button("Unlock and retry", type="primary", disabled=not can,
-                                  on_click=_unlock, args=(job_id, f"password_{job_id}"))
+            st.text_input(
+                "Password of the PDF",
+                type="password",
+                key=f"password_{job_id}",
+                disabled=not can,
+                help="Used once to decrypt the file; it is not stored, logged or sent to the queue.",
+            )
+            st.form_submit_button(
+                "Unlock and retry",
+                type="primary",
+                disabled=not can,
+                on_click=_unlock,
+                args=(job_id, f"password_{job_id}"),
+            )
 
     acts = box.container(horizontal=True)
     with acts:
         if r["status"] in ("pending", "retrying", "running") and not r["cancel_requested"]:
-            ui.confirm_button("Cancel job", key=f"cancel_{job_id}", disabled=not can,
-                              prompt=("Stop this job? A running job stops at its next batch and its partial "
-                                      "chunks are removed; it can be retried later."),
-                              on_confirm=lambda: _do(actions.cancel, "Cancel", job_id))
+            ui.confirm_button(
+                "Cancel job",
+                key=f"cancel_{job_id}",
+                disabled=not can,
+                prompt=(
+                    "Stop this job? A running job stops at its next batch and its partial "
+                    "chunks are removed; it can be retried later."
+                ),
+                on_confirm=lambda: _do(actions.cancel, "Cancel", job_id),
+            )
         if r["status"] in ("pending", "retrying"):
-            st.button("Run next", key=f"run_next_{job_id}", disabled=not can,
-                      help="Publish this job before every other waiting job (a priority above theirs).",
-                      on_click=_do, args=(actions.run_next, "Run next", job_id))
+            st.button(
+                "Run next",
+                key=f"run_next_{job_id}",
+                disabled=not can,
+                help="Publish this job before every other waiting job (a priority above theirs).",
+                on_click=_do,
+                args=(actions.run_next, "Run next", job_id),
+            )
         outlook = actions.retry_outlook(r)
-        if outlook:  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
-            st.page_link("views/upload_page.py", label="Upload a fixed file", icon=":material/upload_file:")
-            ui.confirm_button("Retry anyway", key=f"retry_{job_id}", disabled=not can, danger=False,
-                              prompt=ui.plain(outlook[0].upper() + outlook[1:] + ". Retry anyway?"),
-                              on_confirm=lambda: _do(actions.retry, "Retry", job_id))
+        if (
+            outlook
+        ):  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
+            st.page_link(
+                "views/upload_page.py", label="Upload a fixed file", icon=":material/upload_file:"
+            )
+            ui.confirm_button(
+                "Retry anyway",
+                key=f"retry_{job_id}",
+                disabled=not can,
+                danger=False,
+                prompt=ui.plain(outlook[0].upper() + outlook[1:] + ". Retry anyway?"),
+                on_confirm=lambda: _do(actions.retry, "Retry", job_id),
+            )
             if not r.get("dismissed"):
-                st.button("Dismiss", key=f"dismiss_{job_id}", disabled=not can,
-                          help="Take it off the dead-letter list; it stays failed, with its history.",
-                          on_click=_do, args=(actions.dismiss, "Dismiss", job_id))
+                st.button(
+                    "Dismiss",
+                    key=f"dismiss_{job_id}",
+                    disabled=not can,
+                    help="Take it off the dead-letter list; it stays failed, with its history.",
+                    on_click=_do,
+                    args=(actions.dismiss, "Dismiss", job_id),
+                )
         elif r["status"] in ("failed", "cancelled"):
-            st.button("Retry job", key=f"retry_{job_id}", type="primary", disabled=not can,
-                      on_click=_do, args=(actions.retry, "Retry", job_id))
+            st.button(
+                "Retry job",
+                key=f"retry_{job_id}",
+                type="primary",
+                disabled=not can,
+                on_click=_do,
+                args=(actions.retry, "Retry", job_id),
+            )
         if r["status"] == "succeeded":
-            ui.confirm_button("Reindex", key=f"reindex_{job_id}", disabled=not can, danger=False,
-                              prompt=("Rebuild this document's chunks? Search keeps serving the current "
-                                      "chunks until the new run succeeds."),
-                              on_confirm=lambda: _do(actions.reindex, "Reindex", job_id))
+            ui.confirm_button(
+                "Reindex",
+                key=f"reindex_{job_id}",
+                disabled=not can,
+                danger=False,
+                prompt=(
+                    "Rebuild this document's chunks? Search keeps serving the current "
+                    "chunks until the new run succeeds."
+                ),
+                on_confirm=lambda: _do(actions.reindex, "Reindex", job_id),
+            )
 
     box.markdown("**Timeline**")
     now = utcnow()
-    box.dataframe(pd.DataFrame([{
-        "phase": p.what,
-        "started": p.started.strftime("%Y-%m-%d %H:%M:%S"),
-        "took": ui.duration(p.seconds) if p.ended else (
-            f"{ui.duration((now - p.started).total_seconds())} so far" if r["status"] in reads.ACTIVE else "—"),
-        "worker": p.worker,
-        "outcome": p.outcome,
-        "stage reached": p.reached,
-    } for p in d.phases]), hide_index=True)
+    box.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "phase": p.what,
+                    "started": p.started.strftime("%Y-%m-%d %H:%M:%S"),
+                    "took": ui.duration(p.seconds)
+                    if p.ended
+                    else (
+                        f"{ui.duration((now - p.started).total_seconds())} so far"
+                        if r["status"] in reads.ACTIVE
+                        else "—"
+                    ),
+                    "worker": p.worker,
+                    "outcome": p.outcome,
+                    "stage reached": p.reached,
+                }
+                for p in d.phases
+            ]
+        ),
+        hide_index=True,
+    )
     with box.expander(f"All events ({len(d.events)})", expanded=r["status"] not in ("succeeded",)):
-        st.dataframe(pd.DataFrame([{
-            "at": e["at"].strftime("%H:%M:%S.%f")[:-3],
-            "event": e["kind"],
-            "status": f"{e['from'] or ''} → {e['to']}" if e["to"] else "",
-            "stage": e["stage"],
-            "attempt": e["attempt"],
-            "by": e["actor"],
-            "message": e["message"],
-        } for e in d.events]), hide_index=True)
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "at": e["at"].strftime("%H:%M:%S.%f")[:-3],
+                        "event": e["kind"],
+                        "status": f"{e['from'] or ''} → {e['to']}" if e["to"] else "",
+                        "stage": e["stage"],
+                        "attempt": e["attempt"],
+                        "by": e["actor"],
+                        "message": e["message"],
+                    }
+                    for e in d.events
+                ]
+            ),
+            hide_index=True,
+        )
 
 
 if selected:
@@ -171,13 +268,22 @@ c5, c6, c7, c8 = st.columns([2, 2, 2, 3])
 sort = c5.selectbox("Sort by", list(SORTABLE), key="sort", bind="query-params")
 descending = c6.toggle("Descending", value=True, key="desc")
 page_size = c7.selectbox("Rows per page", [25, 50, 100], index=1, key="rows")
-paused = c8.toggle("Pause live refresh", key="pause_refresh",
-                   help=f"While any job on this page is active, the page refreshes every {REFRESH_MS / 1000:.0f} s.")
+paused = c8.toggle(
+    "Pause live refresh",
+    key="pause_refresh",
+    help=f"While any job on this page is active, the page refreshes every {REFRESH_MS / 1000:.0f} s.",
+)
 
-f = JobFilter(dataset_id=sc.dataset_id, statuses=statuses, stages=stages, error_kinds=kinds,
-              name_contains=name.strip())
-page = reads.jobs_page(f, sort=sort, descending=descending, page=st.session_state.get(PAGE_KEY, 1),
-                       page_size=page_size)
+f = JobFilter(
+    dataset_id=sc.dataset_id,
+    statuses=statuses,
+    stages=stages,
+    error_kinds=kinds,
+    name_contains=name.strip(),
+)
+page = reads.jobs_page(
+    f, sort=sort, descending=descending, page=st.session_state.get(PAGE_KEY, 1), page_size=page_size
+)
 
 active = page.any_active or (detail is not None and detail.row["status"] in reads.ACTIVE)
 if active and not paused:
@@ -185,7 +291,11 @@ if active and not paused:
 
 first = (page.page - 1) * page.page_size + 1
 shown = f"{first:,}–{first + len(page.rows) - 1:,}" if page.rows else "0"
-live = "paused" if paused else (f"live, every {REFRESH_MS / 1000:.0f} s" if active else "live once jobs are active")
+live = (
+    "paused"
+    if paused
+    else (f"live, every {REFRESH_MS / 1000:.0f} s" if active else "live once jobs are active")
+)
 st.caption(f"Jobs {shown} of {page.total:,} ({live}). Select a row to open the job.")
 
 
@@ -206,35 +316,61 @@ def _pick(key: str, ids: list[int]) -> None:
 
 
 ids = [r["id"] for r in page.rows]
-table = pd.DataFrame([{
-    "job": r["id"],
-    **{k: v for k, v in ui.job_cells(r).items() if k != "error"},
-    "file": r["filename"],
-    "dataset": r["dataset"],
-    "stage progress": _fraction(r),
-    "updated": ui.ago(r["updated_at"]),
-    "error": ui.job_cells(r)["error"],
-} for r in page.rows], columns=["job", "status", "file", "dataset", "stage progress", "progress", "attempts",
-                                "updated", "error"])
+table = pd.DataFrame(
+    [
+        {
+            "job": r["id"],
+            **{k: v for k, v in ui.job_cells(r).items() if k != "error"},
+            "file": r["filename"],
+            "dataset": r["dataset"],
+            "stage progress": _fraction(r),
+            "updated": ui.ago(r["updated_at"]),
+            "error": ui.job_cells(r)["error"],
+        }
+        for r in page.rows
+    ],
+    columns=[
+        "job",
+        "status",
+        "file",
+        "dataset",
+        "stage progress",
+        "progress",
+        "attempts",
+        "updated",
+        "error",
+    ],
+)
 if sc.dataset:
     table = table.drop(columns=["dataset"])
 table_key = f"jobs_table_{hash(tuple(ids))}"
 st.dataframe(
-    table.style.map(ui.status_cell_style, subset=["status"]), hide_index=True, key=table_key, on_select=partial(_pick, table_key, ids), selection_mode="single-row",
+    table.style.map(ui.status_cell_style, subset=["status"]),
+    hide_index=True,
+    key=table_key,
+    on_select=partial(_pick, table_key, ids),
+    selection_mode="single-row",
     placeholder="",
     column_config={
         "job": st.column_config.NumberColumn("job", format="%d", width="small"),
         "stage progress": st.column_config.ProgressColumn(
-            "stage progress", min_value=0.0, max_value=1.0, format="percent",
+            "stage progress",
+            min_value=0.0,
+            max_value=1.0,
+            format="percent",
             help="Done of total in the current stage (pages while parsing and chunking, chunks while "
-                 "embedding and indexing); empty while queued."),
-        "progress": st.column_config.TextColumn("counts", width="medium",
-                                                help="Stage with its counts while active; where it stopped "
-                                                     "once failed or cancelled."),
+            "embedding and indexing); empty while queued.",
+        ),
+        "progress": st.column_config.TextColumn(
+            "counts",
+            width="medium",
+            help="Stage with its counts while active; where it stopped once failed or cancelled.",
+        ),
         "file": st.column_config.TextColumn("file", width="medium"),
         "status": st.column_config.TextColumn("status", width="small"),
-        "attempts": st.column_config.TextColumn("attempts", width="small",
-                                                help="Attempts used; while a job is active, of how many."),
+        "attempts": st.column_config.TextColumn(
+            "attempts", width="small", help="Attempts used; while a job is active, of how many."
+        ),
         "updated": st.column_config.TextColumn("updated", width="small"),
         "error": st.column_config.TextColumn("error", width="large"),
     },
@@ -244,23 +380,42 @@ if page.pages > 1:
         st.session_state[PAGE_KEY] = page.pages
     st.pagination(page.pages, key=PAGE_KEY)
 
+
 def _bulk(action: str) -> None:
-    ui.flash_outcome(actions.bulk(who, action, f), {"retry": "Retry", "cancel": "Cancel", "reindex": "Reindex",
-                                                    "delete": "Delete"}[action])
+    ui.flash_outcome(
+        actions.bulk(who, action, f),
+        {"retry": "Retry", "cancel": "Cancel", "reindex": "Reindex", "delete": "Delete"}[action],
+    )
 
 
 with st.expander(f"Act on all {page.total:,} matching job(s)"):
-    st.caption("Retry, cancel, reindex or delete every job the filters above match, not only this page. "
-               "Each job gets its own entry in its history.")
-    bulk_action = st.segmented_control("Action", ["retry", "cancel", "reindex", "delete"], key="bulk_action")
+    st.caption(
+        "Retry, cancel, reindex or delete every job the filters above match, not only this page. "
+        "Each job gets its own entry in its history."
+    )
+    bulk_action = st.segmented_control(
+        "Action", ["retry", "cancel", "reindex", "delete"], key="bulk_action"
+    )
     if bulk_action:
-        plan = reads.bulk_preview(bulk_action, f, ids=False, with_cost=st.toggle(
-            "Count the embedding cost (parses a sample of the documents)", key="bulk_cost",
-            disabled=bulk_action not in ("retry", "reindex")))
+        plan = reads.bulk_preview(
+            bulk_action,
+            f,
+            ids=False,
+            with_cost=st.toggle(
+                "Count the embedding cost (parses a sample of the documents)",
+                key="bulk_cost",
+                disabled=bulk_action not in ("retry", "reindex"),
+            ),
+        )
         st.info(plan.describe(), icon=":material/preview:")
-        ui.confirm_button(f"{bulk_action.capitalize()} {plan.applicable:,} job(s)", key=f"bulk_{bulk_action}",
-                          disabled=not (who.can_act and plan.applicable), danger=bulk_action in ("cancel", "delete"),
-                          prompt=f"{plan.describe()} Go ahead?", on_confirm=lambda a=bulk_action: _bulk(a))
+        ui.confirm_button(
+            f"{bulk_action.capitalize()} {plan.applicable:,} job(s)",
+            key=f"bulk_{bulk_action}",
+            disabled=not (who.can_act and plan.applicable),
+            danger=bulk_action in ("cancel", "delete"),
+            prompt=f"{plan.describe()} Go ahead?",
+            on_confirm=lambda a=bulk_action: _bulk(a),
+        )
 
 with st.popover("Open a job by id"):
     wanted = st.number_input("Job id", min_value=1, step=1, value=None, key="open_job_id")

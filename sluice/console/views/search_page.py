@@ -10,61 +10,105 @@ from sluice.ops.search import MODES, BadQuery, UnknownDataset
 sc = ui.scope()
 st.title("Search")
 
-MIN_SIMILARITY = 0.2  # a hit only the model found, with less similarity than this, is not worth reading
+MIN_SIMILARITY = (
+    0.2  # a hit only the model found, with less similarity than this, is not worth reading
+)
 
 names = [ui.ALL_DATASETS, *[d.name for d in reads.datasets()]]
 default = sc.dataset if sc.dataset in names else ui.ALL_DATASETS
 with st.form("search_form"):
     c1, c2, c3 = st.columns([6, 2, 1])
     # the query, its dataset and ranking live in the URL: a search can be bookmarked and shared
-    query = c1.text_input("Query", key="q", placeholder="What are you looking for?", bind="query-params")
-    chosen = c2.selectbox("Dataset", names, index=names.index(default), key="in", bind="query-params")
+    query = c1.text_input(
+        "Query", key="q", placeholder="What are you looking for?", bind="query-params"
+    )
+    chosen = c2.selectbox(
+        "Dataset", names, index=names.index(default), key="in", bind="query-params"
+    )
     dataset = None if chosen == ui.ALL_DATASETS else chosen
     k = c3.number_input("k", min_value=1, max_value=50, value=5, key="search_k")
     f1, f2, f3, f4 = st.columns([2, 3, 2, 2])
-    mode = f1.selectbox("Ranking", MODES, key="mode", bind="query-params",
-                        help="hybrid fuses word matches and meaning; lexical never loads the model")
+    mode = f1.selectbox(
+        "Ranking",
+        MODES,
+        key="mode",
+        bind="query-params",
+        help="hybrid fuses word matches and meaning; lexical never loads the model",
+    )
     file_filter = f2.text_input("File name contains", key="search_file")
     pages = f3.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
-    media_type = f4.selectbox("Type", ["any", "application/pdf", "text/plain", "text/markdown"],
-                              key="search_media_type")
+    media_type = f4.selectbox(
+        "Type", ["any", "application/pdf", "text/plain", "text/markdown"], key="search_media_type"
+    )
     submitted = st.form_submit_button("Search", type="primary")
 
 if submitted and not query.strip():
-    st.info("Type something to search for: words, a code or a name, or \"an exact phrase\" in quotes.")
+    st.info(
+        'Type something to search for: words, a code or a name, or "an exact phrase" in quotes.'
+    )
 if query.strip():
     try:
         with st.spinner("Searching (the first search loads the embedding model)..."):
-            hits = reads.search(query, dataset, int(k), mode=mode, filename=file_filter or None,
-                                pages=pages or None, media_type=None if media_type == "any" else media_type)
+            hits = reads.search(
+                query,
+                dataset,
+                int(k),
+                mode=mode,
+                filename=file_filter or None,
+                pages=pages or None,
+                media_type=None if media_type == "any" else media_type,
+            )
     except (UnknownDataset, BadQuery) as exc:
         st.error(ui.plain(exc))
         hits = None
     except Exception as exc:  # Chroma unreachable, model failed to load
-        st.error(f"Search failed: {ui.plain(f'{type(exc).__name__}: {exc}')}. Check the System page.")
+        st.error(
+            f"Search failed: {ui.plain(f'{type(exc).__name__}: {exc}')}. Check the System page."
+        )
         hits = None
     if hits is not None:
         weak = [h for h in hits if h.matched == ["dense"] and (h.similarity or 0) < MIN_SIMILARITY]
         hits = [h for h in hits if h not in weak]
         where = f"dataset {ui.plain(repr(dataset))}" if dataset else "all datasets"
         if not hits:
-            st.info(f"No indexed chunks in {where} match. Only documents whose job succeeded are searchable.")
-        st.caption(f"{len(hits)} chunk(s) from {where}, best first."
-                   + (f" {len(weak)} weak match(es) (similarity below {MIN_SIMILARITY}, no word in common) "
-                      "not shown." if weak else ""))
+            st.info(
+                f"No indexed chunks in {where} match. Only documents whose job succeeded are searchable."
+            )
+        st.caption(
+            f"{len(hits)} chunk(s) from {where}, best first."
+            + (
+                f" {len(weak)} weak match(es) (similarity below {MIN_SIMILARITY}, no word in common) "
+                "not shown."
+                if weak
+                else ""
+            )
+        )
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
                 top, score = st.columns([5, 1])
-                top.markdown(f"**{i}. {ui.plain(h.filename)}** · {ui.plain(h.where) if h.where else f'page {h.page}'}"
-                             + (" · text read by OCR" if h.ocr else "") + f" · found by {' and '.join(h.matched)}")
+                top.markdown(
+                    f"**{i}. {ui.plain(h.filename)}** · {ui.plain(h.where) if h.where else f'page {h.page}'}"
+                    + (" · text read by OCR" if h.ocr else "")
+                    + f" · found by {' and '.join(h.matched)}"
+                )
                 links = top.container(horizontal=True)
-                links.page_link(ui.DOCUMENT_PAGE, label="Open document",
-                                query_params={"doc": f"doc:{h.document_id}", "chunk": h.chunk_id.rsplit("-", 1)[-1]})
-                links.page_link(ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)})
+                links.page_link(
+                    ui.DOCUMENT_PAGE,
+                    label="Open document",
+                    query_params={
+                        "doc": f"doc:{h.document_id}",
+                        "chunk": h.chunk_id.rsplit("-", 1)[-1],
+                    },
+                )
+                links.page_link(
+                    ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)}
+                )
                 score.metric("score", f"{h.score:.3f}")
                 st.markdown(ui.highlighted(h.snippet))
                 with st.expander("Whole chunk"):
                     st.text(h.text)
 else:
-    st.caption('Searches one dataset. Put "an exact phrase" in quotes. Hybrid and lexical scores rank, nothing '
-               "more; dense scores are cosine similarity (1 is identical).")
+    st.caption(
+        'Searches one dataset. Put "an exact phrase" in quotes. Hybrid and lexical scores rank, nothing '
+        "more; dense scores are cosine similarity (1 is identical)."
+    )

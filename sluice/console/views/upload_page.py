@@ -17,14 +17,22 @@ st.title("Upload")
 ui.read_only_note(who)
 
 names = [d.name for d in reads.datasets()]
-target = st.selectbox("Into dataset", names, index=names.index(sc.dataset or "default")
-                      if (sc.dataset or "default") in names else 0, key="upload_dataset",
-                      help="Defaults to the dataset picked in the sidebar.")
+target = st.selectbox(
+    "Into dataset",
+    names,
+    index=names.index(sc.dataset or "default") if (sc.dataset or "default") in names else 0,
+    key="upload_dataset",
+    help="Defaults to the dataset picked in the sidebar.",
+)
 
 with st.form("upload_form", clear_on_submit=True):
-    files = st.file_uploader("PDF, Word, PowerPoint, EPUB, HTML, CSV, text or Markdown files", accept_multiple_files=True,
-                             disabled=not who.can_act, key="upload_files",
-                             help="Any file may be chosen; each one gets a line below saying what became of it.")
+    files = st.file_uploader(
+        "PDF, Word, PowerPoint, EPUB, HTML, CSV, text or Markdown files",
+        accept_multiple_files=True,
+        disabled=not who.can_act,
+        key="upload_files",
+        help="Any file may be chosen; each one gets a line below saying what became of it.",
+    )
     submitted = st.form_submit_button("Upload and index", type="primary", disabled=not who.can_act)
 
 if submitted and files:
@@ -58,9 +66,11 @@ def _results_section(results: list[dict], following: bool) -> None:
     refused = sum(1 for r in results if not r["accepted"])
     done = sum(1 for j in live.values() if j["status"] in reads.FINAL)
     st.subheader("Last upload")
-    st.caption(f"{len(results)} file(s) chosen: {new} new job(s), {dup} already uploaded, {refused} refused. "
-               f"{done} of {len(live)} job(s) finished"
-               + ("; following them live." if done < len(live) else "."))
+    st.caption(
+        f"{len(results)} file(s) chosen: {new} new job(s), {dup} already uploaded, {refused} refused. "
+        f"{done} of {len(live)} job(s) finished"
+        + ("; following them live." if done < len(live) else ".")
+    )
     for i, r in enumerate(results):
         with st.container(border=True):
             head, state, link = st.columns([4, 2, 1])
@@ -78,17 +88,33 @@ def _results_section(results: list[dict], following: bool) -> None:
             if status in reads.ACTIVE and job:
                 state.caption(job["progress"])
             elif job.get("error_message") and status == "failed":
-                head.caption(f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: {ui.plain(job['error_message'])}")
-            link.page_link(ui.JOBS_PAGE, label=f"Open job {r['job_id']}", query_params={"job": str(r["job_id"])})
+                head.caption(
+                    f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: {ui.plain(job['error_message'])}"
+                )
+            link.page_link(
+                ui.JOBS_PAGE,
+                label=f"Open job {r['job_id']}",
+                query_params={"job": str(r["job_id"])},
+            )
             if r["duplicate"] and status == "succeeded":
                 with head:
-                    ui.confirm_button("Reindex", key=f"upload_reindex_{i}", disabled=not who.can_act,
-                                      prompt=f"Rebuild the chunks of job {r['job_id']}? Search keeps serving "
-                                             "the current chunks until the new run succeeds.",
-                                      on_confirm=lambda jid=r["job_id"]: _reindex(jid), danger=False)
+                    ui.confirm_button(
+                        "Reindex",
+                        key=f"upload_reindex_{i}",
+                        disabled=not who.can_act,
+                        prompt=f"Rebuild the chunks of job {r['job_id']}? Search keeps serving "
+                        "the current chunks until the new run succeeds.",
+                        on_confirm=lambda jid=r["job_id"]: _reindex(jid),
+                        danger=False,
+                    )
             elif r["duplicate"] and status in ("failed", "cancelled"):
-                head.button("Retry it", key=f"upload_retry_{i}", disabled=not who.can_act,
-                            on_click=_retry, args=(r["job_id"],))
+                head.button(
+                    "Retry it",
+                    key=f"upload_retry_{i}",
+                    disabled=not who.can_act,
+                    on_click=_retry,
+                    args=(r["job_id"],),
+                )
     if following and done == len(live):
         st.rerun()  # the last job finished: draw the page once more, and stop following
 
@@ -99,6 +125,8 @@ if results:
     following = any(j["status"] in reads.ACTIVE for j in waiting)
     st.fragment(_results_section, run_every=LIVE_SECONDS if following else None)(results, following)
 else:
-    st.caption("Files are checked before anything is stored: over the size limit, or bytes that are not PDF "
-               "or text, are refused with the reason. The same file uploaded again into the same dataset "
-               "returns its existing job instead of indexing it twice.")
+    st.caption(
+        "Files are checked before anything is stored: over the size limit, or bytes that are not PDF "
+        "or text, are refused with the reason. The same file uploaded again into the same dataset "
+        "returns its existing job instead of indexing it twice."
+    )

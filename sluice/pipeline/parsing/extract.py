@@ -42,18 +42,32 @@ TEXT = "text/plain"
 MARKDOWN = "text/markdown"
 TEXT_PAGE_CHARS = 20_000  # plain text is read in slices of this size, reported as "pages"
 
-NO_TEXT_HINT = "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."
-OCR_OFF_HINT = ("The file has no text layer and OCR is off (SLUICE_OCR_MODE=off). Set SLUICE_OCR_MODE=auto "
-                "and retry, or run it through OCR yourself and upload again.")
-NO_TEXT_BY_OCR_HINT = ("OCR read every page image and found no words: the pages are pictures. There is nothing "
-                       "to index; if they are scans of text, scan again at 300 dpi or more and upload that file.")
-DAMAGED_HINT = "The PDF is damaged. Re-export it from its source and upload again; retrying will not help."
-MEMORY_HINT = ("The file needs more memory to read than a worker allows; it may be built to exhaust memory. "
-               "Re-export or split it, or raise SLUICE_PARSE_MAX_MEMORY_MB if the file is trusted.")
-XFA_HINT = ("Open the form in Adobe Acrobat or Reader and print it to PDF (or flatten the form), "
-            "then upload that file.")
+NO_TEXT_HINT = (
+    "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again."
+)
+OCR_OFF_HINT = (
+    "The file has no text layer and OCR is off (SLUICE_OCR_MODE=off). Set SLUICE_OCR_MODE=auto "
+    "and retry, or run it through OCR yourself and upload again."
+)
+NO_TEXT_BY_OCR_HINT = (
+    "OCR read every page image and found no words: the pages are pictures. There is nothing "
+    "to index; if they are scans of text, scan again at 300 dpi or more and upload that file."
+)
+DAMAGED_HINT = (
+    "The PDF is damaged. Re-export it from its source and upload again; retrying will not help."
+)
+MEMORY_HINT = (
+    "The file needs more memory to read than a worker allows; it may be built to exhaust memory. "
+    "Re-export or split it, or raise SLUICE_PARSE_MAX_MEMORY_MB if the file is trusted."
+)
+XFA_HINT = (
+    "Open the form in Adobe Acrobat or Reader and print it to PDF (or flatten the form), "
+    "then upload that file."
+)
 
-XFA_PLACEHOLDER = "if this message is not eventually replaced by the proper contents of the document"
+XFA_PLACEHOLDER = (
+    "if this message is not eventually replaced by the proper contents of the document"
+)
 
 
 class Refusal(Exception):
@@ -65,7 +79,13 @@ class Refusal(Exception):
 
     def message_of(self) -> dict:
         """The protocol's error message for this refusal."""
-        return {"t": "error", "kind": self.kind, "code": self.code, "message": self.message, "hint": self.hint}
+        return {
+            "t": "error",
+            "kind": self.kind,
+            "code": self.code,
+            "message": self.message,
+            "hint": self.hint,
+        }
 
 
 @dataclass
@@ -97,7 +117,11 @@ def clean_text(text: str) -> str:
 def decode_text(data: bytes) -> str:
     import codecs
 
-    for bom, enc in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+    for bom, enc in (
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
         if data.startswith(bom):
             return data.decode(enc, errors="replace")
     try:
@@ -135,8 +159,12 @@ def read(req: Request) -> Iterator[dict]:
         except formats.FormatRefusal as exc:
             raise Refusal(exc.kind, exc.code, exc.message, exc.hint) from exc
     else:
-        raise Refusal("user_action_required", "unsupported_type", f"unsupported file type {req.media_type}",
-                      "Sluice indexes PDF, .txt and .md files.")
+        raise Refusal(
+            "user_action_required",
+            "unsupported_type",
+            f"unsupported file type {req.media_type}",
+            "Sluice indexes PDF, .txt and .md files.",
+        )
 
 
 SECTIONED = (formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
@@ -148,9 +176,17 @@ def _sections(req: Request) -> list[tuple[str, str]]:
             raise _too_much_text(req)
         with open(req.path, "rb") as fh:
             text = decode_text(fh.read())
-        return formats.html_sections(text) if req.media_type == formats.HTML else formats.csv_sections(text)
-    archive = formats.BoundedZip(req.path, name=req.name, max_entries=req.archive_max_entries,
-                                 max_bytes=req.archive_max_bytes)
+        return (
+            formats.html_sections(text)
+            if req.media_type == formats.HTML
+            else formats.csv_sections(text)
+        )
+    archive = formats.BoundedZip(
+        req.path,
+        name=req.name,
+        max_entries=req.archive_max_entries,
+        max_bytes=req.archive_max_bytes,
+    )
     try:
         archive.check_all()
         if req.media_type == formats.EPUB:
@@ -171,16 +207,27 @@ def _read_sections(req: Request) -> Iterator[dict]:
     except Exception as exc:  # a damaged file: the libraries raise their own errors
         if _is_memory_error(exc):
             raise
-        raise Refusal("permanent", "unreadable_document", f"{req.name} cannot be read: {_plain(exc, req)}",
-                      "Re-export the file from its source and upload it again; retrying will not help.") from exc
+        raise Refusal(
+            "permanent",
+            "unreadable_document",
+            f"{req.name} cannot be read: {_plain(exc, req)}",
+            "Re-export the file from its source and upload it again; retrying will not help.",
+        ) from exc
     sections = [(label, clean_text(text)) for label, text in sections]
     if not any(meaningful(text) for _, text in sections):
-        raise Refusal("user_action_required", "no_text", f"{req.name} holds no meaningful text",
-                      "Upload a file that has text in it.")
+        raise Refusal(
+            "user_action_required",
+            "no_text",
+            f"{req.name} holds no meaningful text",
+            "Upload a file that has text in it.",
+        )
     if len(sections) > req.max_pages:
-        raise Refusal("user_action_required", "too_many_pages",
-                      f"{req.name} has {len(sections)} sections, over the limit of {req.max_pages}",
-                      "Split the file, or raise SLUICE_MAX_PAGES.")
+        raise Refusal(
+            "user_action_required",
+            "too_many_pages",
+            f"{req.name} has {len(sections)} sections, over the limit of {req.max_pages}",
+            "Split the file, or raise SLUICE_MAX_PAGES.",
+        )
     if sum(len(text) for _, text in sections) > req.max_document_chars:
         raise _too_much_text(req)
     yield {"t": "open", "pages": len(sections), "warnings": []}
@@ -195,25 +242,39 @@ def _read_text(req: Request) -> Iterator[dict]:
     with open(req.path, "rb") as fh:
         text = clean_text(decode_text(fh.read()))
     if not meaningful(text):
-        raise Refusal("user_action_required", "no_text",
-                      f"{req.name} holds no meaningful text (only white space, punctuation or a number)",
-                      "Upload a file that has text in it.")
+        raise Refusal(
+            "user_action_required",
+            "no_text",
+            f"{req.name} holds no meaningful text (only white space, punctuation or a number)",
+            "Upload a file that has text in it.",
+        )
     if len(text) > req.max_document_chars:
         raise _too_much_text(req)
     pages = max(1, -(-len(text) // TEXT_PAGE_CHARS))
     if pages > req.max_pages:
-        raise Refusal("user_action_required", "too_many_pages", f"the text is {len(text)} characters, over the page limit",
-                      "Split the file, or raise SLUICE_MAX_PAGES.")
+        raise Refusal(
+            "user_action_required",
+            "too_many_pages",
+            f"the text is {len(text)} characters, over the page limit",
+            "Split the file, or raise SLUICE_MAX_PAGES.",
+        )
     yield {"t": "open", "pages": pages, "warnings": []}
     for number in range(pages):
-        yield {"t": "page", "n": number + 1, "text": text[number * TEXT_PAGE_CHARS:(number + 1) * TEXT_PAGE_CHARS]}
+        yield {
+            "t": "page",
+            "n": number + 1,
+            "text": text[number * TEXT_PAGE_CHARS : (number + 1) * TEXT_PAGE_CHARS],
+        }
     yield {"t": "end", "warnings": []}
 
 
 def _too_much_text(req: Request) -> Refusal:
-    return Refusal("user_action_required", "too_much_text",
-                   f"{req.name} holds more than {req.max_document_chars:,} characters of text",
-                   "Split the document, or raise SLUICE_PARSE_MAX_DOCUMENT_CHARS.")
+    return Refusal(
+        "user_action_required",
+        "too_much_text",
+        f"{req.name} holds more than {req.max_document_chars:,} characters of text",
+        "Split the document, or raise SLUICE_PARSE_MAX_DOCUMENT_CHARS.",
+    )
 
 
 def _unreadable(req: Request, why: str) -> Refusal:
@@ -221,7 +282,7 @@ def _unreadable(req: Request, why: str) -> Refusal:
 
 
 def _pages(numbers: list[int]) -> str:
-    """"page 2", "pages 2, 5-7"."""
+    """ "page 2", "pages 2, 5-7"."""
     return ("page " if len(numbers) == 1 else "pages ") + _ranges(numbers)
 
 
@@ -258,8 +319,12 @@ def _open_pdf(req: Request):
     try:
         return pymupdf.open(req.path, filetype="pdf")
     except pymupdf.EmptyFileError as exc:
-        raise Refusal("permanent", "empty_file", f"{req.name} is empty (0 bytes)",
-                      "Upload the file again; it arrived empty.") from exc
+        raise Refusal(
+            "permanent",
+            "empty_file",
+            f"{req.name} is empty (0 bytes)",
+            "Upload the file again; it arrived empty.",
+        ) from exc
     except Exception as exc:  # FileDataError, RuntimeError, and MuPDF's plain Exceptions
         if _is_memory_error(exc):
             raise
@@ -270,8 +335,12 @@ def _read_pdf(req: Request) -> Iterator[dict]:
     doc = _open_pdf(req)
     try:
         if doc.needs_pass:
-            raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                          PASSWORD_HINT)
+            raise Refusal(
+                "user_action_required",
+                "password_protected",
+                f"{req.name} is password-protected",
+                PASSWORD_HINT,
+            )
         try:
             count = doc.page_count
         except Exception as exc:
@@ -281,8 +350,12 @@ def _read_pdf(req: Request) -> Iterator[dict]:
             why = "it opens as 0 pages even after repair" if repaired else "it has 0 pages"
             raise _unreadable(req, why)
         if count > req.max_pages:
-            raise Refusal("user_action_required", "too_many_pages", f"{req.name} has {count} pages, over the limit of {req.max_pages}",
-                          "Split the PDF into smaller files, or raise SLUICE_MAX_PAGES.")
+            raise Refusal(
+                "user_action_required",
+                "too_many_pages",
+                f"{req.name} has {count} pages, over the limit of {req.max_pages}",
+                "Split the PDF into smaller files, or raise SLUICE_MAX_PAGES.",
+            )
         yield {"t": "open", "pages": count, "warnings": []}
         yield from _pdf_pages(doc, req, count, repaired)
     finally:
@@ -353,17 +426,26 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
                 too_big.append(number)
                 yield {"t": "page", "n": number, "text": ""}
                 continue
-            if isinstance(exc, ValueError) and "encrypted" in str(exc):  # "document closed or encrypted"
-                raise Refusal("user_action_required", "password_protected", f"{req.name} is password-protected",
-                              PASSWORD_HINT) from exc
+            if isinstance(exc, ValueError) and "encrypted" in str(
+                exc
+            ):  # "document closed or encrypted"
+                raise Refusal(
+                    "user_action_required",
+                    "password_protected",
+                    f"{req.name} is password-protected",
+                    PASSWORD_HINT,
+                ) from exc
             broken.append(number)
             first_error = first_error or _plain(exc, req)
             yield {"t": "page", "n": number, "text": ""}
             continue
         if len(text) > req.max_page_chars:
-            yield {"t": "warn", "text": f"page {number} holds {len(text):,} characters; only the first "
-                                        f"{req.max_page_chars:,} are indexed (SLUICE_PARSE_MAX_PAGE_CHARS)"}
-            text = text[:req.max_page_chars]
+            yield {
+                "t": "warn",
+                "text": f"page {number} holds {len(text):,} characters; only the first "
+                f"{req.max_page_chars:,} are indexed (SLUICE_PARSE_MAX_PAGE_CHARS)",
+            }
+            text = text[: req.max_page_chars]
         total += len(text)
         if total > req.max_document_chars:
             raise _too_much_text(req)
@@ -384,58 +466,98 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
 
     warnings: list[str] = []
     if too_big and meaningful_pages == 0:
-        raise Refusal("user_action_required", "parse_memory_limit",
-                      f"reading {req.name} needs more than {req.max_memory_mb} MB of memory "
-                      f"({_pages(too_big)})", MEMORY_HINT)
+        raise Refusal(
+            "user_action_required",
+            "parse_memory_limit",
+            f"reading {req.name} needs more than {req.max_memory_mb} MB of memory "
+            f"({_pages(too_big)})",
+            MEMORY_HINT,
+        )
     if len(broken) == count:
         raise _unreadable(req, f"no page can be read ({first_error})")
     if lost:
         lost = sorted(set(lost) | set(empty))  # in a file cut short, empty pages are lost ones too
-        raise Refusal("permanent", "truncated_pdf",
-                      f"{req.name} is truncated: the content or fonts of {_pages(lost)} of {count} are lost",
-                      "The upload or the file is cut short. Upload the complete file again.")
+        raise Refusal(
+            "permanent",
+            "truncated_pdf",
+            f"{req.name} is truncated: the content or fonts of {_pages(lost)} of {count} are lost",
+            "The upload or the file is cut short. Upload the complete file again.",
+        )
     if _is_xfa(doc) and (placeholder or meaningful_pages == 0):
-        raise Refusal("user_action_required", "xfa_form",
-                      f"{req.name} is a dynamic XFA form: its content only appears in Adobe's viewers, and the "
-                      "file itself holds just a \"Please wait...\" placeholder", XFA_HINT)
+        raise Refusal(
+            "user_action_required",
+            "xfa_form",
+            f"{req.name} is a dynamic XFA form: its content only appears in Adobe's viewers, and the "
+            'file itself holds just a "Please wait..." placeholder',
+            XFA_HINT,
+        )
     if meaningful_pages == 0:
         if undecodable:
-            raise Refusal("user_action_required", "undecodable_text",
-                          f"{req.name} has text only in fonts whose characters cannot be decoded "
-                          "(they map glyphs to no letters)", NO_TEXT_HINT)
+            raise Refusal(
+                "user_action_required",
+                "undecodable_text",
+                f"{req.name} has text only in fonts whose characters cannot be decoded "
+                "(they map glyphs to no letters)",
+                NO_TEXT_HINT,
+            )
         if has_images and ocr_tried and not ocr_missing:
-            raise Refusal("user_action_required", "no_text_even_by_ocr",
-                          f"no text found, even by OCR: {req.name} holds images without text "
-                          f"(OCR read {_pages(ocr_tried)})", NO_TEXT_BY_OCR_HINT)
+            raise Refusal(
+                "user_action_required",
+                "no_text_even_by_ocr",
+                f"no text found, even by OCR: {req.name} holds images without text "
+                f"(OCR read {_pages(ocr_tried)})",
+                NO_TEXT_BY_OCR_HINT,
+            )
         if has_images:
             hint = NO_TEXT_HINT
             if ocr_missing:
                 hint = f"OCR cannot run: {ocr_missing}. Install it and retry, or run the file through OCR yourself."
             elif req.ocr == "off":
                 hint = OCR_OFF_HINT
-            raise Refusal("user_action_required", "no_text_layer",
-                          f"{req.name} has no extractable text (scanned images only)", hint)
+            raise Refusal(
+                "user_action_required",
+                "no_text_layer",
+                f"{req.name} has no extractable text (scanned images only)",
+                hint,
+            )
         if has_drawings:
-            raise Refusal("user_action_required", "no_text_drawings_only",
-                          f"{req.name} has no text and no images: its pages hold only drawings",
-                          "There is nothing to index. If the drawings are lettering turned into outlines, "
-                          "re-export the file with its text kept as text.")
-        raise Refusal("permanent", "blank_pages", f"{req.name} has no text: every page is blank or holds only a page number",
-                      "There is nothing to index in this file; check that it is the file you meant.")
+            raise Refusal(
+                "user_action_required",
+                "no_text_drawings_only",
+                f"{req.name} has no text and no images: its pages hold only drawings",
+                "There is nothing to index. If the drawings are lettering turned into outlines, "
+                "re-export the file with its text kept as text.",
+            )
+        raise Refusal(
+            "permanent",
+            "blank_pages",
+            f"{req.name} has no text: every page is blank or holds only a page number",
+            "There is nothing to index in this file; check that it is the file you meant.",
+        )
     if too_big:
         one = len(too_big) == 1
-        warnings.append(f"{_pages(too_big)} {'needs' if one else 'need'} more memory to extract than "
-                        f"SLUICE_PARSE_MAX_MEMORY_MB ({req.max_memory_mb} MB) allows, and {'was' if one else 'were'} "
-                        "skipped (a text bomb, or an extremely dense page)")
+        warnings.append(
+            f"{_pages(too_big)} {'needs' if one else 'need'} more memory to extract than "
+            f"SLUICE_PARSE_MAX_MEMORY_MB ({req.max_memory_mb} MB) allows, and {'was' if one else 'were'} "
+            "skipped (a text bomb, or an extremely dense page)"
+        )
     if broken:
-        warnings.append(f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})")
+        warnings.append(
+            f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})"
+        )
     if read_by_ocr:
-        warnings.append(f"{_pages(read_by_ocr)}: no usable text layer; the text was read by OCR "
-                        f"(Tesseract, {req.ocr_language}), check it against the original")
+        warnings.append(
+            f"{_pages(read_by_ocr)}: no usable text layer; the text was read by OCR "
+            f"(Tesseract, {req.ocr_language}), check it against the original"
+        )
     if ocr_missing:
-        warnings.append(f"OCR could not run ({ocr_missing}); pages without a text layer were skipped")
+        warnings.append(
+            f"OCR could not run ({ocr_missing}); pages without a text layer were skipped"
+        )
     if undecodable:
-        warnings.append(f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)")
+        warnings.append(
+            f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)"
+        )
     if pictures:
         warnings.append(f"{_pages(pictures)}: images only, OCR found no text, skipped")
     if number_only:
@@ -443,8 +565,10 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     if empty:
         warnings.append(f"{_pages(empty)}: empty, skipped")
     if repaired:
-        warnings.append("the file needed repair to open (a damaged or padded end, or a broken cross-reference "
-                        "table); no page content was lost, but check the result against the original")
+        warnings.append(
+            "the file needed repair to open (a damaged or padded end, or a broken cross-reference "
+            "table); no page content was lost, but check the result against the original"
+        )
     yield {"t": "end", "warnings": warnings}
 
 
@@ -491,10 +615,14 @@ def _limit_resources(req: Request) -> None:
         pass
 
 
-PASSWORD_HINT = ("Give the password on the job's page in the console, or with `sluice retry JOB "
-                 "--password-stdin`; or remove the password and upload the file again.")
-WRONG_PASSWORD_HINT = ("Enter the password again (it is case-sensitive), or remove the password from the file "
-                       "and upload it again.")
+PASSWORD_HINT = (
+    "Give the password on the job's page in the console, or with `sluice retry JOB "
+    "--password-stdin`; or remove the password and upload the file again."
+)
+WRONG_PASSWORD_HINT = (
+    "Enter the password again (it is case-sensitive), or remove the password from the file "
+    "and upload it again."
+)
 
 
 def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
@@ -504,11 +632,19 @@ def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
     doc = _open_pdf(req)
     try:
         if not doc.needs_pass:
-            raise Refusal("user_action_required", "not_password_protected",
-                          f"{req.name} opens without a password", "Retry the job without a password.")
+            raise Refusal(
+                "user_action_required",
+                "not_password_protected",
+                f"{req.name} opens without a password",
+                "Retry the job without a password.",
+            )
         if not doc.authenticate(password):
-            raise Refusal("user_action_required", "wrong_password",
-                          f"wrong password: the password given does not open {req.name}", WRONG_PASSWORD_HINT)
+            raise Refusal(
+                "user_action_required",
+                "wrong_password",
+                f"wrong password: the password given does not open {req.name}",
+                WRONG_PASSWORD_HINT,
+            )
         pages = doc.page_count
         doc.save(out_path, encryption=pymupdf.PDF_ENCRYPT_NONE, garbage=1, deflate=True)
     finally:
@@ -573,9 +709,15 @@ def _send_all(req: Request, messages: Iterator[dict], out) -> int:
         send(exc.message_of())
     except BaseException as exc:
         if _is_memory_error(exc):
-            send({"t": "error", "kind": "user_action_required", "code": "parse_memory_limit",
-                  "message": f"reading {req.name} needs more than {req.max_memory_mb} MB of memory",
-                  "hint": MEMORY_HINT})
+            send(
+                {
+                    "t": "error",
+                    "kind": "user_action_required",
+                    "code": "parse_memory_limit",
+                    "message": f"reading {req.name} needs more than {req.max_memory_mb} MB of memory",
+                    "hint": MEMORY_HINT,
+                }
+            )
             return 0
         raise
     return 0

@@ -20,8 +20,11 @@ class ExtractPopen(popen_forkserver.Popen):
     main script again (a worker's or the console's): its preparation data leaves it out."""
 
     def _launch(self, process_obj):
-        prep_data = {k: v for k, v in spawn.get_preparation_data(process_obj._name).items()
-                     if not k.startswith("init_main")}
+        prep_data = {
+            k: v
+            for k, v in spawn.get_preparation_data(process_obj._name).items()
+            if not k.startswith("init_main")
+        }
         buf = io.BytesIO()
         mp_context.set_spawning_popen(self)
         try:
@@ -55,7 +58,9 @@ class ExtractProcess(mp_context.ForkServerProcess):
         ends when the worker does)."""
         self._check_closed()
         assert self._popen is None, "cannot start a process twice"
-        assert self._parent_pid == os.getpid(), "can only start a process object created by current process"
+        assert self._parent_pid == os.getpid(), (
+            "can only start a process object created by current process"
+        )
         mp_process._cleanup()
         self._popen = self._Popen(self)
         self._sentinel = self._popen.sentinel

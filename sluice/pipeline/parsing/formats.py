@@ -39,10 +39,13 @@ class FormatRefusal(Exception):
 
 
 def _bomb(name: str, why: str) -> FormatRefusal:
-    return FormatRefusal("user_action_required", "archive_too_large",
-                         f"{name} is refused: {why} (a zip bomb, or an archive beyond the limits)",
-                         "Nothing was stored. If the file is genuine, split it, or raise "
-                         "SLUICE_ARCHIVE_MAX_ENTRIES / SLUICE_ARCHIVE_MAX_UNCOMPRESSED_MB.")
+    return FormatRefusal(
+        "user_action_required",
+        "archive_too_large",
+        f"{name} is refused: {why} (a zip bomb, or an archive beyond the limits)",
+        "Nothing was stored. If the file is genuine, split it, or raise "
+        "SLUICE_ARCHIVE_MAX_ENTRIES / SLUICE_ARCHIVE_MAX_UNCOMPRESSED_MB.",
+    )
 
 
 def archive_type(path, *, name: str, max_entries: int, max_bytes: int) -> str:
@@ -51,15 +54,21 @@ def archive_type(path, *, name: str, max_entries: int, max_bytes: int) -> str:
         with zipfile.ZipFile(path) as archive:
             infos = archive.infolist()
             if len(infos) > max_entries:
-                raise _bomb(name, f"it holds {len(infos):,} entries, over the limit of {max_entries:,}")
+                raise _bomb(
+                    name, f"it holds {len(infos):,} entries, over the limit of {max_entries:,}"
+                )
             total = sum(i.file_size for i in infos)
             if total > max_bytes:
                 raise _bomb(name, f"it unpacks to {total:,} bytes, over the limit of {max_bytes:,}")
             names = {i.filename for i in infos}
             mimetype = archive.read("mimetype")[:64].strip() if "mimetype" in names else b""
     except zipfile.BadZipFile as exc:
-        raise FormatRefusal("permanent", "unreadable_archive", f"{name} is a damaged ZIP archive ({exc})",
-                            "Re-export the file from its source and upload it again.") from exc
+        raise FormatRefusal(
+            "permanent",
+            "unreadable_archive",
+            f"{name} is a damaged ZIP archive ({exc})",
+            "Re-export the file from its source and upload it again.",
+        ) from exc
     if mimetype == EPUB.encode() and "META-INF/container.xml" in names:
         return EPUB
     if "[Content_Types].xml" in names and "word/document.xml" in names:
@@ -68,10 +77,13 @@ def archive_type(path, *, name: str, max_entries: int, max_bytes: int) -> str:
         return PPTX
     claimed = posixpath.splitext(name)[1].lower()
     said = f" although its name ends in {claimed}" if claimed else ""
-    raise FormatRefusal("user_action_required", "unsupported_type",
-                        f"unsupported file type: the bytes are application/zip (an archive, not a .docx, "
-                        f".pptx or .epub){said}",
-                        "Unpack the archive and upload the documents in it.")
+    raise FormatRefusal(
+        "user_action_required",
+        "unsupported_type",
+        f"unsupported file type: the bytes are application/zip (an archive, not a .docx, "
+        f".pptx or .epub){said}",
+        "Unpack the archive and upload the documents in it.",
+    )
 
 
 class BoundedZip:
@@ -82,7 +94,10 @@ class BoundedZip:
         self.name, self.left = name, max_bytes
         self.max_bytes = max_bytes
         if len(self.zip.infolist()) > max_entries:
-            raise _bomb(name, f"it holds {len(self.zip.infolist()):,} entries, over the limit of {max_entries:,}")
+            raise _bomb(
+                name,
+                f"it holds {len(self.zip.infolist()):,} entries, over the limit of {max_entries:,}",
+            )
 
     def read(self, entry: str) -> bytes:
         out = io.BytesIO()
@@ -110,14 +125,16 @@ def _cut(label: str, text: str) -> Iterator[tuple[str, str]]:
         yield label, text
         return
     for part, start in enumerate(range(0, len(text), SECTION_CHARS), start=1):
-        yield f"{label}, part {part}", text[start:start + SECTION_CHARS]
+        yield f"{label}, part {part}", text[start : start + SECTION_CHARS]
 
 
 # --- HTML and EPUB ------------------------------------------------------------------------------------------------
 
 _HIDDEN = "script,style,noscript,template,iframe,object,embed,svg,canvas,head"
-_BLOCKS = ("p,div,li,tr,br,h1,h2,h3,h4,h5,h6,section,article,td,th,pre,blockquote,table,ul,ol,dt,dd,"
-           "figcaption,header,footer,nav,aside,main,hr")
+_BLOCKS = (
+    "p,div,li,tr,br,h1,h2,h3,h4,h5,h6,section,article,td,th,pre,blockquote,table,ul,ol,dt,dd,"
+    "figcaption,header,footer,nav,aside,main,hr"
+)
 _MARK = "\x1e"  # before each heading: where a new section starts
 
 
@@ -156,8 +173,12 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
     container = ElementTree.fromstring(book.read("META-INF/container.xml"))
     rootfile = container.find(f".//{_CONTAINER}rootfile")
     if rootfile is None:
-        raise FormatRefusal("permanent", "unreadable_epub", f"{book.name} has no package document",
-                            "Re-export the book from its source and upload it again.")
+        raise FormatRefusal(
+            "permanent",
+            "unreadable_epub",
+            f"{book.name} has no package document",
+            "Re-export the book from its source and upload it again.",
+        )
     opf_path = rootfile.get("full-path", "")
     opf = ElementTree.fromstring(book.read(opf_path))
     base = posixpath.dirname(opf_path)
@@ -177,6 +198,7 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
 
 
 # --- Word and PowerPoint ---------------------------------------------------------------------------------------------
+
 
 def docx_sections(path) -> list[tuple[str, str]]:
     """Paragraphs and tables in document order, in sections that start at each Heading paragraph."""
@@ -231,6 +253,7 @@ def pptx_sections(path) -> list[tuple[str, str]]:
 
 # --- CSV ------------------------------------------------------------------------------------------------------------
 
+
 def looks_like_csv(text: str) -> bool:
     """Rows with the same number (two or more) of fields, by a delimiter the sniffer finds."""
     lines = [line for line in text[:20_000].splitlines() if line.strip()][:50]
@@ -258,8 +281,13 @@ def csv_sections(text: str) -> list[tuple[str, str]]:
     lines: list[str] = []
     first = 2
     for number, row in enumerate(rows, start=2):
-        cells = [f"{h.strip() or f'column {i + 1}'}: {v.strip()}" for i, (h, v) in
-                 enumerate(zip(header + [""] * (len(row) - len(header)), row, strict=False)) if v.strip()]
+        cells = [
+            f"{h.strip() or f'column {i + 1}'}: {v.strip()}"
+            for i, (h, v) in enumerate(
+                zip(header + [""] * (len(row) - len(header)), row, strict=False)
+            )
+            if v.strip()
+        ]
         lines.append("; ".join(cells))
         if len(lines) == CSV_ROWS_PER_SECTION:
             out.append((f"rows {first}-{number}", "\n".join(lines)))

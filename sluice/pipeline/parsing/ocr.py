@@ -29,7 +29,9 @@ MAX_PIXELS = 40_000_000  # a page image larger than this is rendered at a lower 
 PAGE_SECONDS = 120  # one page; the parse deadline bounds the whole file
 
 
-NOT_INSTALLED = "Tesseract is not installed (`make ocr`, or apt-get install tesseract-ocr tesseract-ocr-eng)"
+NOT_INSTALLED = (
+    "Tesseract is not installed (`make ocr`, or apt-get install tesseract-ocr tesseract-ocr-eng)"
+)
 
 
 class OcrUnavailable(Exception):
@@ -41,15 +43,19 @@ def available(language: str = "eng") -> str | None:
     if shutil.which("tesseract") is None:
         return NOT_INSTALLED
     try:
-        out = subprocess.run(["tesseract", "--list-langs"], capture_output=True, timeout=30, check=False)
+        out = subprocess.run(
+            ["tesseract", "--list-langs"], capture_output=True, timeout=30, check=False
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"Tesseract does not start ({exc})"
     installed = set(out.stdout.decode("utf-8", "replace").split()[1:] if out.stdout else [])
     wanted = [part for part in language.split("+") if part]
     missing = [part for part in wanted if part not in installed]
     if missing:
-        return (f"the Tesseract language data {', '.join(missing)} is not installed "
-                f"(apt-get install {' '.join('tesseract-ocr-' + m for m in missing)})")
+        return (
+            f"the Tesseract language data {', '.join(missing)} is not installed "
+            f"(apt-get install {' '.join('tesseract-ocr-' + m for m in missing)})"
+        )
     return None
 
 
@@ -81,8 +87,12 @@ def render(page, dpi: int, *, cleanup: bool = True) -> tuple[bytes, int]:
     img = straighten(img)
     pix = None
     scale = min(min(want, MIN_SCAN_DPI) / dpi, (MAX_PIXELS / (img.width * img.height)) ** 0.5)
-    if scale > 1:  # a coarse scan: Tesseract reads small print better scaled up (72 dpi: 92% -> 100%)
-        img = img.resize((round(img.width * scale), round(img.height * scale)), Image.Resampling.BICUBIC)
+    if (
+        scale > 1
+    ):  # a coarse scan: Tesseract reads small print better scaled up (72 dpi: 92% -> 100%)
+        img = img.resize(
+            (round(img.width * scale), round(img.height * scale)), Image.Resampling.BICUBIC
+        )
         dpi = round(dpi * scale)
     out = io.BytesIO()
     img.save(out, "PNG", compress_level=1)
@@ -160,9 +170,15 @@ def skew(img) -> float:
 
     def sharpness(angle: float) -> float:
         shift = math.tan(math.radians(angle)) * col / row  # reduced rows per reduced column
-        sheared = small.transform((w, h + 2 * margin), Image.Transform.AFFINE,
-                                  (1, 0, 0, -shift, 1, shift * w / 2 - margin), resample=Image.Resampling.NEAREST)
-        return sum(v * v for v in sheared.resize((1, h + 2 * margin), Image.Resampling.BOX).getdata())
+        sheared = small.transform(
+            (w, h + 2 * margin),
+            Image.Transform.AFFINE,
+            (1, 0, 0, -shift, 1, shift * w / 2 - margin),
+            resample=Image.Resampling.NEAREST,
+        )
+        return sum(
+            v * v for v in sheared.resize((1, h + 2 * margin), Image.Resampling.BOX).getdata()
+        )
 
     steps = round(MAX_SKEW * 2)
     coarse = max((k / 2 for k in range(-steps, steps + 1)), key=sharpness)
@@ -196,9 +212,15 @@ def recognise(png: bytes, *, dpi: int, language: str = "eng") -> str:
     if "TESSDATA_PREFIX" in os.environ:
         env["TESSDATA_PREFIX"] = os.environ["TESSDATA_PREFIX"]
     try:
-        done = subprocess.run(["tesseract", "stdin", "stdout", "-l", language, "--dpi", str(dpi), "tsv"],
-                              input=png, capture_output=True, timeout=PAGE_SECONDS, env=env,
-                              preexec_fn=_die_with_parent, check=False)
+        done = subprocess.run(
+            ["tesseract", "stdin", "stdout", "-l", language, "--dpi", str(dpi), "tsv"],
+            input=png,
+            capture_output=True,
+            timeout=PAGE_SECONDS,
+            env=env,
+            preexec_fn=_die_with_parent,
+            check=False,
+        )
     except FileNotFoundError as exc:
         raise OcrUnavailable(NOT_INSTALLED) from exc
     if done.returncode != 0:

@@ -45,28 +45,45 @@ from sluice.pipeline.parsing.extract import (  # noqa: F401  (re-exported: the r
 )
 from sluice.pipeline.parsing.forking import ExtractProcess
 
-SUPPORTED = (PDF, TEXT, MARKDOWN, formats.DOCX, formats.PPTX, formats.EPUB, formats.HTML, formats.CSV)
+SUPPORTED = (
+    PDF,
+    TEXT,
+    MARKDOWN,
+    formats.DOCX,
+    formats.PPTX,
+    formats.EPUB,
+    formats.HTML,
+    formats.CSV,
+)
 SUPPORTED_NAMES = "PDF, Word (.docx), PowerPoint (.pptx), EPUB, HTML, CSV, .txt and .md files"
 # A .txt or .md file up to this size is read in the worker itself: decoding it can neither crash nor
 # hang, and a child process would cost more than the file (about 10 ms of CPU per fork, measured).
 IN_WORKER_TEXT_BYTES = 256 * 1024
-TICK_SECONDS = 0.25  # how often a parent waiting for the child checks its deadline and the job's cancel
+TICK_SECONDS = (
+    0.25  # how often a parent waiting for the child checks its deadline and the job's cancel
+)
+
 
 def sniff_type(head: bytes, filename: str = "") -> str:
     """The media type of a file, from its first bytes; the name only tells .md from .txt."""
     if not head:
-        raise PermanentError("empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty.")
+        raise PermanentError(
+            "empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty."
+        )
     if _looks_like_pdf(head):
         return PDF
     if head.startswith(b"PK\x03\x04"):
-        return formats.ZIP  # which kind (or a bomb) is told by ``archive_type`` once the file is stored
+        return (
+            formats.ZIP
+        )  # which kind (or a bomb) is told by ``archive_type`` once the file is stored
     kind = filetype.guess(head)
     if kind is not None and not kind.mime.startswith("text/"):
         shown = f"{kind.mime} (.{kind.extension})"
         claimed = Path(filename).suffix.lower()
         said = f" although its name ends in {claimed}" if claimed else ""
         raise UserActionError(
-            "unsupported_type", f"unsupported file type: the bytes are {shown}{said}",
+            "unsupported_type",
+            f"unsupported file type: the bytes are {shown}{said}",
             f"Sluice indexes {SUPPORTED_NAMES}. Convert the file to one of those and upload it again.",
         )
     if _looks_like_text(head):
@@ -77,12 +94,15 @@ def sniff_type(head: bytes, filename: str = "") -> str:
             return formats.CSV
         return MARKDOWN if filename.lower().endswith((".md", ".markdown")) else TEXT
     raise UserActionError(
-        "unsupported_type", "unsupported file type: the bytes are neither PDF nor text",
+        "unsupported_type",
+        "unsupported file type: the bytes are neither PDF nor text",
         f"Sluice indexes {SUPPORTED_NAMES}. Convert the file and upload it again.",
     )
 
 
-_HTML_START = re.compile(r"^(?:\s|<!--.*?-->)*<(?:!doctype\s+html|html[\s>])", re.IGNORECASE | re.DOTALL)
+_HTML_START = re.compile(
+    r"^(?:\s|<!--.*?-->)*<(?:!doctype\s+html|html[\s>])", re.IGNORECASE | re.DOTALL
+)
 
 
 def _looks_like_html(text: str) -> bool:
@@ -139,9 +159,14 @@ class ParseLimits:
 
     @classmethod
     def from_settings(cls, settings) -> ParseLimits:
-        return cls(settings.parse_max_page_chars, settings.parse_max_document_chars,
-                   settings.parse_max_memory_mb, settings.stage_timeout_seconds,
-                   settings.archive_max_entries, settings.archive_max_uncompressed_mb * 1024 * 1024)
+        return cls(
+            settings.parse_max_page_chars,
+            settings.parse_max_document_chars,
+            settings.parse_max_memory_mb,
+            settings.stage_timeout_seconds,
+            settings.archive_max_entries,
+            settings.archive_max_uncompressed_mb * 1024 * 1024,
+        )
 
 
 @dataclass(frozen=True)
@@ -151,7 +176,9 @@ class OcrOptions:
     mode: str = "auto"  # auto | always | off
     dpi: int = 200
     language: str = "eng"
-    cleanup: bool = True  # despeckle and straighten scans first; off only to measure what that gains
+    cleanup: bool = (
+        True  # despeckle and straighten scans first; off only to measure what that gains
+    )
 
     @classmethod
     def from_settings(cls, settings) -> OcrOptions:
@@ -162,9 +189,12 @@ Waiting = Callable[[int, int], None]  # called with (pages done, page count) whi
 
 
 def _timeout(name: str, seconds: float) -> PermanentError:
-    return PermanentError("stage_timeout", f"parsing {name} took longer than {seconds:.0f}s",
-                          "The document is too heavy to process in time. Split it, or raise "
-                          "SLUICE_STAGE_TIMEOUT_SECONDS.")
+    return PermanentError(
+        "stage_timeout",
+        f"parsing {name} took longer than {seconds:.0f}s",
+        "The document is too heavy to process in time. Split it, or raise "
+        "SLUICE_STAGE_TIMEOUT_SECONDS.",
+    )
 
 
 def _child_env() -> dict[str, str]:
@@ -181,8 +211,12 @@ class _Forked:
         from sluice.pipeline.parsing import extract
 
         reader, writer = multiprocessing.Pipe(duplex=False)
-        self.process = ExtractProcess(target=extract.forked, args=(asdict(request), writer, err_path, _child_env()),
-                                       name="sluice-extract", daemon=True)
+        self.process = ExtractProcess(
+            target=extract.forked,
+            args=(asdict(request), writer, err_path, _child_env()),
+            name="sluice-extract",
+            daemon=True,
+        )
         try:
             self.process.start()
         finally:
@@ -238,7 +272,9 @@ class _Child:
                     raise self._died()
                 self.buffer += chunk
             elif self.waiting is not None:
-                self.waiting(done, total)  # may raise JobCancelled or a stage timeout; close() kills
+                self.waiting(
+                    done, total
+                )  # may raise JobCancelled or a stage timeout; close() kills
         line, _, self.buffer = self.buffer.partition(b"\n")
         return json.loads(line)
 
@@ -253,16 +289,26 @@ class _Child:
         if code == -signal.SIGXCPU:
             return _timeout(self.name, self.limits.seconds)
         if "MemoryError" in tail or code == -signal.SIGKILL:
-            return UserActionError("parse_memory_limit",
-                                   f"reading {self.name} needs more than {self.limits.max_memory_mb} MB of memory",
-                                   MEMORY_HINT, detail=tail)
+            return UserActionError(
+                "parse_memory_limit",
+                f"reading {self.name} needs more than {self.limits.max_memory_mb} MB of memory",
+                MEMORY_HINT,
+                detail=tail,
+            )
         if code is not None and code < 0:
-            return PermanentError("parser_crashed",
-                                  f"reading {self.name} crashed the PDF reader ({signal.Signals(-code).name})",
-                                  "The file trips a bug in the PDF reader. Re-export it from its source and "
-                                  "upload again; retrying will not help.", detail=tail)
-        return TransientError("parser_failed", f"the text extraction process stopped with exit code {code}",
-                              "Sluice retries this; if it keeps failing, the detail shows why.", detail=tail)
+            return PermanentError(
+                "parser_crashed",
+                f"reading {self.name} crashed the PDF reader ({signal.Signals(-code).name})",
+                "The file trips a bug in the PDF reader. Re-export it from its source and "
+                "upload again; retrying will not help.",
+                detail=tail,
+            )
+        return TransientError(
+            "parser_failed",
+            f"the text extraction process stopped with exit code {code}",
+            "Sluice retries this; if it keeps failing, the detail shows why.",
+            detail=tail,
+        )
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -294,9 +340,12 @@ class _InWorker:
         except Refusal as exc:
             return exc.message_of()
         except Exception as exc:  # what a child's death would say (the file's name, never its path)
-            raise TransientError("parser_failed", f"reading {self.name} failed ({type(exc).__name__})",
-                                 "Sluice retries this; if it keeps failing, the detail shows why.",
-                                 detail=f"{type(exc).__name__}: {exc}") from exc
+            raise TransientError(
+                "parser_failed",
+                f"reading {self.name} failed ({type(exc).__name__})",
+                "Sluice retries this; if it keeps failing, the detail shows why.",
+                detail=f"{type(exc).__name__}: {exc}",
+            ) from exc
 
     def close(self) -> None:
         self._messages.close()
@@ -310,7 +359,9 @@ def _small_text(path: Path, media_type: str) -> bool:
 
 
 def _refusal(message: dict) -> PipelineError:
-    cls = {"permanent": PermanentError, "user_action_required": UserActionError}.get(message["kind"], TransientError)
+    cls = {"permanent": PermanentError, "user_action_required": UserActionError}.get(
+        message["kind"], TransientError
+    )
     return cls(message["code"], message["message"], message["hint"])
 
 
@@ -323,7 +374,9 @@ class ParsedDocument:
     warnings: list[str] = field(default_factory=list)
     _child: _Child | _InWorker | None = None
     ocr_pages: list[int] = field(default_factory=list)  # pages whose text OCR read
-    where: dict[int, str] = field(default_factory=dict)  # page -> "slide 3", "rows 2-201" (not for PDFs)
+    where: dict[int, str] = field(
+        default_factory=dict
+    )  # page -> "slide 3", "rows 2-201" (not for PDFs)
     # Called with (page, page count) when OCR starts on a page and while it runs; None = not told.
     on_ocr: Waiting | None = None
 
@@ -349,7 +402,9 @@ class ParsedDocument:
                 elif kind == "ocr" and self.on_ocr is not None:
                     page, on_ocr = message["n"], self.on_ocr
                     on_ocr(page, self.page_count)
-                    child.waiting = lambda _done, total, page=page, on_ocr=on_ocr: on_ocr(page, total)
+                    child.waiting = lambda _done, total, page=page, on_ocr=on_ocr: on_ocr(
+                        page, total
+                    )
                 elif kind == "warn":
                     self.warnings.append(message["text"])
                 elif kind == "end":
@@ -366,9 +421,16 @@ class ParsedDocument:
             self._child = None
 
 
-def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseLimits | None = None,
-                  name: str = "the file", waiting: Waiting | None = None,
-                  ocr: OcrOptions | None = None) -> ParsedDocument:
+def open_document(
+    path: Path,
+    *,
+    media_type: str,
+    max_pages: int,
+    limits: ParseLimits | None = None,
+    name: str = "the file",
+    waiting: Waiting | None = None,
+    ocr: OcrOptions | None = None,
+) -> ParsedDocument:
     """Start reading a stored blob as the type detected at upload, in a child process (a small text
     file in this one); return once
     its page count is known. ``name`` stands for the blob in every message (never its path);
@@ -377,39 +439,82 @@ def open_document(path: Path, *, media_type: str, max_pages: int, limits: ParseL
     limits = limits or ParseLimits()
     ocr = ocr or OcrOptions()
     if media_type not in SUPPORTED:
-        raise UserActionError("unsupported_type", f"unsupported file type {media_type}",
-                              f"Sluice indexes {SUPPORTED_NAMES}.")
-    request = Request(path=str(path), media_type=media_type, name=name, max_pages=max_pages,
-                      max_page_chars=limits.max_page_chars, max_document_chars=limits.max_document_chars,
-                      max_memory_mb=limits.max_memory_mb, cpu_seconds=int(limits.seconds) + 5,
-                      ocr=ocr.mode, ocr_dpi=ocr.dpi, ocr_language=ocr.language, ocr_cleanup=ocr.cleanup,
-                      archive_max_entries=limits.archive_max_entries, archive_max_bytes=limits.archive_max_bytes)
-    child = _InWorker(request, waiting) if _small_text(path, media_type) else _Child(request, limits, waiting)
+        raise UserActionError(
+            "unsupported_type",
+            f"unsupported file type {media_type}",
+            f"Sluice indexes {SUPPORTED_NAMES}.",
+        )
+    request = Request(
+        path=str(path),
+        media_type=media_type,
+        name=name,
+        max_pages=max_pages,
+        max_page_chars=limits.max_page_chars,
+        max_document_chars=limits.max_document_chars,
+        max_memory_mb=limits.max_memory_mb,
+        cpu_seconds=int(limits.seconds) + 5,
+        ocr=ocr.mode,
+        ocr_dpi=ocr.dpi,
+        ocr_language=ocr.language,
+        ocr_cleanup=ocr.cleanup,
+        archive_max_entries=limits.archive_max_entries,
+        archive_max_bytes=limits.archive_max_bytes,
+    )
+    child = (
+        _InWorker(request, waiting)
+        if _small_text(path, media_type)
+        else _Child(request, limits, waiting)
+    )
     try:
         message = child.next(0, 0)
         if message["t"] == "error":
             raise _refusal(message)
         if message["t"] != "open":  # pragma: no cover - a protocol error
-            raise TransientError("parser_failed", f"unexpected first message from the extractor: {message['t']}")
+            raise TransientError(
+                "parser_failed", f"unexpected first message from the extractor: {message['t']}"
+            )
     except BaseException:
         child.close()
         raise
     return ParsedDocument(media_type, message["pages"], list(message["warnings"]), _child=child)
 
 
-def decrypt_pdf(path: Path, password: str, out: Path, *, limits: ParseLimits | None = None,
-                name: str = "the file") -> int:
+def decrypt_pdf(
+    path: Path,
+    password: str,
+    out: Path,
+    *,
+    limits: ParseLimits | None = None,
+    name: str = "the file",
+) -> int:
     """Write the password-protected PDF at ``path`` to ``out`` without its encryption; return its
     page count. The child process that opens it gets the password on its stdin, never in its
     arguments or environment. A wrong password raises UserActionError("wrong_password")."""
     limits = limits or ParseLimits()
-    request = Request(path=str(path), media_type=PDF, name=name, max_memory_mb=limits.max_memory_mb,
-                      cpu_seconds=int(limits.seconds) + 5)
+    request = Request(
+        path=str(path),
+        media_type=PDF,
+        name=name,
+        max_memory_mb=limits.max_memory_mb,
+        cpu_seconds=int(limits.seconds) + 5,
+    )
     try:
-        done = subprocess.run([sys.executable, "-m", "sluice.pipeline.parsing.extract", "--decrypt",
-                               json.dumps(asdict(request)), str(out)],
-                              input=password.encode("utf-8"), capture_output=True, env=_child_env(),
-                              timeout=limits.seconds, close_fds=True, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sluice.pipeline.parsing.extract",
+                "--decrypt",
+                json.dumps(asdict(request)),
+                str(out),
+            ],
+            input=password.encode("utf-8"),
+            capture_output=True,
+            env=_child_env(),
+            timeout=limits.seconds,
+            close_fds=True,
+            check=False,
+        )
     except subprocess.TimeoutExpired as exc:
         raise _timeout(name, limits.seconds) from exc
     lines = done.stdout.decode("utf-8", "replace").splitlines()
@@ -418,9 +523,15 @@ def decrypt_pdf(path: Path, password: str, out: Path, *, limits: ParseLimits | N
         return int(message["pages"])
     if message.get("t") == "error":
         raise _refusal(message)
-    tail = done.stderr.decode("utf-8", "replace")[-2000:].replace(password, "***") if password else ""
-    raise TransientError("parser_failed", f"the decryption process stopped with exit code {done.returncode}",
-                         "Try again; if it keeps failing, the detail shows why.", detail=tail)
+    tail = (
+        done.stderr.decode("utf-8", "replace")[-2000:].replace(password, "***") if password else ""
+    )
+    raise TransientError(
+        "parser_failed",
+        f"the decryption process stopped with exit code {done.returncode}",
+        "Try again; if it keeps failing, the detail shows why.",
+        detail=tail,
+    )
 
 
 def archive_type(path: Path, *, name: str, limits: ParseLimits | None = None) -> str:
@@ -428,7 +539,13 @@ def archive_type(path: Path, *, name: str, limits: ParseLimits | None = None) ->
     another archive. Reads only the archive's directory, never decompresses."""
     limits = limits or ParseLimits()
     try:
-        return formats.archive_type(path, name=name, max_entries=limits.archive_max_entries,
-                                    max_bytes=limits.archive_max_bytes)
+        return formats.archive_type(
+            path,
+            name=name,
+            max_entries=limits.archive_max_entries,
+            max_bytes=limits.archive_max_bytes,
+        )
     except formats.FormatRefusal as exc:
-        raise _refusal({"kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint}) from exc
+        raise _refusal(
+            {"kind": exc.kind, "code": exc.code, "message": exc.message, "hint": exc.hint}
+        ) from exc

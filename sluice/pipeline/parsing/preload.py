@@ -7,7 +7,7 @@ import gc
 
 from sluice.pipeline.parsing import (
     extract,  # noqa: F401
-    )
+)
 
 extract.skip_optional_pymupdf_imports()
 

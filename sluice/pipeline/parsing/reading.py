@@ -80,8 +80,9 @@ def page_text(page_dict: dict) -> str:
 
 def _is_cjk(text: str) -> bool:
     """One CJK character or full-width mark (a glyph of vertical writing set upright)."""
-    return len(text) == 1 and ("\u3000" <= text <= "\u9fff" or "\uac00" <= text <= "\ud7af"
-                               or "\uf900" <= text <= "\uffef")
+    return len(text) == 1 and (
+        "\u3000" <= text <= "\u9fff" or "\uac00" <= text <= "\ud7af" or "\uf900" <= text <= "\uffef"
+    )
 
 
 def _join_groups(groups: list[list[Line]]) -> str:
@@ -145,7 +146,11 @@ def _peel(side: list[Line], other: list[Line]) -> tuple[list[Line], list[Line], 
     gap = 2.5 * heights[len(heights) // 2]
     top, bottom = min(ln.y0 for ln in other), max(ln.y1 for ln in other)
     start, end = 0, len(lines)
-    while end - start > 1 and lines[end - 1].y0 > bottom and lines[end - 1].y0 - lines[end - 2].y1 > gap:
+    while (
+        end - start > 1
+        and lines[end - 1].y0 > bottom
+        and lines[end - 1].y0 - lines[end - 2].y1 > gap
+    ):
         end -= 1
     while end - start > 1 and lines[start].y1 < top and lines[start + 1].y0 - lines[start].y1 > gap:
         start += 1

@@ -28,7 +28,9 @@ from sluice.settings import get_settings
 from sluice.storage.outbox import DispatchResult, dispatch
 
 WINDOW_RECOUNT_SECONDS = 3.0
-_READER = JsonSerializer()  # what queue inspection reads entries with, whatever the instance was given
+_READER = (
+    JsonSerializer()
+)  # what queue inspection reads entries with, whatever the instance was given
 
 
 @functools.lru_cache(maxsize=1)
@@ -39,7 +41,9 @@ def get_huey() -> RedisHuey:
         s.queue_redis_url, socket_connect_timeout=3, socket_timeout=10, health_check_interval=30
     )
     # JSON messages: reading the queue never unpickles what someone wrote into Redis.
-    return RedisHuey(s.queue_name, results=False, utc=True, connection_pool=pool, serializer=JsonSerializer())
+    return RedisHuey(
+        s.queue_name, results=False, utc=True, connection_pool=pool, serializer=JsonSerializer()
+    )
 
 
 def worker_key() -> str:
@@ -52,8 +56,10 @@ def queue_note(error: str | None) -> str:
     if not error:
         return ""
     if is_auth_error(error):
-        return ("the queue Redis refused the password (check SLUICE_QUEUE_REDIS_URL); the jobs are "
-                "published as soon as the queue accepts it")
+        return (
+            "the queue Redis refused the password (check SLUICE_QUEUE_REDIS_URL); the jobs are "
+            "published as soon as the queue accepts it"
+        )
     return f"queue unreachable ({error}); the workers publish the jobs as soon as it is back"
 
 
@@ -67,7 +73,10 @@ def dispatch_now(engine: Engine, *, via: Callable[[int], None]) -> tuple[Dispatc
     return result, queue_note(result.error)
 
 
-_threads_seen: list[float] = [0.0, 1.0]  # when the worker threads alive were last counted, and how many
+_threads_seen: list[float] = [
+    0.0,
+    1.0,
+]  # when the worker threads alive were last counted, and how many
 
 
 def dispatch_window() -> int:
@@ -136,4 +145,3 @@ def workers_alive() -> list[dict]:
             except ValueError:
                 continue
     return sorted(out, key=lambda w: w.get("id", ""))
-

@@ -25,7 +25,9 @@ def publish(job_id: int) -> None:
     publish_job(job_id)
 
 
-def dispatch_now(engine: Engine, *, via: Callable[[int], None] | None = None) -> tuple[DispatchResult, str]:
+def dispatch_now(
+    engine: Engine, *, via: Callable[[int], None] | None = None
+) -> tuple[DispatchResult, str]:
     """Publish due outbox rows now (through ``via``, the queue by default); what was sent and the
     operator's note (empty when everything went)."""
     return broker.dispatch_now(engine, via=via or publish)

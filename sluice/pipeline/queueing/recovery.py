@@ -27,13 +27,20 @@ class RecoveryReport:
     published: list[int] = field(default_factory=list)
     republished: list[int] = field(default_factory=list)
     publish_error: str | None = None
-    reap_waited_seconds: float = 0.0  # the grace after a silence of every reaper, waited before reaping
+    reap_waited_seconds: float = (
+        0.0  # the grace after a silence of every reaper, waited before reaping
+    )
     reap_held_seconds: float = 0.0  # with a hold: how long the reaping still waits (0: not held)
 
     @property
     def anything(self) -> bool:
-        return bool(self.reaped or self.published or self.republished or self.publish_error
-                    or self.reap_waited_seconds)
+        return bool(
+            self.reaped
+            or self.published
+            or self.republished
+            or self.publish_error
+            or self.reap_waited_seconds
+        )
 
 
 @dataclass
@@ -41,15 +48,21 @@ class ReapHold:
     """A loop's reaping held off by the grace after a silence (``jobs.reaper_wait``), kept as state
     so the round goes on to publish instead of waiting in line: the loop reaps once ``due`` (a
     ``time.monotonic`` reading) has passed."""
+
     due: float | None = None
 
     def remaining(self) -> float:
         return 0.0 if self.due is None else max(0.0, self.due - _monotonic())
 
 
-def run_once(ctx: Context, *, publish: Callable[[int], None],
-             queued_job_ids: Callable[[], list[int]] | None = None, window: int = 0,
-             hold: ReapHold | None = None) -> RecoveryReport:
+def run_once(
+    ctx: Context,
+    *,
+    publish: Callable[[int], None],
+    queued_job_ids: Callable[[], list[int]] | None = None,
+    window: int = 0,
+    hold: ReapHold | None = None,
+) -> RecoveryReport:
     """One round: reap, re-publish the stranded, publish the outbox (keeping at most ``window``
     messages on the queue; 0: no window). After a silence of every reaper the reaping waits a
     grace: in line for a one-shot round (``sluice recover``, the periodic task), in ``hold`` for a
@@ -66,7 +79,10 @@ def run_once(ctx: Context, *, publish: Callable[[int], None],
         if queued is not None:
             with Session(ctx.engine) as session:
                 report.republished = outbox.redeliver_stranded(
-                    session=session, older_than_seconds=s.redeliver_after_seconds, queued_job_ids=queued)
+                    session=session,
+                    older_than_seconds=s.redeliver_after_seconds,
+                    queued_job_ids=queued,
+                )
     sent = outbox.dispatch(engine=ctx.engine, publish=publish, window=window)
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
@@ -79,8 +95,12 @@ def deliver_webhooks(ctx: Context) -> webhook_delivery.DeliveryReport:
     s = ctx.settings
     if s.webhook_secret is None:
         return webhook_delivery.DeliveryReport()
-    return webhook_delivery.deliver_due(engine=ctx.engine, secret=s.webhook_secret.get_secret_value(),
-                                timeout=s.webhook_timeout_seconds, max_age_seconds=s.webhook_max_age_seconds)
+    return webhook_delivery.deliver_due(
+        engine=ctx.engine,
+        secret=s.webhook_secret.get_secret_value(),
+        timeout=s.webhook_timeout_seconds,
+        max_age_seconds=s.webhook_max_age_seconds,
+    )
 
 
 def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[int]:
@@ -96,24 +116,34 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
         hold.due = None
     else:
         with Session(ctx.engine) as session:
-            wait = jobs.reaper_wait(session=session, silence_seconds=silence_seconds(s),
-                                    grace_seconds=grace_seconds(s))
+            wait = jobs.reaper_wait(
+                session=session, silence_seconds=silence_seconds(s), grace_seconds=grace_seconds(s)
+            )
         if wait is None:
             return []
         if wait > 0:
-            log.info("reaper: the reapers were silent (job database down, or no worker); waiting %.0fs for the "
-                     "heartbeats of live workers before taking jobs back", wait)
+            log.info(
+                "reaper: the reapers were silent (job database down, or no worker); waiting %.0fs for the "
+                "heartbeats of live workers before taking jobs back",
+                wait,
+            )
             if hold is not None:
                 hold.due, report.reap_held_seconds = _monotonic() + wait, wait
                 return []
             _sleep(wait)
             report.reap_waited_seconds = wait
     with Session(ctx.engine) as session:
-        return jobs.reap(session=session, lease_seconds=s.lease_seconds,
-                         base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+        return jobs.reap(
+            session=session,
+            lease_seconds=s.lease_seconds,
+            base_delay=s.retry_base_seconds,
+            max_delay=s.retry_max_seconds,
+        )
 
 
-_sleep = time.sleep  # the wait for heartbeats in a one-shot round (tests stand in a worker's beat here)
+_sleep = (
+    time.sleep
+)  # the wait for heartbeats in a one-shot round (tests stand in a worker's beat here)
 _monotonic = time.monotonic  # a held reap's clock (tests move it on)
 
 

@@ -44,7 +44,9 @@ def _encode(value):
         return {"$datetime": value.isoformat()}
     if isinstance(value, dt.timedelta):
         return {"$timedelta": value.total_seconds()}
-    raise TypeError(f"a {type(value).__name__} cannot travel in a queue message; pass ids and plain values")
+    raise TypeError(
+        f"a {type(value).__name__} cannot travel in a queue message; pass ids and plain values"
+    )
 
 
 def _is_tagged(obj: dict) -> bool:

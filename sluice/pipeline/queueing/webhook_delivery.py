@@ -48,10 +48,19 @@ class DeliveryReport:
         return bool(self.delivered or self.failed or self.gave_up)
 
 
-def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds: float,
-                base: float = RETRY_BASE_SECONDS, cap: float = RETRY_MAX_SECONDS, limit: int = 100,
-                rng: random.Random | None = None, transport: httpx.BaseTransport | None = None,
-                hold_seconds: float | None = None) -> DeliveryReport:
+def deliver_due(
+    *,
+    engine: Engine,
+    secret: str,
+    timeout: float,
+    max_age_seconds: float,
+    base: float = RETRY_BASE_SECONDS,
+    cap: float = RETRY_MAX_SECONDS,
+    limit: int = 100,
+    rng: random.Random | None = None,
+    transport: httpx.BaseTransport | None = None,
+    hold_seconds: float | None = None,
+) -> DeliveryReport:
     """Post the due rows once each (oldest first); returns what happened to them. A claimed row
     whose dispatcher died is due again after ``hold_seconds`` (by default longer than a post may take)."""
     report = DeliveryReport()
@@ -59,16 +68,26 @@ def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds:
         now = db_now(session)
         due = session.exec(
             select(WebhookDelivery.id, WebhookDelivery.endpoint, WebhookDelivery.attempts)
-            .where(WebhookDelivery.delivered_at.is_(None), WebhookDelivery.gave_up_at.is_(None),
-                   WebhookDelivery.next_attempt_at <= now)
-            .order_by(WebhookDelivery.id).limit(limit)
+            .where(
+                WebhookDelivery.delivered_at.is_(None),
+                WebhookDelivery.gave_up_at.is_(None),
+                WebhookDelivery.next_attempt_at <= now,
+            )
+            .order_by(WebhookDelivery.id)
+            .limit(limit)
         ).all()
     if not due:
         return report
-    hold = timedelta(seconds=4 * timeout + 30 if hold_seconds is None else hold_seconds)  # connect, write, read
+    hold = timedelta(
+        seconds=4 * timeout + 30 if hold_seconds is None else hold_seconds
+    )  # connect, write, read
     down: set[str] = set()
-    with httpx.Client(timeout=timeout, follow_redirects=False, transport=transport,
-                      headers={"User-Agent": USER_AGENT}) as client:
+    with httpx.Client(
+        timeout=timeout,
+        follow_redirects=False,
+        transport=transport,
+        headers={"User-Agent": USER_AGENT},
+    ) as client:
         for row_id, endpoint, attempts in due:
             if endpoint in down:
                 continue
@@ -80,28 +99,44 @@ def deliver_due(*, engine: Engine, secret: str, timeout: float, max_age_seconds:
             row, sent_at = claimed
             faults.hit("webhook_claimed", delivery_id=row_id)
             status, error = _post(client, row, secret, int(sent_at.timestamp()))
-            outcome = _finish(engine, row, status, error, max_age_seconds=max_age_seconds, base=base, cap=cap,
-                              rng=rng)
+            outcome = _finish(
+                engine,
+                row,
+                status,
+                error,
+                max_age_seconds=max_age_seconds,
+                base=base,
+                cap=cap,
+                rng=rng,
+            )
             getattr(report, outcome).append(row_id)
             if outcome != "delivered":
                 down.add(endpoint)
     return report
 
 
-def _claim(engine: Engine, row_id: int, attempts: int,
-           hold: timedelta) -> tuple[WebhookDelivery, datetime] | None:
+def _claim(
+    engine: Engine, row_id: int, attempts: int, hold: timedelta
+) -> tuple[WebhookDelivery, datetime] | None:
     """Take the row for one post if nobody took it since we read it (its attempt count is unchanged);
     returns it with the database's time of the claim (the timestamp the post is signed with)."""
     with Session(engine, expire_on_commit=False) as session:
         now = db_now(session)
-        taken = session.execute(
-            update(WebhookDelivery)
-            .where(WebhookDelivery.id == row_id, WebhookDelivery.attempts == attempts,
-                   WebhookDelivery.delivered_at.is_(None), WebhookDelivery.gave_up_at.is_(None),
-                   WebhookDelivery.next_attempt_at <= now)
-            .values(attempts=attempts + 1, next_attempt_at=now + hold)
-            .execution_options(synchronize_session=False)
-        ).rowcount == 1
+        taken = (
+            session.execute(
+                update(WebhookDelivery)
+                .where(
+                    WebhookDelivery.id == row_id,
+                    WebhookDelivery.attempts == attempts,
+                    WebhookDelivery.delivered_at.is_(None),
+                    WebhookDelivery.gave_up_at.is_(None),
+                    WebhookDelivery.next_attempt_at <= now,
+                )
+                .values(attempts=attempts + 1, next_attempt_at=now + hold)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            == 1
+        )
         if not taken:
             session.rollback()
             return None
@@ -109,7 +144,9 @@ def _claim(engine: Engine, row_id: int, attempts: int,
         return session.get(WebhookDelivery, row_id, populate_existing=True), now
 
 
-def _post(client: httpx.Client, row: WebhookDelivery, secret: str, timestamp: int) -> tuple[int | None, str | None]:
+def _post(
+    client: httpx.Client, row: WebhookDelivery, secret: str, timestamp: int
+) -> tuple[int | None, str | None]:
     """One signed POST; returns (HTTP status or None, error text or None when delivered)."""
     body = row.body.encode()
     headers = {
@@ -131,14 +168,30 @@ def _post(client: httpx.Client, row: WebhookDelivery, secret: str, timestamp: in
     return response.status_code, f"HTTP {response.status_code}: {response.text[:200]}"
 
 
-def _finish(engine: Engine, row: WebhookDelivery, status: int | None, error: str | None, *,
-            max_age_seconds: float, base: float, cap: float, rng: random.Random | None) -> str:
+def _finish(
+    engine: Engine,
+    row: WebhookDelivery,
+    status: int | None,
+    error: str | None,
+    *,
+    max_age_seconds: float,
+    base: float,
+    cap: float,
+    rng: random.Random | None,
+) -> str:
     """Record the post's outcome while our claim holds; returns delivered / failed / gave_up / lost."""
     with Session(engine) as session:
-        ours = [WebhookDelivery.id == row.id, WebhookDelivery.attempts == row.attempts,
-                WebhookDelivery.delivered_at.is_(None), WebhookDelivery.gave_up_at.is_(None)]
+        ours = [
+            WebhookDelivery.id == row.id,
+            WebhookDelivery.attempts == row.attempts,
+            WebhookDelivery.delivered_at.is_(None),
+            WebhookDelivery.gave_up_at.is_(None),
+        ]
         if error is None:
-            values, outcome = {"delivered_at": current_time(), "last_status": status, "last_error": None}, "delivered"
+            values, outcome = (
+                {"delivered_at": current_time(), "last_status": status, "last_error": None},
+                "delivered",
+            )
         else:
             now = db_now(session)
             if (now - _aware(row.created_at)).total_seconds() >= max_age_seconds:
@@ -147,8 +200,15 @@ def _finish(engine: Engine, row: WebhookDelivery, status: int | None, error: str
                 _, delay = backoff_delay(row.attempts, base=base, cap=cap, rng=rng)
                 values, outcome = {"next_attempt_at": now + timedelta(seconds=delay)}, "failed"
             values.update(last_status=status, last_error=error[:500])
-        done = session.execute(update(WebhookDelivery).where(*ours).values(**values)
-                               .execution_options(synchronize_session=False)).rowcount == 1
+        done = (
+            session.execute(
+                update(WebhookDelivery)
+                .where(*ours)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            == 1
+        )
         session.commit()
     return outcome if done else "lost"
 

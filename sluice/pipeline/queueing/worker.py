@@ -48,10 +48,16 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
     a Sluice before instance ids and is taken as ours."""
     ctx = get_context()
     if instance_id is not None and instance_id != ctx.instance_id:
-        log.error("refused a message for job %s of instance %s: this worker belongs to instance %s. Two "
-                  "Sluice instances share the queue %r on %s; give each its own SLUICE_QUEUE_NAME. The "
-                  "message goes back on the queue for its owner.", job_id, instance_id, ctx.instance_id,
-                  ctx.settings.queue_name, redact_url(ctx.settings.queue_redis_url))
+        log.error(
+            "refused a message for job %s of instance %s: this worker belongs to instance %s. Two "
+            "Sluice instances share the queue %r on %s; give each its own SLUICE_QUEUE_NAME. The "
+            "message goes back on the queue for its owner.",
+            job_id,
+            instance_id,
+            ctx.instance_id,
+            ctx.settings.queue_name,
+            redact_url(ctx.settings.queue_redis_url),
+        )
         process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
         return
     # The claim took this message off the queue's window: publish the next one the dispatcher chooses.
@@ -64,8 +70,13 @@ def publish(job_id: int) -> None:
 
 
 def recover_once(hold: recovery.ReapHold | None = None) -> recovery.RecoveryReport:
-    return recovery.run_once(get_context(), publish=publish, queued_job_ids=queued_job_ids, window=dispatch_window(),
-                             hold=hold)
+    return recovery.run_once(
+        get_context(),
+        publish=publish,
+        queued_job_ids=queued_job_ids,
+        window=dispatch_window(),
+        hold=hold,
+    )
 
 
 @huey.periodic_task(crontab(minute="*"), name="sluice.recover")
@@ -96,7 +107,9 @@ def periodic_prune() -> None:
     days = get_settings().retention_days
     if days:
         with Session(get_context().engine) as session:
-            report = retention.prune(session=session, cutoff=utcnow() - timedelta(days=days), dry_run=False)
+            report = retention.prune(
+                session=session, cutoff=utcnow() - timedelta(days=days), dry_run=False
+            )
         log.info("retention: %s", report.describe())
 
 
@@ -116,9 +129,15 @@ def start_recovery_loop() -> None:
         _loop_started = True
     _log_to_console()
     s = get_settings()
-    log.info("worker %s of instance %s: pipeline %s, embedder %s (%s), secrets set: %s", get_context().worker_id,
-             get_context().instance_id, get_context().pipeline_version, s.embedder, s.embed_precision,
-             ", ".join(k for k, v in s.secrets_status().items() if v) or "none")
+    log.info(
+        "worker %s of instance %s: pipeline %s, embedder %s (%s), secrets set: %s",
+        get_context().worker_id,
+        get_context().instance_id,
+        get_context().pipeline_version,
+        s.embedder,
+        s.embed_precision,
+        ", ".join(k for k, v in s.secrets_status().items() if v) or "none",
+    )
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
     threading.Thread(target=_webhook_loop, name="sluice-webhooks", daemon=True).start()
     if s.embedder == "sentence-transformers":
@@ -145,7 +164,10 @@ def _export_query_encoder() -> None:
 
     try:  # Linux: a thread has its own nice value
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # pragma: no cover - elsewhere the export runs at normal priority
+    except (
+        AttributeError,
+        OSError,
+    ):  # pragma: no cover - elsewhere the export runs at normal priority
         pass
     s = get_settings()
     try:
@@ -170,13 +192,23 @@ def _log_to_console() -> None:
 def _recovery_loop() -> None:
     ctx = get_context()
     interval = ctx.settings.recovery_interval_seconds
-    me = {"id": ctx.worker_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-          "instance": ctx.instance_id}
-    hold = recovery.ReapHold()  # the grace after a silence never stops the outbox or the presence key
+    me = {
+        "id": ctx.worker_id,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "instance": ctx.instance_id,
+    }
+    hold = (
+        recovery.ReapHold()
+    )  # the grace after a silence never stops the outbox or the presence key
     while True:
         try:
-            huey.storage.conn.set(f"{worker_key()}:{ctx.worker_id}", json.dumps({**me, "threads": _threads, "seen": time.time()}),
-                                  ex=max(15, int(interval * 3)))
+            huey.storage.conn.set(
+                f"{worker_key()}:{ctx.worker_id}",
+                json.dumps({**me, "threads": _threads, "seen": time.time()}),
+                ex=max(15, int(interval * 3)),
+            )
         except redis.RedisError as exc:
             log.warning("queue Redis unreachable: %s", exc)
         try:

@@ -63,13 +63,20 @@ GC_EVERY = 5000  # chunks walked between full garbage collections
 SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond this
 
 
-
 # --- the audit ---------------------------------------------------------------------------------------
 
 
 class DatasetAudit:
-    def __init__(self, ctx: Context, ds: Dataset, report: ReconcileReport, *, repair: bool, actor: str,
-                 page_size: int) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        ds: Dataset,
+        report: ReconcileReport,
+        *,
+        repair: bool,
+        actor: str,
+        page_size: int,
+    ) -> None:
         self.ctx, self.ds, self.report, self.repair, self.actor = ctx, ds, report, repair, actor
         self.page_size = page_size
         self.summary = DatasetSummary(ds.name, ds.collection)
@@ -89,11 +96,16 @@ class DatasetAudit:
             job.seen = bytearray(job.chunk_count)
             self.summary.expected += job.chunk_count
         walked = 0
-        with tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8") as spool:
-            for page in self.ctx.vectors.iter_pages(self.ds.collection, include=["metadatas"],
-                                                    page_size=self.page_size):
+        with tempfile.SpooledTemporaryFile(
+            max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8"
+        ) as spool:
+            for page in self.ctx.vectors.iter_pages(
+                self.ds.collection, include=["metadatas"], page_size=self.page_size
+            ):
                 self.summary.pages += 1
-                for cid, meta in zip(page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True):
+                for cid, meta in zip(
+                    page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True
+                ):
                     self.summary.chunks += 1
                     kind, job, pos, _ = classify(first, cid)
                     if kind == "in_flight":
@@ -121,18 +133,23 @@ class DatasetAudit:
 
         audit_lexical(self)
         for start in range(0, len(self.late_mismatches), BATCH):
-            self._mismatches(fresh, self.late_mismatches[start:start + BATCH])
+            self._mismatches(fresh, self.late_mismatches[start : start + BATCH])
         self._summarise_repairs()
         if self.repair:
             self._write_events()
         self.report.datasets.append(self.summary)
-        self.report.findings.extend(sorted(self.findings.values(),
-                                           key=lambda f: (f.document_id is None, f.document_id or 0)))
+        self.report.findings.extend(
+            sorted(
+                self.findings.values(), key=lambda f: (f.document_id is None, f.document_id or 0)
+            )
+        )
 
     def finding(self, snap: Snapshot, document_id: int | None) -> Finding:
         f = self.findings.get(document_id)
         if f is None:
-            filename, active = snap.documents.get(document_id, ("", None)) if document_id else ("", None)
+            filename, active = (
+                snap.documents.get(document_id, ("", None)) if document_id else ("", None)
+            )
             f = self.findings[document_id] = Finding(self.ds.name, document_id, filename, active)
         return f
 
@@ -189,7 +206,9 @@ class DatasetAudit:
             try:
                 self.ctx.vectors.delete(self.ds.collection, ids=doomed)
             except Exception as exc:
-                self.report.errors.append(f"{self.ds.name}: deleting {len(doomed)} orphan(s) failed: {exc}")
+                self.report.errors.append(
+                    f"{self.ds.name}: deleting {len(doomed)} orphan(s) failed: {exc}"
+                )
                 return
             self._after_delete(before, doomed)
             for jid, n in per_job.items():
@@ -210,7 +229,11 @@ class DatasetAudit:
             if job is None or not job.expected:
                 continue  # not serving: its own run checks the index before it may succeed
             ids = [cid for cid in ids if split_chunk_id(cid)[1] < job.chunk_count]
-            got = set(self.ctx.vectors.get(self.ds.collection, ids, include=[])["ids"]) if ids else set()
+            got = (
+                set(self.ctx.vectors.get(self.ds.collection, ids, include=[])["ids"])
+                if ids
+                else set()
+            )
             gone = [cid for cid in ids if cid not in got]
             if gone:
                 f = self.finding(after, job.document_id)
@@ -245,9 +268,13 @@ class DatasetAudit:
         if self.repair and fix_ids:
             try:
                 # Only the metadata changes: the vector and text of the id are the job's own.
-                self.ctx.vectors.collection(self.ds.collection).update(ids=fix_ids, metadatas=fix_metas)
+                self.ctx.vectors.collection(self.ds.collection).update(
+                    ids=fix_ids, metadatas=fix_metas
+                )
             except Exception as exc:
-                self.report.errors.append(f"{self.ds.name}: fixing metadata of {len(fix_ids)} chunk(s) failed: {exc}")
+                self.report.errors.append(
+                    f"{self.ds.name}: fixing metadata of {len(fix_ids)} chunk(s) failed: {exc}"
+                )
                 return
             for jid, n in per_job.items():
                 self.note(jid, f"rewrote the metadata of {n} chunk(s)", metadata_fixed=n)
@@ -263,8 +290,15 @@ class DatasetAudit:
             if not job.seen.count(0):
                 continue
             now = fresh.by_prefix.get(prefix)
-            if now is None or not now.expected or now.id != job.id or now.chunk_count != job.chunk_count:
-                self.summary.expected -= job.chunk_count  # it changed while we walked: not judged this time
+            if (
+                now is None
+                or not now.expected
+                or now.id != job.id
+                or now.chunk_count != job.chunk_count
+            ):
+                self.summary.expected -= (
+                    job.chunk_count
+                )  # it changed while we walked: not judged this time
                 self.summary.present -= job.chunk_count - job.seen.count(0)
                 continue
             missing = self._really_missing(prefix, job)
@@ -308,8 +342,10 @@ class DatasetAudit:
             verb = "reindex" if job.status == JobStatus.succeeded else "retry"
             plan = f"{verb} job {job.id}: the re-run adds the {missing} missing chunk(s) from the embedding cache"
         else:
-            plan = (f"queue a job of pipeline {target} (job {job.id} was built by "
-                    f"{job.version}, which the settings no longer make)")
+            plan = (
+                f"queue a job of pipeline {target} (job {job.id} was built by "
+                f"{job.version}, which the settings no longer make)"
+            )
         if not self.repair:
             f.repair.append(plan)
             return
@@ -322,15 +358,21 @@ class DatasetAudit:
             else:
                 document = session.get(Document, job.document_id)
                 result, queued = jobs.ensure_version_job(
-                    session=session, document=document, pipeline_version=target,
+                    session=session,
+                    document=document,
+                    pipeline_version=target,
                     max_attempts=self.ctx.settings.max_attempts,
-                    actor=self.actor, reason=reason)
+                    actor=self.actor,
+                    reason=reason,
+                )
         f.repair.append(result.message)
         self.report.actions.append(f"[{self.ds.name}] document {job.document_id}: {result.message}")
         if queued:
             self.report.queued.append(result.job_id)
         if not result.ok:
-            self.report.errors.append(f"[{self.ds.name}] document {job.document_id}: {result.message}")
+            self.report.errors.append(
+                f"[{self.ds.name}] document {job.document_id}: {result.message}"
+            )
 
     # what repair did (or would do) ------------------------------------------------------------------------------
 
@@ -339,16 +381,20 @@ class DatasetAudit:
             lines = []
             if self.repair:
                 if self.deleted[doc_id]:
-                    lines.append(f"deleted {self.deleted[doc_id]} orphan chunk(s): {', '.join(f.orphan_ids[:3])}"
-                                 + (" ..." if self.deleted[doc_id] > 3 else ""))
+                    lines.append(
+                        f"deleted {self.deleted[doc_id]} orphan chunk(s): {', '.join(f.orphan_ids[:3])}"
+                        + (" ..." if self.deleted[doc_id] > 3 else "")
+                    )
                 if self.fixed[doc_id]:
                     lines.append(f"rewrote the metadata of {self.fixed[doc_id]} chunk(s)")
             else:
                 if f.orphans:
                     lines.append(f"delete {f.orphans} orphan chunk(s)")
                 if f.mismatched:
-                    lines.append(f"rewrite the metadata of {f.mismatched} chunk(s) to name their job, document, "
-                                 "pipeline version and position")
+                    lines.append(
+                        f"rewrite the metadata of {f.mismatched} chunk(s) to name their job, document, "
+                        "pipeline version and position"
+                    )
             f.repair[:0] = lines
             who = f"document {doc_id}" if doc_id is not None else "foreign chunks"
             if self.repair:
@@ -365,21 +411,36 @@ class DatasetAudit:
                 if job is None:
                     continue
                 text = "reconcile " + "; ".join(notes)
-                jobs.add_event(session, job, "reconcile_repair", actor=self.actor, message=text,
-                               data=dict(self.event_data.get(jid, {})))
+                jobs.add_event(
+                    session,
+                    job,
+                    "reconcile_repair",
+                    actor=self.actor,
+                    message=text,
+                    data=dict(self.event_data.get(jid, {})),
+                )
             session.commit()
 
 
-def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", dataset: str | None = None,
-              publish: Callable[[int], None] | None = None, page_size: int = PAGE_SIZE,
-              save: bool = True) -> ReconcileReport:
+def reconcile(
+    ctx: Context,
+    *,
+    repair: bool = False,
+    actor: str = "system",
+    dataset: str | None = None,
+    publish: Callable[[int], None] | None = None,
+    page_size: int = PAGE_SIZE,
+    save: bool = True,
+) -> ReconcileReport:
     """Audit (and with ``repair`` fix) every dataset, or the one named; returns the report.
 
     Jobs that repair queues are written to the outbox; ``publish`` dispatches them now, otherwise
     the workers' recovery loop publishes them within seconds.
     """
     started = time.monotonic()
-    report = ReconcileReport(repair=repair, actor=actor, started_at=utcnow().isoformat(), scope=dataset)
+    report = ReconcileReport(
+        repair=repair, actor=actor, started_at=utcnow().isoformat(), scope=dataset
+    )
     with Session(ctx.engine) as session:
         stmt = select(Dataset).order_by(Dataset.name)
         if dataset:
@@ -399,8 +460,16 @@ def reconcile(ctx: Context, *, repair: bool = False, actor: str = "system", data
             report.errors.append(note)
     report.seconds = round(time.monotonic() - started, 3)
     report.finished_at = utcnow().isoformat()
-    log.info("reconcile (repair=%s, by %s): %d chunks, %d missing, %d orphans, %d mismatched in %.1fs",
-             repair, actor, report.chunks, report.missing, report.orphans, report.mismatched, report.seconds)
+    log.info(
+        "reconcile (repair=%s, by %s): %d chunks, %d missing, %d orphans, %d mismatched in %.1fs",
+        repair,
+        actor,
+        report.chunks,
+        report.missing,
+        report.orphans,
+        report.mismatched,
+        report.seconds,
+    )
     if save:
         save_report(ctx, report)
     return report

