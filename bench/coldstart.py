@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.system import Services
-from tests.servers import ManagedProcess, free_port
+from tests.support.servers import ManagedProcess, free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -1,5 +1,5 @@
 """The console at scale: the queries behind the jobs page and the overview, on a database seeded
-with many jobs (bulk inserts through tests/seed.py), on SQLite and, when SLUICE_TEST_DATABASE_URL
+with many jobs (bulk inserts through tests/support/seed.py), on SQLite and, when SLUICE_TEST_DATABASE_URL
 is set, on PostgreSQL.
 
 Each query group runs as the console runs it (sluice.storage.queries in one fresh session, the same
@@ -23,7 +23,7 @@ def seed(engine, jobs: int) -> dict[str, int]:
     from sqlmodel import Session
 
     from sluice.storage.queries import dataset_by_name
-    from tests.seed import seed_jobs
+    from tests.support.seed import seed_jobs
 
     per = jobs // len(DATASETS)
     for n, name in enumerate(DATASETS):

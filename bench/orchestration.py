@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from bench.system import Services, as_epoch, wait_final, warm_up
-from tests.servers import ManagedProcess
+from tests.support.servers import ManagedProcess
 
 WORDS = (
     "ledger",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.servers import ChromaServer, Consumer, RedisServer
+from tests.support.servers import ChromaServer, Consumer, RedisServer
 
 QUEUE_NAME = f"bench{uuid.uuid4().hex[:8]}"
 FINAL = ("succeeded", "failed", "cancelled", "superseded", "deleted")

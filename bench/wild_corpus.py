@@ -381,7 +381,7 @@ def reportlab_files(out: Path, made: dict[str, str]) -> None:
 def pymupdf_files(out: Path, made: dict[str, str]) -> None:
     import pymupdf
 
-    from tests.pdfmaker import two_column_form, xfa_form
+    from tests.support.pdfmaker import two_column_form, xfa_form
 
     (out / "pymupdf-xfa.pdf").write_bytes(xfa_form())
     (out / "pymupdf-two-column-form.pdf").write_bytes(
@@ -585,7 +585,7 @@ def evaluate(tree: Path, files: list[Path]) -> dict[str, dict]:
 
 # Files whose paragraphs are known in reading order: (file, paragraphs).
 ORDERED = {
-    "pymupdf-two-column-form.pdf": None,  # tests.pdfmaker's sentences, left column then right
+    "pymupdf-two-column-form.pdf": None,  # tests.support.pdfmaker's sentences, left column then right
     "chromium-two-column.pdf": EN[40:80],
     "reportlab-two-column.pdf": EN[:90],
     "libreoffice-two-column.pdf": EN[200:260],
@@ -613,7 +613,7 @@ def reading_order(out: Path) -> list[str]:
     import pymupdf
 
     from sluice.pipeline.parsing.parse import PDF, open_document
-    from tests.pdfmaker import SENTENCES_LEFT, SENTENCES_RIGHT
+    from tests.support.pdfmaker import SENTENCES_LEFT, SENTENCES_RIGHT
 
     rows = []
     for name, paragraphs in ORDERED.items():

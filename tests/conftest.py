@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.servers import ChromaServer, Consumer, RedisServer
+from tests.support.servers import ChromaServer, Consumer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = Path(

@@ -23,8 +23,8 @@ import pytest
 from sqlmodel import Session, select
 
 from sluice.storage.models import Job, JobStatus
-from tests.helpers import events, job, wait_for
-from tests.servers import ManagedProcess, free_port, wait_port
+from tests.support.helpers import events, job, wait_for
+from tests.support.servers import ManagedProcess, free_port, wait_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -28,7 +28,7 @@ from sluice.ops.ingest import ingest_path
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, ErrorKind, JobStatus
 from sluice.storage.vectors import VectorStore, chunk_id
-from tests.helpers import collection, events, ids_of_job, job, wait_for
+from tests.support.helpers import collection, events, ids_of_job, job, wait_for
 
 TOKEN = "chroma-Token-31337"
 

@@ -4,7 +4,7 @@ import json
 
 from sluice.cli.main import main
 from sluice.pipeline.running.runner import run_job
-from tests.helpers import events, job
+from tests.support.helpers import events, job
 
 
 def run(capsys, *args):

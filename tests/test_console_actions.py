@@ -6,14 +6,14 @@ import pytest
 from sqlmodel import Session
 
 from sluice.storage.models import Job, JobStatus
-from tests.apptest import assert_ok, open_console, select_rows, texts
-from tests.helpers import events
-from tests.seed import seed_every_state
+from tests.support.apptest import assert_ok, open_console, select_rows, texts
+from tests.support.helpers import events
+from tests.support.seed import seed_every_state
 
 
 @pytest.fixture
 def seeded(ctx):
-    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/seed.py)."""
+    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/support/seed.py)."""
     return seed_every_state(ctx)
 
 
@@ -129,7 +129,7 @@ def test_a_retried_dead_letter_fails_again_through_a_real_worker(ctx, start_work
     """The encrypted sample PDF: its retry runs for real and lands back in dead letters."""
     from sluice.ops.ingest import ingest_path
     from sluice.pipeline.queueing.publishing import publish
-    from tests.helpers import wait_for
+    from tests.support.helpers import wait_for
 
     start_worker()
     r = ingest_path(
@@ -213,7 +213,7 @@ def test_bulk_retry_by_filter_previews_then_acts_with_one_event_per_job(ctx, see
 
 
 def test_bulk_reindex_from_the_jobs_page_acts_on_every_match_not_only_the_page(ctx, seeded):
-    from tests.seed import seed_jobs
+    from tests.support.seed import seed_jobs
 
     seed_jobs(ctx.engine, 60, dataset="default", seed=3)
     at = open_console("jobs")
@@ -241,7 +241,7 @@ def test_the_bulk_preview_counts_in_the_database_and_reads_ids_only_for_its_samp
     reads job ids only for the sample the cost parses, never all of them."""
     from sluice.ops import preview, reads
     from sluice.storage.queries import JobFilter
-    from tests.seed import seed_jobs
+    from tests.support.seed import seed_jobs
 
     seed_jobs(ctx.engine, 80, dataset="default", seed=5)
     with Session(ctx.engine) as session:

@@ -11,7 +11,7 @@ from sluice.ops.access import Operator, ReadOnlyOperator
 from sluice.ops.document_view import original
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
-from tests.apptest import assert_ok, open_console, texts
+from tests.support.apptest import assert_ok, open_console, texts
 
 
 def _pdf() -> bytes:

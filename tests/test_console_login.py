@@ -9,8 +9,8 @@ from sluice.console import auth
 from sluice.ops import access
 from sluice.settings import SettingsError, load_settings
 from sluice.storage.models import Job, JobStatus
-from tests.apptest import assert_ok, open_console, texts
-from tests.seed import seed_every_state
+from tests.support.apptest import assert_ok, open_console, texts
+from tests.support.seed import seed_every_state
 
 PASSWORD = "correct horse 7391"
 READONLY = "just looking 5120"
@@ -18,7 +18,7 @@ READONLY = "just looking 5120"
 
 @pytest.fixture
 def seeded(ctx):
-    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/seed.py)."""
+    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/support/seed.py)."""
     return seed_every_state(ctx)
 
 

@@ -7,14 +7,14 @@ from sqlmodel import Session
 
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Job, JobStatus
-from tests.apptest import assert_ok, metric, open_console, texts
-from tests.helpers import until
-from tests.seed import seed_every_state
+from tests.support.apptest import assert_ok, metric, open_console, texts
+from tests.support.helpers import until
+from tests.support.seed import seed_every_state
 
 
 @pytest.fixture
 def seeded(ctx):
-    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/seed.py)."""
+    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/support/seed.py)."""
     return seed_every_state(ctx)
 
 
@@ -122,7 +122,7 @@ def test_jobs_table_shows_stage_counts_and_a_progress_bar(seeded):
 
 
 def test_jobs_filters_sort_and_pagination_are_done_by_the_database(ctx, seeded):
-    from tests.seed import seed_jobs
+    from tests.support.seed import seed_jobs
 
     seed_jobs(ctx.engine, 120, dataset="default", seed=7)
     at = open_console("jobs")
@@ -232,7 +232,7 @@ def test_running_and_retrying_jobs_say_what_they_wait_for(seeded):
 
 
 def test_every_page_can_be_narrowed_to_one_dataset(ctx, seeded):
-    from tests.seed import seed_jobs
+    from tests.support.seed import seed_jobs
 
     seed_jobs(ctx.engine, 30, dataset="archive", seed=1)
     at = open_console("jobs")
@@ -406,7 +406,7 @@ def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx)
 
 def test_every_page_and_a_bulk_retry_on_each_job_store(database_url, make_ctx):
     """The same pages on SQLite and, with SLUICE_TEST_DATABASE_URL set, on PostgreSQL."""
-    from tests.seed import seed_jobs
+    from tests.support.seed import seed_jobs
 
     ctx = make_ctx()
     ids = seed_every_state(ctx)

@@ -6,7 +6,7 @@ import pytest
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.storage.vectors import chunk_id
-from tests.helpers import collection, events, ids_of_job, job, wait_for
+from tests.support.helpers import collection, events, ids_of_job, job, wait_for
 
 pytestmark = pytest.mark.slow
 

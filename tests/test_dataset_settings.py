@@ -16,8 +16,8 @@ from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Dataset, Document, Job, JobStatus
-from tests import pdfmaker
-from tests.helpers import events, ids_of_job, job
+from tests.support import pdfmaker
+from tests.support.helpers import events, ids_of_job, job
 from tests.test_reconcile import indexed, text
 
 
@@ -239,7 +239,7 @@ def test_a_read_only_operator_may_look_but_not_change(ctx):
 
 
 def test_the_console_page_previews_the_cost_then_saves_and_rebuilds_that_dataset(ctx):
-    from tests.apptest import assert_ok, open_console, texts
+    from tests.support.apptest import assert_ok, open_console, texts
 
     indexed(ctx, ["harbour", "orchard"], dataset="alpha")
     indexed(ctx, ["meadow"], dataset="beta")

@@ -3,7 +3,7 @@
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
 from sluice.pipeline.running.runner import run_job
-from tests.helpers import collection, job
+from tests.support.helpers import collection, job
 
 APPLES = b"Apples grow in orchards. Orchard apples ripen in autumn and are picked by hand.\n" * 20
 ROCKETS = b"Rockets burn liquid oxygen and kerosene. Rocket engines throttle during ascent.\n" * 20

@@ -12,7 +12,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
-from tests.helpers import Background, events, ids_of_job, job
+from tests.support.helpers import Background, events, ids_of_job, job
 
 ALPHA = b"Albatross migration routes cross the southern ocean every winter season. " * 60
 BETA = b"Beekeeping starts with a calm hive, a smoker and patient hands in spring. " * 60

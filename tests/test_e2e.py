@@ -10,7 +10,7 @@ import pytest
 from sqlmodel import Session
 
 from sluice.storage.queries import JobFilter, list_jobs
-from tests.helpers import collection
+from tests.support.helpers import collection
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.jobs import backoff_delay
 from sluice.storage.models import Job, JobStatus, utcnow
-from tests.helpers import Background, collection, events, ids_of_job, job
-from tests.servers import free_port
+from tests.support.helpers import Background, collection, events, ids_of_job, job
+from tests.support.servers import free_port
 
 LONG = "".join(
     f"Paragraph {i} explains part {i} of the manual in its own words. " * 12 + "\n\n"

@@ -10,7 +10,7 @@ from sluice.storage import jobs
 from sluice.storage.db import get_engine
 from sluice.storage.models import Dataset, JobEvent
 from sluice.storage.outbox import dispatch
-from tests.helpers import job, make_job, wait_for
+from tests.support.helpers import job, make_job, wait_for
 
 
 def _claim(engine, job_id: int) -> None:
@@ -96,7 +96,7 @@ def test_one_upload_to_a_quiet_dataset_starts_within_about_two_jobs(make_ctx, st
 
 def test_cli_and_console_move_jobs_to_the_front(ctx, capsys):
     from sluice.cli.main import main as cli
-    from tests.apptest import assert_ok, open_console, texts
+    from tests.support.apptest import assert_ok, open_console, texts
 
     first = make_job(ctx.engine, "docs", 1).id
     second = make_job(ctx.engine, "docs", 2).id

@@ -12,8 +12,8 @@ from sluice.ops.search import search
 from sluice.pipeline.parsing import formats
 from sluice.pipeline.parsing.parse import sniff_type
 from sluice.storage.models import Document, JobStatus
-from tests.helpers import collection
-from tests.helpers import run_file as run
+from tests.support.helpers import collection
+from tests.support.helpers import run_file as run
 
 
 def make_docx() -> bytes:

@@ -16,7 +16,7 @@ from pathlib import Path
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import JobStatus
-from tests.helpers import job, wait_for
+from tests.support.helpers import job, wait_for
 
 SEED = 20240611
 CASES = 300

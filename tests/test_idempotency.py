@@ -2,7 +2,7 @@
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
-from tests.helpers import collection, events, ids_of_job, job, wait_for
+from tests.support.helpers import collection, events, ids_of_job, job, wait_for
 
 TEXT = ("Sluice keeps every job's truth. " * 40 + "\n\n") * 30
 

@@ -28,7 +28,7 @@ from sluice.storage.db import (
 from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 from sluice.storage.outbox import dispatch, redeliver_stranded, unsent_count
 from sluice.storage.vectors import chunk_id
-from tests.helpers import events, ids_of_job, wait_for
+from tests.support.helpers import events, ids_of_job, wait_for
 
 LEASE = 30.0
 

@@ -12,7 +12,7 @@ from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Document, JobStatus
-from tests.helpers import ids_of_job, job
+from tests.support.helpers import ids_of_job, job
 from tests.test_reconcile import indexed, text
 
 CODE = "QX-88412"

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
-from tests.servers import ManagedProcess, free_port, wait_port
+from tests.support.servers import ManagedProcess, free_port, wait_port
 
 
 def scrape(url: str) -> dict[str, dict]:

@@ -12,9 +12,9 @@ from sluice.ops.search import search
 from sluice.pipeline.parsing import ocr
 from sluice.pipeline.parsing.parse import PDF, OcrOptions, open_document
 from sluice.storage.models import JobStatus
-from tests import pdfmaker
-from tests.helpers import collection, events
-from tests.helpers import run_file as run
+from tests.support import pdfmaker
+from tests.support.helpers import collection, events
+from tests.support.helpers import run_file as run
 
 pytestmark = pytest.mark.skipif(
     shutil.which("tesseract") is None, reason="needs Debian's tesseract-ocr: `make ocr`"

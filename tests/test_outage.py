@@ -6,7 +6,7 @@ import time
 import pytest
 
 from sluice.ops.ingest import ingest_bytes
-from tests.helpers import events, ids_of_job, job, wait_for
+from tests.support.helpers import events, ids_of_job, job, wait_for
 
 
 def doc(i: int) -> bytes:
@@ -73,7 +73,7 @@ def run_rounds(ctx, job_id: int, rounds: int) -> list[str]:
 
 def test_chroma_down_for_many_rounds_spends_no_attempt_and_the_job_resumes(database_url, make_ctx):
     from sluice.storage.vectors import VectorStore
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     ctx = make_ctx(SLUICE_MAX_ATTEMPTS="3")
     up = ctx.vectors
@@ -106,7 +106,7 @@ def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_onc
     whether it is down, it answers. The refusal itself says it was an outage: no attempt spent."""
     from sluice import faults
     from sluice.storage.vectors import VectorStore
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     ctx = make_ctx()
     down = VectorStore(
@@ -138,7 +138,7 @@ def test_a_request_chroma_refused_is_an_outage_even_when_it_answers_again_at_onc
 
 def test_an_outage_longer_than_the_maximum_is_a_dead_letter_that_says_so(database_url, make_ctx):
     from sluice.storage.vectors import VectorStore
-    from tests.servers import free_port
+    from tests.support.servers import free_port
 
     ctx = make_ctx(SLUICE_MAX_OUTAGE_SECONDS="0.01")
     ctx.__dict__["vectors"] = VectorStore(f"http://127.0.0.1:{free_port()}", timeout=5)

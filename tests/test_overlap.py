@@ -9,7 +9,7 @@ from sluice import faults
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running import embed
 from sluice.pipeline.running.runner import run_job
-from tests.helpers import ids_of_job, job
+from tests.support.helpers import ids_of_job, job
 from tests.test_reconcile import text
 
 

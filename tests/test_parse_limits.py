@@ -17,8 +17,8 @@ from sluice.ops.preview import preview_jobs
 from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.models import JobStatus
-from tests import pdfmaker
-from tests.helpers import events, job
+from tests.support import pdfmaker
+from tests.support.helpers import events, job
 
 BOMB_CHARS = 6_000_000  # about 670 MB of MuPDF text structures when extracted without a limit
 

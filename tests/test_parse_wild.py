@@ -1,6 +1,6 @@
 """Files from the wild: each ends in the right class, with the right text, in the right order.
 
-Every file here is generated on the spot (tests/pdfmaker.py) to reproduce one symptom seen on
+Every file here is generated on the spot (tests/support/pdfmaker.py) to reproduce one symptom seen on
 real-world PDFs.
 """
 
@@ -12,9 +12,9 @@ from sluice.errors import PermanentError, UserActionError
 from sluice.pipeline.parsing.parse import PDF, open_document, sniff_type
 from sluice.pipeline.running.chunk import split_text
 from sluice.storage.models import JobStatus
-from tests import pdfmaker
-from tests.helpers import collection, events
-from tests.helpers import run_file as run
+from tests.support import pdfmaker
+from tests.support.helpers import collection, events
+from tests.support.helpers import run_file as run
 
 WORDS = " ".join(
     f"Sentence {i} tells how the lighthouse keeper logged the storm." for i in range(30)

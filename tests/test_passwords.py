@@ -13,7 +13,7 @@ from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
-from tests.helpers import events, job, wait_for
+from tests.support.helpers import events, job, wait_for
 
 TEXT = "The locked ledger lists every barrel of herring landed at the north quay in March."
 
@@ -127,7 +127,7 @@ def test_a_wrong_password_keeps_nothing_and_the_job_stays_failed(ctx):
 
 
 def test_the_console_job_page_takes_the_password_and_forgets_it(ctx, services, tmp_path):
-    from tests.apptest import assert_ok, open_console, texts
+    from tests.support.apptest import assert_ok, open_console, texts
 
     password = "Pw-" + secrets.token_urlsafe(12)
     r = ingest_bytes(ctx, locked_pdf(password), dataset="default", filename="ledger.pdf")

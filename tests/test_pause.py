@@ -10,7 +10,7 @@ from sluice.storage import jobs, pauses
 from sluice.storage.db import get_engine
 from sluice.storage.models import Job, JobStatus, Outbox
 from sluice.storage.outbox import dispatch, redeliver_stranded
-from tests.helpers import events, make_job, until, wait_for
+from tests.support.helpers import events, make_job, until, wait_for
 
 
 def _job(engine, dataset: str, n: int) -> tuple[int, int]:
@@ -167,7 +167,7 @@ def test_a_running_job_finishes_when_its_dataset_is_paused(ctx):
 
 def test_the_overview_pauses_and_resumes_the_selected_dataset(ctx):
     from sluice.ops.ingest import ingest_bytes
-    from tests.apptest import assert_ok, open_console, texts
+    from tests.support.apptest import assert_ok, open_console, texts
 
     ingest_bytes(ctx, b"some text. " * 50, dataset="archive", filename="a.txt")
     at = open_console()

@@ -19,7 +19,7 @@ from sluice.errors import LeaseLost
 from sluice.storage import jobs
 from sluice.storage.models import Document, ErrorKind, Job, JobStatus, Outbox, utcnow
 from sluice.storage.outbox import dispatch, redeliver_stranded
-from tests.helpers import Background
+from tests.support.helpers import Background
 from tests.test_jobstore import LEASE, claim, fail, get, kinds, new_job, unsent
 
 
@@ -152,7 +152,7 @@ TEXT = "".join(
 def test_a_cancel_requested_after_indexing_but_before_success_wins(database_url, make_ctx):
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.running.runner import run_job
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
     r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
@@ -338,7 +338,7 @@ def half_written(ctx):
     """A job whose first attempt wrote some of its chunks and failed (a permanent error: a dead letter)."""
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.running.runner import run_job
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
     with faults.hook("embed_batch", _fail_at(3)):
@@ -366,7 +366,7 @@ def test_a_retry_that_lands_between_the_repairs_snapshot_and_its_delete_keeps_ev
 ):
     from sluice.pipeline.reconcile.audit import reconcile
     from sluice.pipeline.running.runner import run_job
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
     job_id, written = half_written(ctx)
@@ -390,7 +390,7 @@ def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_lett
     database_url, make_ctx
 ):
     from sluice.pipeline.running.runner import run_job
-    from tests.helpers import collection, ids_of_job
+    from tests.support.helpers import collection, ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
     job_id, written = half_written(ctx)
@@ -411,7 +411,7 @@ def test_chunks_deleted_before_the_final_check_are_written_again_not_a_dead_lett
 def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(database_url, make_ctx):
     from sluice.pipeline.reconcile.audit import reconcile
     from sluice.pipeline.running.runner import run_job
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="2")
     job_id, written = half_written(ctx)
@@ -493,7 +493,7 @@ def stuck_run(make_ctx, **env):
     ctx = make_ctx(
         embedder=stuck, SLUICE_EMBED_BATCH_SIZE="2", SLUICE_HEARTBEAT_SECONDS="0.1", **env
     )
-    from tests.helpers import collection
+    from tests.support.helpers import collection
 
     ctx.vectors.collection(
         collection(ctx)
@@ -508,7 +508,7 @@ def stuck_run(make_ctx, **env):
 
 
 def test_an_encode_that_never_returns_still_meets_the_stage_deadline(database_url, make_ctx):
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     ctx, job_id, stuck, runner = stuck_run(make_ctx, SLUICE_STAGE_TIMEOUT_SECONDS="2")
     try:
@@ -527,7 +527,7 @@ def test_an_encode_that_never_returns_still_meets_the_stage_deadline(database_ur
 
 
 def test_a_cancel_during_an_encode_that_never_returns_is_carried_out(database_url, make_ctx):
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     ctx, job_id, stuck, runner = stuck_run(make_ctx)
     assert len(ids_of_job(ctx, job_id)) == 2  # the first batch is in
@@ -546,7 +546,7 @@ def test_a_cancel_during_an_encode_that_never_returns_is_carried_out(database_ur
 def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(
     database_url, make_ctx
 ):
-    from tests.helpers import ids_of_job
+    from tests.support.helpers import ids_of_job
 
     noticed = threading.Event()
     with faults.hook("heartbeat_lost", lambda **_: noticed.set()):

@@ -17,7 +17,7 @@ from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
 from sluice.storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
 from sluice.storage.vectors import chunk_id
-from tests.helpers import Background, collection, events, ids_of_job, job, wait_for
+from tests.support.helpers import Background, collection, events, ids_of_job, job, wait_for
 
 
 def text(topic: str, paragraphs: int = 6) -> bytes:
@@ -461,7 +461,7 @@ def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
 def test_console_integrity_panel_reports_previews_repairs_deletes_and_reindexes(make_ctx):
     import streamlit as st
 
-    from tests.apptest import assert_ok, metric, open_console, texts
+    from tests.support.apptest import assert_ok, metric, open_console, texts
 
     st.cache_resource.clear()  # the panel's background runner is per process
     ctx = make_ctx()

@@ -17,7 +17,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, Job, JobStatus
-from tests.helpers import Background, collection, ids_of_job, job, wait_for
+from tests.support.helpers import Background, collection, ids_of_job, job, wait_for
 from tests.test_reconcile import indexed, text
 
 TOPICS = ["harbour", "orchard", "glacier", "volcano", "prairie"]

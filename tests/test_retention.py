@@ -11,7 +11,7 @@ from sqlmodel import Session, func, select
 from sluice.storage import jobs, retention
 from sluice.storage.db import get_engine
 from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, utcnow
-from tests.helpers import make_job
+from tests.support.helpers import make_job
 
 
 def _job(engine, n: int, status: JobStatus, *, days_ago: int, dismissed: bool = False) -> int:

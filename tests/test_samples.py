@@ -3,7 +3,7 @@
 import re
 
 from sluice.ops.ingest import ingest_path
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 OK = "succeeded"
 PASSWORD = ("failed", "user_action_required", "password_protected")

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from sluice.ops.search import search
-from tests.helpers import Background, collection
+from tests.support.helpers import Background, collection
 from tests.test_reconcile import indexed
 
 

@@ -18,8 +18,8 @@ import pytest
 from sqlmodel import Session, select
 
 from sluice.storage.models import Dataset
-from tests.console_socket import ConsoleSocket, Refused, text, trigger
-from tests.servers import ROOT, ManagedProcess, free_port, wait_port
+from tests.support.console_socket import ConsoleSocket, Refused, text, trigger
+from tests.support.servers import ROOT, ManagedProcess, free_port, wait_port
 from tests.test_security_servers import outside_address
 
 APP = ROOT / "sluice" / "console" / "app.py"

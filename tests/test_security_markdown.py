@@ -13,8 +13,8 @@ from markdown_it import MarkdownIt
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
-from tests.console_socket import ConsoleSocket, text, trigger
-from tests.helpers import collection, ids_of_job
+from tests.support.console_socket import ConsoleSocket, text, trigger
+from tests.support.helpers import collection, ids_of_job
 from tests.test_security_console import console  # noqa: F401  (fixture)
 
 IMAGE = "![pix](https:attacker.example?leak=1).txt"

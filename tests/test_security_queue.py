@@ -19,7 +19,7 @@ from sluice.ops import health
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.queueing import broker, publishing
 from tests.conftest import QUEUE_NAME
-from tests.helpers import wait_for
+from tests.support.helpers import wait_for
 
 
 class _Payload:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import redis
 
-from tests.servers import ManagedProcess, free_port
+from tests.support.servers import ManagedProcess, free_port
 
 pytestmark = pytest.mark.servers  # each test starts the real server it attacks
 

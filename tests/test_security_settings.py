@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.apptest import assert_ok, open_console
+from tests.support.apptest import assert_ok, open_console
 
 SECRET = "pw-in-Query-9c1e"
 

@@ -18,7 +18,7 @@ from sluice.settings import (
     load_settings,
     reset_settings_cache,
 )
-from tests.servers import Consumer
+from tests.support.servers import Consumer
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / ".env.example"

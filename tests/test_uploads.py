@@ -21,7 +21,7 @@ from sluice.ops.ingest import ingest_bytes, ingest_stream, sanitize_filename
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.blobs import CHUNK
 from sluice.storage.models import Document, ErrorKind, Job, JobEvent, JobStatus, Outbox
-from tests.helpers import collection, ids_of_job, job
+from tests.support.helpers import collection, ids_of_job, job
 
 WORDS = (
     "sluice gate water channel lock weir basin canal flow level river dam spill mill race"

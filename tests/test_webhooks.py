@@ -28,7 +28,7 @@ from sluice.settings import reset_settings_cache
 from sluice.storage import jobs, webhook_records
 from sluice.storage.db import ensure_dataset, get_engine
 from sluice.storage.models import Document, ErrorKind, Job, JobStatus, WebhookDelivery
-from tests.helpers import Background, until
+from tests.support.helpers import Background, until
 
 SECRET = "test-webhook-secret-9f1c"
 
@@ -574,8 +574,8 @@ def test_webhook_settings_parse_a_comma_list(store_env, monkeypatch):
 def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, receivers):
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.queueing.publishing import publish
-    from tests.helpers import wait_for
-    from tests.pdfmaker import invalid_page_count, text_pdf
+    from tests.support.helpers import wait_for
+    from tests.support.pdfmaker import invalid_page_count, text_pdf
 
     receiver = receivers()
     ctx = make_ctx(SLUICE_WEBHOOK_URLS=receiver.url, SLUICE_WEBHOOK_SECRET=SECRET)
@@ -601,7 +601,7 @@ def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, rece
 
 
 def test_system_page_shows_the_delivery_log_per_endpoint(one_delivered_one_waiting):
-    from tests.apptest import open_console, texts
+    from tests.support.apptest import open_console, texts
 
     receiver, job_id = one_delivered_one_waiting(
         "http://ops:hook-pw-77@127.0.0.1:9/[down](javascript:x)"

@@ -25,8 +25,8 @@ from sluice.ops.ingest import ingest_bytes
 from sluice.servers.processes import redis_argv
 from sluice.storage.models import Document, JobEvent, JobStatus, Outbox
 from sluice.storage.vectors import chunk_id
-from tests.helpers import collection, events, job, wait_for
-from tests.servers import ROOT, Consumer, ManagedProcess, free_port
+from tests.support.helpers import collection, events, job, wait_for
+from tests.support.servers import ROOT, Consumer, ManagedProcess, free_port
 
 WORDS = (
     "reservoir spillway aqueduct cistern culvert penstock flume headrace tailrace sluiceway".split()

@@ -17,7 +17,7 @@ import redis
 
 from sluice.servers.processes import chroma_argv, free_loopback_port, redis_argv, wait_listening
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 free_port = free_loopback_port

@@ -13,7 +13,7 @@ from pathlib import Path
 from streamlit import config as st_config
 from streamlit.testing.v1 import AppTest
 
-APP = Path(__file__).resolve().parent.parent / "sluice" / "console" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "sluice" / "console" / "app.py"
 
 
 def open_console(

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests and the benchmarks: servers, console drivers, made PDFs, seeds."""
