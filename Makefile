@@ -6,8 +6,14 @@ STAMP  := $(VENV)/.installed
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# A bare `make` lists the targets; it installs nothing.
+.DEFAULT_GOAL := help
 
-.PHONY: setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness browser ocr wild-tools wild-corpus clean
+## help: this list (the default goal: a bare `make` installs nothing)
+help:
+	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
+
+.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness browser ocr wild-tools wild-corpus clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -18,6 +24,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+## setup: create .venv and install Sluice with its dev tools (torch's CPU wheel first)
 setup: $(STAMP)
 
 ## run: set up, then start queue, cache, chroma, worker and console (http://127.0.0.1:8501)
@@ -40,7 +47,7 @@ wild-tools: browser
 
 ## wild-corpus: about 60 PDFs from real producers, classed by PyMuPDF alone, Sluice before and Sluice now
 wild-corpus: setup wild-tools
-	$(BIN)/python bench/wild_corpus.py
+	$(BIN)/python -m bench.wild_corpus
 
 ## test: set up, then the whole suite (slow real-model, crash and browser tests included)
 test: setup browser ocr
@@ -54,6 +61,7 @@ test-unit: setup
 test-fast: setup ocr
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
+## lint: ruff's checks
 lint: setup
 	$(BIN)/ruff check .
 
@@ -61,10 +69,10 @@ lint: setup
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
 bench: setup ocr browser
 	$(BIN)/pip install -q -e '.[bench]'
-	$(BIN)/python bench/run.py
-	$(BIN)/python bench/ocr.py --pages 4 --out BENCHMARKS.md
-	$(BIN)/python bench/cpu.py --out BENCHMARKS.md
-	$(BIN)/python bench/fairness.py --fifo
+	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.ocr --pages 4 --out BENCHMARKS.md
+	$(BIN)/python -m bench.cpu --out BENCHMARKS.md
+	$(BIN)/python -m bench.fairness --fifo
 
 ## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
 bench-retrieval: setup
@@ -72,15 +80,16 @@ bench-retrieval: setup
 
 ## bench-cpu: where the CPU goes, per chunk and per document: the model against everything else
 bench-cpu: setup
-	$(BIN)/python bench/cpu.py
+	$(BIN)/python -m bench.cpu
 
 ## bench-fairness: 2,000 jobs queued in one dataset, one upload to another: when does it start?
 bench-fairness: setup
-	$(BIN)/python bench/fairness.py --fifo
+	$(BIN)/python -m bench.fairness --fifo
 
-## bench-quick: a small version of bench/run.py (about 2 minutes), written to BENCHMARKS.md
+## bench-quick: a small version of bench.run (about 2 minutes), written to BENCHMARKS.md
 bench-quick: setup
-	$(BIN)/python bench/run.py --quick
+	$(BIN)/python -m bench.run --quick
 
+## clean: remove .venv, var and test-output
 clean:
 	rm -rf $(VENV) var test-output

@@ -1,6 +1,6 @@
 """Where the CPU goes: per chunk and per document, the model's encoding against everything else.
 
-    python bench/cpu.py [--small N] [--out BENCHMARKS.md]
+    python -m bench.cpu [--small N] [--out BENCHMARKS.md]
 
 On a host where the worker, its parsing children, Chroma and Redis share the cores, every CPU
 second that is not encoding is a second the model's lanes do not get. So the share of all CPU that
@@ -27,14 +27,11 @@ import time
 import uuid
 from pathlib import Path
 
+from bench import corpus as corpus_mod
+from bench.report import load_average, write_section
+from bench.system import Services, clean_environment, cpu_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import corpus as corpus_mod  # noqa: E402
-from bench.report import load_average, write_section  # noqa: E402
-from bench.system import Services, clean_environment, cpu_seconds  # noqa: E402
-
 SAMPLES = Path(
     os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
 )

@@ -1,7 +1,7 @@
 """Fairness across datasets: N jobs queued in one dataset, then one upload to another; how long until
 the lone job starts, in seconds and in jobs of the big dataset that started before it.
 
-    python bench/fairness.py [--jobs 2000] [--workers 2] [--per-thread 2] [--fifo]
+    python -m bench.fairness [--jobs 2000] [--workers 2] [--per-thread 2] [--fifo]
 
 Real huey_consumer, queue Redis, SQLite, Chroma server; the hash embedder (the point is scheduling,
 not the model). ``--fifo`` also runs it with the dispatch window off (SLUICE_DISPATCH_PER_THREAD=0:
@@ -14,11 +14,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.system import Services  # noqa: E402
+from bench.system import Services
 
 
 def one_run(svc: Services, *, jobs: int, workers: int, window: int) -> dict:

@@ -1,6 +1,6 @@
 """OCR fidelity and speed: scans of known text read back through Sluice's parser.
 
-    python bench/ocr.py [--pages N] [--out BENCHMARKS.md]
+    python -m bench.ocr [--pages N] [--out BENCHMARKS.md]
 
 Each page of known text (ten-point to twelve-point body text, as in office documents) is typeset
 with PyMuPDF, rendered to a grey image at the scan resolution and kept as an image only, as a
@@ -23,14 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import pymupdf
 
-import pymupdf  # noqa: E402
-
-from bench.report import load_average, write_section  # noqa: E402
-from sluice.pipeline.parsing.parse import PDF, OcrOptions, ParseLimits, open_document  # noqa: E402
+from bench.report import load_average, write_section
+from sluice.pipeline.parsing.parse import PDF, OcrOptions, ParseLimits, open_document
 
 WORDS = (
     "harbour crane ledger invoice quarterly revenue municipal housing pump river delta storm "

@@ -1,6 +1,6 @@
 """What extracting in a child process costs, on the shared sample PDFs.
 
-    python bench/parse_child.py [--rounds 3] [--samples DIR]
+    python -m bench.parse_child [--rounds 3] [--samples DIR]
 
 Three ways to read every page of every sample, each the median of the rounds:
   plain     PyMuPDF ``get_text()`` in this process (what Sluice did before reading order and the child)
@@ -18,13 +18,10 @@ import sys
 import time
 from pathlib import Path
 
+from sluice.pipeline.parsing.extract import PDF, Refusal, Request, read
+from sluice.pipeline.parsing.parse import open_document
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from sluice.pipeline.parsing.extract import PDF, Refusal, Request, read  # noqa: E402
-from sluice.pipeline.parsing.parse import open_document  # noqa: E402
-
 SAMPLES = ROOT.parent / "shared" / "corpus" / "pdf-samples"
 
 

@@ -24,20 +24,16 @@ import os
 import random
 import re
 import statistics
-import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import corpus as corpus_mod
+from bench.report import Table, write_markdown
+from bench.system import Services
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import corpus as corpus_mod  # noqa: E402
-from bench.report import Table, write_markdown  # noqa: E402
-from bench.system import Services  # noqa: E402
-
 SAMPLES = Path(
     os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
 )

@@ -1,8 +1,8 @@
 """The benchmark: Sluice against the physical limit of its model, against LlamaIndex, and at scale.
 
-    python bench/run.py            full run (about 15 minutes), writes BENCHMARKS.md
-    python bench/run.py --quick    a small version (under 2 minutes)
-    python bench/run.py --out X    write the table to X instead
+    python -m bench.run            full run (about 15 minutes), writes BENCHMARKS.md
+    python -m bench.run --quick    a small version (under 2 minutes)
+    python -m bench.run --out X    write the table to X instead
 
 It starts its own queue Redis, cache Redis and Chroma server on free ports, and real huey_consumer
 workers, in a temporary folder; nothing of a running system is touched. The heavy figures run in
@@ -22,14 +22,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import corpus as corpus_mod
+from bench.report import Table, header, spread, write_markdown
+from bench.system import Services, clean_environment
+
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench import corpus as corpus_mod  # noqa: E402
-from bench.report import Table, header, spread, write_markdown  # noqa: E402
-from bench.system import Services, clean_environment  # noqa: E402
-
 SAMPLES = Path(
     os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
 )

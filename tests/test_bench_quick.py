@@ -1,4 +1,5 @@
-"""`bench/run.py --quick` still runs end to end and fills every figure of the table with numbers.
+"""`python -m bench.run --quick` still runs end to end and fills every figure of the table with
+numbers.
 
 It writes into a temporary file, never into BENCHMARKS.md. No timing is asserted: the machine is
 shared; the bench's own figures are what it reports.
@@ -86,7 +87,8 @@ def test_quick_bench_produces_every_figure(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "bench/run.py",
+            "-m",
+            "bench.run",
             "--quick",
             "--out",
             str(out),
