@@ -414,7 +414,7 @@ def test_every_page_and_a_bulk_retry_on_each_job_store(database_url, make_ctx):
     at = open_console()
     assert metric(at, "failed") != "0"
     for page in ("upload", "jobs", "dead_letters", "search", "system"):
-        at.switch_page(f"views/{page}.py").run()
+        at.switch_page(f"views/{page}_page.py").run()
         assert_ok(at)
     at.switch_page("views/jobs_page.py").run()
     at.text_input(key="q").set_value("protected").run()

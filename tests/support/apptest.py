@@ -26,7 +26,7 @@ def open_console(
         at.query_params[key] = value
     at.run()
     if page:
-        at.switch_page(f"views/{page}.py")
+        at.switch_page(f"views/{page}_page.py")
         at.run()
     assert_ok(at)
     return at
