@@ -19,17 +19,11 @@ import pytest
 from tests.support.servers import ChromaServer, Consumer, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = Path(
-    os.environ.get("SLUICE_SAMPLES_DIR", ROOT.parent / "shared" / "corpus" / "pdf-samples")
-)
+SAMPLES = ROOT / "tests" / "data" / "pdf-samples"  # real-world PDFs: their source and licence there
 QUEUE_NAME = f"test{uuid.uuid4().hex[:8]}"
 
 # Never let the developer's environment or .env leak into a test.
-for _key in [
-    k
-    for k in os.environ
-    if k.startswith("SLUICE_") and k not in ("SLUICE_TEST_DATABASE_URL", "SLUICE_SAMPLES_DIR")
-]:
+for _key in [k for k in os.environ if k.startswith("SLUICE_") and k != "SLUICE_TEST_DATABASE_URL"]:
     del os.environ[_key]
 os.environ.update(
     {
@@ -173,8 +167,7 @@ def start_worker(sluice_env, services, tmp_path):
 
 @pytest.fixture
 def samples() -> Path:
-    if not SAMPLES.is_dir():
-        pytest.skip(f"sample PDFs not found at {SAMPLES}")
+    """The real-world PDFs carried in the repository (tests/data/pdf-samples/README.md)."""
     return SAMPLES
 
 
