@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, func, select
 
+from sluice import faults
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, JobStatus
@@ -144,6 +145,7 @@ def delete_document(
     lexical.delete_jobs(ctx.engine, job_ids)
     blob_removed = False
     if shared == 0:
+        faults.hit("blob_unused", key=blob_key)
         blob_removed = ctx.blobs.delete(blob_key)
     newly = [j["id"] for j in before.jobs if j["status"] != JobStatus.deleted.value]
     noted = newly or (job_ids[-1:] if ids or blob_removed else [])

@@ -19,6 +19,7 @@ from pathlib import Path
 from sqlalchemy import update
 from sqlmodel import Session
 
+from sluice import faults
 from sluice.errors import PipelineError
 from sluice.ops.documents import blob_users
 from sluice.pipeline.parsing.parse import PDF, ParseLimits, decrypt_pdf
@@ -85,6 +86,7 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+    faults.hit("unlock_decrypted", job_id=job_id)
     old = document.blob_key
     with Session(ctx.engine) as session:
         switched = (

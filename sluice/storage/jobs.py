@@ -13,6 +13,7 @@ the final ones (succeeded, failed, cancelled) their webhook events (``storage.we
        └── retry ────────┘ reaper: heartbeat older than the lease = transient failure
     succeeded ──a newer pipeline version of the document succeeds──▶ superseded ──revive──▶ pending
     any ──mark_deleted (the document is deleted)──▶ deleted ──the same bytes uploaded again──▶ pending
+    a waiting rebuild of the active job ──its dataset's settings change──▶ succeeded (rebuild dropped)
 """
 
 from __future__ import annotations
@@ -1495,7 +1496,13 @@ def restamp(
     dead letters) build the new version instead, or no worker would ever take them. Each by
     compare-and-set; one whose document already has a job of the new version is left alone (that
     job supersedes it when it succeeds). A job running now finishes on the old version; the
-    dataset's reindex then rebuilds its document. Returns the ids restamped."""
+    dataset's reindex then rebuilds its document. Returns the ids restamped.
+
+    A job that is its document's active one is never restamped: search serves its chunks under its
+    version, and a re-run under another version would write chunks of both under one job id. A
+    rebuild of it that waits (a reindex, a repair's rebuild, a failed attempt of one) is dropped
+    instead: the job is succeeded again and a job of the new version is queued for the document
+    (also when the active job is running its rebuild now)."""
     done: list[int] = []
     if from_version == to_version:
         return done
@@ -1504,7 +1511,7 @@ def restamp(
         .where(
             Job.dataset_id == dataset_id,
             Job.pipeline_version == from_version,
-            Job.status.in_(RESTAMPABLE),
+            Job.status.in_((*RESTAMPABLE, JobStatus.running)),
         )
         .order_by(Job.id)
     ).all()
@@ -1513,31 +1520,103 @@ def restamp(
         key = idempotency_key(
             dataset_id=dataset_id, sha256=document.sha256, pipeline_version=to_version
         )
+        if document.active_job_id == job.id:
+            _replace_rebuild(session, job, document, to_version=to_version, key=key, actor=actor)
+            continue
+        if job.status == JobStatus.running:
+            continue
         if session.exec(select(Job.id).where(Job.idempotency_key == key)).first() is not None:
             continue
-        status = job.status
-        try:
-            if _cas(
+        if _restamp_one(
+            session, job, from_version=from_version, to_version=to_version, key=key, actor=actor
+        ):
+            done.append(job.id)
+    return done
+
+
+def _restamp_one(
+    session: Session, job: Job, *, from_version: str, to_version: str, key: str, actor: str
+) -> bool:
+    status = job.status
+    try:
+        ok = _cas(
+            session,
+            job,
+            where=[Job.status == status, Job.pipeline_version == from_version],
+            pipeline_version=to_version,
+            idempotency_key=key,
+        )
+        if ok:
+            add_event(
                 session,
                 job,
-                where=[Job.status == status, Job.pipeline_version == from_version],
-                pipeline_version=to_version,
-                idempotency_key=key,
-            ):
-                add_event(
-                    session,
-                    job,
-                    "restamped",
-                    actor=actor,
-                    message=f"the dataset's parse settings changed: this job builds pipeline {to_version} "
-                    f"instead of {from_version}",
-                    data={"from_version": from_version, "to_version": to_version},
-                )
-                done.append(job.id)
-            session.commit()
-        except IntegrityError:  # a job of the new version was just made for this document
+                "restamped",
+                actor=actor,
+                message="the dataset's parse settings changed: this job builds pipeline "
+                f"{to_version} instead of {from_version}",
+                data={"from_version": from_version, "to_version": to_version},
+            )
+        session.commit()
+        return ok
+    except IntegrityError:  # a job of the new version was just made for this document
+        session.rollback()
+        return False
+
+
+def _replace_rebuild(
+    session: Session, job: Job, document: Document, *, to_version: str, key: str, actor: str
+) -> None:
+    """The document's active job was to be rebuilt on a version no longer in force: it serves its
+    chunks again as succeeded (unless it is running that rebuild now: then the new version's job
+    supersedes it), and a job of ``to_version`` is queued for the document."""
+    status = job.status
+    if status != JobStatus.running:
+        now = db_now(session)
+        if not _cas(
+            session,
+            job,
+            where=[Job.status == status],
+            status=JobStatus.succeeded,
+            stage=Stage.done,
+            done=job.chunk_count or 0,
+            total=job.chunk_count or 0,
+            finished_at=job.finished_at or now,
+            next_attempt_at=None,
+            cancel_requested=False,
+            error_kind=None,
+            error_code=None,
+            error_message=None,
+            fix_hint=None,
+            error_detail=None,
+            waiting_for=None,
+            waiting_since=None,
+            now=now,
+        ):
             session.rollback()
-    return done
+            return
+        add_event(
+            session,
+            job,
+            "rebuild_dropped",
+            actor=actor,
+            from_status=status,
+            to_status=JobStatus.succeeded,
+            message=f"the dataset's parse settings changed: pipeline {to_version} is built "
+            f"instead of rebuilding {job.pipeline_version}; search keeps serving this job's chunks",
+            data={"to_version": to_version},
+        )
+    try:
+        create_job(
+            session=session,
+            document=document,
+            pipeline_version=to_version,
+            idempotency_key=key,
+            max_attempts=job.max_attempts,
+            actor=actor,
+        )
+        session.commit()
+    except IntegrityError:  # another change or reindex queued it at the same moment
+        session.rollback()
 
 
 def action_rejected(

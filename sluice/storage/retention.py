@@ -22,6 +22,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, true
 from sqlmodel import Session, select
 
+from sluice import faults
 from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, WebhookDelivery
 
 BATCH = 500
@@ -96,6 +97,7 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     if not dry_run:
         for start in range(0, len(superseded), BATCH):
             part = superseded[start : start + BATCH]
+            faults.hit("prune_selected", job_ids=part)
             session.execute(delete(JobEvent).where(JobEvent.job_id.in_(part)))
             session.execute(delete(Outbox).where(Outbox.job_id.in_(part)))
             session.execute(delete(Job).where(Job.id.in_(part), Job.status == JobStatus.superseded))

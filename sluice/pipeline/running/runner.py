@@ -436,6 +436,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             "the uploaded file is missing from the blob store",
             "Upload the file again.",
         )
+    faults.hit("before_open", job_id=job.id)
 
     # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
     parsed = open_document(
