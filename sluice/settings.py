@@ -130,6 +130,13 @@ class Settings(BaseSettings):
     metrics_address: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=1, le=65535)
 
+    # The HTTP API (``sluice serve api``): where it listens, the names it answers at besides loopback
+    # and SLUICE_API_ADDRESS (comma-separated; "*" accepts any), and each key's requests per minute.
+    api_address: str = "127.0.0.1"
+    api_port: int = Field(8700, ge=1, le=65535)
+    api_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_rate_per_minute: int = Field(600, ge=0, description="0 = no limit")
+
     # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is cancelled.
     webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: SecretStr | None = None
@@ -148,7 +155,9 @@ class Settings(BaseSettings):
     # always: sign-in for every connection; off: nobody signs in (an authenticating proxy in front).
     console_sign_in: Literal["auto", "always", "off"] = "auto"
 
-    @field_validator("console_hosts", "console_trusted_proxies", "webhook_urls", mode="before")
+    @field_validator(
+        "console_hosts", "console_trusted_proxies", "webhook_urls", "api_hosts", mode="before"
+    )
     @classmethod
     def _comma_list(cls, v):
         if isinstance(v, str):

@@ -1,7 +1,7 @@
 """The package's floors only look down: no module imports from a floor above its own.
 
     the ground (errors, settings, files, faults) < sluice.storage, sluice.servers < sluice.pipeline
-        < sluice.ops < sluice.console, sluice.cli
+        < sluice.ops < sluice.console, sluice.cli, sluice.api < sluice.client
 
 The ground floor's modules may import each other; the other floors that share a level (storage and
 servers, the two front ends) sit side by side and never import each other. Imports are read from the source
@@ -27,6 +27,8 @@ FLOORS = {
     "ops": 3,
     "console": 4,
     "cli": 4,
+    "api": 4,
+    "client": 5,  # the API's Python client: for applications, imports nothing of sluice
 }
 
 

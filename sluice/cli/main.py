@@ -24,7 +24,9 @@ sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_
 sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
 sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
 sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
-sluice serve queue|cache|chroma|worker|console|metrics  run one of the Procfile's processes
+sluice keys create NAME --dataset D... | --all-datasets --scope read|ingest|manage  an API key
+sluice keys list [--json] | sluice keys revoke NAME  API keys (secrets are never shown again)
+sluice serve queue|cache|chroma|worker|console|metrics|api  run one of the Procfile's processes
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import sys
 from collections.abc import Sequence
 
 from sluice.cli import commands
+from sluice.cli.key_commands import add_key_commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
@@ -240,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=commands.recover)
 
     a = sub.add_parser("serve", help="run one of the Procfile's processes")
-    a.add_argument("what", choices=["queue", "cache", "chroma", "worker", "console", "metrics"])
+    a.add_argument(
+        "what", choices=["queue", "cache", "chroma", "worker", "console", "metrics", "api"]
+    )
     a.add_argument(
         "--workers",
         type=int,
@@ -254,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_integrity_commands(sub)
     add_pause_commands(sub)
     add_priority_commands(sub)
+    add_key_commands(sub)
     return p
 
 

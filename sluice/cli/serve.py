@@ -1,4 +1,4 @@
-"""``sluice serve queue|cache|chroma|worker|console|metrics``: what the Procfile runs (each but metrics
+"""``sluice serve queue|cache|chroma|worker|console|metrics|api``: what the Procfile runs (each but metrics
 exec'd in place)."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from pathlib import Path
 
 from sluice.files import private_dir
 from sluice.ops.access import check_bind
+from sluice.ops.api_gate import check_api_bind
 from sluice.ops.gate import allowed_hosts
 from sluice.servers.processes import chroma_argv, redis_argv
 from sluice.settings import get_settings
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
+API_APP = "sluice.api.server:app"  # named, not imported: the front ends do not import each other
 
 
 def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
@@ -32,6 +34,20 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
             str(workers),
             "-d",
             "0.1",
+        ]
+    if what == "api":
+        check_api_bind(s)
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            API_APP,
+            "--host",
+            s.api_address,
+            "--port",
+            str(s.api_port),
+            "--no-server-header",
+            "--no-proxy-headers",
         ]
     check_bind(s)
     return [

@@ -15,7 +15,7 @@ from sluice.errors import SettingsError
 from sluice.settings import Settings
 
 Role = Literal["operator", "readonly"]
-Channel = Literal["console", "cli", "system"]
+Channel = Literal["console", "cli", "api", "system"]
 
 
 def check_bind(settings: Settings) -> None:

@@ -233,3 +233,50 @@ class WebhookDelivery(SQLModel, table=True):
     last_error: str | None = Field(default=None, max_length=500)
     delivered_at: datetime | None = None
     gave_up_at: datetime | None = None
+
+
+class ApiKey(SQLModel, table=True):
+    """A key of the HTTP API: what it may do (``scope``) and where (its datasets, or all of them).
+
+    Only a hash of the secret is kept. ``lookup`` is the public part of the token that finds the
+    row; the secret is then compared with the stored hash in constant time (sluice.ops.keys).
+    """
+
+    __tablename__ = "api_key"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64, unique=True)
+    lookup: str = Field(max_length=32, unique=True)
+    secret_hash: str = Field(max_length=64)
+    scope: str = Field(max_length=20)  # read, ingest or manage
+    all_datasets: bool = False
+    dataset_ids: list[int] = Field(default_factory=list, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow)
+    created_by: str = Field(default="", max_length=120)
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+    revoked_by: str | None = Field(default=None, max_length=120)
+
+
+class IdempotencyRecord(SQLModel, table=True):
+    """The first answer to a POST that carried an ``Idempotency-Key``, kept for 24 hours.
+
+    One row per API key and idempotency key: a second request with the same pair finds it, and
+    replays the answer (same request), refuses another body, or is told the first is in flight.
+    """
+
+    __tablename__ = "api_idempotency"
+    __table_args__ = (
+        UniqueConstraint("key_id", "idempotency_key", name="uq_api_idempotency_key"),
+        Index("ix_api_idempotency_created", "created_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    key_id: int = Field(index=False)
+    idempotency_key: str = Field(max_length=255)
+    fingerprint: str = Field(max_length=64)  # sha256 of method, path and body
+    status_code: int | None = None  # None while the first request is still in flight
+    headers: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+    body: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=utcnow)
+    completed_at: datetime | None = None

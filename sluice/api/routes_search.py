@@ -1,0 +1,55 @@
+"""``POST /v1/datasets/{dataset}/search``: the console's and the CLI's search, of one dataset."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from sluice.api.dependencies import Key
+from sluice.api.problems import Problem
+from sluice.api.replay import idempotent
+from sluice.api.schemas import SearchIn, SearchOut, problems
+from sluice.ops import scoped
+from sluice.ops.search import BadQuery
+
+router = APIRouter(tags=["search"])
+FIELDS = (
+    "score",
+    "text",
+    "snippet",
+    "document_id",
+    "chunk_id",
+    "job_id",
+    "filename",
+    "page",
+    "where",
+    "matched",
+    "ocr",
+    "similarity",
+)
+
+
+@router.post(
+    "/v1/datasets/{dataset}/search",
+    response_model=SearchOut,
+    responses=problems(401, 404, 409, 422, 429),
+)
+async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Response:
+    def answer() -> Response:
+        try:
+            hits = scoped.search(
+                key,
+                dataset=dataset,
+                query=body.query,
+                k=body.k,
+                mode=body.mode,
+                filename=body.filename,
+                pages=body.pages,
+                media_type=body.media_type,
+            )
+        except BadQuery as exc:
+            raise Problem(422, "bad_query", str(exc)) from None
+        return JSONResponse({"hits": [{f: getattr(h, f) for f in FIELDS} for h in hits]})
+
+    return await run_in_threadpool(idempotent, request, key, [dataset, body.model_dump()], answer)

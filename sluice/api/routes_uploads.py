@@ -1,0 +1,95 @@
+"""``POST /v1/datasets/{dataset}/documents``: store the files and answer 202 with their jobs at once
+(nothing slow happens in the request: the workers parse, chunk, embed and index)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+
+from sluice.api.dependencies import Key
+from sluice.api.problems import Problem
+from sluice.api.replay import idempotent
+from sluice.api.schemas import UploadAccepted, problems
+from sluice.api.uploads import Part, read_upload
+from sluice.ops import scoped
+from sluice.ops.ingest import SNIFF_BYTES, IngestResult
+from sluice.ops.keys import ApiPrincipal
+from sluice.settings import get_settings
+
+router = APIRouter(tags=["documents"])
+RETRY_AFTER_SECONDS = 2
+REFUSAL_STATUS = {"too_large": 413, "unsupported_type": 415}
+
+BODY = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "properties": {
+                    "file": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                },
+                "required": ["file"],
+            }
+        },
+        "application/json": {"schema": {"$ref": "#/components/schemas/TextUpload"}},
+    },
+}
+
+
+def _refused(result: IngestResult, accepted: list[dict]) -> Problem:
+    status = REFUSAL_STATUS.get(result.error_code or "", 422)
+    detail = f"{result.filename}: {result.message}" + (
+        f". {result.fix_hint}" if result.fix_hint else ""
+    )
+    extra = {"jobs": accepted} if accepted else {}
+    return Problem(status, result.error_code or "refused", detail, **extra)
+
+
+def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
+    for part in parts:  # every file is judged by its bytes before any is stored
+        refusal = scoped.type_refusal(part.file.read(SNIFF_BYTES), part.filename)
+        part.file.seek(0)
+        if refusal is not None:
+            raise _refused(refusal, [])
+    accepted: list[dict] = []
+    for part in parts:
+        result = scoped.upload(key, dataset=dataset, filename=part.filename, stream=part.file)
+        if not result.accepted or result.job_id is None or result.document_id is None:
+            raise _refused(result, accepted)
+        accepted.append(
+            {
+                "job_id": result.job_id,
+                "document_id": result.document_id,
+                "filename": result.filename,
+                "status": result.status,
+                "existing": result.duplicate,
+            }
+        )
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    if len(accepted) == 1:
+        headers["Location"] = f"/v1/jobs/{accepted[0]['job_id']}"
+    return JSONResponse({"jobs": accepted}, status_code=202, headers=headers)
+
+
+@router.post(
+    "/v1/datasets/{dataset}/documents",
+    status_code=202,
+    response_model=UploadAccepted,
+    responses=problems(401, 403, 404, 409, 413, 415, 422, 429),
+    openapi_extra={"requestBody": BODY},
+)
+async def upload(dataset: str, request: Request, key: Key) -> Response:
+    """One or more files (multipart ``file`` parts), or ``{"filename", "text"}``. The same bytes
+    already in the dataset answer with the existing job (``existing: true``)."""
+    await run_in_threadpool(scoped.check_upload, key, dataset)
+    parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
+    fingerprint = [dataset, *[[p.filename, p.sha256] for p in parts]]
+    try:
+        return await run_in_threadpool(
+            idempotent, request, key, fingerprint, lambda: _ingest(key, dataset, parts)
+        )
+    finally:
+        for part in parts:
+            part.file.close()

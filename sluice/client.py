@@ -1,0 +1,180 @@
+"""The Python client of Sluice's HTTP API (httpx), for applications and for the tests.
+
+    from sluice.client import Client
+
+    with Client("http://127.0.0.1:8700", key) as sluice:
+        job = sluice.upload("report.pdf", dataset="contracts")
+        done = sluice.wait(job["job_id"], timeout=300)
+        for hit in sluice.search("termination notice", dataset="contracts"):
+            print(hit["score"], hit["filename"], hit["page"])
+
+Errors come back as ``ApiError`` with the problem's ``status``, ``code`` and ``detail``. This module
+imports nothing else of Sluice, so it can be copied into an application as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+FINAL = ("succeeded", "failed", "cancelled", "superseded", "deleted")
+
+
+class ApiError(Exception):
+    """An answer of the API that is an error (problem+json)."""
+
+    def __init__(self, status: int, code: str, detail: str, body: dict | None = None) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status, self.code, self.detail, self.body = status, code, detail, body or {}
+
+
+@dataclass
+class Event:
+    id: int
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    raise ApiError(
+        response.status_code,
+        str(body.get("code", f"http_{response.status_code}")),
+        str(body.get("detail", response.text[:200])),
+        body,
+    )
+
+
+class Client:
+    def __init__(self, url: str, key: str, *, timeout: float = 30.0, **httpx_options: Any):
+        self.http = httpx.Client(
+            base_url=url.rstrip("/"),
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=timeout,
+            **httpx_options,
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    def upload(
+        self,
+        path_or_bytes: str | Path | bytes,
+        *,
+        dataset: str = "default",
+        filename: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Upload one file; returns its job entry (``job_id``, ``document_id``, ``existing``...)."""
+        if isinstance(path_or_bytes, bytes):
+            data, name = path_or_bytes, filename or "upload.txt"
+        else:
+            data, name = Path(path_or_bytes).read_bytes(), filename or Path(path_or_bytes).name
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = self._json(
+            "POST",
+            f"/v1/datasets/{dataset}/documents",
+            files=[("file", (name, data, "application/octet-stream"))],
+            headers=headers,
+        )
+        return body["jobs"][0]
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def wait(self, job_id: int, *, timeout: float = 600.0) -> dict[str, Any]:
+        """Poll the job until it is final, as often as its ``Retry-After`` says (conditional polls:
+        an unchanged job costs a 304). TimeoutError if it is not final in time."""
+        deadline = time.monotonic() + timeout
+        etag, state = None, None
+        while True:
+            headers = {"If-None-Match": etag} if etag else {}
+            response = self.http.get(f"/v1/jobs/{job_id}", headers=headers)
+            _raise_for(response)
+            if response.status_code != 304:
+                state, etag = response.json(), response.headers.get("ETag")
+            if state is not None and state["status"] in FINAL:
+                return state
+            pause = float(response.headers.get("Retry-After", "1") or 1)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {job_id} is not final after {timeout:.0f} s: {state}")
+            time.sleep(min(pause, left, 5.0))
+
+    def search(
+        self, query: str, *, dataset: str = "default", k: int = 5, mode: str = "hybrid", **filters
+    ) -> list[dict[str, Any]]:
+        body = {"query": query, "k": k, "mode": mode, **filters}
+        return self._json("POST", f"/v1/datasets/{dataset}/search", json=body)["hits"]
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/v1/datasets")["datasets"]
+
+    def events(
+        self,
+        *,
+        dataset: str | None = None,
+        last_event_id: int | None = None,
+        seconds: float | None = None,
+    ) -> Iterator[Event]:
+        """The server-sent events, as they come (``last_event_id``: resume after it; 0: from the
+        oldest kept). Reconnecting is the caller's: pass the last ``Event.id`` seen."""
+        params: dict[str, Any] = {}
+        if dataset:
+            params["dataset"] = dataset
+        if seconds:
+            params["seconds"] = seconds
+        headers = {"Last-Event-ID": str(last_event_id)} if last_event_id is not None else {}
+        with self.http.stream(
+            "GET",
+            "/v1/events",
+            params=params,
+            headers=headers,
+            timeout=httpx.Timeout(30, read=None),
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response)
+            yield from parse_events(response.iter_lines())
+
+
+def parse_events(lines: Iterator[str]) -> Iterator[Event]:
+    """Server-sent events from their lines (comments and ``retry:`` skipped)."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if not line:
+            if "data" in fields:
+                yield Event(
+                    int(fields.get("id", "0") or 0),
+                    fields.get("event", "message"),
+                    json.loads(fields["data"]),
+                )
+            fields = {}
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        fields[name] = f"{fields[name]}\n{value}" if name == "data" and name in fields else value

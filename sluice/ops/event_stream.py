@@ -1,0 +1,136 @@
+"""The job event log as a stream of typed events for one API key (``GET /v1/events``).
+
+One ordered log is behind the console's timeline, the webhooks and this stream: the ``job_event``
+rows, whose ids are the stream's event ids. A client that resumes after id N gets every later event
+of its datasets once, in order, whichever process serves it.
+
+Ids are handed out when a row is inserted, not when its transaction commits: id 11 may be visible
+before id 10 is. So a reader stops before a gap in the ids until the event after the gap is
+``GAP_WAIT_SECONDS`` old by the database's clock (a transaction still open commits within that; a
+gap that stays is a rolled-back insert or a pruned row). Without that, a client that saw 11 would
+never see 10.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlmodel import Session, select
+
+from sluice.ops import reads
+from sluice.ops.keys import ApiPrincipal
+from sluice.ops.scoped import Missing
+from sluice.storage import api_queries, queries
+from sluice.storage.clock import as_utc, db_now
+from sluice.storage.models import Job, JobEvent
+
+GAP_WAIT_SECONDS = 2.0
+BATCH = 500
+EVENT_TYPES = {  # job event kind -> the stream's (and the webhooks') event type
+    "created": "job.queued",
+    "retried": "job.queued",
+    "reindex_requested": "job.queued",
+    "reuploaded": "job.queued",
+    "claimed": "job.progress",
+    "waiting": "job.progress",
+    "unlocked": "job.progress",
+    "attempt_failed": "job.retrying",
+    "succeeded": "job.succeeded",
+    "failed": "job.failed",
+    "cancelled": "job.cancelled",
+    "deleted": "document.deleted",
+}
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    id: int
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass
+class EventCursor:
+    """Where one stream is in the log, and which datasets it may see."""
+
+    after: int
+    reach: list[int] | None
+    names: dict[int, str] = field(default_factory=dict)
+
+
+def open_cursor(key: ApiPrincipal, *, dataset: str | None, after: int | None) -> EventCursor:
+    """A cursor after ``after`` (None: from now on; 0: from the oldest event kept)."""
+    with Session(reads.ctx().engine) as session:
+        if dataset:
+            ds = queries.dataset_by_name(session=session, name=dataset)
+            if ds is None or not key.reaches(ds.id):
+                raise Missing(f"no dataset named {dataset!r}")
+            reach = [ds.id]
+        else:
+            reach = key.reach
+        start = api_queries.last_event_id(session=session) if after is None else max(0, after)
+        return EventCursor(start, reach, queries.dataset_names(session=session))
+
+
+def _settled_upto(session: Session, after: int) -> int:
+    """The highest id up to which every event that will ever exist is visible now."""
+    rows = session.exec(
+        select(JobEvent.id, JobEvent.at)
+        .where(JobEvent.id > after)
+        .order_by(JobEvent.id)
+        .limit(BATCH)
+    ).all()
+    if not rows:
+        return after
+    settled_before = db_now(session) - timedelta(seconds=GAP_WAIT_SECONDS)
+    upto = after
+    for event_id, at in rows:
+        if event_id != upto + 1 and as_utc(at) > settled_before:
+            break  # a gap below a recent event: an insert that may still commit
+        upto = event_id
+    return upto
+
+
+def _data(e: JobEvent, job: Job, names: dict[int, str]) -> dict[str, Any]:
+    return {
+        "event_id": e.id,
+        "type": EVENT_TYPES[e.kind],
+        "kind": e.kind,
+        "at": as_utc(e.at).isoformat(),
+        "actor": e.actor,
+        "message": e.message,
+        "job": {
+            "id": job.id,
+            "document_id": job.document_id,
+            "dataset": names.get(job.dataset_id, ""),
+            "filename": job.filename,
+            "status": e.to_status or job.status.value,
+            "stage": e.stage,
+            "attempt": e.attempt,
+            "max_attempts": job.max_attempts,
+        },
+    }
+
+
+def poll(cursor: EventCursor) -> list[StreamEvent]:
+    """The events after the cursor that are settled, of its datasets; moves the cursor past them
+    (and past the events of other datasets in between)."""
+    with Session(reads.ctx().engine) as session:
+        upto = _settled_upto(session, cursor.after)
+        if upto == cursor.after:
+            return []
+        rows = api_queries.events_between(
+            session=session,
+            after_id=cursor.after,
+            upto_id=upto,
+            kinds=tuple(EVENT_TYPES),
+            dataset_ids=cursor.reach,
+        )
+        if any(j.dataset_id not in cursor.names for _, j in rows):
+            cursor.names = queries.dataset_names(session=session)
+    cursor.after = upto
+    return [
+        StreamEvent(int(e.id or 0), EVENT_TYPES[e.kind], _data(e, j, cursor.names)) for e, j in rows
+    ]

@@ -1,0 +1,276 @@
+"""What an API key may see and do: every read and action of the HTTP API, limited to the key's
+datasets and scope, over the same functions the console and the CLI call.
+
+The rule of reach: whatever lies outside a key's datasets does not exist for it, by name or by id.
+``Missing`` is raised for it with the very words of a thing that does not exist at all, so neither
+the answer nor its timing tells them apart. Reach is checked before scope: a key learns that it
+lacks a scope (``ScopeMissing``) only about things it can see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from sqlmodel import Session
+
+from sluice.errors import PipelineError
+from sluice.ops import actions, document_view, reads
+from sluice.ops.actions import ActionReport
+from sluice.ops.documents import UnknownReference
+from sluice.ops.ingest import IngestResult, sanitize_filename
+from sluice.ops.keys import ApiPrincipal, Scope
+from sluice.ops.search import SearchHit
+from sluice.pipeline.parsing.parse import sniff_type
+from sluice.storage import api_queries, pauses, queries
+from sluice.storage.jobs import get_job
+from sluice.storage.models import Document, Job, JobStatus
+
+FINAL = {s.value for s in JobStatus.final()}
+
+
+class Missing(LookupError):
+    """Not there, or not this key's to see: the same answer for both."""
+
+
+class ScopeMissing(PermissionError):
+    """The key may see this but not do that."""
+
+
+def require(key: ApiPrincipal, scope: Scope, action: str) -> None:
+    if not key.allows(scope):
+        raise ScopeMissing(f"key {key.name!r} has scope {key.scope}; {action} needs {scope}")
+
+
+def _dataset(session: Session, key: ApiPrincipal, name: str):
+    ds = queries.dataset_by_name(session=session, name=name)
+    if ds is None or not key.reaches(ds.id):
+        raise Missing(f"no dataset named {name!r}")
+    return ds
+
+
+def _job(session: Session, key: ApiPrincipal, job_id: int) -> Job:
+    job = get_job(session=session, job_id=job_id)
+    if job is None or not key.reaches(job.dataset_id):
+        raise Missing(f"no job {job_id}")
+    return job
+
+
+def _document(session: Session, key: ApiPrincipal, document_id: int) -> Document:
+    doc = session.get(Document, document_id)
+    if doc is None or not key.reaches(doc.dataset_id):
+        raise Missing(f"no document {document_id}")
+    return doc
+
+
+def _session() -> Session:
+    return Session(reads.ctx().engine, expire_on_commit=False)
+
+
+# --- datasets ----------------------------------------------------------------------------------------
+
+
+def _summary(row: dict) -> dict:
+    return {k: row[k] for k in ("name", "documents", "chunks", "jobs", "created_at")}
+
+
+def datasets(key: ApiPrincipal) -> list[dict]:
+    return [_summary(d) for d in reads.dataset_summaries() if key.reaches(d["id"])]
+
+
+def dataset(key: ApiPrincipal, name: str) -> dict:
+    with _session() as session:
+        ds = _dataset(session, key, name)
+    found = [d for d in reads.dataset_summaries() if d["id"] == ds.id]
+    if not found:
+        raise Missing(f"no dataset named {name!r}")
+    return _summary(found[0])
+
+
+def create_dataset(key: ApiPrincipal, name: str) -> tuple[bool, str]:
+    """Only a manage key of every dataset makes datasets (a key of some cannot widen its reach)."""
+    if not (key.all_datasets and key.allows("manage")):
+        raise ScopeMissing(
+            f"key {key.name!r}: creating datasets needs a manage key of every dataset"
+        )
+    return actions.create_dataset(key.operator, name)
+
+
+# --- uploads -----------------------------------------------------------------------------------------
+
+
+def upload(key: ApiPrincipal, *, dataset: str, filename: str, stream: BinaryIO) -> IngestResult:
+    with _session() as session:
+        _dataset(session, key, dataset)
+    require(key, "ingest", "uploading")
+    return actions.upload(key.operator, dataset=dataset, filename=filename, stream=stream)
+
+
+def type_refusal(head: bytes, filename: str) -> IngestResult | None:
+    """Why ``ingest`` would refuse a file by its first bytes (unsupported, empty), or None: checked
+    for every file of a request before any is stored."""
+    try:
+        sniff_type(head, sanitize_filename(filename))
+    except PipelineError as err:
+        return IngestResult(
+            sanitize_filename(filename),
+            False,
+            error_kind=err.kind.value,
+            error_code=err.code,
+            message=err.message,
+            fix_hint=err.hint,
+        )
+    return None
+
+
+def check_upload(key: ApiPrincipal, dataset: str) -> None:
+    """Refuse an upload before its body is read: a dataset out of reach, or a key without ingest."""
+    with _session() as session:
+        _dataset(session, key, dataset)
+    require(key, "ingest", "uploading")
+
+
+# --- jobs --------------------------------------------------------------------------------------------
+
+
+def waiting(session: Session, job: Job) -> dict[str, Any] | None:
+    """Why a job that is not running waits, in words, with what is known of when it starts."""
+    if job.status not in (JobStatus.pending, JobStatus.retrying):
+        return None
+    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+    if held is not None:
+        return {"reason": "paused", "detail": pauses.describe(held), "starts_at": None}
+    due = job.next_attempt_at.isoformat() if job.next_attempt_at else None
+    if job.waiting_for:
+        return {"reason": "outage", "detail": f"waiting for {job.waiting_for}", "starts_at": due}
+    if job.status == JobStatus.retrying:
+        detail = f"attempt {job.attempt + 1} of {job.max_attempts} is due"
+        return {"reason": "backoff", "detail": detail, "starts_at": due}
+    ahead = queries.waiting_ahead(session=session, job=job)
+    return {
+        "reason": "queue",
+        "detail": f"{ahead} job(s) wait ahead of this one",
+        "ahead": ahead,
+        "starts_at": None,
+    }
+
+
+def job_state(session: Session, job: Job) -> dict[str, Any]:
+    row = queries.job_row(job)
+    for private in ("worker_id", "dataset_id", "dismissed"):
+        row.pop(private, None)
+    names = queries.dataset_names(session=session)
+    return {
+        **row,
+        "dataset": names.get(job.dataset_id, ""),
+        "final": row["status"] in FINAL,
+        "waiting": waiting(session, job),
+    }
+
+
+def job(key: ApiPrincipal, job_id: int) -> dict[str, Any]:
+    with _session() as session:
+        return job_state(session, _job(session, key, job_id))
+
+
+@dataclass
+class JobsPage:
+    jobs: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def jobs(
+    key: ApiPrincipal,
+    *,
+    dataset: str | None,
+    statuses: list[str],
+    limit: int,
+    cursor: str | None,
+) -> JobsPage:
+    """Jobs newest first; ``cursor`` is the ``next_cursor`` of the page before."""
+    before = int(cursor) if cursor else None
+    with _session() as session:
+        reach = [_dataset(session, key, dataset).id] if dataset else key.reach
+        found = api_queries.jobs_before(
+            session=session, dataset_ids=reach, statuses=statuses, before_id=before, limit=limit + 1
+        )
+        rows = [job_state(session, j) for j in found[:limit]]
+    more = len(found) > limit
+    return JobsPage(rows, str(rows[-1]["id"]) if more and rows else None)
+
+
+def _act(key: ApiPrincipal, job_id: int, scope: Scope, verb: str) -> None:
+    with _session() as session:
+        _job(session, key, job_id)
+    require(key, scope, verb)
+
+
+def retry(key: ApiPrincipal, job_id: int) -> ActionReport:
+    _act(key, job_id, "ingest", "retrying jobs")
+    return actions.retry(key.operator, [job_id], reason=f"retry through the API by {key.name}")
+
+
+def cancel(key: ApiPrincipal, job_id: int) -> ActionReport:
+    _act(key, job_id, "ingest", "cancelling jobs")
+    return actions.cancel(key.operator, [job_id])
+
+
+def unlock(key: ApiPrincipal, job_id: int, password: str) -> ActionReport:
+    """The console's unlock (sluice.ops.unlock): the password goes to the decrypting child only."""
+    _act(key, job_id, "ingest", "unlocking files")
+    return actions.retry_with_password(key.operator, job_id, password)
+
+
+# --- documents ---------------------------------------------------------------------------------------
+
+
+def document(key: ApiPrincipal, document_id: int) -> dict[str, Any]:
+    with _session() as session:
+        _document(session, key, document_id)
+    try:
+        found = document_view.view(reads.ctx(), f"doc:{document_id}")
+    except UnknownReference:
+        raise Missing(f"no document {document_id}") from None
+    info = found.to_dict()
+    return {
+        "id": info["document_id"],
+        "dataset": info["dataset"],
+        "filename": info["filename"],
+        "sha256": info["sha256"],
+        "size": info["size"],
+        "media_type": info["media_type"],
+        "created_at": info["created_at"],
+        "deleted": info["deleted"],
+        "active_job_id": info["active_job_id"],
+        "chunk_count": info["chunk_count"],
+        "page_count": info["page_count"],
+        "jobs": info["jobs"],
+    }
+
+
+def chunks(key: ApiPrincipal, document_id: int, *, offset: int, limit: int) -> list[dict]:
+    """The chunks search serves for the document (its active job's), in order."""
+    with _session() as session:
+        _document(session, key, document_id)
+    rows = document_view.chunks(reads.ctx(), document_id, offset=offset, limit=limit)
+    return [
+        {"chunk_id": c.chunk_id, "position": c.position, "page": c.page, "text": c.text}
+        for c in rows
+    ]
+
+
+def delete_document(key: ApiPrincipal, document_id: int):
+    with _session() as session:
+        _document(session, key, document_id)
+    require(key, "manage", "deleting documents")
+    return actions.delete_document(key.operator, f"doc:{document_id}")
+
+
+# --- search ------------------------------------------------------------------------------------------
+
+
+def search(key: ApiPrincipal, *, dataset: str, query: str, k: int, **filters) -> list[SearchHit]:
+    """The console's and the CLI's search (sluice.ops.reads.search), of one dataset in reach."""
+    with _session() as session:
+        _dataset(session, key, dataset)
+    return reads.search(query, dataset, k, **filters)

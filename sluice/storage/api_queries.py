@@ -1,0 +1,64 @@
+"""SQL the HTTP API's reads need beyond sluice.storage.queries: jobs by cursor, the event log by id,
+both limited to a set of datasets (an API key's)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlmodel import Session, func, select
+
+from sluice.storage.models import Job, JobEvent, JobStatus
+
+
+def jobs_before(
+    *,
+    session: Session,
+    dataset_ids: Sequence[int] | None,
+    statuses: Sequence[str],
+    before_id: int | None,
+    limit: int,
+) -> list[Job]:
+    """Jobs newest first, below ``before_id`` (the cursor), of these datasets (None: all)."""
+    stmt = select(Job).order_by(Job.id.desc()).limit(limit)
+    if dataset_ids is not None:
+        stmt = stmt.where(Job.dataset_id.in_(list(dataset_ids)))
+    if statuses:
+        stmt = stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
+    if before_id is not None:
+        stmt = stmt.where(Job.id < before_id)
+    return list(session.exec(stmt).all())
+
+
+def event_ids_after(*, session: Session, after_id: int, limit: int) -> list[int]:
+    """Ids of every event above ``after_id``, in order (to find gaps: ids of transactions that
+    have not committed yet)."""
+    stmt = select(JobEvent.id).where(JobEvent.id > after_id).order_by(JobEvent.id).limit(limit)
+    return [int(i) for i in session.exec(stmt).all()]
+
+
+def events_between(
+    *,
+    session: Session,
+    after_id: int,
+    upto_id: int,
+    kinds: Sequence[str],
+    dataset_ids: Sequence[int] | None,
+) -> list[tuple[JobEvent, Job]]:
+    """Events of these kinds with ``after_id < id <= upto_id``, with their jobs, of these datasets."""
+    stmt = (
+        select(JobEvent, Job)
+        .join(Job, Job.id == JobEvent.job_id)
+        .where(JobEvent.id > after_id, JobEvent.id <= upto_id, JobEvent.kind.in_(list(kinds)))
+        .order_by(JobEvent.id)
+    )
+    if dataset_ids is not None:
+        stmt = stmt.where(Job.dataset_id.in_(list(dataset_ids)))
+    return [(e, j) for e, j in session.exec(stmt).all()]
+
+
+def last_event_id(*, session: Session) -> int:
+    return int(session.exec(select(func.coalesce(func.max(JobEvent.id), 0))).one())
+
+
+def first_event_id(*, session: Session) -> int:
+    return int(session.exec(select(func.coalesce(func.min(JobEvent.id), 0))).one())

@@ -1,0 +1,106 @@
+"""Idempotency records of the HTTP API: the first answer to a POST, per API key and
+``Idempotency-Key``, kept for ``TTL``.
+
+``claim`` decides what a request with a key is: the first (a row is added, in flight), a replay of
+a finished first (same fingerprint), another request under a used key (another fingerprint), or a
+second request while the first still runs. Two requests that claim the same key at the same moment
+meet at the unique constraint: one adds the row, the other reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import delete, update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from sluice import faults
+from sluice.storage.clock import db_now
+from sluice.storage.models import IdempotencyRecord
+
+TTL = timedelta(hours=24)
+Verdict = Literal["first", "replay", "other_request", "in_flight"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    verdict: Verdict
+    record_id: int
+    status_code: int | None = None
+    headers: dict[str, Any] | None = None
+    body: str | None = None
+
+
+def _verdict(row: IdempotencyRecord, fingerprint: str) -> Claim:
+    if row.fingerprint != fingerprint:
+        return Claim("other_request", row.id or 0)
+    if row.status_code is None:
+        return Claim("in_flight", row.id or 0)
+    return Claim("replay", row.id or 0, row.status_code, dict(row.headers or {}), row.body)
+
+
+def _find(session: Session, key_id: int, idempotency_key: str) -> IdempotencyRecord | None:
+    return session.exec(
+        select(IdempotencyRecord).where(
+            IdempotencyRecord.key_id == key_id,
+            IdempotencyRecord.idempotency_key == idempotency_key,
+        )
+    ).first()
+
+
+def claim(*, session: Session, key_id: int, idempotency_key: str, fingerprint: str) -> Claim:
+    """The verdict on a request; for ``first``, a row in flight is added (``complete`` or
+    ``release`` it)."""
+    now = db_now(session)
+    session.execute(delete(IdempotencyRecord).where(IdempotencyRecord.created_at < now - TTL))
+    session.commit()
+    row = _find(session, key_id, idempotency_key)
+    if row is not None:
+        return _verdict(row, fingerprint)
+    faults.hit("idempotency_before_insert", key_id=key_id, idempotency_key=idempotency_key)
+    row = IdempotencyRecord(
+        key_id=key_id, idempotency_key=idempotency_key, fingerprint=fingerprint, created_at=now
+    )
+    session.add(row)
+    try:
+        session.commit()
+    except IntegrityError:  # another request with the same key added its row first
+        session.rollback()
+        other = _find(session, key_id, idempotency_key)
+        if other is None:  # it was released in between: this one is not the first either
+            return Claim("in_flight", 0)
+        return _verdict(other, fingerprint)
+    return Claim("first", row.id or 0)
+
+
+def complete(
+    *,
+    session: Session,
+    record_id: int,
+    status_code: int,
+    headers: dict[str, str],
+    body: str,
+    now: datetime | None = None,
+) -> None:
+    """Keep the first answer, to be replayed."""
+    session.execute(
+        update(IdempotencyRecord)
+        .where(IdempotencyRecord.id == record_id)
+        .values(
+            status_code=status_code,
+            headers=headers,
+            body=body,
+            completed_at=now or db_now(session),
+        )
+    )
+    session.commit()
+
+
+def release(*, session: Session, record_id: int) -> None:
+    """Forget a claim whose request ended without an answer worth keeping (a server error): the
+    client may try again with the same key."""
+    session.execute(delete(IdempotencyRecord).where(IdempotencyRecord.id == record_id))
+    session.commit()
