@@ -79,7 +79,10 @@ def run_until_quiet(ctx, rounds: int = 6) -> None:
             return
         for job_id in waiting:
             run_job(job_id, ctx=ctx)
-    raise AssertionError("jobs still waiting after the rounds")
+    with Session(ctx.engine) as session:
+        left = session.exec(select(Job).where(Job.status.in_(jobs.CLAIMABLE))).all()
+        said = {j.id: (j.status.value, j.error_code, j.error_message, (j.error_detail or '')[-1500:]) for j in left}
+    raise AssertionError(f"jobs still waiting after the rounds: {said}")
 
 
 def cancel_at_batch(ctx, n: int = 1):
@@ -275,8 +278,10 @@ def test_4_a_waiting_job_whose_published_row_was_pruned_is_still_found_stranded(
     assert dispatch(engine=ctx.engine, publish=lambda _id: None).sent == [job_id]
     prune(ctx.engine)  # its message is lost later: only the database knows the job waits
     with Session(ctx.engine) as session:
-        session.execute(update(Outbox).values(sent_at=Outbox.sent_at - timedelta(days=30)))
-        session.execute(update(Job).values(updated_at=Job.updated_at - timedelta(days=30)))
+        assert session.exec(select(Outbox)).all() == []
+        job = session.get(Job, job_id)
+        job.updated_at -= timedelta(days=30)
+        session.add(job)
         session.commit()
         found = redeliver_stranded(session=session, older_than_seconds=60, queued_job_ids=set())
     assert found == [job_id]

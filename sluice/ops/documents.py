@@ -143,10 +143,7 @@ def delete_document(
     ids = _vector_ids(ctx, collection, document_id, job_ids)
     ctx.vectors.delete(collection, ids=ids)
     lexical.delete_jobs(ctx.engine, job_ids)
-    blob_removed = False
-    if shared == 0:
-        faults.hit("blob_unused", key=blob_key)
-        blob_removed = ctx.blobs.delete(blob_key)
+    blob_removed = remove_blob_if_unused(ctx, blob_key) if shared == 0 else False
     newly = [j["id"] for j in before.jobs if j["status"] != JobStatus.deleted.value]
     noted = newly or (job_ids[-1:] if ids or blob_removed else [])
     with Session(ctx.engine) as session:
@@ -187,6 +184,31 @@ def delete_document(
         blob_removed=blob_removed,
         jobs_deleted=newly,
     )
+
+
+def remove_blob_if_unused(ctx: Context, key: str) -> bool:
+    """Remove a blob that no live document names, safe against an upload of the same bytes at the
+    same moment (see ``BlobStore.retire``). True if it was removed."""
+    if _live_users(ctx, key):
+        return False
+    faults.hit("blob_unused", key=key)
+    aside = ctx.blobs.retire(key)
+    if aside is None:
+        return False
+    if _live_users(ctx, key):  # an upload committed a document of these bytes meanwhile
+        ctx.blobs.unretire(key, aside)
+        return False
+    aside.unlink(missing_ok=True)
+    return True
+
+
+def _live_users(ctx: Context, key: str) -> int:
+    with Session(ctx.engine) as session:
+        return session.exec(
+            select(func.count())
+            .select_from(Document)
+            .where(Document.blob_key == key, Document.deleted_at.is_(None))
+        ).one()
 
 
 def blob_users(session: Session, doc: Document) -> int:

@@ -134,9 +134,23 @@ def ingest_stream(
                 message=err.message,
                 fix_hint=err.hint,
             )
+    held = ctx.blobs.hold(key)  # a delete of the same bytes may not take them from this upload
+    try:
+        document, job, created = _commit_upload(ctx, dataset, key, size, media_type, display, actor)
+    except BaseException:
+        ctx.blobs.release(held)
+        raise
+    ctx.blobs.keep(key, held)
+    return _answer(ctx, dataset, display, document, job, created, publish)
+
+
+def _commit_upload(
+    ctx: Context, dataset: str, key: str, size: int, media_type: str, display: str, actor: str
+):
+    s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
         ds = ensure_dataset(session=session, name=dataset)
-        document, job, created = jobs.create_upload(
+        return jobs.create_upload(
             session=session,
             dataset_id=ds.id,
             sha256=key,
@@ -147,6 +161,17 @@ def ingest_stream(
             max_attempts=s.max_attempts,
             actor=actor,
         )
+
+
+def _answer(
+    ctx: Context,
+    dataset: str,
+    display: str,
+    document,
+    job,
+    created: bool,
+    publish: Callable[[int], None] | None,
+) -> IngestResult:
     result = IngestResult(
         display,
         True,

@@ -21,7 +21,7 @@ from sqlmodel import Session
 
 from sluice import faults
 from sluice.errors import PipelineError
-from sluice.ops.documents import blob_users
+from sluice.ops.documents import remove_blob_if_unused
 from sluice.pipeline.parsing.parse import PDF, ParseLimits, decrypt_pdf
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
@@ -98,9 +98,8 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
             == 1
         )
         session.commit()
-        locked_users = blob_users(session, document) if switched else 0
-    if switched and locked_users == 0:
-        ctx.blobs.delete(old)  # the locked bytes: no other document reads them
+    if switched:
+        remove_blob_if_unused(ctx, old)  # the locked bytes, unless another document reads them
     with Session(ctx.engine) as session:
         jobs.add_event(
             session,
@@ -114,5 +113,11 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
         result = jobs.retry(
             session=session, job_ids=[job_id], actor=actor, reason="password given"
         )[0]
+        now = session.get(Job, job_id, populate_existing=True)
+        if not result.ok and now.status in (*jobs.CLAIMABLE, JobStatus.running):
+            # Another operator's retry queued it meanwhile: its run reads the decrypted file.
+            result = ActionResult(
+                job_id, True, f"job {job_id} unlocked; it is already {now.status.value} again"
+            )
     log.info("job %s: unlocked by %s; %s", job_id, actor, result.message)
     return result

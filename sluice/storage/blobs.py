@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import BinaryIO
 
@@ -76,3 +77,59 @@ class BlobStore:
             return True
         except FileNotFoundError:
             return False
+
+    # Removing a blob races an upload of the same bytes (in any dataset): the upload finds the file
+    # there, the removal decides nobody uses it and deletes it, the upload's document then names a
+    # file that is gone. Both sides keep a second name for the bytes across their database look:
+    # an upload holds a hard link until its document is committed (``hold``, ``keep``); a removal
+    # renames the blob aside, looks again, and puts it back when a user appeared (``retire``,
+    # ``unretire``). Whichever way the two interleave, a committed document finds its file.
+
+    def _aside(self, prefix: str) -> Path:
+        private_dir(self.root)
+        return self.root / f".{prefix}-{uuid.uuid4().hex}"
+
+    def hold(self, key: str) -> Path | None:
+        """A second name for the blob's bytes while an upload commits (None: it is gone)."""
+        held = self._aside("hold")
+        try:
+            os.link(self.path(key), held)
+        except FileNotFoundError:
+            return None
+        return held
+
+    def keep(self, key: str, held: Path | None) -> None:
+        """The upload's document is committed: put the held bytes back if a removal took the blob
+        meanwhile, and drop the second name."""
+        if held is None:
+            return
+        final = self.path(key)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.link(held, final)
+        except FileExistsError:
+            pass
+        finally:
+            held.unlink(missing_ok=True)
+
+    def release(self, held: Path | None) -> None:
+        if held is not None:
+            held.unlink(missing_ok=True)
+
+    def retire(self, key: str) -> Path | None:
+        """Rename the blob aside before the last look at its users (None: it is gone already)."""
+        aside = self._aside("retired")
+        try:
+            os.rename(self.path(key), aside)
+        except FileNotFoundError:
+            return None
+        return aside
+
+    def unretire(self, key: str, aside: Path) -> None:
+        """A user appeared: the blob comes back (unless an upload has stored it again already)."""
+        final = self.path(key)
+        try:
+            os.link(aside, final)
+        except FileExistsError:
+            pass
+        aside.unlink(missing_ok=True)

@@ -301,6 +301,11 @@ def create_upload(
                 )
                 session.add(document)
                 session.flush()
+            elif document.deleted_at is not None and document.blob_key != sha256:
+                # A deleted document comes back with the bytes just stored: its own blob may be
+                # gone (an unlocked document's decrypted copy, removed by the delete).
+                document.blob_key = sha256
+                session.add(document)
             job, created = create_job(
                 session=session,
                 document=document,
@@ -309,6 +314,15 @@ def create_upload(
                 max_attempts=max_attempts,
                 actor=actor,
             )
+            if not created and job.status == JobStatus.failed and job.error_code == "blob_missing":
+                # Its hint said "upload the file again": these are its bytes, stored just now.
+                document.blob_key = sha256
+                session.add(document)
+                session.flush()
+                [done] = retry(
+                    session=session, job_ids=[job.id], actor=actor, reason="file uploaded again"
+                )
+                return document, get_job(session=session, job_id=job.id), done.ok
             session.commit()
             return document, job, created
         except IntegrityError:
@@ -912,7 +926,23 @@ def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: 
     return _while_ours(session, job_id, lease, once)
 
 
+@dataclass(frozen=True)
+class ReaperTick:
+    wait: float  # seconds before the reapers may take running jobs back (0: now)
+    silence: bool  # this tick found a silence of every reaper (and started a new grace)
+
+
 def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: float) -> float | None:
+    """``reaper_tick``'s wait alone."""
+    tick = reaper_tick(
+        session=session, silence_seconds=silence_seconds, grace_seconds=grace_seconds
+    )
+    return None if tick is None else tick.wait
+
+
+def reaper_tick(
+    *, session: Session, silence_seconds: float, grace_seconds: float
+) -> ReaperTick | None:
     """One reaper's tick, recorded for the whole fleet; returns how many seconds this reaper waits
     before it takes running jobs back (0: now), or None when another reaper holds the record at
     this moment (it reaps this round; this one skips it).
@@ -933,16 +963,17 @@ def reaper_wait(*, session: Session, silence_seconds: float, grace_seconds: floa
     if row is None:
         session.rollback()
         return None
-    if (
+    silence = (
         row.reaper_tick_at is not None
         and (now - row.reaper_tick_at).total_seconds() > silence_seconds
-    ):
+    )
+    if silence:
         row.reap_after = now + timedelta(seconds=grace_seconds)
     row.reaper_tick_at = now
     wait = _held_for(row, now)
     session.add(row)
     session.commit()
-    return wait
+    return ReaperTick(wait, silence)
 
 
 @dataclass(frozen=True)
@@ -1617,6 +1648,102 @@ def _replace_rebuild(
         session.commit()
     except IntegrityError:  # another change or reindex queued it at the same moment
         session.rollback()
+
+
+def stamped_before(*, session: Session, job: Job, moment: datetime | None) -> bool:
+    """Did the job get its pipeline version before ``moment`` (its dataset's last settings
+    change)? Then the version came from settings no longer in force, which no worker makes."""
+    if moment is None:
+        return False
+    last = session.execute(
+        select(func.max(JobEvent.at)).where(
+            JobEvent.job_id == job.id, JobEvent.kind.in_(("restamped", "version_followed"))
+        )
+    ).scalar()
+    stamped = max(_naive(job.created_at), _naive(last)) if last is not None else job.created_at
+    return _naive(stamped) < _naive(moment)
+
+
+def _naive(value: datetime) -> datetime:
+    return value.replace(tzinfo=None) if value.tzinfo is not None else value
+
+
+def follow_version(
+    *, session: Session, job_id: int, lease: int, to_version: str, actor: str, reason: str
+) -> str:
+    """A running attempt of a job whose pipeline version no worker makes any more (its dataset's
+    settings changed since it got it, or it waited too long for a worker of it): fenced on the
+    lease, it builds ``to_version`` instead. Returns what became of it:
+
+    - ``moved``: it builds ``to_version`` now, in this attempt;
+    - ``succeeded``: it is its document's active job (a rebuild of what search serves): the rebuild
+      is dropped, the job serves its chunks again, and a job of ``to_version`` is queued;
+    - ``superseded``: the document already has a job of ``to_version``, which builds it;
+    - ``lost``: the attempt is no longer this lease's.
+    """
+    job = get_job(session=session, job_id=job_id)
+    if job is None or job.lease != lease or job.status != JobStatus.running:
+        session.rollback()
+        return "lost"
+    document = session.get(Document, job.document_id, populate_existing=True)
+    key = idempotency_key(
+        dataset_id=job.dataset_id, sha256=document.sha256, pipeline_version=to_version
+    )
+    other = session.exec(select(Job.id).where(Job.idempotency_key == key)).first()
+    fence = [Job.lease == lease, Job.status == JobStatus.running]
+    data = {"from_version": job.pipeline_version, "to_version": to_version}
+    if document.active_job_id == job.id:
+        outcome, change = (
+            "succeeded",
+            dict(
+                status=JobStatus.succeeded,
+                stage=Stage.done,
+                done=job.chunk_count or 0,
+                total=job.chunk_count or 0,
+                finished_at=job.finished_at or db_now(session),
+                worker_id=None,
+            ),
+        )
+    elif other is not None:
+        outcome, change = (
+            "superseded",
+            dict(status=JobStatus.superseded, finished_at=db_now(session), worker_id=None),
+        )
+    else:
+        outcome, change = "moved", dict(pipeline_version=to_version, idempotency_key=key)
+    try:
+        if not _cas(session, job, where=fence, **change):
+            session.rollback()
+            return "lost"
+        add_event(
+            session,
+            job,
+            "version_followed",
+            actor=actor,
+            from_status=JobStatus.running if outcome != "moved" else None,
+            to_status=change.get("status"),
+            message=f"{reason}: "
+            + {
+                "moved": f"this job builds pipeline {to_version} instead",
+                "succeeded": f"its rebuild is dropped; a job of pipeline {to_version} is queued",
+                "superseded": f"job {other} builds pipeline {to_version} of this document",
+            }[outcome],
+            data=data,
+        )
+        if outcome == "succeeded":
+            create_job(
+                session=session,
+                document=document,
+                pipeline_version=to_version,
+                idempotency_key=key,
+                max_attempts=job.max_attempts,
+                actor=actor,
+            )
+        session.commit()
+    except IntegrityError:  # a job of that version was made for the document at this moment
+        session.rollback()
+        return "lost"
+    return outcome
 
 
 def action_rejected(

@@ -207,15 +207,17 @@ def redeliver_stranded(
         .group_by(Outbox.job_id)
         .subquery()
     )
+    # A job with no outbox row at all (retention pruned its published one) is stranded too, by the
+    # time of its last change: nothing else would ever publish it.
     candidates = session.exec(
         select(Job)
-        .join(last_sent, last_sent.c.job_id == Job.id)
+        .outerjoin(last_sent, last_sent.c.job_id == Job.id)
         .where(
             Job.status.in_(CLAIMABLE),
             ~pauses.covering(Job.dataset_id),
             (Job.next_attempt_at.is_(None)) | (Job.next_attempt_at <= cutoff),
-            last_sent.c.unsent == 0,
-            last_sent.c.last_sent < cutoff,
+            func.coalesce(last_sent.c.unsent, 0) == 0,
+            func.coalesce(last_sent.c.last_sent, Job.updated_at) < cutoff,
         )
         .limit(1000)
     ).all()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, true
+from sqlalchemy import delete, func, true, update
 from sqlmodel import Session, select
 
 from sluice import faults
@@ -65,6 +65,28 @@ def _kept_history(session: Session, cutoff: datetime) -> list[tuple[int, str]]:
     ]
 
 
+def _delete_superseded(session: Session, part: list[int], cutoff: datetime) -> None:
+    """Delete the jobs of ``part`` that are still superseded and old, with their events and outbox
+    rows, in one transaction. The jobs are taken first by a write on their compare-and-set version
+    (a revive that lands after it loses; one that landed before leaves its job out), so the history
+    and the outbox row of a job that came back are never deleted without the job."""
+    taken = list(
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(part), Job.status == JobStatus.superseded, Job.updated_at < cutoff)
+            .values(version=Job.version + 1)
+            .returning(Job.id)
+        )
+        .scalars()
+        .all()
+    )
+    if taken:
+        session.execute(delete(JobEvent).where(JobEvent.job_id.in_(taken)))
+        session.execute(delete(Outbox).where(Outbox.job_id.in_(taken)))
+        session.execute(delete(Job).where(Job.id.in_(taken)))
+    session.commit()
+
+
 def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     report = PruneReport(cutoff=cutoff.isoformat(), dry_run=dry_run)
     # events of old finished jobs, all but the last one of the kind that says how it ended
@@ -98,10 +120,7 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
         for start in range(0, len(superseded), BATCH):
             part = superseded[start : start + BATCH]
             faults.hit("prune_selected", job_ids=part)
-            session.execute(delete(JobEvent).where(JobEvent.job_id.in_(part)))
-            session.execute(delete(Outbox).where(Outbox.job_id.in_(part)))
-            session.execute(delete(Job).where(Job.id.in_(part), Job.status == JobStatus.superseded))
-            session.commit()
+            _delete_superseded(session, part, cutoff)
     # outbox rows long since published
     sent = Outbox.sent_at.is_not(None) & (Outbox.sent_at < cutoff)
     if superseded and dry_run:  # counted with their jobs above

@@ -103,35 +103,42 @@ def deliver_webhooks(ctx: Context) -> webhook_delivery.DeliveryReport:
     )
 
 
+SILENCES_IN_A_ROUND = 3  # a one-shot round that keeps finding new silences gives up the reaping
+
+
 def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[int]:
     """Take back stale running jobs, but not within a grace after a silence of every reaper (the job
     database down, or no worker at all: see ``jobs.reaper_wait``): no worker could write a
     heartbeat then, so every running job looks stale right after; the live ones beat again within
-    the grace. A held reap is due without a new tick, as one waited in line would be."""
+    the grace. Every round ticks, also while a hold runs and after a wait in line, so a second
+    silence that begins within the grace starts a grace of its own before anything is reaped."""
     s = ctx.settings
-    if hold is not None and hold.due is not None:
-        report.reap_held_seconds = hold.remaining()
-        if report.reap_held_seconds > 0:
-            return []
-        hold.due = None
-    else:
+    for _ in range(SILENCES_IN_A_ROUND):
         with Session(ctx.engine) as session:
-            wait = jobs.reaper_wait(
+            tick = jobs.reaper_tick(
                 session=session, silence_seconds=silence_seconds(s), grace_seconds=grace_seconds(s)
             )
-        if wait is None:
+        if tick is None:
             return []
-        if wait > 0:
-            log.info(
-                "reaper: the reapers were silent (job database down, or no worker); waiting %.0fs for the "
-                "heartbeats of live workers before taking jobs back",
-                wait,
-            )
-            if hold is not None:
-                hold.due, report.reap_held_seconds = _monotonic() + wait, wait
+        if hold is not None:
+            if tick.silence or (tick.wait > 0 and hold.due is None):
+                hold.due = _monotonic() + tick.wait
+            report.reap_held_seconds = hold.remaining()
+            if report.reap_held_seconds > 0:
                 return []
-            _sleep(wait)
-            report.reap_waited_seconds = wait
+            hold.due = None
+            break
+        if tick.wait <= 0 or (report.reap_waited_seconds and not tick.silence):
+            break
+        log.info(
+            "reaper: the reapers were silent (job database down, or no worker); waiting %.0fs for "
+            "the heartbeats of live workers before taking jobs back",
+            tick.wait,
+        )
+        _sleep(tick.wait)
+        report.reap_waited_seconds += tick.wait
+    else:
+        return []
     with Session(ctx.engine) as session:
         return jobs.reap(
             session=session,

@@ -32,7 +32,7 @@ from sluice.errors import (
     refused_connection,
 )
 from sluice.pipeline.parsing.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
-from sluice.pipeline.running import embed
+from sluice.pipeline.running import embed, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
@@ -192,6 +192,7 @@ class Reporter:
         ] = {}  # time spent per stage, for the success event (and metrics)
         self.cancel = False
         self.page_count: int | None = None  # once parsing counted them; a failed job keeps it
+        self.blob_key: str | None = None  # the document's file as this attempt read it
         self.lost = (
             False  # set by the heartbeat: the lease is gone, or the watchdog ended the attempt
         )
@@ -301,6 +302,7 @@ def run_job(
     except Exception as exc:
         err = classify(exc)
         waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err, exc)
+        waiting_for = waiting_for or _file_replaced(ctx, job, report.blob_key)
         log.info(
             "job %s attempt %s failed: %s %s%s",
             job_id,
@@ -397,6 +399,18 @@ def _outage(ctx: Context, err: PipelineError, exc: BaseException | None = None) 
     return None
 
 
+def _file_replaced(ctx: Context, job: Job, read: str | None) -> str | None:
+    """Was the document's file replaced while the attempt read it (an unlock)? Then whatever went
+    wrong is not the job's: it runs again, with the attempt given back, on the new file."""
+    if read is None:
+        return None
+    with Session(ctx.engine) as session:
+        document = session.get(Document, job.document_id)
+    if document is None or document.blob_key == read:
+        return None
+    return "its new file (the document's file was replaced during the attempt)"
+
+
 def _remove_partial(ctx: Context, job: Job) -> None:
     """Delete what this job wrote, unless those vectors are the ones search serves (a reindex)."""
     with Session(ctx.engine, expire_on_commit=False) as session:
@@ -418,17 +432,13 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     # The dataset's own parse settings (read with the job, so a change needs no worker restart).
     s = ctx.settings_for(dataset)
     version = ctx.version_for(dataset)
-    if job.pipeline_version != version:
-        # Chunk ids carry the job's version; chunking with other settings would mislabel them. During
-        # a rolling change of settings a worker of the job's version may come: wait for one.
-        raise WaitingError(
-            "pipeline_version_mismatch",
-            f"this job builds pipeline version {job.pipeline_version}, but this worker's chunking and "
-            f"model settings (with dataset {dataset.name!r}'s own) make {version}",
-            "Give every worker the same SLUICE_CHUNK_* and SLUICE_EMBED* settings as the console, or run "
-            f"`sluice reindex --all --dataset {dataset.name}` to build the version now in force.",
-            waiting_for=f"a worker of pipeline {job.pipeline_version}",
-        )
+    if job.pipeline_version != version:  # wait for a worker of it, or build the one in force
+        followed = versions.follow(ctx, job, dataset, version)
+        if followed == "superseded":
+            _remove_partial(ctx, job)
+        if followed != "moved":
+            return RunOutcome(job.id, followed, f"pipeline {version} is built instead")
+    report.blob_key = document.blob_key
     path = ctx.blobs.path(document.blob_key)
     if not path.exists():
         raise PermanentError(
