@@ -28,9 +28,10 @@ import os
 import re
 import resource
 import sys
+import traceback
 import unicodedata
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
 
 from sluice import faults
 from sluice.pipeline.parsing import formats, ocr
@@ -362,214 +363,270 @@ def _read_pdf(req: Request) -> Iterator[dict]:
         doc.close()
 
 
+@dataclass
+class _PdfTally:
+    """What the pages of a PDF yielded so far: the verdict on the whole file is made from it."""
+
+    total: int = 0  # characters sent
+    meaningful_pages: int = 0
+    broken: list[int] = field(default_factory=list)
+    # pages whose content is gone from a repaired (cut) file
+    lost: list[int] = field(default_factory=list)
+    empty: list[int] = field(default_factory=list)
+    # text in fonts that map no characters (lost or broken ToUnicode)
+    undecodable: list[int] = field(default_factory=list)
+    number_only: list[int] = field(default_factory=list)
+    # pages that need more memory than the limit to extract (text bombs)
+    too_big: list[int] = field(default_factory=list)
+    has_images: bool = False
+    has_drawings: bool = False
+    read_by_ocr: list[int] = field(default_factory=list)  # pages whose text OCR read
+    ocr_tried: list[int] = field(default_factory=list)
+    pictures: list[int] = field(default_factory=list)  # pages where OCR ran and found no text
+    ocr_missing: str = ""  # why OCR could not run (Tesseract or the language not installed)
+    placeholder: bool = False
+    first_error: str = ""
+
+
 def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
+    """Every page in order, then the verdict on the file: a refusal, or the end with its warnings."""
     import pymupdf
 
     flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_IMAGES
-    total = 0
-    broken: list[int] = []
-    lost: list[int] = []  # pages whose content is gone from a repaired (cut) file
-    empty: list[int] = []
-    undecodable: list[int] = []  # text in fonts that map no characters (lost or broken ToUnicode)
-    number_only: list[int] = []
-    too_big: list[int] = []  # pages that need more memory than the limit to extract (text bombs)
-    has_images = has_drawings = False
-    read_by_ocr: list[int] = []  # pages whose text OCR read
-    ocr_tried: list[int] = []
-    pictures: list[int] = []  # pages where OCR ran and found no text
-    ocr_missing = ""  # why OCR could not run (Tesseract or the language not installed)
-    placeholder = False
-    first_error = ""
-    meaningful_pages = 0
+    tally = _PdfTally()
     for index in range(count):
         faults.hit("extract_page")
-        number = index + 1
-        try:
-            page = doc.load_page(index)
-            raw = page_text(page.get_text("dict", flags=flags, sort=False))
-            if _undecodable(raw):  # glyph ids, not characters: its fonts map no text
-                (lost if repaired else undecodable).append(number)
-                raw = ""
-            text = clean_text(raw)
-            pictured = False
-            if not meaningful(text):  # a scan may carry a stamped page number and nothing else
-                pictured = bool(page.get_images(full=False))
-                has_images = has_images or pictured
-            if not text.strip():
-                has_drawings = has_drawings or bool(page.get_cdrawings())
-                if repaired and number not in lost and _contents_lost(doc, page):
-                    lost.append(number)
-            # Not a page of undecodable text: its font may be lost too, and OCR would read the
-            # fallback glyphs as a shifted alphabet ("JBSCPVS" for "Harbour"). "always" reads them all.
-            wants_ocr = req.ocr == "always" or (req.ocr == "auto" and pictured)
-            if wants_ocr and not ocr_missing:
-                yield {"t": "ocr", "n": number}
-                ocr_tried.append(number)
-                try:
-                    png, dpi = ocr.render(page, req.ocr_dpi, cleanup=req.ocr_cleanup)
-                    seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
-                    png = None
-                except ocr.OcrUnavailable as exc:
-                    ocr_missing = str(exc)
-                    ocr_tried.pop()
-                    seen = ""
-                if meaningful(seen) or req.ocr == "always":
-                    text = seen
-                if meaningful(seen):
-                    read_by_ocr.append(number)
-                    if number in undecodable:
-                        undecodable.remove(number)
-        except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
-            if _is_memory_error(exc):  # MuPDF frees what the page took; the next page gets it back
-                page = raw = text = None
-                gc.collect()
-                too_big.append(number)
-                yield {"t": "page", "n": number, "text": ""}
-                continue
-            if isinstance(exc, ValueError) and "encrypted" in str(
-                exc
-            ):  # "document closed or encrypted"
-                raise Refusal(
-                    "user_action_required",
-                    "password_protected",
-                    f"{req.name} is password-protected",
-                    PASSWORD_HINT,
-                ) from exc
-            broken.append(number)
-            first_error = first_error or _plain(exc, req)
-            yield {"t": "page", "n": number, "text": ""}
-            continue
-        if len(text) > req.max_page_chars:
-            yield {
-                "t": "warn",
-                "text": f"page {number} holds {len(text):,} characters; only the first "
-                f"{req.max_page_chars:,} are indexed (SLUICE_PARSE_MAX_PAGE_CHARS)",
-            }
-            text = text[: req.max_page_chars]
-        total += len(text)
-        if total > req.max_document_chars:
-            raise _too_much_text(req)
-        if XFA_PLACEHOLDER in " ".join(text.lower().split()):
-            placeholder = True
-        if not meaningful(text):
-            if number in ocr_tried:
-                pictures.append(number)
-            else:
-                (number_only if text.strip() else empty).append(number)
-            text = ""
-        else:
-            meaningful_pages += 1
-        if number in read_by_ocr and text:
-            yield {"t": "page", "n": number, "text": text, "ocr": True}
-        else:
-            yield {"t": "page", "n": number, "text": text}
+        yield from _pdf_page(doc, req, index + 1, flags, repaired, tally)
+    _refuse_unreadable_pdf(doc, req, count, tally)
+    if tally.meaningful_pages == 0:
+        raise _no_text_refusal(req, tally)
+    yield {"t": "end", "warnings": _pdf_warnings(req, repaired, tally)}
 
-    warnings: list[str] = []
-    if too_big and meaningful_pages == 0:
+
+def _pdf_page(
+    doc, req: Request, number: int, flags: int, repaired: bool, tally: _PdfTally
+) -> Iterator[dict]:
+    """One page's messages: its text, or an empty page when it cannot be read (counted in tally)."""
+    try:
+        text = yield from _pdf_page_text(doc, req, number, flags, repaired, tally)
+    except Exception as exc:  # FzErrorFormat and friends arrive as plain Exceptions
+        if _is_memory_error(exc):  # MuPDF frees what the page took; the next page gets it back
+            traceback.clear_frames(exc.__traceback__)  # the page, as the reading frames held it
+            gc.collect()
+            tally.too_big.append(number)
+            yield {"t": "page", "n": number, "text": ""}
+            return
+        # "document closed or encrypted"
+        if isinstance(exc, ValueError) and "encrypted" in str(exc):
+            raise Refusal(
+                "user_action_required",
+                "password_protected",
+                f"{req.name} is password-protected",
+                PASSWORD_HINT,
+            ) from exc
+        tally.broken.append(number)
+        tally.first_error = tally.first_error or _plain(exc, req)
+        yield {"t": "page", "n": number, "text": ""}
+        return
+    yield from _keep_pdf_page(req, number, text, tally)
+
+
+def _pdf_page_text(
+    doc, req: Request, number: int, flags: int, repaired: bool, tally: _PdfTally
+) -> Generator[dict, None, str]:
+    """A page's text layer, or what OCR reads of it ("ocr" announced first); returns the text."""
+    page = doc.load_page(number - 1)
+    raw = page_text(page.get_text("dict", flags=flags, sort=False))
+    if _undecodable(raw):  # glyph ids, not characters: its fonts map no text
+        (tally.lost if repaired else tally.undecodable).append(number)
+        raw = ""
+    text = clean_text(raw)
+    pictured = False
+    if not meaningful(text):  # a scan may carry a stamped page number and nothing else
+        pictured = bool(page.get_images(full=False))
+        tally.has_images = tally.has_images or pictured
+    if not text.strip():
+        tally.has_drawings = tally.has_drawings or bool(page.get_cdrawings())
+        if repaired and number not in tally.lost and _contents_lost(doc, page):
+            tally.lost.append(number)
+    # Not a page of undecodable text: its font may be lost too, and OCR would read the
+    # fallback glyphs as a shifted alphabet ("JBSCPVS" for "Harbour"). "always" reads them all.
+    wants_ocr = req.ocr == "always" or (req.ocr == "auto" and pictured)
+    if wants_ocr and not tally.ocr_missing:
+        yield {"t": "ocr", "n": number}
+        text = _ocr_pdf_page(page, req, number, text, tally)
+    return text
+
+
+def _ocr_pdf_page(page, req: Request, number: int, text: str, tally: _PdfTally) -> str:
+    """The page's text as OCR reads it, where it reads words (or always with "always")."""
+    tally.ocr_tried.append(number)
+    try:
+        png, dpi = ocr.render(page, req.ocr_dpi, cleanup=req.ocr_cleanup)
+        seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
+        png = None
+    except ocr.OcrUnavailable as exc:
+        tally.ocr_missing = str(exc)
+        tally.ocr_tried.pop()
+        seen = ""
+    if meaningful(seen) or req.ocr == "always":
+        text = seen
+    if meaningful(seen):
+        tally.read_by_ocr.append(number)
+        if number in tally.undecodable:
+            tally.undecodable.remove(number)
+    return text
+
+
+def _keep_pdf_page(req: Request, number: int, text: str, tally: _PdfTally) -> Iterator[dict]:
+    """The page message of a page read: its text cut to the page limit, or empty and classed."""
+    if len(text) > req.max_page_chars:
+        yield {
+            "t": "warn",
+            "text": f"page {number} holds {len(text):,} characters; only the first "
+            f"{req.max_page_chars:,} are indexed (SLUICE_PARSE_MAX_PAGE_CHARS)",
+        }
+        text = text[: req.max_page_chars]
+    tally.total += len(text)
+    if tally.total > req.max_document_chars:
+        raise _too_much_text(req)
+    if XFA_PLACEHOLDER in " ".join(text.lower().split()):
+        tally.placeholder = True
+    if not meaningful(text):
+        if number in tally.ocr_tried:
+            tally.pictures.append(number)
+        else:
+            (tally.number_only if text.strip() else tally.empty).append(number)
+        text = ""
+    else:
+        tally.meaningful_pages += 1
+    if number in tally.read_by_ocr and text:
+        yield {"t": "page", "n": number, "text": text, "ocr": True}
+    else:
+        yield {"t": "page", "n": number, "text": text}
+
+
+def _refuse_unreadable_pdf(doc, req: Request, count: int, tally: _PdfTally) -> None:
+    """Raises when the file's pages were too big, broken or lost, or it is an XFA form."""
+    if tally.too_big and tally.meaningful_pages == 0:
         raise Refusal(
             "user_action_required",
             "parse_memory_limit",
             f"reading {req.name} needs more than {req.max_memory_mb} MB of memory "
-            f"({_pages(too_big)})",
+            f"({_pages(tally.too_big)})",
             MEMORY_HINT,
         )
-    if len(broken) == count:
-        raise _unreadable(req, f"no page can be read ({first_error})")
-    if lost:
-        lost = sorted(set(lost) | set(empty))  # in a file cut short, empty pages are lost ones too
+    if len(tally.broken) == count:
+        raise _unreadable(req, f"no page can be read ({tally.first_error})")
+    if tally.lost:
+        # in a file cut short, empty pages are lost ones too
+        lost = sorted(set(tally.lost) | set(tally.empty))
         raise Refusal(
             "permanent",
             "truncated_pdf",
             f"{req.name} is truncated: the content or fonts of {_pages(lost)} of {count} are lost",
             "The upload or the file is cut short. Upload the complete file again.",
         )
-    if _is_xfa(doc) and (placeholder or meaningful_pages == 0):
+    if _is_xfa(doc) and (tally.placeholder or tally.meaningful_pages == 0):
         raise Refusal(
             "user_action_required",
             "xfa_form",
-            f"{req.name} is a dynamic XFA form: its content only appears in Adobe's viewers, and the "
-            'file itself holds just a "Please wait..." placeholder',
+            f"{req.name} is a dynamic XFA form: its content only appears in Adobe's viewers, and "
+            'the file itself holds just a "Please wait..." placeholder',
             XFA_HINT,
         )
-    if meaningful_pages == 0:
-        if undecodable:
-            raise Refusal(
-                "user_action_required",
-                "undecodable_text",
-                f"{req.name} has text only in fonts whose characters cannot be decoded "
-                "(they map glyphs to no letters)",
-                NO_TEXT_HINT,
-            )
-        if has_images and ocr_tried and not ocr_missing:
-            raise Refusal(
-                "user_action_required",
-                "no_text_even_by_ocr",
-                f"no text found, even by OCR: {req.name} holds images without text "
-                f"(OCR read {_pages(ocr_tried)})",
-                NO_TEXT_BY_OCR_HINT,
-            )
-        if has_images:
-            hint = NO_TEXT_HINT
-            if ocr_missing:
-                hint = f"OCR cannot run: {ocr_missing}. Install it and retry, or run the file through OCR yourself."
-            elif req.ocr == "off":
-                hint = OCR_OFF_HINT
-            raise Refusal(
-                "user_action_required",
-                "no_text_layer",
-                f"{req.name} has no extractable text (scanned images only)",
-                hint,
-            )
-        if has_drawings:
-            raise Refusal(
-                "user_action_required",
-                "no_text_drawings_only",
-                f"{req.name} has no text and no images: its pages hold only drawings",
-                "There is nothing to index. If the drawings are lettering turned into outlines, "
-                "re-export the file with its text kept as text.",
-            )
-        raise Refusal(
-            "permanent",
-            "blank_pages",
-            f"{req.name} has no text: every page is blank or holds only a page number",
-            "There is nothing to index in this file; check that it is the file you meant.",
+
+
+def _no_text_refusal(req: Request, tally: _PdfTally) -> Refusal:
+    """Why a file none of whose pages holds meaningful text cannot be indexed."""
+    if tally.undecodable:
+        return Refusal(
+            "user_action_required",
+            "undecodable_text",
+            f"{req.name} has text only in fonts whose characters cannot be decoded "
+            "(they map glyphs to no letters)",
+            NO_TEXT_HINT,
         )
-    if too_big:
-        one = len(too_big) == 1
-        warnings.append(
-            f"{_pages(too_big)} {'needs' if one else 'need'} more memory to extract than "
-            f"SLUICE_PARSE_MAX_MEMORY_MB ({req.max_memory_mb} MB) allows, and {'was' if one else 'were'} "
-            "skipped (a text bomb, or an extremely dense page)"
+    if tally.has_images and tally.ocr_tried and not tally.ocr_missing:
+        return Refusal(
+            "user_action_required",
+            "no_text_even_by_ocr",
+            f"no text found, even by OCR: {req.name} holds images without text "
+            f"(OCR read {_pages(tally.ocr_tried)})",
+            NO_TEXT_BY_OCR_HINT,
         )
-    if broken:
-        warnings.append(
-            f"{_pages(broken)} cannot be read and {'was' if len(broken) == 1 else 'were'} skipped ({first_error})"
+    if tally.has_images:
+        hint = NO_TEXT_HINT
+        if tally.ocr_missing:
+            hint = (
+                f"OCR cannot run: {tally.ocr_missing}. Install it and retry, or run the file "
+                "through OCR yourself."
+            )
+        elif req.ocr == "off":
+            hint = OCR_OFF_HINT
+        return Refusal(
+            "user_action_required",
+            "no_text_layer",
+            f"{req.name} has no extractable text (scanned images only)",
+            hint,
         )
-    if read_by_ocr:
+    if tally.has_drawings:
+        return Refusal(
+            "user_action_required",
+            "no_text_drawings_only",
+            f"{req.name} has no text and no images: its pages hold only drawings",
+            "There is nothing to index. If the drawings are lettering turned into outlines, "
+            "re-export the file with its text kept as text.",
+        )
+    return Refusal(
+        "permanent",
+        "blank_pages",
+        f"{req.name} has no text: every page is blank or holds only a page number",
+        "There is nothing to index in this file; check that it is the file you meant.",
+    )
+
+
+def _pdf_warnings(req: Request, repaired: bool, tally: _PdfTally) -> list[str]:
+    """What the job should say about a file that is indexed: pages skipped, read by OCR, repair."""
+    warnings: list[str] = []
+    if tally.too_big:
+        one = len(tally.too_big) == 1
         warnings.append(
-            f"{_pages(read_by_ocr)}: no usable text layer; the text was read by OCR "
+            f"{_pages(tally.too_big)} {'needs' if one else 'need'} more memory to extract than "
+            f"SLUICE_PARSE_MAX_MEMORY_MB ({req.max_memory_mb} MB) allows, and "
+            f"{'was' if one else 'were'} skipped (a text bomb, or an extremely dense page)"
+        )
+    if tally.broken:
+        warnings.append(
+            f"{_pages(tally.broken)} cannot be read and "
+            f"{'was' if len(tally.broken) == 1 else 'were'} skipped ({tally.first_error})"
+        )
+    if tally.read_by_ocr:
+        warnings.append(
+            f"{_pages(tally.read_by_ocr)}: no usable text layer; the text was read by OCR "
             f"(Tesseract, {req.ocr_language}), check it against the original"
         )
-    if ocr_missing:
+    if tally.ocr_missing:
         warnings.append(
-            f"OCR could not run ({ocr_missing}); pages without a text layer were skipped"
+            f"OCR could not run ({tally.ocr_missing}); pages without a text layer were skipped"
         )
-    if undecodable:
+    if tally.undecodable:
         warnings.append(
-            f"{_pages(undecodable)}: text in fonts that cannot be decoded, skipped (OCR would read it)"
+            f"{_pages(tally.undecodable)}: text in fonts that cannot be decoded, skipped "
+            "(OCR would read it)"
         )
-    if pictures:
-        warnings.append(f"{_pages(pictures)}: images only, OCR found no text, skipped")
-    if number_only:
-        warnings.append(f"{_pages(number_only)}: only a page number, skipped")
-    if empty:
-        warnings.append(f"{_pages(empty)}: empty, skipped")
+    if tally.pictures:
+        warnings.append(f"{_pages(tally.pictures)}: images only, OCR found no text, skipped")
+    if tally.number_only:
+        warnings.append(f"{_pages(tally.number_only)}: only a page number, skipped")
+    if tally.empty:
+        warnings.append(f"{_pages(tally.empty)}: empty, skipped")
     if repaired:
         warnings.append(
             "the file needed repair to open (a damaged or padded end, or a broken cross-reference "
             "table); no page content was lost, but check the result against the original"
         )
-    yield {"t": "end", "warnings": warnings}
+    return warnings
 
 
 _GLYPH_IDS = re.compile(r"[\x00-\x08\x0e-\x1f]")
