@@ -109,8 +109,8 @@ class Services:
                 **settings,
             }
         )
-        self.queue.client().flushall()
-        self.cache.client().flushall()
+        self.queue.client().flushdb()
+        self.cache.client().flushdb()
         reset_settings_cache()
         set_context(None)
         dispose_engines()

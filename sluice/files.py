@@ -10,7 +10,10 @@ Redis, SQLite's journals) are private too.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
+
+from sluice.errors import SettingsError
 
 PRIVATE_UMASK = 0o077
 
@@ -48,6 +51,27 @@ def write_private(path: Path, text: str) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def shared_secret(path: Path) -> str:
+    """The secret kept in ``path`` (0600, in a 0700 folder), made on first use by whichever process
+    asks first: written to a temporary file and linked into place, so every process that races to
+    make it ends up reading the same value, and nobody ever reads a half-written one."""
+    path = Path(path)
+    if not path.exists():
+        private_dir(path.parent)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        write_private(tmp, secrets.token_urlsafe(32) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: its value is the one
+        finally:
+            tmp.unlink()
+    value = path.read_text(encoding="utf-8").strip()
+    if not value:
+        raise SettingsError(f"{path} is empty: delete it to have a new secret made, or write one")
+    return value
 
 
 def private_file(path: Path) -> Path:

@@ -19,6 +19,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.errors import SettingsError
+from sluice.files import shared_secret
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,20 @@ def url_password(url: str) -> str | None:
         if key.lower() in ("password", "passwd") and value:
             return value
     return None
+
+
+RedisRole = Literal["queue", "cache"]
+
+
+def redis_password_path(data_dir: Path, role: str) -> Path:
+    """Where the password of the queue or cache Redis is kept when its URL carries none (0600)."""
+    return Path(data_dir) / f"redis-{role}" / "password"
+
+
+def resolve_redis_password(url: str, data_dir: Path, role: str) -> str:
+    """The password of a Sluice Redis, the same for its server and every client: the URL's when
+    it carries one, else the one in the data directory (made on first use by whoever asks first)."""
+    return url_password(url) or shared_secret(redis_password_path(data_dir, role))
 
 
 class Settings(BaseSettings):
@@ -129,6 +144,11 @@ class Settings(BaseSettings):
     # Prometheus metrics (``sluice serve metrics``)
     metrics_address: str = "127.0.0.1"
     metrics_port: int = Field(9464, ge=1, le=65535)
+    # A scraper sends it as "Authorization: Bearer <token>"; required beyond loopback.
+    metrics_token: SecretStr | None = None
+    # Host names /metrics is reached by besides loopback and SLUICE_METRICS_ADDRESS (comma-separated;
+    # "*" accepts any, and gives up the DNS-rebinding protection).
+    metrics_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # The HTTP API (``sluice serve api``): where it listens, the names it answers at besides loopback
     # and SLUICE_API_ADDRESS (comma-separated; "*" accepts any), and each key's requests per minute.
@@ -156,7 +176,12 @@ class Settings(BaseSettings):
     console_sign_in: Literal["auto", "always", "off"] = "auto"
 
     @field_validator(
-        "console_hosts", "console_trusted_proxies", "webhook_urls", "api_hosts", mode="before"
+        "console_hosts",
+        "console_trusted_proxies",
+        "webhook_urls",
+        "metrics_hosts",
+        "api_hosts",
+        mode="before",
     )
     @classmethod
     def _comma_list(cls, v):
@@ -242,6 +267,7 @@ class Settings(BaseSettings):
             "console_readonly_password",
             "chroma_token",
             "webhook_secret",
+            "metrics_token",
         ):
             secret = getattr(self, name)
             if secret is not None and secret.get_secret_value() in ("", "changeme", "change-me"):
@@ -287,6 +313,11 @@ class Settings(BaseSettings):
             self.console_sign_in == "auto" and self.console_password is not None
         )
 
+    def redis_password(self, role: RedisRole) -> str:
+        """The password every client of the queue or cache Redis sends (see resolve_redis_password)."""
+        url = self.queue_redis_url if role == "queue" else self.cache_redis_url
+        return resolve_redis_password(url, self.data_dir, role)
+
     def secrets_status(self) -> dict[str, bool]:
         """Which secrets are set, never their values (for logs and the System page)."""
         return {
@@ -294,6 +325,7 @@ class Settings(BaseSettings):
             "SLUICE_CONSOLE_READONLY_PASSWORD": self.console_readonly_password is not None,
             "SLUICE_CHROMA_TOKEN": self.chroma_token is not None,
             "SLUICE_WEBHOOK_SECRET": self.webhook_secret is not None,
+            "SLUICE_METRICS_TOKEN": self.metrics_token is not None,
             "queue Redis password": bool(url_password(self.queue_redis_url)),
             "cache Redis password": bool(url_password(self.cache_redis_url)),
             "database password": bool(url_password(self.database_url))

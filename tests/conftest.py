@@ -108,8 +108,8 @@ def sluice_env(store_env, services):
     emptied for this test; returns that env."""
     if not services.queue.alive():
         services.queue.start()
-    services.queue.client().flushall()
-    services.cache.client().flushall()
+    services.queue.client().flushdb()
+    services.cache.client().flushdb()
     _reset_process_state()
     yield dict(os.environ)
 

@@ -123,7 +123,7 @@ def test_flushing_the_cache_redis_loses_nothing(ctx, services):
     total = job(ctx, r.job_id).chunk_count
     assert cached_keys(services) == total  # the run filled the cache
 
-    services.cache.client().flushall()
+    services.cache.client().flushdb()
     assert cached_keys(services) == 0
     with Session(ctx.engine) as session:
         jobs.reindex(session=session, job_ids=[r.job_id], actor="test")

@@ -198,7 +198,7 @@ def test_retry_preview_counts_index_cache_and_work(make_ctx, monkeypatch, capsys
         "lagoon"
     ].chunk_count  # the same text, run cleanly
     assert total > 4
-    services.cache.client().flushall()
+    services.cache.client().flushdb()
     monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=permanent")
     r = ingest_bytes(ctx, text("lagoon"), dataset="default", filename="lagoon.txt")
     assert run_job(r.job_id, ctx=ctx).result == "failed"  # one batch of 4 written, and cached

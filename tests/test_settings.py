@@ -126,6 +126,7 @@ def _set_every_secret(env) -> None:
     env.setenv("SLUICE_CACHE_REDIS_URL", f"redis://:{SECRET}-cache@127.0.0.1:6391/0")
     env.setenv("SLUICE_DATABASE_URL", f"postgresql://sluice:{SECRET}-db@127.0.0.1:5432/sluice")
     env.setenv("SLUICE_WEBHOOK_SECRET", SECRET + "-webhook")
+    env.setenv("SLUICE_METRICS_TOKEN", SECRET + "-metrics")
     env.setenv("SLUICE_WEBHOOK_URLS", f"https://hooks:{SECRET}-hook@hooks.example/in")
 
 
@@ -141,6 +142,7 @@ def test_logs_name_the_secrets_that_are_set_never_their_values(clean_env, caplog
         "SLUICE_CONSOLE_PASSWORD",
         "SLUICE_CONSOLE_READONLY_PASSWORD",
         "SLUICE_CHROMA_TOKEN",
+        "SLUICE_METRICS_TOKEN",
         "queue Redis password",
         "cache Redis password",
         "database password",

@@ -80,7 +80,7 @@ def serve(args) -> int:
     if args.what == "metrics":  # in this process: a small HTTP server over the job database
         from sluice.ops.metrics import serve as serve_metrics
 
-        serve_metrics(s.metrics_address, s.metrics_port)
+        serve_metrics(s)
         return 0
     argv = argv_for(args.what, workers=args.workers, kind=args.kind)
     sys.stdout.flush()

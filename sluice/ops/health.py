@@ -90,9 +90,9 @@ class Probe:
     detail: str
 
 
-def _redis_probe(name: str, url: str) -> Probe:
+def _redis_probe(name: str, url: str, password: str) -> Probe:
     client = redis.Redis.from_url(
-        url, socket_timeout=PROBE_TIMEOUT, socket_connect_timeout=PROBE_TIMEOUT
+        url, password=password, socket_timeout=PROBE_TIMEOUT, socket_connect_timeout=PROBE_TIMEOUT
     )
     try:
         client.ping()
@@ -140,8 +140,8 @@ def _chroma_probe(settings: Settings) -> Probe:
 
 def probes(settings: Settings) -> list[Probe]:
     return [
-        _redis_probe("queue Redis", settings.queue_redis_url),
-        _redis_probe("cache Redis", settings.cache_redis_url),
+        _redis_probe("queue Redis", settings.queue_redis_url, settings.redis_password("queue")),
+        _redis_probe("cache Redis", settings.cache_redis_url, settings.redis_password("cache")),
         _chroma_probe(settings),
     ]
 

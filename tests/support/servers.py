@@ -7,6 +7,7 @@ nothing touches a Redis or Chroma the suite did not start.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -76,7 +77,9 @@ class RedisServer(ManagedProcess):
     def __init__(self, role: str, workdir: Path) -> None:
         self.port = free_port()
         self.role = role
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        # Sluice's Redis always requires a password; the suite's carry theirs in the URL, as on
+        # several hosts, so every test's own data directory reaches them.
+        self.url = f"redis://:{secrets.token_urlsafe(16)}@127.0.0.1:{self.port}/0"
         super().__init__(
             redis_argv(role, url=self.url, data_dir=workdir), log=workdir / f"redis-{role}.log"
         )

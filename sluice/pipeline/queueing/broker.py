@@ -38,7 +38,11 @@ def get_huey() -> RedisHuey:
     """The process's Huey instance on the queue Redis named by the settings (built on first use)."""
     s = get_settings()
     pool = redis.ConnectionPool.from_url(
-        s.queue_redis_url, socket_connect_timeout=3, socket_timeout=10, health_check_interval=30
+        s.queue_redis_url,
+        password=s.redis_password("queue"),  # a password in the URL wins (it is the same one)
+        socket_connect_timeout=3,
+        socket_timeout=10,
+        health_check_interval=30,
     )
     # JSON messages: reading the queue never unpickles what someone wrote into Redis.
     return RedisHuey(

@@ -147,6 +147,7 @@ class Context:
         namespace = f"{model_id}:{self.precision}:{self.pipeline_version}"
         return EmbeddingCache(
             self.settings.cache_redis_url,
+            password=self.settings.redis_password("cache"),
             namespace=namespace,
             dim=dim,
             ttl_seconds=self.settings.embed_cache_ttl_seconds,
