@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from sqlmodel import Session
 
 from sluice.pipeline.queueing import webhook_delivery
+from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, outbox
+from sluice.storage.models import Job, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +141,20 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
         report.reap_waited_seconds += tick.wait
     else:
         return []
-    with Session(ctx.engine) as session:
-        return jobs.reap(
+    with Session(ctx.engine, expire_on_commit=False) as session:
+        taken = jobs.reap(
             session=session,
             lease_seconds=s.lease_seconds,
             base_delay=s.retry_base_seconds,
             max_delay=s.retry_max_seconds,
         )
+        # A job whose cancel was requested is cancelled by the reaper: what its attempt wrote goes,
+        # as its own worker would have removed it.
+        ended = [session.get(Job, job_id) for job_id in taken]
+    for job in ended:
+        if job is not None and job.status == JobStatus.cancelled:
+            remove_partial(ctx, job)
+    return taken
 
 
 _sleep = (

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from sqlalchemy import update
+from sqlalchemy import exists, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, select
 
 from sluice import faults
@@ -72,6 +73,7 @@ def deliver_due(
                 WebhookDelivery.delivered_at.is_(None),
                 WebhookDelivery.gave_up_at.is_(None),
                 WebhookDelivery.next_attempt_at <= now,
+                ~_earlier_waiting(),
             )
             .order_by(WebhookDelivery.id)
             .limit(limit)
@@ -115,6 +117,25 @@ def deliver_due(
     return report
 
 
+def _earlier_waiting():
+    """An older event of the same job for the same endpoint is still to be delivered: this one
+    waits for it, so an endpoint receives a job's events in the order they happened (a retried
+    job's success never overtakes its failure that is backing off). One given up no longer holds
+    the next."""
+    earlier = aliased(WebhookDelivery)
+    return (
+        exists()
+        .where(
+            earlier.job_id == WebhookDelivery.job_id,
+            earlier.endpoint == WebhookDelivery.endpoint,
+            earlier.id < WebhookDelivery.id,
+            earlier.delivered_at.is_(None),
+            earlier.gave_up_at.is_(None),
+        )
+        .correlate(WebhookDelivery)
+    )
+
+
 def _claim(
     engine: Engine, row_id: int, attempts: int, hold: timedelta
 ) -> tuple[WebhookDelivery, datetime] | None:
@@ -131,6 +152,7 @@ def _claim(
                     WebhookDelivery.delivered_at.is_(None),
                     WebhookDelivery.gave_up_at.is_(None),
                     WebhookDelivery.next_attempt_at <= now,
+                    ~_earlier_waiting(),
                 )
                 .values(attempts=attempts + 1, next_attempt_at=now + hold)
                 .execution_options(synchronize_session=False)

@@ -34,6 +34,7 @@ from sluice.errors import (
 from sluice.pipeline.parsing.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
 from sluice.pipeline.running import embed, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
+from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, Stage
@@ -152,7 +153,7 @@ class Heartbeat(threading.Thread):
                 max_delay=s.retry_max_seconds,
             )
         if after is not None and after.status.value == "cancelled":
-            _remove_partial(self.ctx, self.job)
+            remove_partial(self.ctx, self.job)
 
     def _cancel(self, silent: float) -> None:
         self.reporter.lost = True
@@ -161,7 +162,7 @@ class Heartbeat(threading.Thread):
             self.job_id,
             silent,
         )
-        _remove_partial(self.ctx, self.job)
+        remove_partial(self.ctx, self.job)
         with Session(self.ctx.engine, expire_on_commit=False) as session:
             jobs.acknowledge_cancel(
                 session=session, job_id=self.job_id, lease=self.lease, worker_id=self.ctx.worker_id
@@ -289,7 +290,7 @@ def run_job(
         log.warning("job %s: %s; stopping this attempt", job_id, exc)
         return RunOutcome(job_id, "lost", str(exc))
     except JobCancelled:
-        _remove_partial(ctx, job)
+        remove_partial(ctx, job)
 
         def acknowledge() -> Job | None:
             with Session(ctx.engine, expire_on_commit=False) as session:
@@ -334,7 +335,7 @@ def run_job(
 
         after = _when_the_database_answers(ctx, job_id, record)
         if after is not None and after.status.value == "cancelled":
-            _remove_partial(ctx, job)
+            remove_partial(ctx, job)
         return RunOutcome(job_id, after.status.value if after else "lost", err.message)
     finally:
         beat.stop()
@@ -411,20 +412,6 @@ def _file_replaced(ctx: Context, job: Job, read: str | None) -> str | None:
     return "its new file (the document's file was replaced during the attempt)"
 
 
-def _remove_partial(ctx: Context, job: Job) -> None:
-    """Delete what this job wrote, unless those vectors are the ones search serves (a reindex)."""
-    with Session(ctx.engine, expire_on_commit=False) as session:
-        document = session.get(Document, job.document_id)
-        dataset = session.get(Dataset, job.dataset_id)
-    if document.active_job_id == job.id:
-        return
-    try:
-        ctx.vectors.delete(dataset.collection, where={"job_id": job.id})
-        lexical.delete_job(ctx.engine, job.id)
-    except Exception as exc:  # reconcile finds and removes such orphans later
-        log.warning("job %s: could not remove partial vectors: %s", job.id, exc)
-
-
 def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
@@ -435,7 +422,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     if job.pipeline_version != version:  # wait for a worker of it, or build the one in force
         followed = versions.follow(ctx, job, dataset, version)
         if followed == "superseded":
-            _remove_partial(ctx, job)
+            remove_partial(ctx, job)
         if followed != "moved":
             return RunOutcome(job.id, followed, f"pipeline {version} is built instead")
     report.blob_key = document.blob_key
