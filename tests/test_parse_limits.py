@@ -295,7 +295,7 @@ def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_neve
         "        with open(f'/proc/{parent}/maps', 'rb') as fh:\n"
         "            maps = fh.read()\n"
         "        text = ' '.join(t for _, t in parsed.pages())\n"
-        "        print(parent != os.getpid(), b'forkserver' in server, b'extract_preload' in server,\n"
+        "        print(parent != os.getpid(), b'forkserver' in server, b'parsing.preload' in server,\n"
         "              b'onnxruntime' in maps or b'numpy' in maps, text, flush=True)\n"
     )
     done = subprocess.run(
