@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy import text
@@ -31,11 +32,19 @@ from sluice.errors import (
     classify,
     refused_connection,
 )
-from sluice.pipeline.parsing.parse import NO_TEXT_HINT, PDF, OcrOptions, ParseLimits, open_document
+from sluice.pipeline.parsing.parse import (
+    NO_TEXT_HINT,
+    PDF,
+    OcrOptions,
+    ParsedDocument,
+    ParseLimits,
+    open_document,
+)
 from sluice.pipeline.running import embed, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
 from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
+from sluice.settings import Settings
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
@@ -413,6 +422,54 @@ def _file_replaced(ctx: Context, job: Job, read: str | None) -> str | None:
 
 
 def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
+    """One attempt, as its steps: load, parse, chunk, embed and write, verify, finish."""
+    loaded = _load(ctx, job, report)
+    if isinstance(loaded, RunOutcome):  # another pipeline version is in force
+        return loaded
+    document, dataset, s, path = loaded
+    parsed, pages = _parse(document, path, s, report)
+    chunks = _chunk(pages, s, report)
+    del pages
+    total = len(chunks)
+    out = _Output(
+        ctx, dataset.collection, job, document, report, set(parsed.ocr_pages), parsed.where
+    )
+    # Ids already in the index (an earlier attempt wrote them) are neither embedded nor
+    # rewritten: upserting existing ids is ~12x slower than adding.
+    existing: set[str] = set()
+    if job.lease > 1:
+        existing = set(ctx.vectors.ids_where(out.collection, {"job_id": job.id}))
+    ids = [chunk_id(document.sha256, job.pipeline_version, c.position) for c in chunks]
+    embedded, cached = _embed_and_write(out, ids, chunks, existing, s.embed_batch_size)
+
+    # Indexing: drop what an older run left beyond the new chunk count, then verify.
+    report.update(Stage.indexing, 0, total)
+    stale = existing - set(ids)
+    if stale:
+        ctx.vectors.delete(out.collection, ids=sorted(stale))
+    faults.hit("before_verify", job_id=job.id)
+    again, again_cached = _verify(out, ids, chunks, s.embed_batch_size)
+    embedded, cached = embedded + again, cached + again_cached
+    # The lexical index: every chunk's words under the same ids, all rewritten in one transaction.
+    lexical.write_job(
+        ctx.engine,
+        dataset_id=dataset.id,
+        document_id=document.id,
+        job_id=job.id,
+        rows=[
+            lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)
+        ],
+    )
+    report.update(Stage.indexing, total, total, force=True)
+    faults.hit("after_index")
+    return _finish(out, parsed, total, embedded, cached)
+
+
+def _load(
+    ctx: Context, job: Job, report: Reporter
+) -> tuple[Document, Dataset, Settings, Path] | RunOutcome:
+    """The job's document, dataset, parse settings and file; an outcome instead when the job's
+    pipeline version is no longer the one in force."""
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
@@ -434,8 +491,14 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             "Upload the file again.",
         )
     faults.hit("before_open", job_id=job.id)
+    return document, dataset, s, path
 
-    # Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
+
+def _parse(
+    document: Document, path: Path, s: Settings, report: Reporter
+) -> tuple[ParsedDocument, list[tuple[int, str]]]:
+    """Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
+    The document (closed, with its page count, warnings and OCR pages) and its pages' text."""
     parsed = open_document(
         path,
         media_type=document.media_type,
@@ -468,11 +531,14 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             "no_text", "the file has no text", "Upload a file that has text in it."
         )
     faults.hit("after_parse")
+    return parsed, pages
 
-    # Chunking: deterministic, page by page.
+
+def _chunk(pages: list[tuple[int, str]], s: Settings, report: Reporter) -> list[Chunk]:
+    """Chunking: deterministic, page by page; each page's text is freed once it is chunked."""
     chunks: list[Chunk] = []
-    for i, (number, text) in enumerate(pages, start=1):
-        for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap):
+    for i, (number, content) in enumerate(pages, start=1):
+        for piece in split_text(content, size=s.chunk_size, overlap=s.chunk_overlap):
             chunks.append(Chunk(len(chunks), number, piece))
         if len(chunks) > s.max_chunks:
             raise UserActionError(
@@ -482,32 +548,48 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             )
         pages[i - 1] = (number, "")  # free the page text as soon as it is chunked
         report.update(Stage.chunking, i, len(pages))
-    del pages
-    total = len(chunks)
-    by_ocr = set(parsed.ocr_pages)
-    where = parsed.where
+    return chunks
 
-    # Embedding and writing, batch by batch. Ids already in the index (an earlier attempt wrote
-    # them) are neither embedded nor rewritten: upserting existing ids is ~12x slower than adding.
-    collection = dataset.collection
-    existing: set[str] = set()
-    if job.lease > 1:
-        existing = set(ctx.vectors.ids_where(collection, {"job_id": job.id}))
-    ids = [chunk_id(document.sha256, job.pipeline_version, c.position) for c in chunks]
+
+@dataclass
+class _Output:
+    """Where an attempt writes its batches, and what their metadata says of each chunk."""
+
+    ctx: Context
+    collection: str
+    job: Job
+    document: Document
+    report: Reporter
+    by_ocr: set[int]
+    where: dict[int, str]
+
+    def finish(self, batch: _Batch) -> tuple[int, int]:
+        """Write a batch whose vectors are being made; (embedded, from cache)."""
+        return batch.finish(
+            self.ctx, self.collection, self.job, self.document, self.report, self.by_ocr, self.where
+        )
+
+
+def _embed_and_write(
+    out: _Output, ids: list[str], chunks: list[Chunk], existing: set[str], bs: int
+) -> tuple[int, int]:
+    """Embedding and writing, batch by batch, skipping the ids already in the index; returns
+    (embedded, from cache).
+
+    Two batches in flight: while the lanes encode one, this thread writes the one before (cache,
+    Chroma) and looks up the next, so the model never waits for a write. A batch counts as
+    embedded once its vectors exist and are in the store."""
+    total = len(chunks)
     embedded = cached = 0
-    bs = s.embed_batch_size
-    report.update(Stage.embedding, 0, total)
-    # Two batches in flight: while the lanes encode one, this thread writes the one before (cache,
-    # Chroma) and looks up the next, so the model never waits for a write. A batch counts as
-    # embedded once its vectors exist and are in the store.
+    out.report.update(Stage.embedding, 0, total)
     in_flight: _Batch | None = None
 
     def write(batch: _Batch) -> None:
         """Write a batch whose vectors are being made (cache, Chroma), then say it is embedded."""
         nonlocal embedded, cached
-        e, c = batch.finish(ctx, collection, job, document, report, by_ocr, where)
+        e, c = out.finish(batch)
         embedded, cached = embedded + e, cached + c
-        report.update(
+        out.report.update(
             Stage.embedding, batch.end, total, embedded_count=embedded, cached_count=cached
         )
 
@@ -518,7 +600,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
                 for cid, c in zip(ids[start : start + bs], chunks[start : start + bs], strict=True)
                 if cid not in existing
             ]
-            ahead = _Batch.start(ctx, batch, end=min(total, start + bs))
+            ahead = _Batch.start(out.ctx, batch, end=min(total, start + bs))
             if in_flight is not None:
                 write(in_flight)
             in_flight = ahead
@@ -526,22 +608,22 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             write(in_flight)
             in_flight = None
     finally:
-        if (
-            in_flight is not None
-        ):  # the attempt ended early: the lanes need not encode what is queued
+        # the attempt ended early: the lanes need not encode what is queued
+        if in_flight is not None:
             in_flight.cancel()
+    return embedded, cached
 
-    # Indexing: drop what an older run left beyond the new chunk count, then verify.
-    report.update(Stage.indexing, 0, total)
-    stale = existing - set(ids)
-    if stale:
-        ctx.vectors.delete(collection, ids=sorted(stale))
-    faults.hit("before_verify", job_id=job.id)
-    # Success is judged on what the index holds now, not on what this attempt believes it wrote:
-    # ids an earlier attempt left (skipped above) may have gone meanwhile (a repair removed them as
-    # orphans of a failed job). Write back what is missing, from the cache, and look again.
+
+def _verify(out: _Output, ids: list[str], chunks: list[Chunk], bs: int) -> tuple[int, int]:
+    """Success is judged on what the index holds now, not on what this attempt believes it wrote:
+    ids an earlier attempt left (skipped above) may have gone meanwhile (a repair removed them as
+    orphans of a failed job). Write back what is missing, from the cache, and look again; returns
+    (embedded, from cache) of what was written again."""
+    embedded = cached = 0
+    total = len(chunks)
+    job = out.job
     for _ in range(VERIFY_ROUNDS):
-        held = set(ctx.vectors.ids_where(collection, {"job_id": job.id}))
+        held = set(out.ctx.vectors.ids_where(out.collection, {"job_id": job.id}))
         missing = [(cid, c) for cid, c in zip(ids, chunks, strict=True) if cid not in held]
         if not missing:
             break
@@ -552,9 +634,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             total,
         )
         for start in range(0, len(missing), bs):
-            e, c = _embed_and_add(
-                ctx, collection, job, document, missing[start : start + bs], report, by_ocr, where
-            )
+            e, c = out.finish(_Batch.start(out.ctx, missing[start : start + bs], end=0))
             embedded += e
             cached += c
     else:
@@ -564,19 +644,14 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             "chunks of this job after writing the missing ones again",
             "Sluice retries this by itself; if it keeps happening, run `sluice reconcile`.",
         )
-    # The lexical index: every chunk's words under the same ids, all rewritten in one transaction.
-    lexical.write_job(
-        ctx.engine,
-        dataset_id=dataset.id,
-        document_id=document.id,
-        job_id=job.id,
-        rows=[
-            lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)
-        ],
-    )
-    report.update(Stage.indexing, total, total, force=True)
-    faults.hit("after_index")
+    return embedded, cached
 
+
+def _finish(
+    out: _Output, parsed: ParsedDocument, total: int, embedded: int, cached: int
+) -> RunOutcome:
+    """Succeed the job (fenced on its lease), then remove the chunks of the jobs it supersedes."""
+    ctx, job = out.ctx, out.job
     with Session(ctx.engine, expire_on_commit=False) as session:
         superseded = jobs.succeed(
             session=session,
@@ -588,30 +663,15 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
             embedded=embedded,
             cached=cached,
             warnings=parsed.warnings,
-            stages=report.stage_seconds(),
+            stages=out.report.stage_seconds(),
         )
     for old in superseded:
         try:
-            ctx.vectors.delete(collection, where={"job_id": old})
+            ctx.vectors.delete(out.collection, where={"job_id": old})
             lexical.delete_job(ctx.engine, old)
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("could not remove chunks of superseded job %s: %s", old, exc)
     return RunOutcome(job.id, "succeeded", f"{total} chunks")
-
-
-def _embed_and_add(
-    ctx: Context,
-    collection: str,
-    job: Job,
-    document: Document,
-    batch: list[tuple[str, Chunk]],
-    report: Reporter,
-    by_ocr: set[int] = frozenset(),
-    where: dict[int, str] | None = None,
-) -> tuple[int, int]:
-    return _Batch.start(ctx, batch, end=0).finish(
-        ctx, collection, job, document, report, by_ocr, where
-    )
 
 
 @dataclass
