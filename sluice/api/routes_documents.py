@@ -10,20 +10,20 @@ from fastapi.responses import JSONResponse, Response
 
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
-from sluice.api.schemas import ChunkPage, DeleteOut, DocumentOut, problems
+from sluice.api.schemas import ChunkPage, DeleteOut, DocumentId, DocumentOut, problems
 from sluice.ops import scoped
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
 
 @router.get("/{document_id}", response_model=DocumentOut, responses=problems(401, 404, 429))
-def get_document(document_id: int, key: Key) -> dict:
+def get_document(document_id: DocumentId, key: Key) -> dict:
     return scoped.document(key, document_id)
 
 
 @router.get("/{document_id}/chunks", response_model=ChunkPage, responses=problems(401, 404, 429))
 def get_chunks(
-    document_id: int,
+    document_id: DocumentId,
     key: Key,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -41,7 +41,7 @@ def get_chunks(
 @router.delete(
     "/{document_id}", response_model=DeleteOut, responses=problems(401, 403, 404, 409, 429)
 )
-def delete_document(document_id: int, key: Key) -> Response:
+def delete_document(document_id: DocumentId, key: Key) -> Response:
     done = scoped.delete_document(key, document_id)
     if not done.ok:
         raise Problem(409, "action_refused", done.message)

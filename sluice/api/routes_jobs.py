@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
-from sluice.api.schemas import ActionOut, JobList, JobOut, UnlockIn, problems
+from sluice.api.schemas import ActionOut, JobId, JobList, JobOut, UnlockIn, problems
 from sluice.ops import scoped
 from sluice.ops.actions import ActionReport
 from sluice.ops.keys import ApiPrincipal
@@ -56,7 +56,7 @@ def _etag(body: str) -> str:
     responses={304: {"description": "not modified"}, **problems(401, 404, 429)},
 )
 def get_job(
-    job_id: int, key: Key, if_none_match: Annotated[str | None, Header()] = None
+    job_id: JobId, key: Key, if_none_match: Annotated[str | None, Header()] = None
 ) -> Response:
     state = scoped.job(key, job_id)
     body = json.dumps(state, separators=(",", ":"), sort_keys=True)
@@ -75,7 +75,7 @@ def list_jobs(
     dataset: str | None = None,
     status: Annotated[list[str] | None, Status] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,10}$")] = None,
 ) -> dict:
     unknown = [s for s in status or [] if s not in STATUSES]
     if unknown:
@@ -104,21 +104,21 @@ ACTION_RESPONSES = problems(401, 403, 404, 409, 422, 429)
 
 
 @router.post("/{job_id}/retry", response_model=ActionOut, responses=ACTION_RESPONSES)
-def retry(job_id: int, request: Request, key: Key) -> Response:
+def retry(job_id: JobId, request: Request, key: Key) -> Response:
     return idempotent(
         request, key, [job_id], lambda: _action(key, job_id, scoped.retry(key, job_id))
     )
 
 
 @router.post("/{job_id}/cancel", response_model=ActionOut, responses=ACTION_RESPONSES)
-def cancel(job_id: int, request: Request, key: Key) -> Response:
+def cancel(job_id: JobId, request: Request, key: Key) -> Response:
     return idempotent(
         request, key, [job_id], lambda: _action(key, job_id, scoped.cancel(key, job_id))
     )
 
 
 @router.post("/{job_id}/unlock", response_model=ActionOut, responses=ACTION_RESPONSES)
-def unlock(job_id: int, body: UnlockIn, request: Request, key: Key) -> Response:
+def unlock(job_id: JobId, body: UnlockIn, request: Request, key: Key) -> Response:
     """A password-protected PDF: the password decrypts it in a child process and the job is
     retried; it reaches no database, queue, log or event (and is not part of the idempotency
     fingerprint)."""

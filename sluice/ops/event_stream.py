@@ -27,6 +27,7 @@ from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import Job, JobEvent
 
 GAP_WAIT_SECONDS = 2.0
+MAX_ID = 2**31 - 1  # event ids are an INTEGER column
 BATCH = 500
 EVENT_TYPES = {  # job event kind -> the stream's (and the webhooks') event type
     "created": "job.queued",
@@ -70,7 +71,8 @@ def open_cursor(key: ApiPrincipal, *, dataset: str | None, after: int | None) ->
             reach = [ds.id]
         else:
             reach = key.reach
-        start = api_queries.last_event_id(session=session) if after is None else max(0, after)
+        last = api_queries.last_event_id(session=session)
+        start = last if after is None else max(0, min(after, MAX_ID))
         return EventCursor(start, reach, queries.dataset_names(session=session))
 
 

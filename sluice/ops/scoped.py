@@ -27,6 +27,7 @@ from sluice.storage.jobs import get_job
 from sluice.storage.models import Document, Job, JobStatus
 
 FINAL = {s.value for s in JobStatus.final()}
+MAX_ID = 2**31 - 1  # ids are INTEGER columns
 
 
 class Missing(LookupError):
@@ -188,7 +189,7 @@ def jobs(
     cursor: str | None,
 ) -> JobsPage:
     """Jobs newest first; ``cursor`` is the ``next_cursor`` of the page before."""
-    before = int(cursor) if cursor else None
+    before = min(int(cursor), MAX_ID) if cursor else None
     with _session() as session:
         reach = [_dataset(session, key, dataset).id] if dataset else key.reach
         found = api_queries.jobs_before(
