@@ -3,7 +3,9 @@ process, also a real worker) and in-process hooks (``hook``, for tests that forc
 
 Unset (always, in production) it does nothing. Set, it is a comma-separated list of
 ``point=action`` where action is ``exit`` (the process dies at once, like kill -9), ``sleep:S``,
-or ``transient`` / ``permanent`` (raise that error class). A point may carry a count after ``@``:
+``wait:PATH`` (create ``PATH.waiting``, then hold until ``PATH`` exists, at most WAIT_SECONDS: a
+test in another process holds a child at a point, looks at it, and lets it go), or ``transient`` /
+``permanent`` (raise that error class). A point may carry a count after ``@``:
 ``embed_batch@3=exit`` fires at the third time the point is reached in this process.
 
 Points: ``after_claim``, ``after_parse``, ``embed_batch``, ``after_index`` (vectors written, job
@@ -15,7 +17,9 @@ not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, befor
 wrote its chunks, before it checks the index), ``reconcile_before_delete`` (repair confirmed
 orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the lease gone),
 ``webhook_selected`` (a webhook dispatcher read a due delivery, before it claims it),
-``webhook_claimed`` (it claimed the delivery, before it posts).
+``webhook_claimed`` (it claimed the delivery, before it posts), ``extract_page`` (a parse child is
+about to read a PDF page), ``decrypt_authenticated`` (the decrypt child holds the password and has
+opened the file with it, before it writes the copy).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database
@@ -31,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+WAIT_SECONDS = 60.0
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
 _hooks: dict[str, list[Callable[..., None]]] = {}
@@ -76,8 +81,18 @@ def hit(point: str, **info) -> None:
         os._exit(137)
     if action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
+    elif action.startswith("wait:"):
+        _wait_for_file(action.split(":", 1)[1])
     elif action in ("transient", "permanent"):
         from sluice.errors import PermanentError, TransientError
 
         cls = TransientError if action == "transient" else PermanentError
         raise cls("injected_fault", f"injected {action} fault at {point}", "")
+
+
+def _wait_for_file(path: str) -> None:
+    with open(f"{path}.waiting", "w") as fh:
+        fh.write(str(os.getpid()))
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)

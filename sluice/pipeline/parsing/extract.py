@@ -12,9 +12,12 @@ kills it on a deadline or a cancel. The child writes one JSON object per line on
     {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
 
-``python -m sluice.pipeline.parsing.extract --decrypt '<json request>' OUT`` reads a password on stdin
-(never on the command line, which other users of the machine can read), and writes the PDF
-without its encryption to OUT: {"t": "decrypted", "pages": N}, or an error ("wrong_password").
+``python -m sluice.pipeline.parsing.extract --decrypt`` reads a line ``{"request": ..., "out": OUT}``
+and then the password on stdin (neither on the command line, which every user of the machine can
+read: not even the file's name), and writes the PDF without its encryption to OUT:
+{"t": "decrypted", "pages": N}, or an error ("wrong_password"). Before it reads the password it
+makes itself undumpable (``keep_private``): no core file, no reading of its memory by another
+process of the same user.
 
 This module imports nothing from Sluice but the reading order and the fault points, so the child
 starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the parent.
@@ -702,6 +705,7 @@ def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
                 f"wrong password: the password given does not open {req.name}",
                 WRONG_PASSWORD_HINT,
             )
+        faults.hit("decrypt_authenticated")
         pages = doc.page_count
         doc.save(out_path, encryption=pymupdf.PDF_ENCRYPT_NONE, garbage=1, deflate=True)
     finally:
@@ -709,10 +713,23 @@ def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
     yield {"t": "decrypted", "pages": pages}
 
 
+def keep_private() -> None:
+    """No core file (RLIMIT_CORE 0) and not dumpable (PR_SET_DUMPABLE 0: nor can another process
+    of the same user read this one's memory or environment through /proc or ptrace), for a process
+    about to hold a password."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "--decrypt":
-        req = Request(**json.loads(argv[1]))
-        messages = decrypt(req, sys.stdin.buffer.read().decode("utf-8"), argv[2])
+        keep_private()  # before a byte of the password is read
+        head = json.loads(sys.stdin.buffer.readline())
+        req = Request(**head["request"])
+        messages = decrypt(req, sys.stdin.buffer.read().decode("utf-8"), head["out"])
     else:
         req = Request(**json.loads(argv[0]))
         messages = read(req)

@@ -44,7 +44,11 @@ def available(language: str = "eng") -> str | None:
         return NOT_INSTALLED
     try:
         out = subprocess.run(
-            ["tesseract", "--list-langs"], capture_output=True, timeout=30, check=False
+            ["tesseract", "--list-langs"],
+            capture_output=True,
+            timeout=30,
+            env=_tesseract_env(),
+            check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"Tesseract does not start ({exc})"
@@ -205,12 +209,19 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked tessera
         pass
 
 
-def recognise(png: bytes, *, dpi: int, language: str = "eng") -> str:
-    """The text Tesseract reads in a page image: words of enough confidence, in lines and
-    paragraphs as it found them; "" when it finds none."""
+def _tesseract_env() -> dict[str, str]:
+    """Where Tesseract and its language data are, one thread: nothing else of the caller's
+    environment (a console or worker holds Sluice's secrets there)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "OMP_THREAD_LIMIT": "1"}
     if "TESSDATA_PREFIX" in os.environ:
         env["TESSDATA_PREFIX"] = os.environ["TESSDATA_PREFIX"]
+    return env
+
+
+def recognise(png: bytes, *, dpi: int, language: str = "eng") -> str:
+    """The text Tesseract reads in a page image: words of enough confidence, in lines and
+    paragraphs as it found them; "" when it finds none."""
+    env = _tesseract_env()
     try:
         done = subprocess.run(
             ["tesseract", "stdin", "stdout", "-l", language, "--dpi", str(dpi), "tsv"],

@@ -43,7 +43,7 @@ from sluice.pipeline.parsing.extract import (  # noqa: F401  (re-exported: the r
     decode_text,
     read,
 )
-from sluice.pipeline.parsing.forking import ExtractProcess
+from sluice.pipeline.parsing.forking import ExtractProcess, child_env
 
 SUPPORTED = (
     PDF,
@@ -197,13 +197,6 @@ def _timeout(name: str, seconds: float) -> PermanentError:
     )
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the folder that holds the sluice package
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 class _Forked:
     """A forked extraction process with the face of the ``subprocess.Popen`` the parser used before."""
 
@@ -213,7 +206,7 @@ class _Forked:
         reader, writer = multiprocessing.Pipe(duplex=False)
         self.process = ExtractProcess(
             target=extract.forked,
-            args=(asdict(request), writer, err_path, _child_env()),
+            args=(asdict(request), writer, err_path, child_env()),
             name="sluice-extract",
             daemon=True,
         )
@@ -488,8 +481,11 @@ def decrypt_pdf(
     name: str = "the file",
 ) -> int:
     """Write the password-protected PDF at ``path`` to ``out`` without its encryption; return its
-    page count. The child process that opens it gets the password on its stdin, never in its
-    arguments or environment. A wrong password raises UserActionError("wrong_password")."""
+    page count. The child process that opens it gets the password, the request (with the file's
+    name) and both paths on its stdin, never in its arguments (``ps`` shows those to every user) or
+    its environment (``child_env``: none of Sluice's secrets either); it can neither dump core nor
+    be read by another process (``extract.keep_private``). A wrong password raises
+    UserActionError("wrong_password")."""
     limits = limits or ParseLimits()
     request = Request(
         path=str(path),
@@ -498,19 +494,13 @@ def decrypt_pdf(
         max_memory_mb=limits.max_memory_mb,
         cpu_seconds=int(limits.seconds) + 5,
     )
+    head = json.dumps({"request": asdict(request), "out": str(out)}) + "\n"
     try:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "sluice.pipeline.parsing.extract",
-                "--decrypt",
-                json.dumps(asdict(request)),
-                str(out),
-            ],
-            input=password.encode("utf-8"),
+            [sys.executable, "-m", "sluice.pipeline.parsing.extract", "--decrypt"],
+            input=head.encode("utf-8") + password.encode("utf-8"),
             capture_output=True,
-            env=_child_env(),
+            env=child_env(),
             timeout=limits.seconds,
             close_fds=True,
             check=False,
