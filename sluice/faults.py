@@ -19,7 +19,8 @@ orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the le
 ``webhook_selected`` (a webhook dispatcher read a due delivery, before it claims it),
 ``webhook_claimed`` (it claimed the delivery, before it posts), ``extract_page`` (a parse child is
 about to read a PDF page), ``decrypt_authenticated`` (the decrypt child holds the password and has
-opened the file with it, before it writes the copy).
+opened the file with it, before it writes the copy), ``idempotency_before_insert`` (an API request
+found no record of its Idempotency-Key, before it adds one).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database
