@@ -299,55 +299,68 @@ def run_job(
         log.warning("job %s: %s; stopping this attempt", job_id, exc)
         return RunOutcome(job_id, "lost", str(exc))
     except JobCancelled:
-        remove_partial(ctx, job)
-
-        def acknowledge() -> Job | None:
-            with Session(ctx.engine, expire_on_commit=False) as session:
-                return jobs.acknowledge_cancel(
-                    session=session, job_id=job_id, lease=job.lease, worker_id=ctx.worker_id
-                )
-
-        done = _when_the_database_answers(ctx, job_id, acknowledge)
-        return RunOutcome(job_id, "cancelled", done.error_message if done else "")
+        return _cancelled(ctx, job)
     except Exception as exc:
-        err = classify(exc)
-        waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err, exc)
-        waiting_for = waiting_for or _file_replaced(ctx, job, report.blob_key)
-        log.info(
-            "job %s attempt %s failed: %s %s%s",
-            job_id,
-            job.attempt,
-            err.kind.value,
-            err.message,
-            f" (waiting for {waiting_for})" if waiting_for else "",
-        )
-
-        def record() -> Job | None:
-            with Session(ctx.engine, expire_on_commit=False) as session:
-                return jobs.fail(
-                    session=session,
-                    job_id=job_id,
-                    lease=job.lease,
-                    kind=err.kind,
-                    code=err.code,
-                    message=err.message,
-                    hint=err.hint,
-                    detail=err.detail,
-                    worker_id=ctx.worker_id,
-                    base_delay=s.retry_base_seconds,
-                    max_delay=s.retry_max_seconds,
-                    waiting_for=waiting_for,
-                    poll_seconds=s.outage_poll_seconds,
-                    max_wait_seconds=s.max_outage_seconds,
-                    page_count=report.page_count,
-                )
-
-        after = _when_the_database_answers(ctx, job_id, record)
-        if after is not None and after.status.value == "cancelled":
-            remove_partial(ctx, job)
-        return RunOutcome(job_id, after.status.value if after else "lost", err.message)
+        return _failed(ctx, job, report, exc)
     finally:
         beat.stop()
+
+
+def _cancelled(ctx: Context, job: Job) -> RunOutcome:
+    """The operator's cancel, seen by the job's own thread: remove what it wrote, acknowledge."""
+    job_id = job.id
+    remove_partial(ctx, job)
+
+    def acknowledge() -> Job | None:
+        with Session(ctx.engine, expire_on_commit=False) as session:
+            return jobs.acknowledge_cancel(
+                session=session, job_id=job_id, lease=job.lease, worker_id=ctx.worker_id
+            )
+
+    done = _when_the_database_answers(ctx, job_id, acknowledge)
+    return RunOutcome(job_id, "cancelled", done.error_message if done else "")
+
+
+def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutcome:
+    """The attempt failed: record it as classified (a retry, a wait for a service or for the new
+    file, or a dead letter), fenced on the lease."""
+    s, job_id = ctx.settings, job.id
+    err = classify(exc)
+    waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err, exc)
+    waiting_for = waiting_for or _file_replaced(ctx, job, report.blob_key)
+    log.info(
+        "job %s attempt %s failed: %s %s%s",
+        job_id,
+        job.attempt,
+        err.kind.value,
+        err.message,
+        f" (waiting for {waiting_for})" if waiting_for else "",
+    )
+
+    def record() -> Job | None:
+        with Session(ctx.engine, expire_on_commit=False) as session:
+            return jobs.fail(
+                session=session,
+                job_id=job_id,
+                lease=job.lease,
+                kind=err.kind,
+                code=err.code,
+                message=err.message,
+                hint=err.hint,
+                detail=err.detail,
+                worker_id=ctx.worker_id,
+                base_delay=s.retry_base_seconds,
+                max_delay=s.retry_max_seconds,
+                waiting_for=waiting_for,
+                poll_seconds=s.outage_poll_seconds,
+                max_wait_seconds=s.max_outage_seconds,
+                page_count=report.page_count,
+            )
+
+    after = _when_the_database_answers(ctx, job_id, record)
+    if after is not None and after.status.value == "cancelled":
+        remove_partial(ctx, job)
+    return RunOutcome(job_id, after.status.value if after else "lost", err.message)
 
 
 def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]) -> T:
