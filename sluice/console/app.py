@@ -33,7 +33,9 @@ except SettingsError as exc:
     st.stop()
 
 
-def _pages() -> list:
+def _pages(operator: bool = True) -> list:
+    """Every page; the API keys page is out of a read-only operator's navigation (and shows them
+    nothing if reached by its address)."""
     # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
     # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
     return [
@@ -81,6 +83,13 @@ def _pages() -> list:
             title="Datasets",
             icon=":material/folder_data:",
         ),
+        st.Page(
+            "views/keys_page.py",
+            url_path="keys",
+            title="API keys",
+            icon=":material/key:",
+            visibility="visible" if operator else "hidden",
+        ),
     ]
 
 
@@ -119,7 +128,7 @@ with st.sidebar:
         st.text_input("Name", key="new_dataset_name", placeholder="e.g. contracts-2024")
         st.button("Create", key="create_dataset", on_click=_create_dataset)
 
-navigation = st.navigation(_pages())
+navigation = st.navigation(_pages(who.can_act))
 login.sidebar_identity(who, settings)
 ui.show_flashes()
 navigation.run()
