@@ -41,11 +41,20 @@ def _close() -> None:
 
 
 def show_detail(d: reads.JobDetail) -> None:
-    r = d.row
-    job_id = r["id"]
+    """One job: what it is, where it stands, why it waits or failed, what can be done, its history."""
     box = st.container(border=True)
+    _detail_head(box, d)
+    _detail_facts(box, d)
+    _detail_waiting(box, d)
+    _detail_outcome(box, d)
+    _detail_actions(box, d.row)
+    _detail_history(box, d)
+
+
+def _detail_head(box, d: reads.JobDetail) -> None:
+    r = d.row
     head, close = box.columns([6, 1])
-    head.subheader(f"Job {job_id} · {ui.plain(r['filename'])}")
+    head.subheader(f"Job {r['id']} · {ui.plain(r['filename'])}")
     close.button("Close", key="close_job", on_click=_close)
     ui.status_badge(r["status"], box)
     box.page_link(
@@ -54,6 +63,10 @@ def show_detail(d: reads.JobDetail) -> None:
         query_params={"doc": f"doc:{r['document_id']}"},
     )
 
+
+def _detail_facts(box, d: reads.JobDetail) -> None:
+    """A row of facts (stage, attempts, counts, worker), and the progress of an active job."""
+    r = d.row
     cells = ui.job_cells(r)
     retried = sum(1 for e in d.events if e["kind"] == "retried")
     attempts = cells["attempts"] + (
@@ -80,6 +93,10 @@ def show_detail(d: reads.JobDetail) -> None:
     elif r["status"] in reads.ACTIVE:
         box.caption(r["progress"])
 
+
+def _detail_waiting(box, d: reads.JobDetail) -> None:
+    """Why a paused or active job has not finished yet, when there is something to say."""
+    r = d.row
     if d.paused:
         box.warning(
             f"**Paused**: this job does not start until resumed. {ui.plain(d.paused[0].upper() + d.paused[1:])}."
@@ -87,7 +104,7 @@ def show_detail(d: reads.JobDetail) -> None:
             icon=":material/pause_circle:",
         )
     elif r["status"] in reads.ACTIVE:
-        position = health.queue_position(job_id) if r["status"] == "pending" else None
+        position = health.queue_position(r["id"]) if r["status"] == "pending" else None
         queue = health.queue_state()
         why = diagnose.why_waiting(
             r,
@@ -103,6 +120,10 @@ def show_detail(d: reads.JobDetail) -> None:
         if why:
             getattr(box, why[0])(why[1])
 
+
+def _detail_outcome(box, d: reads.JobDetail) -> None:
+    """What a finished job made, or its error with what to do about it."""
+    r = d.row
     if r["status"] == "succeeded":
         done = next((e for e in reversed(d.events) if e["kind"] == "succeeded"), None)
         box.success(
@@ -121,7 +142,10 @@ def show_detail(d: reads.JobDetail) -> None:
             with box.expander("Error detail (for developers)"):
                 st.code(d.error_detail, language=None)
 
-    can = who.can_act
+
+def _detail_actions(box, r: dict) -> None:
+    """The password form of a locked file, then the buttons the job's status allows."""
+    job_id, can = r["id"], who.can_act
     if r["status"] == "failed" and r["error_code"] in actions.LOCKED_CODES:
         with box.form(f"unlock_{job_id}", border=False):
             st.text_input(
@@ -139,8 +163,7 @@ def show_detail(d: reads.JobDetail) -> None:
                 args=(job_id, f"password_{job_id}"),
             )
 
-    acts = box.container(horizontal=True)
-    with acts:
+    with box.container(horizontal=True):
         if r["status"] in ("pending", "retrying", "running") and not r["cancel_requested"]:
             ui.confirm_button(
                 "Cancel job",
@@ -161,39 +184,7 @@ def show_detail(d: reads.JobDetail) -> None:
                 on_click=_do,
                 args=(actions.run_next, "Run next", job_id),
             )
-        outlook = actions.retry_outlook(r)
-        if (
-            outlook
-        ):  # the file itself is the problem: lead with what helps, keep retry for a fixed cause
-            st.page_link(
-                "views/upload_page.py", label="Upload a fixed file", icon=":material/upload_file:"
-            )
-            ui.confirm_button(
-                "Retry anyway",
-                key=f"retry_{job_id}",
-                disabled=not can,
-                danger=False,
-                prompt=ui.plain(outlook[0].upper() + outlook[1:] + ". Retry anyway?"),
-                on_confirm=lambda: _do(actions.retry, "Retry", job_id),
-            )
-            if not r.get("dismissed"):
-                st.button(
-                    "Dismiss",
-                    key=f"dismiss_{job_id}",
-                    disabled=not can,
-                    help="Take it off the dead-letter list; it stays failed, with its history.",
-                    on_click=_do,
-                    args=(actions.dismiss, "Dismiss", job_id),
-                )
-        elif r["status"] in ("failed", "cancelled"):
-            st.button(
-                "Retry job",
-                key=f"retry_{job_id}",
-                type="primary",
-                disabled=not can,
-                on_click=_do,
-                args=(actions.retry, "Retry", job_id),
-            )
+        _retry_buttons(r, can)
         if r["status"] == "succeeded":
             ui.confirm_button(
                 "Reindex",
@@ -207,6 +198,47 @@ def show_detail(d: reads.JobDetail) -> None:
                 on_confirm=lambda: _do(actions.reindex, "Reindex", job_id),
             )
 
+
+def _retry_buttons(r: dict, can: bool) -> None:
+    """Retry a failed or cancelled job; when the file itself is the problem, lead with what helps
+    (upload a fixed file) and keep retry for a fixed cause."""
+    job_id = r["id"]
+    outlook = actions.retry_outlook(r)
+    if outlook:
+        st.page_link(
+            "views/upload_page.py", label="Upload a fixed file", icon=":material/upload_file:"
+        )
+        ui.confirm_button(
+            "Retry anyway",
+            key=f"retry_{job_id}",
+            disabled=not can,
+            danger=False,
+            prompt=ui.plain(outlook[0].upper() + outlook[1:] + ". Retry anyway?"),
+            on_confirm=lambda: _do(actions.retry, "Retry", job_id),
+        )
+        if not r.get("dismissed"):
+            st.button(
+                "Dismiss",
+                key=f"dismiss_{job_id}",
+                disabled=not can,
+                help="Take it off the dead-letter list; it stays failed, with its history.",
+                on_click=_do,
+                args=(actions.dismiss, "Dismiss", job_id),
+            )
+    elif r["status"] in ("failed", "cancelled"):
+        st.button(
+            "Retry job",
+            key=f"retry_{job_id}",
+            type="primary",
+            disabled=not can,
+            on_click=_do,
+            args=(actions.retry, "Retry", job_id),
+        )
+
+
+def _detail_history(box, d: reads.JobDetail) -> None:
+    """The timeline of the job's attempts, and every event in an expander."""
+    r = d.row
     box.markdown("**Timeline**")
     now = utcnow()
     box.dataframe(
