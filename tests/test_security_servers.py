@@ -464,6 +464,45 @@ def _wait_succeeded(database: Path, job_id: int, worker: ManagedProcess, timeout
         engine.dispose()
 
 
+def _attacked_as_nobody(role: str, proc: ManagedProcess, url: str, data: Path) -> redis.Redis:
+    """Attack one Redis as `nobody`; assert it got nothing; return Sluice's own client of it."""
+    from sluice.servers.processes import DISABLED_COMMANDS
+
+    assert exits_or_listens(proc, "127.0.0.1", _port(url)) is None, proc.output()
+    assert "@" not in url and "password" not in url  # the URL carries none
+    password_file = redis_password_path(data, role)
+    attack = subprocess.run(
+        [sys.executable, "-c", NOBODY_CLIENT, str(_port(url)), str(password_file)]
+        + [json.dumps(ATTACKS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert attack.returncode == 0, attack.stderr
+    seen = json.loads(attack.stdout)
+    assert seen["uid"] == 65534, seen
+    let_through = [
+        (command, answer)
+        for command, answer in seen["answers"]
+        if not (
+            isinstance(answer, str)
+            and answer.startswith(("-NOAUTH", "-ERR unknown command", "-WRONGPASS"))
+        )
+    ]
+    assert not let_through, f"the {role} Redis served nobody: {let_through}"
+    assert seen["password_file"] == "PermissionError", seen
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+    assert proc.alive(), f"nobody shut the {role} Redis down"
+    owner = redis.Redis.from_url(
+        url, password=resolve_redis_password(url, data, role), socket_timeout=5
+    )
+    assert owner.ping() and owner.get("sluice.injected") is None
+    for command in DISABLED_COMMANDS:  # not even the password reaches them
+        with pytest.raises(redis.ResponseError, match="unknown command"):
+            owner.execute_command(command, "HELP")
+    return owner
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="becoming another local user needs root")
 @pytest.mark.parametrize("binary", _redis_binaries())
 def test_another_local_user_gets_nothing_from_either_loopback_redis(
@@ -473,7 +512,6 @@ def test_another_local_user_gets_nothing_from_either_loopback_redis(
     password in their URLs: every command is refused (NOAUTH, or unknown: renamed away), the
     generated passwords are unreadable to it, and a real worker that reads them from the data
     directory still runs a job end to end."""
-    from sluice.servers.processes import DISABLED_COMMANDS
     from tests.support.servers import Consumer
 
     data = Path(base_env["SLUICE_DATA_DIR"])
@@ -487,49 +525,10 @@ def test_another_local_user_gets_nothing_from_either_loopback_redis(
     servers = {role: serve(role, env, tmp_path) for role in ("queue", "cache")}
     worker = None
     try:
-        owners = {}
-        for role, proc in servers.items():
-            url = env[f"SLUICE_{role.upper()}_REDIS_URL"]
-            assert exits_or_listens(proc, "127.0.0.1", _port(url)) is None, proc.output()
-            assert "@" not in url and "password" not in url  # the URL carries none
-            password_file = redis_password_path(data, role)
-            attack = subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    NOBODY_CLIENT,
-                    str(_port(url)),
-                    str(password_file),
-                    json.dumps(ATTACKS),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert attack.returncode == 0, attack.stderr
-            seen = json.loads(attack.stdout)
-            assert seen["uid"] == 65534, seen
-            let_through = [
-                (command, answer)
-                for command, answer in seen["answers"]
-                if not (
-                    isinstance(answer, str)
-                    and answer.startswith(("-NOAUTH", "-ERR unknown command", "-WRONGPASS"))
-                )
-            ]
-            assert not let_through, f"the {role} Redis served nobody: {let_through}"
-            assert seen["password_file"] == "PermissionError", seen
-            assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
-            assert proc.alive(), f"nobody shut the {role} Redis down"
-            owner = redis.Redis.from_url(
-                url, password=resolve_redis_password(url, data, role), socket_timeout=5
-            )
-            assert owner.ping() and owner.get("sluice.injected") is None
-            for command in DISABLED_COMMANDS:  # not even the password reaches them
-                with pytest.raises(redis.ResponseError, match="unknown command"):
-                    owner.execute_command(command, "HELP")
-            owners[role] = owner
-
+        owners = {
+            role: _attacked_as_nobody(role, proc, env[f"SLUICE_{role.upper()}_REDIS_URL"], data)
+            for role, proc in servers.items()
+        }
         worker = Consumer(env, tmp_path / "worker.log", workers=1)
         worker.start()
         worker.wait_ready(owners["queue"], queue_name)

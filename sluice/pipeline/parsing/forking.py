@@ -63,7 +63,8 @@ class ExtractForkServer(forkserver.ForkServer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._launched: subprocess.Popen | None = None  # kept: nobody else may reap the server
+        # kept, so that nothing but ensure_running reaps the server
+        self._launched: subprocess.Popen[bytes] | None = None
 
     def ensure_running(self) -> None:
         with self._lock:
