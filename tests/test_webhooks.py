@@ -250,6 +250,33 @@ def test_final_transitions_write_one_event_per_endpoint_in_their_transaction(hoo
     ) == ("failed", "permanent", "bad_pdf", "upload a text PDF", "default")
 
 
+def test_a_webhook_carries_the_event_log_id_the_stream_gives_the_same_transition(hooked):
+    """One event log: a webhook's event id is the job event's id, which the API's stream sends."""
+    from sluice.ops import event_stream
+    from sluice.ops.keys import ApiPrincipal
+
+    engine = hooked("http://127.0.0.1:9/a", "http://127.0.0.1:9/b")
+    ok, lease = running_job(engine, 1)
+    succeed(engine, ok, lease)
+    dead, lease = running_job(engine, 2)
+    fail(engine, dead, lease, ErrorKind.permanent)
+    stopped, lease = running_job(engine, 3)
+    with Session(engine) as session:
+        jobs.request_cancel(session=session, job_ids=[stopped], actor="ops")
+        jobs.acknowledge_cancel(session=session, job_id=stopped, lease=lease, worker_id="w1")
+    key = ApiPrincipal(1, "reader", "read", True, frozenset())
+    cursor = event_stream.open_cursor(key, dataset=None, after=0)
+    streamed = {
+        (e.data["job"]["id"], e.type): e.id
+        for e in event_stream.poll(cursor)
+        if e.type in webhook_records.EVENTS
+    }
+    hooks = {(r.job_id, r.event): r.event_id for r in deliveries(engine)}
+    assert len(streamed) == 3 and {k: str(v) for k, v in streamed.items()} == hooks
+    for r in deliveries(engine):
+        assert json.loads(r.body)["id"] == r.event_id  # the body, the header and the row agree
+
+
 def test_a_success_that_loses_to_a_cancel_writes_no_success_event(hooked):
     """The event is part of the transition: when the success is rolled back, so is its event."""
     engine = hooked("http://127.0.0.1:9/a")

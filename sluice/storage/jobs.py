@@ -536,7 +536,7 @@ def succeed(
         ):
             session.rollback()
             continue  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
-        add_event(
+        logged = add_event(
             session,
             job,
             "succeeded",
@@ -553,7 +553,7 @@ def succeed(
                 "stages": stages or {},
             },
         )
-        webhook_records.record(session, job, "job.succeeded")
+        webhook_records.record(session, job, "job.succeeded", logged=logged)
         for text in warnings:
             add_event(session, job, "warning", actor=worker_id, message=text)
         superseded, lost = [], False
@@ -805,7 +805,7 @@ def _fail_once(
         ):
             session.rollback()
             return None
-        add_event(
+        logged = add_event(
             session,
             job,
             "failed",
@@ -815,7 +815,7 @@ def _fail_once(
             data=data,
             message=errors["error_message"],
         )
-        webhook_records.record(session, job, "job.failed")
+        webhook_records.record(session, job, "job.failed", logged=logged)
     session.commit()
     return job
 
@@ -899,7 +899,7 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
     ):
         session.rollback()
         return None
-    add_event(
+    logged = add_event(
         session,
         job,
         "cancelled",
@@ -909,7 +909,7 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
         message=msg,
         data={"stage": _val(job.stage), "done": job.done, "total": job.total},
     )
-    webhook_records.record(session, job, "job.cancelled")
+    webhook_records.record(session, job, "job.cancelled", logged=logged)
     session.commit()
     return job
 

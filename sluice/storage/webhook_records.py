@@ -12,6 +12,9 @@ Signature scheme (what a receiver checks)::
     X-Sluice-Event: job.succeeded | job.failed | job.cancelled
     X-Sluice-Event-Id: <the event's id, the same for every endpoint and every retry>
 
+The event id is the id of the transition's row in the job event log (in decimal): the same id the
+API's event stream gives that transition, and the console's timeline shows.
+
 The receiver recomputes the HMAC over the timestamp, a dot and the raw body bytes, compares in
 constant time, and refuses a timestamp older than a few minutes (a replayed request keeps its old
 timestamp, and changing it breaks the signature). Delivery is at least once: deduplicate on the
@@ -23,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -32,7 +34,7 @@ from sqlmodel import Session, select
 
 from sluice.settings import get_settings
 from sluice.storage.clock import db_now
-from sluice.storage.models import Dataset, Job, WebhookDelivery
+from sluice.storage.models import Dataset, Job, JobEvent, WebhookDelivery
 
 EVENTS = ("job.succeeded", "job.failed", "job.cancelled")
 SIGNATURE_VERSION = "v1"
@@ -75,15 +77,24 @@ def event_body(session: Session, job: Job, event: str, *, event_id: str, at: dat
 
 
 def record(
-    session: Session, job: Job, event: str, *, endpoints: Sequence[str] | None = None
+    session: Session,
+    job: Job,
+    event: str,
+    *,
+    logged: JobEvent,
+    endpoints: Sequence[str] | None = None,
 ) -> int:
-    """Add the event's rows (one per endpoint) to the caller's transaction; returns how many."""
+    """Add the event's rows (one per endpoint) to the caller's transaction; returns how many.
+    ``logged`` is the transition's job event: its id is the webhook's event id."""
     assert event in EVENTS, event
     endpoints = get_settings().webhook_urls if endpoints is None else endpoints
     if not endpoints:
         return 0
+    if logged.id is None:
+        session.flush()  # the log's id is handed out on insert, inside this transaction
+    assert logged.id is not None and logged.job_id == job.id
     now = db_now(session)
-    event_id = uuid.uuid4().hex
+    event_id = str(logged.id)
     body = event_body(session, job, event, event_id=event_id, at=now)
     for endpoint in endpoints:
         session.add(
