@@ -96,12 +96,8 @@ def add_integrity_commands(sub) -> None:
     a.set_defaults(func=commands.reindex)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="sluice", description="Durable document ingestion into a vector index."
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
+def add_ingest_commands(sub) -> None:
+    """ingest: upload files and folders."""
     a = sub.add_parser("ingest", help="upload files or folders")
     a.add_argument("paths", nargs="+")
     a.add_argument("--dataset", default="default")
@@ -117,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.set_defaults(func=commands.ingest)
 
+
+def add_read_commands(sub) -> None:
+    """Reading: jobs, one job, datasets (and their parse settings), search, dead letters."""
     a = sub.add_parser("jobs", help="list jobs")
     a.add_argument("--dataset")
     a.add_argument("--status", action="append", choices=STATUSES)
@@ -177,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.dead)
 
+
+def add_upkeep_commands(sub) -> None:
+    """Upkeep of the jobs made: retry, bulk actions, prune, webhook deliveries, cancel, recover."""
     a = sub.add_parser("retry", help="queue failed or cancelled jobs again")
     a.add_argument("job_ids", nargs="*", type=int)
     a.add_argument(
@@ -242,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("recover", help="run one round of recovery now")
     a.set_defaults(func=commands.recover)
 
+
+def add_serve_command(sub) -> None:
+    """serve: one of the Procfile's processes."""
     a = sub.add_parser("serve", help="run one of the Procfile's processes")
     a.add_argument(
         "what", choices=["queue", "cache", "chroma", "worker", "console", "metrics", "api"]
@@ -256,6 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sluice", description="Durable document ingestion into a vector index."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    add_ingest_commands(sub)
+    add_read_commands(sub)
+    add_upkeep_commands(sub)
+    add_serve_command(sub)
     add_integrity_commands(sub)
     add_pause_commands(sub)
     add_priority_commands(sub)
