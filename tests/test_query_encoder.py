@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,66 @@ def test_a_cold_cli_search_uses_the_export_and_never_loads_sentence_transformers
     state = json.loads(verdict)
     assert state == {"code": 0, "st": False, "transformers": False}
     assert json.loads("\n".join(hits))[0]["filename"] == "keeper.txt"
+
+
+# Run in a fresh interpreter: the model thread is held as it starts importing transformers (from
+# inside torch's own import) until the export thread has entered query_encoder.export, so the two
+# imports overlap every time instead of now and then.
+RACE_PROBE = """
+import json, logging, pathlib, sys, threading, time
+logging.basicConfig()
+
+def export_thread_inside_export():
+    for t in threading.enumerate():
+        frame = sys._current_frames().get(t.ident) if t.name == "sluice-export" else None
+        while frame is not None:
+            if frame.f_code.co_name == "export" and frame.f_code.co_filename.endswith(
+                "query_encoder.py"
+            ):
+                return True
+            frame = frame.f_back
+    return False
+
+class HoldTheModelThread:
+    held = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformers" and threading.current_thread().name == "sluice-model":
+            deadline = time.monotonic() + 60
+            while not export_thread_inside_export() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            HoldTheModelThread.held = True
+        return None
+
+sys.meta_path.insert(0, HoldTheModelThread())
+from sluice.pipeline.queueing import worker
+for t in worker.start_model_threads():
+    t.join(300)
+found = [str(p) for p in pathlib.Path(sys.argv[1]).rglob("*.onnx")]
+print(json.dumps({"held": HoldTheModelThread.held, "exported": found}))
+"""
+
+
+def test_the_worker_builds_the_export_in_its_own_threads_at_start(model_dir, tmp_path):
+    """The worker loads the model and exports the encoder in two threads at once: their imports of
+    transformers must not race (every start used to log "cannot import name 'AutoModel'")."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "SLUICE_EMBEDDER": "sentence-transformers",
+        "SLUICE_DATA_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", RACE_PROBE, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not export" not in done.stderr and "could not load" not in done.stderr
+    state = json.loads(done.stdout.strip().splitlines()[-1])
+    assert state["held"]  # the window was forced open
+    want = query_encoder.export_path(model_dir, tmp_path).name
+    assert [Path(p).name for p in state["exported"]] == [want]

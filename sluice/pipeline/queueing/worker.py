@@ -141,8 +141,19 @@ def start_recovery_loop() -> None:
     threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
     threading.Thread(target=_webhook_loop, name="sluice-webhooks", daemon=True).start()
     if s.embedder == "sentence-transformers":
-        threading.Thread(target=_load_model, name="sluice-model", daemon=True).start()
-        threading.Thread(target=_export_query_encoder, name="sluice-export", daemon=True).start()
+        start_model_threads()
+
+
+def start_model_threads() -> list[threading.Thread]:
+    """Load the model and export the query encoder, each in a thread of its own, at once (their
+    imports of transformers are serialised in the embed module)."""
+    threads = [
+        threading.Thread(target=_load_model, name="sluice-model", daemon=True),
+        threading.Thread(target=_export_query_encoder, name="sluice-export", daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def _load_model() -> None:

@@ -32,6 +32,13 @@ class Embedder(Protocol):
     def encode(self, texts: list[str]) -> np.ndarray: ...
 
 
+# transformers resolves its classes lazily, on first use: two threads importing it or building a
+# model at once can each meet the other's half-imported module ("cannot import name 'AutoModel'",
+# seen at every worker start when the model load and the query-encoder export began together).
+# Whoever imports torch, transformers or sentence-transformers, or builds a model, holds this.
+import_lock = threading.RLock()
+
+
 def cpu_has_bf16() -> bool:
     """True where the CPU has native bf16 arithmetic (AVX-512 BF16 or AMX)."""
     try:
@@ -46,7 +53,8 @@ def resolve_precision(requested: str) -> str:
     if requested in ("fp32", "bf16"):
         return requested
     try:
-        import torch
+        with import_lock:
+            import torch
 
         if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
             return "bf16"
@@ -131,14 +139,15 @@ class SentenceTransformerEmbedder:
     def __init__(self, name: str, *, precision: str = "auto", threads: int = 0) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import torch
-        from sentence_transformers import SentenceTransformer
+        with import_lock:
+            import torch
+            from sentence_transformers import SentenceTransformer
 
-        self.lanes = threads or available_cores()
-        torch.set_num_threads(1)
-        self.precision = resolve_precision(precision)
-        kwargs = {"dtype": torch.bfloat16} if self.precision == "bf16" else {}
-        self.model = SentenceTransformer(model_path(name), device="cpu", model_kwargs=kwargs)
+            self.lanes = threads or available_cores()
+            torch.set_num_threads(1)
+            self.precision = resolve_precision(precision)
+            kwargs = {"dtype": torch.bfloat16} if self.precision == "bf16" else {}
+            self.model = SentenceTransformer(model_path(name), device="cpu", model_kwargs=kwargs)
         self.model_id = os.path.basename(name.rstrip("/"))
         self.dim = (
             int(self.model.get_embedding_dimension())

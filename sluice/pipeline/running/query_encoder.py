@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sluice.pipeline.running.embed import import_lock
+
 log = logging.getLogger(__name__)
 
 EXPORT_VERSION = 1  # bump when the export or the pooling here changes
@@ -80,10 +82,12 @@ def export(model_dir: Path, data_dir: Path) -> Path | None:
     with _lock:
         if out.exists():
             return out
-        import torch
-        from transformers import AutoModel
+        with import_lock:  # never beside another thread's import of transformers (see embed)
+            import torch
+            import torch.onnx
+            from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(str(model_dir)).eval()
+            model = AutoModel.from_pretrained(str(model_dir)).eval()
 
         class Hidden(
             torch.nn.Module
