@@ -142,6 +142,25 @@ def test_each_new_type_is_found_by_a_phrase_and_says_where(ctx, name):
     assert "quokkasecret" not in text and "zanzibarfont" not in text and "<" not in text
 
 
+HIDDEN_PAGE = b"""<html><body><h1>Ferries</h1><p>The morning ferry leaves at seven.</p>
+<div style="display:none">hiddenstyleword</div><p style="color: red; DISPLAY : None !important">
+cappedstyleword</p><span style="visibility:hidden">invisibleword</span>
+<section hidden><p>hiddenattrword<span aria-hidden="true">nestedword</span></p></section><div aria-hidden="true">ariaword</div>
+<input type="hidden" value="inputword"><div aria-hidden="false">The evening ferry is late.</div>
+<p style="display: block">The night ferry runs on Fridays.</p></body></html>"""
+
+
+def test_hidden_html_is_never_indexed():
+    """Text a reader of the page cannot see (display:none, visibility:hidden, the hidden attribute,
+    aria-hidden) is dropped with what it contains; what is visible stays."""
+    text = " ".join(body for _, body in formats.html_sections(HIDDEN_PAGE))
+    for word in ("hiddenstyleword", "cappedstyleword", "invisibleword", "hiddenattrword"):
+        assert word not in text
+    assert "ariaword" not in text and "inputword" not in text and "nestedword" not in text
+    for visible in ("morning ferry", "evening ferry", "night ferry"):
+        assert visible in text
+
+
 def test_types_come_from_the_bytes_not_the_name(ctx):
     assert sniff_type(HTML_PAGE, "notes.txt") == formats.HTML
     assert (

@@ -138,14 +138,40 @@ _BLOCKS = (
 _MARK = "\x1e"  # before each heading: where a new section starts
 
 
+_INVISIBLE = re.compile(r"(?:^|;)\s*(?:display\s*:\s*none|visibility\s*:\s*hidden)\b", re.I)
+
+
+def _drop_invisible(tree) -> None:
+    """Remove what a reader of the page cannot see, with everything inside it: the hidden
+    attribute (but not hidden="until-found", which a reader can find), aria-hidden="true",
+    an inline display:none or visibility:hidden. The outermost of them go: a node inside one
+    already removed is never touched again."""
+    chosen = []
+    for node in tree.css("[hidden],[aria-hidden],[style]"):
+        attrs = node.attributes
+        hidden = "hidden" in attrs and (attrs.get("hidden") or "").lower() != "until-found"
+        aria = (attrs.get("aria-hidden") or "").strip().lower() == "true"
+        if hidden or aria or _INVISIBLE.search(attrs.get("style") or ""):
+            chosen.append(node)
+    ids = {node.mem_id for node in chosen}
+    for node in chosen:
+        parent, inside = node.parent, False
+        while parent is not None and not inside:
+            inside, parent = parent.mem_id in ids, parent.parent
+        if not inside:
+            node.decompose()
+
+
 def html_sections(data: bytes | str, *, prefix: str = "") -> list[tuple[str, str]]:
     """Visible text of an HTML page in sections that start at its h1-h3 headings; scripts, styles
-    and other hidden content are removed before any text is taken (nothing is ever executed)."""
+    and hidden elements (``_drop_invisible``) are removed before any text is taken (nothing is
+    ever executed)."""
     from selectolax.lexbor import LexborHTMLParser
 
     tree = LexborHTMLParser(data if isinstance(data, str) else data.decode("utf-8", "replace"))
     for node in tree.css(_HIDDEN):
         node.decompose()
+    _drop_invisible(tree)
     for node in tree.css(_BLOCKS):
         node.insert_before("\n")
     for node in tree.css("h1,h2,h3"):
