@@ -488,126 +488,193 @@ def succeed(
     chunks).
     """
     for _ in range(attempts):
-        job = get_job(session=session, job_id=job_id)
-        if job is None or job.lease != lease or job.status != JobStatus.running:
-            session.rollback()
-            raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
-        if job.cancel_requested:
-            session.rollback()
-            raise JobCancelled()
-        document = session.get(Document, job.document_id, populate_existing=True)
-        serving = document.active_job_id
-        others = session.exec(
-            select(Job)
-            .where(
-                Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE)
-            )
-            .order_by(Job.id)
-            .execution_options(populate_existing=True)
-        ).all()
-        faults.hit("before_supersede", job_id=job_id)
-        now = db_now(session)
-        if not _cas(
+        superseded = _succeed_once(
             session,
-            job,
-            where=[
-                Job.lease == lease,
-                Job.status == JobStatus.running,
-                Job.cancel_requested.is_(False),
-            ],
-            status=JobStatus.succeeded,
-            stage=Stage.done,
-            done=chunk_count,
-            total=chunk_count,
+            job_id,
+            lease,
             chunk_count=chunk_count,
             page_count=page_count,
-            finished_at=now,
-            heartbeat_at=now,
-            error_kind=None,
-            error_code=None,
-            error_message=None,
-            fix_hint=None,
-            error_detail=None,
-            embedded_count=embedded,
-            cached_count=cached,
-            waiting_for=None,
-            waiting_since=None,
-            now=now,
-        ):
-            session.rollback()
-            continue  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
-        logged = add_event(
-            session,
-            job,
-            "succeeded",
-            actor=worker_id,
-            from_status=JobStatus.running,
-            to_status=JobStatus.succeeded,
-            message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, {cached} from cache)",
-            data={
-                "chunks": chunk_count,
-                "pages": page_count,
-                "embedded": embedded,
-                "cached": cached,
-                "warnings": len(warnings),
-                "stages": stages or {},
-            },
+            worker_id=worker_id,
+            embedded=embedded,
+            cached=cached,
+            warnings=warnings,
+            stages=stages,
         )
-        webhook_records.record(session, job, "job.succeeded", logged=logged)
-        for text in warnings:
-            add_event(session, job, "warning", actor=worker_id, message=text)
-        superseded, lost = [], False
-        for old in others:
-            before = old.status
-            if not _cas(
-                session,
-                old,
-                where=[Job.status == before],
-                status=JobStatus.superseded,
-                cancel_requested=False,
-                worker_id=None,
-                next_attempt_at=None,
-                waiting_for=None,
-                waiting_since=None,
-                finished_at=old.finished_at or now,
-                now=now,
-            ):
-                lost = True
-                break
-            add_event(
-                session,
-                old,
-                "superseded",
-                from_status=before,
-                to_status=JobStatus.superseded,
-                message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search",
-                data={"by_job": job.id},
-            )
-            superseded.append(old.id)
-        switched = (
-            session.execute(
-                update(Document)
-                .where(
-                    Document.id == document.id,
-                    Document.active_job_id == serving
-                    if serving is not None
-                    else Document.active_job_id.is_(None),
-                )
-                .values(active_job_id=job.id, deleted_at=None)
-                .execution_options(synchronize_session=False)
-            ).rowcount
-            == 1
-        )
-        if lost or not switched:
-            session.rollback()
-            continue
-        session.commit()
-        return superseded
+        if superseded is not None:
+            return superseded
     raise TransientError(
         "success_contended",
         f"job {job_id} could not record its success: the document's "
         f"jobs kept changing ({attempts} tries)",
         "Sluice retries this by itself.",
+    )
+
+
+def _succeed_once(
+    session: Session,
+    job_id: int,
+    lease: int,
+    *,
+    chunk_count: int,
+    page_count: int,
+    worker_id: str,
+    embedded: int,
+    cached: int,
+    warnings: Sequence[str],
+    stages: dict[str, float] | None,
+) -> list[int] | None:
+    """One try of ``succeed``: the ids it superseded, or None when a compare-and-set was lost and
+    nothing was written (read again and try again)."""
+    job = get_job(session=session, job_id=job_id)
+    if job is None or job.lease != lease or job.status != JobStatus.running:
+        session.rollback()
+        raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
+    if job.cancel_requested:
+        session.rollback()
+        raise JobCancelled()
+    document = session.get(Document, job.document_id, populate_existing=True)
+    serving = document.active_job_id
+    others = session.exec(
+        select(Job)
+        .where(Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE))
+        .order_by(Job.id)
+        .execution_options(populate_existing=True)
+    ).all()
+    faults.hit("before_supersede", job_id=job_id)
+    now = db_now(session)
+    if not _mark_succeeded(
+        session,
+        job,
+        lease,
+        now=now,
+        chunk_count=chunk_count,
+        page_count=page_count,
+        embedded=embedded,
+        cached=cached,
+    ):
+        session.rollback()
+        return None  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
+    logged = add_event(
+        session,
+        job,
+        "succeeded",
+        actor=worker_id,
+        from_status=JobStatus.running,
+        to_status=JobStatus.succeeded,
+        message=f"{chunk_count} chunks from {page_count} pages ({embedded} embedded, "
+        f"{cached} from cache)",
+        data={
+            "chunks": chunk_count,
+            "pages": page_count,
+            "embedded": embedded,
+            "cached": cached,
+            "warnings": len(warnings),
+            "stages": stages or {},
+        },
+    )
+    webhook_records.record(session, job, "job.succeeded", logged=logged)
+    for text in warnings:
+        add_event(session, job, "warning", actor=worker_id, message=text)
+    superseded, lost = _supersede(session, job, others, now=now)
+    switched = _make_active(session, document, job, serving=serving)
+    if lost or not switched:
+        session.rollback()
+        return None
+    session.commit()
+    return superseded
+
+
+def _mark_succeeded(
+    session: Session,
+    job: Job,
+    lease: int,
+    *,
+    now: datetime,
+    chunk_count: int,
+    page_count: int,
+    embedded: int,
+    cached: int,
+) -> bool:
+    """running -> succeeded, fenced on the lease and on no cancel having been requested."""
+    return _cas(
+        session,
+        job,
+        where=[
+            Job.lease == lease,
+            Job.status == JobStatus.running,
+            Job.cancel_requested.is_(False),
+        ],
+        status=JobStatus.succeeded,
+        stage=Stage.done,
+        done=chunk_count,
+        total=chunk_count,
+        chunk_count=chunk_count,
+        page_count=page_count,
+        finished_at=now,
+        heartbeat_at=now,
+        error_kind=None,
+        error_code=None,
+        error_message=None,
+        fix_hint=None,
+        error_detail=None,
+        embedded_count=embedded,
+        cached_count=cached,
+        waiting_for=None,
+        waiting_since=None,
+        now=now,
+    )
+
+
+def _supersede(
+    session: Session, job: Job, others: Sequence[Job], *, now: datetime
+) -> tuple[list[int], bool]:
+    """Each of ``others`` -> superseded by ``job``, by compare-and-set: (the ids superseded,
+    whether one compare-and-set was lost, where it stops)."""
+    superseded: list[int] = []
+    for old in others:
+        before = old.status
+        if not _cas(
+            session,
+            old,
+            where=[Job.status == before],
+            status=JobStatus.superseded,
+            cancel_requested=False,
+            worker_id=None,
+            next_attempt_at=None,
+            waiting_for=None,
+            waiting_since=None,
+            finished_at=old.finished_at or now,
+            now=now,
+        ):
+            return superseded, True
+        add_event(
+            session,
+            old,
+            "superseded",
+            from_status=before,
+            to_status=JobStatus.superseded,
+            message=f"job {job.id} (pipeline {job.pipeline_version}) now serves search",
+            data={"by_job": job.id},
+        )
+        superseded.append(old.id)
+    return superseded, False
+
+
+def _make_active(session: Session, document: Document, job: Job, *, serving: int | None) -> bool:
+    """The document's searchable job becomes ``job``, if it is still ``serving`` (compare-and-set)."""
+    return (
+        session.execute(
+            update(Document)
+            .where(
+                Document.id == document.id,
+                Document.active_job_id == serving
+                if serving is not None
+                else Document.active_job_id.is_(None),
+            )
+            .values(active_job_id=job.id, deleted_at=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        == 1
     )
 
 
@@ -719,15 +786,7 @@ def _fail_once(
     if stale_before is not None and (job.heartbeat_at is None or job.heartbeat_at >= stale_before):
         session.rollback()
         return None
-    errors = dict(
-        error_kind=kind,
-        error_code=code,
-        error_message=message,
-        fix_hint=hint,
-        error_detail=detail[-8000:] if detail else None,
-    )
-    if page_count is not None:
-        errors["page_count"] = page_count
+    errors = _error_fields(kind, code, message, hint, detail, page_count)
     if job.cancel_requested:
         return _cancelled(session, job, actor=worker_id, **errors)
     faults.hit("before_fail_write", job_id=job_id)
@@ -750,74 +809,144 @@ def _fail_once(
                 data=data,
                 **errors,
             )
-        kind = errors["error_kind"] = ErrorKind.transient
-        errors["error_code"] = "outage_too_long"
-        errors["error_message"] = (
-            f"waited {waited / 3600:.1f} h for {waiting_for}, longer than "
-            f"SLUICE_MAX_OUTAGE_SECONDS ({max_wait_seconds:.0f} s): {message}"
-        )
-        errors["fix_hint"] = (
-            f"Bring {waiting_for} back, then retry the job (Retry in the console, or "
-            "`sluice retry`)."
-        )
+        kind = _outage_too_long(errors, waited, waiting_for, max_wait_seconds, message)
         gave_up_waiting = True
     if kind == ErrorKind.transient and job.attempt < job.max_attempts and not gave_up_waiting:
         ceiling, delay = backoff_delay(job.attempt, base=base_delay, cap=max_delay, rng=rng)
-        due = now + timedelta(seconds=delay)
-        if not _cas(
+        landed = _retry_later(
             session,
             job,
-            where=[Job.lease == lease],
-            status=JobStatus.retrying,
-            next_attempt_at=due,
-            worker_id=None,
-            waiting_for=None,
-            waiting_since=None,
-            **errors,
-        ):
-            session.rollback()
-            return None
-        data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
-        add_event(
-            session,
-            job,
-            "attempt_failed",
-            actor=worker_id,
-            from_status=JobStatus.running,
-            to_status=JobStatus.retrying,
+            lease,
+            due=now + timedelta(seconds=delay),
+            delay=delay,
+            ceiling=ceiling,
+            message=message,
+            worker_id=worker_id,
             data=data,
-            message=f"{message}; retry {job.attempt + 1}/{job.max_attempts} in {delay:.1f}s",
+            errors=errors,
         )
-        _publish(session, job, due)
     else:
         if kind == ErrorKind.transient and not gave_up_waiting:
             errors["error_message"] = f"gave up after {job.attempt} attempts: {message}"
-        if not _cas(
-            session,
-            job,
-            where=[Job.lease == lease],
-            status=JobStatus.failed,
-            finished_at=now,
-            worker_id=None,
-            next_attempt_at=None,
-            waiting_for=None,
-            **errors,
-        ):
-            session.rollback()
-            return None
-        logged = add_event(
-            session,
-            job,
-            "failed",
-            actor=worker_id,
-            from_status=JobStatus.running,
-            to_status=JobStatus.failed,
-            data=data,
-            message=errors["error_message"],
+        landed = _dead_letter(
+            session, job, lease, now=now, worker_id=worker_id, data=data, errors=errors
         )
-        webhook_records.record(session, job, "job.failed", logged=logged)
+    if not landed:
+        session.rollback()
+        return None
     session.commit()
     return job
+
+
+def _error_fields(
+    kind: ErrorKind, code: str, message: str, hint: str, detail: str, page_count: int | None
+) -> dict[str, Any]:
+    """The job's error columns for a failed attempt (and its page count, when it got that far)."""
+    errors = dict(
+        error_kind=kind,
+        error_code=code,
+        error_message=message,
+        fix_hint=hint,
+        error_detail=detail[-8000:] if detail else None,
+    )
+    if page_count is not None:
+        errors["page_count"] = page_count
+    return errors
+
+
+def _outage_too_long(
+    errors: dict[str, Any], waited: float, waiting_for: str, max_wait_seconds: float, message: str
+) -> ErrorKind:
+    """The wait for a dependency ran out: the error becomes a transient ``outage_too_long`` that
+    says how long it waited and for what (a dead letter, not a retry)."""
+    kind = errors["error_kind"] = ErrorKind.transient
+    errors["error_code"] = "outage_too_long"
+    errors["error_message"] = (
+        f"waited {waited / 3600:.1f} h for {waiting_for}, longer than "
+        f"SLUICE_MAX_OUTAGE_SECONDS ({max_wait_seconds:.0f} s): {message}"
+    )
+    errors["fix_hint"] = (
+        f"Bring {waiting_for} back, then retry the job (Retry in the console, or `sluice retry`)."
+    )
+    return kind
+
+
+def _retry_later(
+    session: Session,
+    job: Job,
+    lease: int,
+    *,
+    due: datetime,
+    delay: float,
+    ceiling: float,
+    message: str,
+    worker_id: str,
+    data: dict[str, Any],
+    errors: dict[str, Any],
+) -> bool:
+    """running -> retrying, due after the backoff; False when the compare-and-set was lost."""
+    if not _cas(
+        session,
+        job,
+        where=[Job.lease == lease],
+        status=JobStatus.retrying,
+        next_attempt_at=due,
+        worker_id=None,
+        waiting_for=None,
+        waiting_since=None,
+        **errors,
+    ):
+        return False
+    data.update(delay=round(delay, 3), ceiling=ceiling, due=due.isoformat())
+    add_event(
+        session,
+        job,
+        "attempt_failed",
+        actor=worker_id,
+        from_status=JobStatus.running,
+        to_status=JobStatus.retrying,
+        data=data,
+        message=f"{message}; retry {job.attempt + 1}/{job.max_attempts} in {delay:.1f}s",
+    )
+    _publish(session, job, due)
+    return True
+
+
+def _dead_letter(
+    session: Session,
+    job: Job,
+    lease: int,
+    *,
+    now: datetime,
+    worker_id: str,
+    data: dict[str, Any],
+    errors: dict[str, Any],
+) -> bool:
+    """running -> failed (a dead letter); False when the compare-and-set was lost."""
+    if not _cas(
+        session,
+        job,
+        where=[Job.lease == lease],
+        status=JobStatus.failed,
+        finished_at=now,
+        worker_id=None,
+        next_attempt_at=None,
+        waiting_for=None,
+        **errors,
+    ):
+        return False
+    logged = add_event(
+        session,
+        job,
+        "failed",
+        actor=worker_id,
+        from_status=JobStatus.running,
+        to_status=JobStatus.failed,
+        data=data,
+        message=errors["error_message"],
+    )
+    webhook_records.record(session, job, "job.failed", logged=logged)
+    return True
 
 
 def _wait(
