@@ -33,47 +33,79 @@ def why_waiting(
         else "worker count unknown (queue unreachable)"
     )
     if status == "running":
-        beat = datetime.fromisoformat(row["heartbeat_at"]) if row.get("heartbeat_at") else None
-        silent = (now - beat).total_seconds() if beat else None
-        if row.get("cancel_requested"):
-            return (
-                "info",
-                "Cancel requested: the worker stops at its next batch and removes what it wrote.",
-            )
-        if silent is not None and silent > lease_seconds:
-            return "warning", (
-                f"Stalled: worker {row.get('worker_id')} has not reported for {silent:.0f} s "
-                f"(lease {lease_seconds:.0f} s). The reaper takes the job back and retries it."
-            )
-        return "info", (
-            f"Running on {row.get('worker_id')} ({row['progress']}); last heartbeat "
-            f"{silent:.0f} s ago."
-            if silent is not None
-            else f"Running on {row.get('worker_id')}."
-        )
+        return _running(row, now=now, lease_seconds=lease_seconds)
     if status == "retrying":
-        due = datetime.fromisoformat(row["next_attempt_at"]) if row.get("next_attempt_at") else None
-        when = (
-            f"in {(due - now).total_seconds():.0f} s"
-            if due and due > now
-            else "now (waiting for a worker to take it)"
-        )
-        level = "warning" if no_workers else "info"
-        if row.get("waiting_for"):
-            since = (
-                datetime.fromisoformat(row["waiting_since"]) if row.get("waiting_since") else None
-            )
-            waited = f" for {(now - since).total_seconds():.0f} s" if since else ""
-            return level, (
-                f"Waiting for {row['waiting_for']}{waited}: not the job's failure, no attempt is "
-                f"spent. It looks again {when} and resumes by itself; {worker_note}."
-            )
-        return level, (
-            f"Retrying: attempt {row['attempt'] + 1} of {row['max_attempts']} is due {when}; "
-            f"{worker_note}."
-        )
+        return _retrying(row, now=now, no_workers=no_workers, worker_note=worker_note)
     if status != "pending":
         return None
+    return _pending(
+        position=position,
+        no_workers=no_workers,
+        worker_note=worker_note,
+        unsent=unsent,
+        ahead=ahead,
+        now=now,
+        published_at=published_at,
+        redeliver_after=redeliver_after,
+    )
+
+
+def _running(row: dict, *, now: datetime, lease_seconds: float) -> tuple[str, str]:
+    """A running job: cancelling, stalled (silent past its lease), or its progress and last beat."""
+    beat = datetime.fromisoformat(row["heartbeat_at"]) if row.get("heartbeat_at") else None
+    silent = (now - beat).total_seconds() if beat else None
+    if row.get("cancel_requested"):
+        return (
+            "info",
+            "Cancel requested: the worker stops at its next batch and removes what it wrote.",
+        )
+    if silent is not None and silent > lease_seconds:
+        return "warning", (
+            f"Stalled: worker {row.get('worker_id')} has not reported for {silent:.0f} s "
+            f"(lease {lease_seconds:.0f} s). The reaper takes the job back and retries it."
+        )
+    return "info", (
+        f"Running on {row.get('worker_id')} ({row['progress']}); last heartbeat {silent:.0f} s ago."
+        if silent is not None
+        else f"Running on {row.get('worker_id')}."
+    )
+
+
+def _retrying(row: dict, *, now: datetime, no_workers: bool, worker_note: str) -> tuple[str, str]:
+    """A retrying job: waiting for a service (no attempt spent), or its next attempt's due time."""
+    due = datetime.fromisoformat(row["next_attempt_at"]) if row.get("next_attempt_at") else None
+    when = (
+        f"in {(due - now).total_seconds():.0f} s"
+        if due and due > now
+        else "now (waiting for a worker to take it)"
+    )
+    level = "warning" if no_workers else "info"
+    if row.get("waiting_for"):
+        since = datetime.fromisoformat(row["waiting_since"]) if row.get("waiting_since") else None
+        waited = f" for {(now - since).total_seconds():.0f} s" if since else ""
+        return level, (
+            f"Waiting for {row['waiting_for']}{waited}: not the job's failure, no attempt is "
+            f"spent. It looks again {when} and resumes by itself; {worker_note}."
+        )
+    return level, (
+        f"Retrying: attempt {row['attempt'] + 1} of {row['max_attempts']} is due {when}; "
+        f"{worker_note}."
+    )
+
+
+def _pending(
+    *,
+    position: QueuePosition | None,
+    no_workers: bool,
+    worker_note: str,
+    unsent: list[dict],
+    ahead: int,
+    now: datetime,
+    published_at: datetime | None,
+    redeliver_after: float,
+) -> tuple[str, str]:
+    """A pending job: the queue unreachable, its message still in the outbox, its place in the
+    queue, handed to a worker, or its message lost."""
     if position is not None and not position.reachable:
         return "warning", (
             f"The queue Redis is unreachable ({position.error}); by the database, {ahead} "
