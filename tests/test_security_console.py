@@ -343,3 +343,42 @@ def test_a_sign_in_survives_the_browser_reconnecting_with_a_remasked_cookie(ctx,
         proc.port, headers={"Cookie": f"_streamlit_xsrf={again}"}, resume=page.session_id
     ) as back:
         assert "Overview" in back.run().text
+
+
+def _static_asset(port: int) -> str:
+    """The path of one of Streamlit's own static files, as the page names it."""
+    import re
+
+    import httpx
+
+    page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30).text
+    found = re.search(r'(?:src|href)="\.?/?(static/[^"]+)"', page)
+    assert found, page[:500]
+    return "/" + found.group(1)
+
+
+def test_no_console_answer_can_be_framed_by_another_site(ctx, console):
+    """Clickjacking: every answer of the real `sluice serve console` forbids frames, Streamlit's
+    own routes included (before: none of them sent either header)."""
+    import httpx
+
+    proc = console(launcher="sluice")
+    base = f"http://127.0.0.1:{proc.port}"
+    paths = ["/", "/jobs", "/_stcore/health", "/_stcore/host-config", _static_asset(proc.port)]
+    paths.append("/media/0123456789abcdef0123456789abcdef0123456789abcdef01234567.png")
+    for path in paths:
+        r = httpx.get(base + path, timeout=30)
+        assert r.headers.get("x-frame-options") == "DENY", (path, r.status_code)
+        assert "frame-ancestors 'none'" in r.headers.get("content-security-policy", ""), path
+
+
+def test_media_answers_only_at_the_consoles_own_names(ctx, console):
+    """A rebinding page cannot fetch /media/... or any other route under its own Host name."""
+    import httpx
+
+    proc = console(launcher="sluice")
+    base = f"http://127.0.0.1:{proc.port}"
+    for path in ["/media/0123456789abcdef.png", "/_stcore/health", "/"]:
+        r = httpx.get(base + path, headers={"Host": f"rebind.attacker.example:{proc.port}"})
+        assert r.status_code == 403, (path, r.status_code)
+        assert httpx.get(base + path).status_code != 403, path

@@ -15,6 +15,7 @@ from sluice.servers.processes import chroma_argv, redis_argv
 from sluice.settings import get_settings
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
+CONSOLE_LAUNCHER = "sluice.console.launcher"  # named, not imported, like the API's app
 API_APP = "sluice.api.server:app"  # named, not imported: the front ends do not import each other
 
 
@@ -53,7 +54,7 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
     return [
         sys.executable,
         "-m",
-        "streamlit",
+        CONSOLE_LAUNCHER,  # Streamlit's command line with the frame headers on every answer
         "run",
         str(CONSOLE_APP),
         "--server.address",
