@@ -65,76 +65,91 @@ def make_app(*, upstream: str, token: str | None, header: str, allowed_hosts: se
 
     async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await client.aclose()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await _lifespan(client, receive, send)
+            return
         if scope["type"] != "http":
             return
         headers = dict(scope["headers"])
         status = refusal(headers, token=token, header=header, allowed_hosts=allowed_hosts)
         if status is not None:
-            body = b'{"error":"Forbidden","message":"refused by the Sluice gate (host or token)"}'
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": status,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, status)
             return
-
-        async def body():
-            while True:
-                message = await receive()
-                if message.get("body"):
-                    yield message["body"]
-                if not message.get("more_body"):
-                    return
-
-        forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k != auth]
-        path = scope.get("raw_path") or scope["path"].encode()
-        url = path.decode("latin-1") + (
-            f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else ""
-        )
-        request = client.build_request(scope["method"], url, headers=forward, content=body())
-        try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 502,
-                    "headers": [(b"content-length", b"0")],
-                }
-            )
-            await send({"type": "http.response.body", "body": b""})
-            return
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status_code,
-                    "headers": [
-                        (k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP
-                    ],
-                }
-            )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            await response.aclose()
+        await _forward(client, scope, receive, send, auth=auth)
 
     return app
+
+
+async def _lifespan(client, receive, send) -> None:
+    """Answer the server's startup; at its shutdown close the upstream client, then answer."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await client.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def _refuse(send, status: int) -> None:
+    body = b'{"error":"Forbidden","message":"refused by the Sluice gate (host or token)"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _forward(client, scope, receive, send, *, auth: bytes) -> None:
+    """The request upstream without its hop-by-hop and auth headers, the answer back as it comes
+    (502 when the upstream does not answer)."""
+    import httpx
+
+    async def body():
+        while True:
+            message = await receive()
+            if message.get("body"):
+                yield message["body"]
+            if not message.get("more_body"):
+                return
+
+    forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k != auth]
+    path = scope.get("raw_path") or scope["path"].encode()
+    url = path.decode("latin-1") + (
+        f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else ""
+    )
+    request = client.build_request(scope["method"], url, headers=forward, content=body())
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.HTTPError:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 502,
+                "headers": [(b"content-length", b"0")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+        return
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP],
+            }
+        )
+        async for chunk in response.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:
+        await response.aclose()
 
 
 def serve(settings: Settings) -> int:
