@@ -20,7 +20,10 @@ orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the le
 ``webhook_claimed`` (it claimed the delivery, before it posts), ``extract_page`` (a parse child is
 about to read a PDF page), ``decrypt_authenticated`` (the decrypt child holds the password and has
 opened the file with it, before it writes the copy), ``idempotency_before_insert`` (an API request
-found no record of its Idempotency-Key, before it adds one).
+found no record of its Idempotency-Key, before it adds one), ``blob_unused`` (a blob removal
+found no document using the bytes, before it moves them aside), ``blob_retired`` (it moved them
+aside, before it looks at the users again), ``blob_migrated`` (``sluice blobs migrate`` sent a
+blob, before it removes the local file).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database

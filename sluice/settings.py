@@ -65,6 +65,30 @@ def resolve_redis_password(url: str, data_dir: Path, role: str) -> str:
     return url_password(url) or shared_secret(redis_password_path(data_dir, role))
 
 
+def _check_s3(s: Settings) -> None:
+    if not s.s3_bucket:
+        raise ValueError(
+            "SLUICE_BLOB_STORE is s3 but SLUICE_S3_BUCKET is not set: name the bucket uploads go to"
+        )
+    if s.s3_endpoint_url:
+        parts = urlsplit(s.s3_endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"SLUICE_S3_ENDPOINT_URL {redact_url(s.s3_endpoint_url)!r} is not an http(s):// "
+                "URL (e.g. https://objects.internal:9000)"
+            )
+        if parts.username or parts.password:
+            raise ValueError(
+                "SLUICE_S3_ENDPOINT_URL carries credentials: give them as AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY instead"
+            )
+        if parts.scheme == "http" and not is_loopback(parts.hostname):
+            raise ValueError(
+                f"SLUICE_S3_ENDPOINT_URL is plain http:// to {parts.hostname}: the uploads and the "
+                "request signatures would travel in clear; use https://"
+            )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SLUICE_", env_file=None, extra="ignore", validate_default=True
@@ -81,6 +105,15 @@ class Settings(BaseSettings):
     chroma_url: str = "http://127.0.0.1:8100"
     chroma_token: SecretStr | None = None
     chroma_auth_header: str = "Authorization"
+    # Where uploaded bytes live: "local" ($SLUICE_DATA_DIR/blobs, one host) or "s3" (any
+    # S3-compatible object store; every host then reads the same bucket, no shared disk).
+    blob_store: Literal["local", "s3"] = "local"
+    # The object store (SLUICE_BLOB_STORE=s3): its endpoint (empty = AWS itself), bucket, key prefix
+    # and region. Credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, never from here.
+    s3_endpoint_url: str = ""
+    s3_bucket: str = ""
+    s3_prefix: str = Field("", pattern=r"^[A-Za-z0-9!_.*'()/-]*$", max_length=200)
+    s3_region: str = "us-east-1"
 
     # Embedding
     embedder: Literal["sentence-transformers", "hash"] = "sentence-transformers"
@@ -257,6 +290,8 @@ class Settings(BaseSettings):
                     f"SLUICE_CHROMA_URL is plain http:// to {chroma.hostname}: SLUICE_CHROMA_TOKEN would travel "
                     "in clear; use https:// (a TLS proxy in front of Chroma)"
                 )
+        if self.blob_store == "s3":
+            _check_s3(self)
         if self.webhook_urls and self.webhook_secret is None:
             raise ValueError(
                 "SLUICE_WEBHOOK_URLS is set but SLUICE_WEBHOOK_SECRET is not: every event is signed "
@@ -331,6 +366,11 @@ class Settings(BaseSettings):
             "database password": bool(url_password(self.database_url))
             if self.database_url
             else False,
+            **(
+                {"AWS_SECRET_ACCESS_KEY": bool(os.environ.get("AWS_SECRET_ACCESS_KEY"))}
+                if self.blob_store == "s3"
+                else {}
+            ),
         }
 
     def public_view(self) -> dict[str, str]:

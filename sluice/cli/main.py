@@ -26,6 +26,7 @@ sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its
 sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
 sluice keys create NAME --dataset D... | --all-datasets --scope read|ingest|manage  an API key
 sluice keys list [--json] | sluice keys revoke NAME  API keys (secrets are never shown again)
+sluice blobs migrate --to s3 [--keep-local] [--json]  move the local blob store to the object store
 sluice serve queue|cache|chroma|worker|console|metrics|api  run one of the Procfile's processes
 """
 
@@ -38,6 +39,7 @@ import sys
 from collections.abc import Sequence
 
 from sluice.cli import commands
+from sluice.cli.blob_commands import add_blob_commands
 from sluice.cli.key_commands import add_key_commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
 from sluice.cli.serve import serve
@@ -275,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pause_commands(sub)
     add_priority_commands(sub)
     add_key_commands(sub)
+    add_blob_commands(sub)
     return p
 
 

@@ -21,6 +21,7 @@ from sqlmodel import Session
 from sluice.ops import documents, settings_changes
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
+from sluice.ops.blob_migration import MigrationResult, migrate_to_s3
 from sluice.ops.ingest import IngestResult, ingest_stream
 from sluice.ops.reads import bulk_preview, ctx, dead_letter_ids, document_ids, job_rows
 from sluice.ops.unlock import LOCKED_CODES, unlock_and_retry  # noqa: F401  (LOCKED_CODES: for the console)
@@ -258,6 +259,11 @@ def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> Rec
             report.errors.append(str(exc))
             return report
     return audit.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
+
+
+def migrate_blobs(who: Operator, *, keep_local: bool = False) -> MigrationResult:
+    """Move the local blob store into the object store (operators only); resumable."""
+    return migrate_to_s3(ctx(), who, keep_local=keep_local)
 
 
 def reindex_all(who: Operator, *, dataset: str | None = None) -> reindexing.ReindexResult:

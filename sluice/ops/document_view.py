@@ -6,6 +6,7 @@ bytes (operators only: a read-only user sees everything but takes no copy of the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from sqlmodel import Session
 
@@ -13,6 +14,7 @@ from sluice.ops.access import Operator, require_operator
 from sluice.ops.documents import DocumentInfo, UnknownReference, document_info, resolve
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
+from sluice.storage.blobs import BlobMissing
 from sluice.storage.models import Document, Job
 
 PDF = "application/pdf"
@@ -78,9 +80,16 @@ def page_image(
         doc = session.get(Document, document_id)
     if doc is None or doc.media_type != PDF:
         return None
-    path = ctx.blobs.path(doc.blob_key)
-    if not path.exists():
+    try:
+        with ctx.blobs.local_copy(doc.blob_key) as path:
+            return _render(pymupdf, path, page, locate, zoom)
+    except BlobMissing:
         return None
+
+
+def _render(
+    pymupdf, path: Path, page: int, locate: str | None, zoom: float
+) -> tuple[bytes, int] | None:
     with pymupdf.open(path) as pdf:
         if pdf.needs_pass or not 1 <= page <= pdf.page_count:
             return None
@@ -102,7 +111,7 @@ def original(ctx: Context, who: Operator, document_id: int) -> tuple[bytes, str,
         doc = session.get(Document, document_id)
     if doc is None:
         raise UnknownReference(f"no document {document_id}")
-    return ctx.blobs.path(doc.blob_key).read_bytes(), doc.filename, doc.media_type
+    return ctx.blobs.read(doc.blob_key), doc.filename, doc.media_type
 
 
 def job_chunks(

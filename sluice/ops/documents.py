@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from sqlmodel import Session, func, select
 
 from sluice import faults
+from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
 from sluice.storage.models import Dataset, Document, Job, JobStatus
@@ -192,13 +193,18 @@ def remove_blob_if_unused(ctx: Context, key: str) -> bool:
     if _live_users(ctx, key):
         return False
     faults.hit("blob_unused", key=key)
-    aside = ctx.blobs.retire(key)
-    if aside is None:
+    try:
+        aside = ctx.blobs.retire(key)
+        if aside is None:
+            return False
+        faults.hit("blob_retired", key=key)
+        if _live_users(ctx, key):  # an upload committed a document of these bytes meanwhile
+            ctx.blobs.unretire(key, aside)
+            return False
+        ctx.blobs.drop(aside)
+    except WaitingError as err:  # the object store does not answer: the blob stays (or aside)
+        log.warning("blob %s not removed: %s", key[:12], err.message)
         return False
-    if _live_users(ctx, key):  # an upload committed a document of these bytes meanwhile
-        ctx.blobs.unretire(key, aside)
-        return False
-    aside.unlink(missing_ok=True)
     return True
 
 

@@ -12,8 +12,10 @@ from importlib import metadata
 
 import redis
 
+from sluice.errors import WaitingError
 from sluice.pipeline.queueing import broker
 from sluice.settings import Settings, redact_url
+from sluice.storage.s3_blobs import S3BlobStore
 
 PROBE_TIMEOUT = 1.5
 VERSIONED = (
@@ -138,12 +140,25 @@ def _chroma_probe(settings: Settings) -> Probe:
         )
 
 
+def blob_store_probe(settings: Settings) -> Probe:
+    """The object store's bucket (SLUICE_BLOB_STORE=s3); the local directory needs no probe."""
+    store = S3BlobStore.from_settings(settings)
+    try:
+        detail = store.ping()
+    except WaitingError as exc:
+        return Probe("object store", store.describe(), False, exc.message)
+    return Probe("object store", store.describe(), True, detail)
+
+
 def probes(settings: Settings) -> list[Probe]:
-    return [
+    found = [
         _redis_probe("queue Redis", settings.queue_redis_url, settings.redis_password("queue")),
         _redis_probe("cache Redis", settings.cache_redis_url, settings.redis_password("cache")),
         _chroma_probe(settings),
     ]
+    if settings.blob_store == "s3":
+        found.append(blob_store_probe(settings))
+    return found
 
 
 def versions() -> dict[str, str]:

@@ -17,12 +17,13 @@ from typing import BinaryIO
 
 from sqlmodel import Session
 
-from sluice.errors import PipelineError
+from sluice.errors import PipelineError, WaitingError
+from sluice.ops.documents import remove_blob_if_unused
 from sluice.pipeline.parsing.formats import ZIP
 from sluice.pipeline.parsing.parse import ParseLimits, archive_type, sniff_type
 from sluice.pipeline.queueing.publishing import dispatch_now
 from sluice.pipeline.running.context import Context
-from sluice.storage import jobs, queries
+from sluice.storage import jobs
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset
 from sluice.storage.models import JobStatus
@@ -102,7 +103,7 @@ def ingest_stream(
             fix_hint=err.hint,
         )
     try:
-        key, size = ctx.blobs.put_stream(_Prepend(head, stream), max_bytes=s.max_upload_bytes)
+        got = ctx.blobs.receive(_Prepend(head, stream), max_bytes=s.max_upload_bytes)
     except BlobTooLarge:
         return IngestResult(
             display,
@@ -113,35 +114,39 @@ def ingest_stream(
             message=f"the file is larger than the upload limit of {s.max_upload_bytes // (1024 * 1024)} MB",
             fix_hint="Split the file, or raise SLUICE_MAX_UPLOAD_BYTES.",
         )
-    if (
-        media_type == ZIP
-    ):  # which archive it is, or a bomb, shows in its directory: refused ones are not kept
-        try:
-            media_type = archive_type(
-                ctx.blobs.path(key), name=display, limits=ParseLimits.from_settings(s)
-            )
-        except PipelineError as err:
-            with Session(ctx.engine) as session:
-                kept = queries.blob_in_use(session=session, blob_key=key)
-            if not kept:
-                ctx.blobs.delete(key)
-            return IngestResult(
-                display,
-                False,
-                dataset=dataset,
-                error_kind=err.kind.value,
-                error_code=err.code,
-                message=err.message,
-                fix_hint=err.hint,
-            )
-    held = ctx.blobs.hold(key)  # a delete of the same bytes may not take them from this upload
+    except WaitingError as err:  # the object store does not answer: nothing was stored
+        return _refused(display, dataset, err)
+    # got.held keeps the bytes for this upload: a delete of the same bytes cannot take them.
+    key, size = got.key, got.size
     try:
+        if media_type == ZIP:  # which archive it is, or a bomb, shows in its directory
+            with ctx.blobs.local_copy(key) as path:
+                media_type = archive_type(path, name=display, limits=ParseLimits.from_settings(s))
         document, job, created = _commit_upload(ctx, dataset, key, size, media_type, display, actor)
+    except PipelineError as err:  # refused archives are not kept (unless another document has them)
+        ctx.blobs.release(got.held)
+        remove_blob_if_unused(ctx, key)
+        return _refused(display, dataset, err)
     except BaseException:
-        ctx.blobs.release(held)
+        ctx.blobs.release(got.held)
         raise
-    ctx.blobs.keep(key, held)
+    try:
+        ctx.blobs.keep(key, got.held)
+    except WaitingError as err:  # committed; only the upload's second name may be left over
+        log.warning("upload of %s: the blob store did not confirm it (%s)", key[:12], err.message)
     return _answer(ctx, dataset, display, document, job, created, publish)
+
+
+def _refused(display: str, dataset: str, err: PipelineError) -> IngestResult:
+    return IngestResult(
+        display,
+        False,
+        dataset=dataset,
+        error_kind=err.kind.value,
+        error_code=err.code,
+        message=err.message,
+        fix_hint=err.hint,
+    )
 
 
 def _commit_upload(

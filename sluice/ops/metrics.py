@@ -43,7 +43,8 @@ from prometheus_client.registry import Collector
 
 from sluice.errors import SettingsError
 from sluice.ops.gate import Connection, host_refusal
-from sluice.ops.reads import events_after, metric_counts
+from sluice.ops.health import blob_store_probe
+from sluice.ops.reads import ctx, events_after, metric_counts
 from sluice.pipeline.queueing import broker
 from sluice.settings import Settings, is_loopback
 
@@ -212,6 +213,9 @@ class SluiceCollector(Collector):
             yield messages
             yield workers
             yield threads
+        settings = ctx().settings
+        if settings.blob_store == "s3":  # an object store that does not answer holds every job
+            up.add_metric(["object_store"], 1 if blob_store_probe(settings).reachable else 0)
         yield up
 
 

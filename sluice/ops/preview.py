@@ -71,22 +71,23 @@ def document_texts(ctx: Context, document: Document, settings: Settings | None =
         with Session(ctx.engine) as session:
             settings = ctx.settings_for(session.get(Dataset, document.dataset_id))
     s = settings
-    parsed = open_document(
-        ctx.blobs.path(document.blob_key),
-        media_type=document.media_type,
-        max_pages=s.max_pages,
-        limits=ParseLimits.from_settings(s),
-        name=document.filename,
-        ocr=OcrOptions.from_settings(s),
-    )
-    try:
-        return [
-            piece
-            for _, text in parsed.pages()
-            for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)
-        ]
-    finally:
-        parsed.close()
+    with ctx.blobs.local_copy(document.blob_key) as path:
+        parsed = open_document(
+            path,
+            media_type=document.media_type,
+            max_pages=s.max_pages,
+            limits=ParseLimits.from_settings(s),
+            name=document.filename,
+            ocr=OcrOptions.from_settings(s),
+        )
+        try:
+            return [
+                piece
+                for _, text in parsed.pages()
+                for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)
+            ]
+        finally:
+            parsed.close()
 
 
 @dataclass

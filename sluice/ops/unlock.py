@@ -21,16 +21,54 @@ from sqlmodel import Session
 
 from sluice import faults
 from sluice.errors import PipelineError
+from sluice.files import private_dir
 from sluice.ops.documents import remove_blob_if_unused
 from sluice.pipeline.parsing.parse import PDF, ParseLimits, decrypt_pdf
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
+from sluice.storage.blobs import Received
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import Document, Job, JobStatus
 
 log = logging.getLogger(__name__)
 
 LOCKED_CODES = ("password_protected", "wrong_password")  # failed jobs that a password unlocks
+
+
+def _decrypt(
+    ctx: Context, job_id: int, document: Document, password: str, *, actor: str
+) -> Received | ActionResult:
+    """The decrypted PDF stored as a blob (held until the document names it), or the refusal."""
+    scratch = private_dir(ctx.settings.data_dir / "blob-scratch")
+    with ctx.blobs.local_copy(document.blob_key) as source:
+        fd, tmp = tempfile.mkstemp(dir=scratch, prefix=".unlock-", suffix=".pdf")
+        os.close(fd)
+        try:
+            try:
+                decrypt_pdf(
+                    source,
+                    password,
+                    Path(tmp),
+                    limits=ParseLimits.from_settings(ctx.settings),
+                    name=document.filename,
+                )
+            except PipelineError as exc:
+                with Session(ctx.engine) as session:
+                    jobs.action_rejected(
+                        session=session,
+                        job_id=job_id,
+                        actor=actor,
+                        code=exc.code,
+                        message=exc.message,
+                        hint=exc.hint,
+                    )
+                return ActionResult(job_id, False, f"job {job_id}: {exc.message}")
+            with open(tmp, "rb") as fh:
+                limit = max(ctx.settings.max_upload_bytes * 4, 1 << 20)
+                return ctx.blobs.receive(fh, max_bytes=limit)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) -> ActionResult:
@@ -55,49 +93,26 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
         )
     if not password:
         return ActionResult(job_id, False, "no password given")
-    source = ctx.blobs.path(document.blob_key)
-    ctx.blobs.root.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=ctx.blobs.root, prefix=".unlock-", suffix=".pdf")
-    os.close(fd)
-    try:
-        try:
-            decrypt_pdf(
-                source,
-                password,
-                Path(tmp),
-                limits=ParseLimits.from_settings(ctx.settings),
-                name=document.filename,
-            )
-        except PipelineError as exc:
-            with Session(ctx.engine) as session:
-                jobs.action_rejected(
-                    session=session,
-                    job_id=job_id,
-                    actor=actor,
-                    code=exc.code,
-                    message=exc.message,
-                    hint=exc.hint,
-                )
-            return ActionResult(job_id, False, f"job {job_id}: {exc.message}")
-        with open(tmp, "rb") as fh:
-            key, _ = ctx.blobs.put_stream(
-                fh, max_bytes=max(ctx.settings.max_upload_bytes * 4, 1 << 20)
-            )
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    faults.hit("unlock_decrypted", job_id=job_id)
+    decrypted = _decrypt(ctx, job_id, document, password, actor=actor)
+    if isinstance(decrypted, ActionResult):
+        return decrypted
     old = document.blob_key
-    with Session(ctx.engine) as session:
-        switched = (
-            session.execute(
-                update(Document)
-                .where(Document.id == document.id, Document.blob_key == old)
-                .values(blob_key=key)
-            ).rowcount
-            == 1
-        )
-        session.commit()
+    try:
+        faults.hit("unlock_decrypted", job_id=job_id)
+        with Session(ctx.engine) as session:
+            switched = (
+                session.execute(
+                    update(Document)
+                    .where(Document.id == document.id, Document.blob_key == old)
+                    .values(blob_key=decrypted.key)
+                ).rowcount
+                == 1
+            )
+            session.commit()
+    except BaseException:
+        ctx.blobs.release(decrypted.held)
+        raise
+    ctx.blobs.keep(decrypted.key, decrypted.held)  # a delete of these bytes cannot take them
     if switched:
         remove_blob_if_unused(ctx, old)  # the locked bytes, unless another document reads them
     with Session(ctx.engine) as session:

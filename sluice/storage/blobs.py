@@ -1,17 +1,34 @@
-"""Content-addressed file store: bytes live under their sha256, never under a user's file name."""
+"""Content-addressed file store: bytes live under their sha256, never under a user's file name.
+
+Two backends share one interface: ``LocalBlobStore`` (a directory on this host, the default) and
+``sluice.storage.s3_blobs.S3BlobStore`` (any S3-compatible object store, for several hosts). The
+Context picks one by ``SLUICE_BLOB_STORE``.
+
+Removing a blob races an upload of the same bytes (in any dataset): the upload finds the blob
+there, the removal decides nobody uses it and deletes it, the upload's document then names bytes
+that are gone. Both sides keep a second name for the bytes across their database look: an upload
+keeps its own copy (``receive`` returns it as ``held``) until its document is committed
+(``keep``); a removal moves the blob aside, looks again, and puts it back when a user appeared
+(``retire``, ``unretire``). Whichever way the two interleave, a committed document finds its blob.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from sluice.files import private_dir
 
 CHUNK = 1024 * 1024
+HEX = frozenset("0123456789abcdef")
 
 
 class BlobTooLarge(Exception):
@@ -21,55 +38,149 @@ class BlobTooLarge(Exception):
         self.seen = seen
 
 
+class BlobMissing(LookupError):
+    """The store has no blob under this key."""
+
+
+def is_key(key: str) -> bool:
+    return len(key) == 64 and all(c in HEX for c in key)
+
+
+def check_key(key: str) -> str:
+    if not is_key(key):
+        raise ValueError(f"not a blob key: {key!r}")
+    return key
+
+
+@dataclass
+class Received:
+    """Bytes stored under their key, with the upload's own second name for them (``held``) that
+    ``keep`` or ``release`` drops."""
+
+    key: str
+    size: int
+    held: object
+
+
 class BlobStore:
+    """What every backend offers. Keys are sha256 hex digests."""
+
+    kind = "?"
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def receive(self, stream: BinaryIO, *, max_bytes: int) -> Received:
+        """Store a stream under its sha256; refuse it once it passes ``max_bytes`` (nothing is
+        kept then). The caller ends with ``keep`` (its document is committed) or ``release``."""
+        raise NotImplementedError
+
+    def keep(self, key: str, held: object) -> None:
+        """The upload's document is committed: the blob is there again if a removal took it
+        meanwhile, and the upload's second name is dropped."""
+        raise NotImplementedError
+
+    def release(self, held: object) -> None:
+        raise NotImplementedError
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def delete(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def retire(self, key: str) -> object | None:
+        """Move the blob aside before the last look at its users (None: it is gone already)."""
+        raise NotImplementedError
+
+    def unretire(self, key: str, aside: object) -> None:
+        """A user appeared: the blob comes back."""
+        raise NotImplementedError
+
+    def drop(self, aside: object) -> None:
+        """Nobody uses the retired blob: remove it for good."""
+        raise NotImplementedError
+
+    def keys(self) -> Iterator[str]:
+        raise NotImplementedError
+
+    @contextmanager
+    def local_copy(self, key: str) -> Iterator[Path]:
+        """A file on this host with the blob's bytes, for the time of the block (BlobMissing)."""
+        raise NotImplementedError
+        yield Path()  # pragma: no cover
+
+    def read(self, key: str) -> bytes:
+        with self.local_copy(key) as path:
+            return path.read_bytes()
+
+    def put_stream(self, stream: BinaryIO, *, max_bytes: int) -> tuple[str, int]:
+        """Store a stream (no document to commit in between): ``receive`` then ``keep``."""
+        got = self.receive(stream, max_bytes=max_bytes)
+        self.keep(got.key, got.held)
+        return got.key, got.size
+
+    def put_bytes(self, data: bytes, *, max_bytes: int) -> tuple[str, int]:
+        return self.put_stream(io.BytesIO(data), max_bytes=max_bytes)
+
+
+class LocalBlobStore(BlobStore):
+    """Blobs in a directory of this host: ``root/ab/cd/abcd...``. The upload's second name and a
+    retired blob are hard links beside them."""
+
+    kind = "local"
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
 
+    def describe(self) -> str:
+        return f"local directory {self.root}"
+
     def path(self, key: str) -> Path:
-        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-            raise ValueError(f"not a blob key: {key!r}")
+        check_key(key)
         return self.root / key[:2] / key[2:4] / key
 
     def exists(self, key: str) -> bool:
         return self.path(key).exists()
 
-    def put_stream(self, stream: BinaryIO, *, max_bytes: int) -> tuple[str, int]:
-        """Store a stream; refuse it once it passes ``max_bytes`` (nothing is kept then)."""
+    def receive(self, stream: BinaryIO, *, max_bytes: int) -> Received:
         private_dir(self.root)
         digest = hashlib.sha256()
         size = 0
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".hold-")
         try:
             with os.fdopen(fd, "wb") as out:
-                while True:
-                    block = stream.read(CHUNK)
-                    if not block:
-                        break
+                while block := stream.read(CHUNK):
                     size += len(block)
                     if size > max_bytes:
                         raise BlobTooLarge(max_bytes, size)
                     digest.update(block)
                     out.write(block)
             key = digest.hexdigest()
-            final = self.path(key)
-            if final.exists():
-                os.unlink(tmp)
-            else:
-                final.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, final)
-            return key, size
+            self._link(Path(tmp), key)
+            return Received(key, size, Path(tmp))
         except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)
             raise
 
-    def put_bytes(self, data: bytes, *, max_bytes: int) -> tuple[str, int]:
-        import io
+    def _link(self, source: Path, key: str) -> None:
+        final = self.path(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, final)
+        except FileExistsError:
+            pass
 
-        return self.put_stream(io.BytesIO(data), max_bytes=max_bytes)
+    def keep(self, key: str, held: object) -> None:
+        assert isinstance(held, Path)
+        try:
+            self._link(held, key)
+        finally:
+            held.unlink(missing_ok=True)
 
-    def read(self, key: str) -> bytes:
-        return self.path(key).read_bytes()
+    def release(self, held: object) -> None:
+        assert isinstance(held, Path)
+        held.unlink(missing_ok=True)
 
     def delete(self, key: str) -> bool:
         try:
@@ -78,58 +189,34 @@ class BlobStore:
         except FileNotFoundError:
             return False
 
-    # Removing a blob races an upload of the same bytes (in any dataset): the upload finds the file
-    # there, the removal decides nobody uses it and deletes it, the upload's document then names a
-    # file that is gone. Both sides keep a second name for the bytes across their database look:
-    # an upload holds a hard link until its document is committed (``hold``, ``keep``); a removal
-    # renames the blob aside, looks again, and puts it back when a user appeared (``retire``,
-    # ``unretire``). Whichever way the two interleave, a committed document finds its file.
-
-    def _aside(self, prefix: str) -> Path:
-        private_dir(self.root)
-        return self.root / f".{prefix}-{uuid.uuid4().hex}"
-
-    def hold(self, key: str) -> Path | None:
-        """A second name for the blob's bytes while an upload commits (None: it is gone)."""
-        held = self._aside("hold")
-        try:
-            os.link(self.path(key), held)
-        except FileNotFoundError:
-            return None
-        return held
-
-    def keep(self, key: str, held: Path | None) -> None:
-        """The upload's document is committed: put the held bytes back if a removal took the blob
-        meanwhile, and drop the second name."""
-        if held is None:
-            return
-        final = self.path(key)
-        try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.link(held, final)
-        except FileExistsError:
-            pass
-        finally:
-            held.unlink(missing_ok=True)
-
-    def release(self, held: Path | None) -> None:
-        if held is not None:
-            held.unlink(missing_ok=True)
-
     def retire(self, key: str) -> Path | None:
-        """Rename the blob aside before the last look at its users (None: it is gone already)."""
-        aside = self._aside("retired")
+        private_dir(self.root)
+        aside = self.root / f".retired-{uuid.uuid4().hex}"
         try:
             os.rename(self.path(key), aside)
         except FileNotFoundError:
             return None
         return aside
 
-    def unretire(self, key: str, aside: Path) -> None:
-        """A user appeared: the blob comes back (unless an upload has stored it again already)."""
-        final = self.path(key)
-        try:
-            os.link(aside, final)
-        except FileExistsError:
-            pass
+    def unretire(self, key: str, aside: object) -> None:
+        assert isinstance(aside, Path)
+        self._link(aside, key)
         aside.unlink(missing_ok=True)
+
+    def drop(self, aside: object) -> None:
+        assert isinstance(aside, Path)
+        aside.unlink(missing_ok=True)
+
+    def keys(self) -> Iterator[str]:
+        if not self.root.exists():
+            return
+        for path in sorted(self.root.glob("??/??/*")):
+            if is_key(path.name) and path.is_file():
+                yield path.name
+
+    @contextmanager
+    def local_copy(self, key: str) -> Iterator[Path]:
+        path = self.path(key)
+        if not path.exists():
+            raise BlobMissing(key)
+        yield path

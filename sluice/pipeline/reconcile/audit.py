@@ -40,6 +40,7 @@ from sqlmodel import Session, select
 
 from sluice import faults
 from sluice.pipeline.queueing.broker import dispatch_now
+from sluice.pipeline.reconcile.blob_audit import audit_blobs
 from sluice.pipeline.reconcile.lexical_audit import audit_lexical
 from sluice.pipeline.reconcile.report import DatasetSummary, Finding, ReconcileReport, save_report
 from sluice.pipeline.reconcile.snapshot import (
@@ -454,6 +455,11 @@ def reconcile(
         except Exception as exc:  # one unreachable collection must not hide the others
             log.exception("reconcile of dataset %s failed", ds.name)
             report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")
+    try:
+        audit_blobs(ctx, report, dataset)
+    except Exception as exc:  # the blob store does not answer: say so, keep the index audit
+        log.exception("blob audit failed")
+        report.errors.append(f"blob store: {type(exc).__name__}: {exc}")
     if repair and publish is not None and report.queued:
         note = dispatch_now(ctx.engine, via=publish)[1]
         if note:

@@ -84,6 +84,10 @@ class ReconcileReport:
     actions: list[str] = field(default_factory=list)  # what repair did, in order
     errors: list[str] = field(default_factory=list)
     queued: list[int] = field(default_factory=list)  # jobs repair queued to rebuild missing chunks
+    # Live documents whose uploaded bytes the blob store lacks (a sample; the count is complete).
+    blobs_checked: int = 0
+    blobs_missing_count: int = 0
+    blobs_missing: list[dict] = field(default_factory=list)
 
     @property
     def missing(self) -> int:
@@ -106,7 +110,13 @@ class ReconcileReport:
 
     @property
     def problems(self) -> int:
-        return self.missing + self.orphans + self.mismatched + sum(self.lexical_problems.values())
+        return (
+            self.missing
+            + self.orphans
+            + self.mismatched
+            + sum(self.lexical_problems.values())
+            + self.blobs_missing_count
+        )
 
     @property
     def clean(self) -> bool:
@@ -151,6 +161,9 @@ class ReconcileReport:
             "actions": self.actions,
             "errors": self.errors,
             "queued": self.queued,
+            "blobs_checked": self.blobs_checked,
+            "blobs_missing_count": self.blobs_missing_count,
+            "blobs_missing": self.blobs_missing,
         }
 
     def describe(self) -> str:
@@ -190,6 +203,16 @@ class ReconcileReport:
             lines.append(f"  [{f.dataset}] {who}: " + "; ".join(parts))
             for r in f.repair:
                 lines.append(f"      {'done' if self.repair else 'repair would'}: {r}")
+        if self.blobs_missing_count:
+            named = ", ".join(
+                f"document {b['document_id']} {b['filename']} ({b['dataset']})"
+                for b in self.blobs_missing[:3]
+            )
+            lines.append(
+                f"  blobs: {self.blobs_missing_count:,} of {self.blobs_checked:,} document(s) have "
+                f"no uploaded file in the blob store, e.g. {named}: repair cannot bring the bytes "
+                "back; upload those files again"
+            )
         lines += [f"  error: {e}" for e in self.errors]
         in_flight = sum(d.in_flight for d in self.datasets)
         if self.clean and in_flight:

@@ -28,10 +28,11 @@ from sluice.pipeline.running.embed import (
 )
 from sluice.settings import Settings, get_settings
 from sluice.storage import dataset_settings
-from sluice.storage.blobs import BlobStore
+from sluice.storage.blobs import BlobStore, LocalBlobStore
 from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine, instance_id
 from sluice.storage.models import Dataset
+from sluice.storage.s3_blobs import S3BlobStore
 from sluice.storage.vectors import VectorStore
 
 
@@ -80,7 +81,10 @@ class Context:
 
     @cached_property
     def blobs(self) -> BlobStore:
-        return BlobStore(self.settings.blob_dir)
+        """The blob store of SLUICE_BLOB_STORE: this host's directory, or the object store."""
+        if self.settings.blob_store == "s3":
+            return S3BlobStore.from_settings(self.settings)
+        return LocalBlobStore(self.settings.blob_dir)
 
     @cached_property
     def vectors(self) -> VectorStore:

@@ -1,0 +1,31 @@
+"""``sluice blobs migrate --to s3``: the blob store's commands."""
+
+from __future__ import annotations
+
+from sluice.cli.output import print_json
+from sluice.ops import actions
+from sluice.ops.access import cli_operator
+
+
+def migrate(args) -> int:
+    result = actions.migrate_blobs(cli_operator(), keep_local=args.keep_local)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(result.describe())
+    return 1 if result.failed else 0
+
+
+def add_blob_commands(sub) -> None:
+    blobs = sub.add_parser("blobs", help="the blob store (uploaded files)")
+    inner = blobs.add_subparsers(dest="blobs_command", required=True)
+    a = inner.add_parser(
+        "migrate",
+        help="move $SLUICE_DATA_DIR/blobs into the object store (SLUICE_S3_*); run again to resume",
+    )
+    a.add_argument("--to", choices=["s3"], required=True, help="the backend to move to")
+    a.add_argument(
+        "--keep-local", action="store_true", help="copy only; leave the local files in place"
+    )
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=migrate)
