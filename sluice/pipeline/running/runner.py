@@ -46,6 +46,7 @@ from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.settings import Settings
 from sluice.storage import jobs, lexical
+from sluice.storage.blobs import BlobMissing
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
 
@@ -439,8 +440,8 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     loaded = _load(ctx, job, report)
     if isinstance(loaded, RunOutcome):  # another pipeline version is in force
         return loaded
-    document, dataset, s, path = loaded
-    parsed, pages = _parse(document, path, s, report)
+    document, dataset, s = loaded
+    parsed, pages = _fetch_and_parse(ctx, job, document, s, report)
     chunks = _chunk(pages, s, report)
     del pages
     total = len(chunks)
@@ -480,9 +481,9 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
 
 def _load(
     ctx: Context, job: Job, report: Reporter
-) -> tuple[Document, Dataset, Settings, Path] | RunOutcome:
-    """The job's document, dataset, parse settings and file; an outcome instead when the job's
-    pipeline version is no longer the one in force."""
+) -> tuple[Document, Dataset, Settings] | RunOutcome:
+    """The job's document, dataset and parse settings; an outcome instead when the job's pipeline
+    version is no longer the one in force."""
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = session.get(Document, job.document_id)
         dataset = session.get(Dataset, job.dataset_id)
@@ -496,15 +497,25 @@ def _load(
         if followed != "moved":
             return RunOutcome(job.id, followed, f"pipeline {version} is built instead")
     report.blob_key = document.blob_key
-    path = ctx.blobs.path(document.blob_key)
-    if not path.exists():
+    return document, dataset, s
+
+
+def _fetch_and_parse(
+    ctx: Context, job: Job, document: Document, s: Settings, report: Reporter
+) -> tuple[ParsedDocument, list[tuple[int, str]]]:
+    """The document's file on this host (the object store's copy streamed to a scratch file, never
+    whole in memory), parsed, and the scratch file gone again. An object store that does not answer
+    raises its outage (the job waits, its attempt unspent)."""
+    try:
+        with ctx.blobs.local_copy(document.blob_key) as path:
+            faults.hit("before_open", job_id=job.id)
+            return _parse(document, path, s, report)
+    except BlobMissing:
         raise PermanentError(
             "blob_missing",
             "the uploaded file is missing from the blob store",
             "Upload the file again.",
-        )
-    faults.hit("before_open", job_id=job.id)
-    return document, dataset, s, path
+        ) from None
 
 
 def _parse(
