@@ -4,6 +4,8 @@ starts within about two jobs of a dataset with hundreds queued, and "run next" m
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlmodel import Session, select
 
 from sluice.storage import jobs
@@ -111,3 +113,81 @@ def test_cli_and_console_move_jobs_to_the_front(ctx, capsys):
     at.button(key=f"run_next_{first}").click().run()
     assert_ok(at)
     assert "Run next" in texts(at) and job(ctx, first).priority == 4
+
+
+def _places(engine, ids: list[int], *, window: bool, reach=None) -> dict[int, int]:
+    from sluice.storage.outbox import queue_place
+
+    with Session(engine) as session:
+        return {
+            i: queue_place(session=session, job_id=i, dataset_ids=reach, window=window) for i in ids
+        }
+
+
+def test_a_job_s_place_in_the_queue_is_the_dispatcher_s_order(database_url):
+    """queue_place counts the jobs the dispatcher would publish first (its order, not the upload
+    order), and for a key of some datasets only theirs."""
+    engine = get_engine(database_url)
+    big = [make_job(engine, "big", n).id for n in range(9)]
+    mid = [make_job(engine, "mid", 20 + n).id for n in range(4)]
+    small = [make_job(engine, "small", 40 + n).id for n in range(2)]
+    busy: list[int] = []
+    dispatch(engine=engine, publish=busy.append, window=3)  # three in flight, one then running
+    _claim(engine, busy[0])
+    urgent = make_job(engine, "mid", 60).id
+    with Session(engine) as session:
+        jobs.run_next(session=session, job_ids=[urgent], actor="alice")
+        ds = session.exec(select(Dataset).where(Dataset.name == "small")).one()
+    waiting = [i for i in big + mid + small + [urgent] if i not in busy]
+    windowed = _places(engine, waiting, window=True)
+    fifo = _places(engine, waiting, window=False)
+    mine = _places(engine, waiting, window=True, reach=[ds.id])
+    assert set(_places(engine, busy[1:], window=True).values()) <= {0, 1}  # on the queue already
+
+    order: list[int] = []
+    dispatch(engine=engine, publish=order.append, window=1000)
+    assert order[0] == urgent and order != sorted(order)  # run next first, then turns
+    assert windowed == {job_id: 2 + n for n, job_id in enumerate(order)}  # two still in flight
+    assert sorted(fifo.values()) == list(range(2, 2 + len(waiting))) and fifo[urgent] == 2
+    own, flying = [i for i in order if i in small], len(set(small) & set(busy[1:]))
+    assert flying and own  # one of its jobs is on the queue, one waits in the outbox
+    assert {i: mine[i] for i in own} == {i: flying + n for n, i in enumerate(own)}  # only its own
+
+
+def test_a_key_of_one_dataset_sees_its_place_among_its_own_jobs_only(database_url, monkeypatch):
+    """The API's waiting: its place and start estimate; a key that does not see the other
+    datasets gets the same answer however much they hold."""
+    from sluice.ops import scoped
+    from sluice.ops.keys import ApiPrincipal
+    from sluice.settings import reset_settings_cache
+
+    monkeypatch.setenv("SLUICE_DISPATCH_PER_THREAD", "2")  # a window: datasets take turns
+    reset_settings_cache()
+    engine = get_engine(database_url)
+    for n in range(6):
+        make_job(engine, "other", n)
+    done, waiting = make_job(engine, "team", 100), make_job(engine, "team", 101)
+    with Session(engine) as session:
+        claimed = jobs.claim(session=session, job_id=done.id, worker_id="w", lease_seconds=30)
+        jobs.succeed(
+            session=session,
+            job_id=done.id,
+            lease=claimed.job.lease,
+            chunk_count=3,
+            page_count=1,
+            worker_id="w",
+            embedded=3,
+            cached=0,
+        )
+    team = ApiPrincipal(1, "team", "read", False, frozenset({waiting.dataset_id}))
+    every = ApiPrincipal(2, "ops", "read", True, frozenset())
+    seen = scoped.job(team, waiting.id)["waiting"]
+    assert seen["reason"] == "queue" and seen["ahead"] == 0 and seen["starts_at"]
+    assert "of its dataset" in seen["detail"]
+    assert scoped.job(every, waiting.id)["waiting"]["ahead"] == 1  # turns: the older head first
+    for n in range(20):
+        make_job(engine, "other", 200 + n)
+    again = scoped.job(team, waiting.id)["waiting"]
+    start = datetime.fromisoformat(seen.pop("starts_at"))
+    assert abs((datetime.fromisoformat(again.pop("starts_at")) - start).total_seconds()) <= 15
+    assert again == seen

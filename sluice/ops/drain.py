@@ -92,15 +92,49 @@ class WorkLeft:
         return cls(len(active), chunks, unknown_jobs, unknown_bytes)
 
 
+@dataclass(frozen=True)
+class _Rates:
+    busy: float
+    rate: float | None  # chunks per second while busy
+    per_byte: float | None
+    per_job: float
+
+    @classmethod
+    def of(cls, finished: list[tuple]) -> _Rates:
+        done_chunks = sum(c or 0 for _, _, c, _ in finished)
+        done_bytes = sum(b or 0 for _, _, _, b in finished)
+        busy = busy_seconds([(s, f) for s, f, _, _ in finished])
+        return cls(
+            busy=busy,
+            rate=done_chunks / busy if busy > 0 and done_chunks else None,
+            per_byte=done_chunks / done_bytes if done_bytes else None,
+            per_job=done_chunks / len(finished) if finished else 0.0,
+        )
+
+    def chunks(self, work: WorkLeft) -> float:
+        """The chunks ``work`` has left: exact where known, estimated from its bytes (or jobs)."""
+        if self.per_byte:
+            return work.chunks + work.unknown_bytes * self.per_byte
+        return work.chunks + work.unknown_jobs * self.per_job
+
+
+def starts_in(*, finished: list[tuple], ahead: int, running: WorkLeft) -> timedelta | None:
+    """When a waiting job starts: once the running work and the ``ahead`` jobs before it are done
+    at the rate the workers reached while busy (a job ahead counted at the chunks a finished job
+    had on average). None: no job finished lately, so there is no rate."""
+    if ahead == 0 and running.jobs == 0:
+        return timedelta(0)
+    rates = _Rates.of(finished)
+    if not rates.rate:
+        return None
+    return timedelta(seconds=(rates.chunks(running) + ahead * rates.per_job) / rates.rate)
+
+
 def estimate(*, finished: list[tuple], active: WorkLeft) -> DrainEstimate:
     """``finished``: (start, finish, chunks, bytes) of recent successes; ``active``: the work left."""
-    done_chunks = sum(c or 0 for _, _, c, _ in finished)
-    done_bytes = sum(b or 0 for _, _, _, b in finished)
-    busy = busy_seconds([(s, f) for s, f, _, _ in finished])
-    rate = done_chunks / busy if busy > 0 and done_chunks else None
-    per_byte = done_chunks / done_bytes if done_bytes else None
-    per_job = done_chunks / len(finished) if finished else 0.0
-    unknown = active.unknown_bytes * per_byte if per_byte else active.unknown_jobs * per_job
+    rates = _Rates.of(finished)
+    rate, busy = rates.rate, rates.busy
+    unknown = rates.chunks(active) - active.chunks
     return DrainEstimate(
         active=active.jobs,
         remaining_chunks=active.chunks + unknown,

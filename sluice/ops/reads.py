@@ -19,7 +19,7 @@ from sluice.ops.search import search as run_search
 from sluice.pipeline.reconcile.report import last_report
 from sluice.pipeline.running.context import Context, get_context
 from sluice.settings import redact_url
-from sluice.storage import jobs, pauses, queries, webhook_records
+from sluice.storage import jobs, outbox, pauses, queries, webhook_records
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
 from sluice.storage.lexical import parse_query
@@ -298,8 +298,13 @@ def job_detail(job_id: int) -> JobDetail | None:
             {"since": o.created_at, "attempts": o.publish_attempts, "last_error": o.last_error}
             for o in queries.unsent_messages(session=session, job_id=job_id)
         ]
-        ahead = (
-            queries.waiting_ahead(session=session, job=job)
+        ahead = (  # the dispatcher's order (priority, turns across datasets), as the API says it
+            outbox.queue_place(
+                session=session,
+                job_id=job_id,
+                dataset_ids=None,
+                window=bool(ctx().settings.dispatch_per_thread),
+            )
             if job.status == JobStatus.pending
             else 0
         )

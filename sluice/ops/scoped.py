@@ -9,25 +9,33 @@ lacks a scope (``ScopeMissing``) only about things it can see.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
 from sqlmodel import Session
 
 from sluice.errors import PipelineError
-from sluice.ops import actions, document_view, reads
+from sluice.ops import actions, document_view, drain, reads
 from sluice.ops.actions import ActionReport
 from sluice.ops.documents import UnknownReference
+from sluice.ops.drain import WorkLeft
 from sluice.ops.ingest import IngestResult, sanitize_filename
 from sluice.ops.keys import ApiPrincipal, Scope
 from sluice.ops.search import SearchHit
 from sluice.pipeline.parsing.parse import sniff_type
-from sluice.storage import api_queries, pauses, queries
+from sluice.storage import api_queries, outbox, pauses, queries
+from sluice.storage.clock import as_utc, db_now
 from sluice.storage.jobs import get_job
 from sluice.storage.models import Document, Job, JobStatus
 
 FINAL = {s.value for s in JobStatus.final()}
 MAX_ID = 2**31 - 1  # ids are INTEGER columns
+RATE_SECONDS = 10.0
+START_STEP_SECONDS = 15
+_rates: dict[int | None, tuple[float, list[tuple]]] = {}
 
 
 class Missing(LookupError):
@@ -134,7 +142,7 @@ def check_upload(key: ApiPrincipal, dataset: str) -> None:
 # --- jobs --------------------------------------------------------------------------------------------
 
 
-def waiting(session: Session, job: Job) -> dict[str, Any] | None:
+def waiting(session: Session, job: Job, key: ApiPrincipal | None = None) -> dict[str, Any] | None:
     """Why a job that is not running waits, in words, with what is known of when it starts."""
     if job.status not in (JobStatus.pending, JobStatus.retrying):
         return None
@@ -147,16 +155,52 @@ def waiting(session: Session, job: Job) -> dict[str, Any] | None:
     if job.status == JobStatus.retrying:
         detail = f"attempt {job.attempt + 1} of {job.max_attempts} is due"
         return {"reason": "backoff", "detail": detail, "starts_at": due}
-    ahead = queries.waiting_ahead(session=session, job=job)
+    return in_queue(session, job, None if key is None or key.all_datasets else job.dataset_id)
+
+
+def _finished(session: Session, dataset_id: int | None) -> list[tuple]:
+    """The successes of the last hour the start estimate's rate stands on (of one dataset, or of
+    all), read again at most every ``RATE_SECONDS`` so that a poll stays cheap."""
+    at, rows = _rates.get(dataset_id, (float("-inf"), []))
+    if time.monotonic() - at > RATE_SECONDS:
+        since = db_now(session) - timedelta(hours=1)
+        rows = queries.recent_attempts(session=session, since=since, dataset_id=dataset_id)
+        _rates[dataset_id] = (time.monotonic(), rows)
+    return rows
+
+
+def in_queue(session: Session, job: Job, dataset_id: int | None) -> dict[str, Any]:
+    """A pending job's place in the fair queue and when it should start. With ``dataset_id`` (a
+    key that does not see every dataset) the place, the running work and the rate are those of
+    that dataset alone: other datasets' jobs take turns with it, and nothing says how many."""
+    ahead = outbox.queue_place(
+        session=session,
+        job_id=int(job.id or 0),
+        dataset_ids=None if dataset_id is None else [dataset_id],
+        window=bool(reads.ctx().settings.dispatch_per_thread),
+    )
+    running = WorkLeft(
+        *queries.remaining_work(
+            session=session, dataset_id=dataset_id, statuses=[JobStatus.running]
+        )
+    )
+    after = drain.starts_in(finished=_finished(session, dataset_id), ahead=ahead, running=running)
+    starts = None
+    if after is not None:  # on a 15 s grid, so that a poll of an unchanged queue gets its 304
+        moment = as_utc(db_now(session) + after).timestamp()
+        starts = datetime.fromtimestamp(
+            math.ceil(moment / START_STEP_SECONDS) * START_STEP_SECONDS, UTC
+        )
+    where = " of its dataset (the other datasets take turns with it)" if dataset_id else ""
     return {
         "reason": "queue",
-        "detail": f"{ahead} job(s) wait ahead of this one",
+        "detail": f"{ahead} job(s){where} start before this one",
         "ahead": ahead,
-        "starts_at": None,
+        "starts_at": as_utc(starts).isoformat() if starts is not None else None,
     }
 
 
-def job_state(session: Session, job: Job) -> dict[str, Any]:
+def job_state(session: Session, job: Job, key: ApiPrincipal | None = None) -> dict[str, Any]:
     row = queries.job_row(job)
     for private in ("worker_id", "dataset_id", "dismissed"):
         row.pop(private, None)
@@ -165,13 +209,13 @@ def job_state(session: Session, job: Job) -> dict[str, Any]:
         **row,
         "dataset": names.get(job.dataset_id, ""),
         "final": row["status"] in FINAL,
-        "waiting": waiting(session, job),
+        "waiting": waiting(session, job, key),
     }
 
 
 def job(key: ApiPrincipal, job_id: int) -> dict[str, Any]:
     with _session() as session:
-        return job_state(session, _job(session, key, job_id))
+        return job_state(session, _job(session, key, job_id), key)
 
 
 @dataclass
@@ -195,7 +239,7 @@ def jobs(
         found = api_queries.jobs_before(
             session=session, dataset_ids=reach, statuses=statuses, before_id=before, limit=limit + 1
         )
-        rows = [job_state(session, j) for j in found[:limit]]
+        rows = [job_state(session, j, key) for j in found[:limit]]
     more = len(found) > limit
     return JobsPage(rows, str(rows[-1]["id"]) if more and rows else None)
 

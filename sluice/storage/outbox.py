@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import exists, func, or_, update
+from sqlalchemy import and_, exists, func, or_, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, select
 
 from sluice import faults
@@ -101,18 +102,32 @@ def _due(now: datetime) -> list[Any]:
     return [Outbox.sent_at.is_(None), Outbox.available_at <= now, ~pauses.covering(Job.dataset_id)]
 
 
+def _unsent() -> Any:
+    """SQL condition: the job has a row not yet published (its own alias, so that a query over the
+    outbox may use it)."""
+    row = aliased(Outbox)
+    return exists().where(row.job_id == Job.id, row.sent_at.is_(None))
+
+
+def _load_rows(session: Session) -> list[Any]:
+    """(dataset id, status, jobs) of the jobs in flight (waiting, message sent and not yet claimed)
+    and running."""
+    return list(
+        session.execute(
+            select(Job.dataset_id, Job.status, func.count())
+            .where(
+                Job.status.in_((*CLAIMABLE, JobStatus.running)),
+                or_(Job.status == JobStatus.running, ~_unsent()),
+            )
+            .group_by(Job.dataset_id, Job.status)
+        ).all()
+    )
+
+
 def load_by_dataset(*, session: Session) -> tuple[int, dict[int, int]]:
     """Messages in flight (jobs waiting whose message was sent and not yet claimed), and per dataset
     those plus its running jobs."""
-    unsent = exists().where(Outbox.job_id == Job.id, Outbox.sent_at.is_(None))
-    rows = session.execute(
-        select(Job.dataset_id, Job.status, func.count())
-        .where(
-            Job.status.in_((*CLAIMABLE, JobStatus.running)),
-            or_(Job.status == JobStatus.running, ~unsent),
-        )
-        .group_by(Job.dataset_id, Job.status)
-    ).all()
+    rows = _load_rows(session)
     load: dict[int, int] = defaultdict(int)
     for dataset_id, _, n in rows:
         load[dataset_id] += n
@@ -178,6 +193,110 @@ def choose(
         if not queues[dataset_id]:
             del queues[dataset_id]
     return chosen
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One dataset's due rows as one waiting row sees them: of a higher priority than its own, of
+    the same priority, and of the same priority with a lower row id."""
+
+    above: int = 0
+    level: int = 0
+    level_before: int = 0
+
+
+def turns_before(*, own: int, load: dict[int, int], tiers: dict[int, Tier]) -> int:
+    """How many due rows ``choose`` publishes before a row of dataset ``own``, in closed form.
+
+    Every row of a higher priority goes first, in any dataset (a head of a higher priority always
+    wins). Among the rows of the row's own priority, each turn goes to the dataset with the least
+    load (then the lower row id), and a turn adds one to its load: when the row's turn comes its
+    dataset's load is T (its load, plus its rows ahead of it), and every other dataset has sent the
+    rows it had below a load of T, and the one at T if that row's id is lower."""
+    mine = tiers.get(own, Tier())
+    ahead = mine.above + mine.level_before
+    turn = load.get(own, 0) + ahead
+    for dataset_id, tier in tiers.items():
+        if dataset_id == own:
+            continue
+        k = turn - (load.get(dataset_id, 0) + tier.above)  # its rows sent before reaching T
+        ahead += tier.above + min(tier.level, max(0, k))
+        if 0 <= k < tier.level and k < tier.level_before:
+            ahead += 1
+    return ahead
+
+
+def _in_flight_before(session: Session, job_id: int, dataset_ids: Collection[int] | None) -> int:
+    """Waiting jobs whose message is on the queue and was sent before this job's (all of them if
+    this job has none): the queue hands them out first. Messages of one dispatch round share their
+    time, and their row ids stand for their order."""
+    mine = session.execute(
+        select(Outbox.sent_at, Outbox.id)
+        .where(Outbox.job_id == job_id, Outbox.sent_at.is_not(None))
+        .order_by(Outbox.id.desc())
+        .limit(1)
+    ).first()
+    stmt = (
+        select(func.count(func.distinct(Outbox.job_id)))
+        .join(Job, Job.id == Outbox.job_id)
+        .where(Outbox.sent_at.is_not(None), Job.status.in_(CLAIMABLE), ~_unsent())
+        .where(Job.id != job_id)
+    )
+    if mine is not None:
+        earlier = and_(Outbox.sent_at == mine.sent_at, Outbox.id < mine.id)
+        stmt = stmt.where(or_(Outbox.sent_at < mine.sent_at, earlier))
+    if dataset_ids is not None:
+        stmt = stmt.where(Job.dataset_id.in_(list(dataset_ids)))
+    return int(session.execute(stmt).scalar() or 0)
+
+
+def queue_place(
+    *, session: Session, job_id: int, dataset_ids: Collection[int] | None, window: bool
+) -> int:
+    """How many waiting jobs start before this one, the way the dispatcher orders them: the
+    messages already on the queue, then the outbox in ``choose``'s order (with a window: priority,
+    then turns by load, then age; without one: priority, then age). Only the datasets in
+    ``dataset_ids`` are looked at (None: every one), so the count says nothing of the others."""
+    now = db_now(session)
+    mine = session.execute(
+        select(Outbox.id, _priority().label("priority"), Job.dataset_id)
+        .join(Job, Job.id == Outbox.job_id)
+        .join(Dataset, Dataset.id == Job.dataset_id)
+        .where(Outbox.job_id == job_id, Outbox.sent_at.is_(None))
+        .order_by(Outbox.id)
+        .limit(1)
+    ).first()
+    if mine is None:  # its message is on the queue already
+        return _in_flight_before(session, job_id, dataset_ids)
+    seen = set(dataset_ids) if dataset_ids is not None else None
+    rows = _load_rows(session)
+    in_flight = sum(n for d, st, n in rows if st != JobStatus.running and _in(d, seen))
+    load: dict[int, int] = defaultdict(int)
+    for dataset_id, _, n in rows:
+        load[dataset_id] += n
+    level = _priority() == mine.priority
+    stmt = (
+        select(
+            Job.dataset_id,
+            func.count().filter(_priority() > mine.priority),
+            func.count().filter(level),
+            func.count().filter(level, Outbox.id < mine.id),
+        )
+        .join(Job, Job.id == Outbox.job_id)
+        .join(Dataset, Dataset.id == Job.dataset_id)
+        .where(*_due(now), Job.status.in_(CLAIMABLE), Outbox.id != mine.id)
+        .group_by(Job.dataset_id)
+    )
+    if seen is not None:
+        stmt = stmt.where(Job.dataset_id.in_(sorted(seen)))
+    tiers = {d: Tier(a, n, b) for d, a, n, b in session.execute(stmt).all()}
+    if not window:
+        return in_flight + sum(t.above + t.level_before for t in tiers.values())
+    return in_flight + turns_before(own=mine.dataset_id, load=load, tiers=tiers)
+
+
+def _in(dataset_id: int, seen: set[int] | None) -> bool:
+    return seen is None or dataset_id in seen
 
 
 def unsent_count(*, session: Session) -> int:

@@ -3,6 +3,7 @@ never load all jobs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -338,16 +339,6 @@ def dead_letters_in_group(
     )
 
 
-def waiting_ahead(*, session: Session, job: Job) -> int:
-    """Pending jobs created before ``job``: how many wait ahead of it, by the database."""
-    stmt = (
-        select(func.count())
-        .select_from(Job)
-        .where(Job.status == JobStatus.pending, Job.created_at < job.created_at)
-    )
-    return session.exec(stmt).one()
-
-
 def last_published(*, session: Session, job_id: int) -> datetime | None:
     """When the job's last queue message was published (None: never)."""
     return session.exec(select(func.max(Outbox.sent_at)).where(Outbox.job_id == job_id)).one()
@@ -392,10 +383,15 @@ def recent_attempts(
     return [tuple(r) for r in session.exec(stmt.limit(5000)).all()]
 
 
-def remaining_work(*, session: Session, dataset_id: int | None = None) -> tuple[int, int, int, int]:
-    """What every active job has left, summed by the database: (active jobs, chunks left of jobs
-    already embedding or indexing, jobs whose chunk count is not known yet, their document bytes).
-    The rule per job is ``sluice.ops.drain.WorkLeft.of``."""
+def remaining_work(
+    *,
+    session: Session,
+    dataset_id: int | None = None,
+    statuses: Sequence[JobStatus] = JobStatus.active(),
+) -> tuple[int, int, int, int]:
+    """What every active job (of ``statuses``) has left, summed by the database: (jobs, chunks left
+    of jobs already embedding or indexing, jobs whose chunk count is not known yet, their document
+    bytes). The rule per job is ``sluice.ops.drain.WorkLeft.of``."""
     known = and_(Job.stage.in_([Stage.embedding, Stage.indexing]), Job.total > 0)
     left = case(
         (and_(Job.stage == Stage.embedding, Job.total > Job.done), Job.total - Job.done), else_=0
@@ -408,7 +404,7 @@ def remaining_work(*, session: Session, dataset_id: int | None = None) -> tuple[
             func.sum(case((known, 0), else_=func.coalesce(Document.size, 0))),
         )
         .join(Document, Document.id == Job.document_id)
-        .where(Job.status.in_(JobStatus.active()))
+        .where(Job.status.in_(list(statuses)))
     )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
