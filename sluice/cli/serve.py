@@ -16,6 +16,7 @@ from sluice.settings import get_settings
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
 CONSOLE_LAUNCHER = "sluice.console.launcher"  # named, not imported, like the API's app
+WORKER_MAIN = "sluice.pipeline.queueing.consumer"  # named, not imported: no pipeline at start
 API_APP = "sluice.api.server:app"  # named, not imported: the front ends do not import each other
 
 
@@ -24,11 +25,11 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
     if what in ("queue", "cache"):
         url = s.queue_redis_url if what == "queue" else s.cache_redis_url
         return redis_argv(what, url=url, data_dir=s.data_dir)
-    if what == "worker":
-        exe = str(Path(sys.executable).with_name("huey_consumer"))
+    if what == "worker":  # Huey's consumer with the ordered stop (no job left running, exit 0)
         return [
-            exe,
-            "sluice.pipeline.queueing.worker.huey",
+            sys.executable,
+            "-m",
+            WORKER_MAIN,
             "-k",
             kind,
             "-w",
@@ -65,6 +66,8 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
         "true",
         "--browser.gatherUsageStats",
         "false",
+        "--client.disableDataExport",  # its CSV keeps formulas live: exports go through ops
+        "true",
         "--server.maxUploadSize",
         str(max(1, s.max_upload_bytes // (1024 * 1024))),
     ] + [arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]

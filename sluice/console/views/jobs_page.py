@@ -7,7 +7,7 @@ import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
 from sluice.console import diagnose, ui
-from sluice.ops import actions, health, reads
+from sluice.ops import actions, exports, health, reads
 from sluice.storage.models import ErrorKind, JobStatus, Stage, utcnow
 from sluice.storage.queries import SORTABLE, JobFilter
 
@@ -406,6 +406,14 @@ st.dataframe(
         "updated": st.column_config.TextColumn("updated", width="small"),
         "error": st.column_config.TextColumn("error", width="large"),
     },
+)
+st.download_button(  # the table toolbar's own CSV download is off: it keeps formulas live
+    "Download as CSV",
+    exports.table_csv(table.to_dict("records"), list(table.columns)),
+    file_name="jobs.csv",
+    mime="text/csv",
+    key="jobs_csv",
+    on_click="ignore",
 )
 if page.pages > 1:
     if st.session_state.get(PAGE_KEY, 1) > page.pages:
