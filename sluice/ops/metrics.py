@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 from sluice.errors import SettingsError
 from sluice.ops.gate import Connection, host_refusal
 from sluice.ops.health import blob_store_probe
-from sluice.ops.reads import ctx, events_after, metric_counts
+from sluice.ops.reads import MetricCounts, ctx, events_after, metric_counts
 from sluice.pipeline.queueing import broker
 from sluice.settings import Settings, is_loopback
 
@@ -147,7 +147,15 @@ class SluiceCollector(Collector):
             yield up
             return
         up.add_metric(["database"], 1)
+        yield from self._job_families(c)
+        yield from _queue_families(up)
+        settings = ctx().settings
+        if settings.blob_store == "s3":  # an object store that does not answer holds every job
+            up.add_metric(["object_store"], 1 if blob_store_probe(settings).reachable else 0)
+        yield up
 
+    def _job_families(self, c: MetricCounts) -> Iterable[Metric]:
+        """Jobs by status, waiting, durations, chunks embedded and cached, failures."""
         jobs = GaugeMetricFamily(
             "sluice_jobs", "Jobs by dataset and status", labels=["dataset", "status"]
         )
@@ -192,31 +200,30 @@ class SluiceCollector(Collector):
             failures.add_metric([kind, code], n)
         yield failures
 
-        messages = GaugeMetricFamily(
-            "sluice_queue_messages", "Messages in the queue Redis", labels=["state"]
-        )
-        workers = GaugeMetricFamily(
-            "sluice_workers_alive", "Consumer processes seen in the last seconds"
-        )
-        threads = GaugeMetricFamily("sluice_worker_threads", "Worker threads of the live consumers")
-        try:
-            depth, alive = broker.queue_depth(), broker.workers_alive()
-        except Exception as exc:
-            log.warning("metrics: queue Redis unreachable: %s", exc)
-            up.add_metric(["queue"], 0)
-        else:
-            up.add_metric(["queue"], 1)
-            for state in ("queued", "scheduled"):
-                messages.add_metric([state], depth.get(state, 0))
-            workers.add_metric([], len(alive))
-            threads.add_metric([], sum(int(w.get("threads") or 0) for w in alive))
-            yield messages
-            yield workers
-            yield threads
-        settings = ctx().settings
-        if settings.blob_store == "s3":  # an object store that does not answer holds every job
-            up.add_metric(["object_store"], 1 if blob_store_probe(settings).reachable else 0)
-        yield up
+
+def _queue_families(up: GaugeMetricFamily) -> Iterable[Metric]:
+    """Messages, live workers and their threads, from the queue Redis (``up`` says if it answered)."""
+    messages = GaugeMetricFamily(
+        "sluice_queue_messages", "Messages in the queue Redis", labels=["state"]
+    )
+    workers = GaugeMetricFamily(
+        "sluice_workers_alive", "Consumer processes seen in the last seconds"
+    )
+    threads = GaugeMetricFamily("sluice_worker_threads", "Worker threads of the live consumers")
+    try:
+        depth, alive = broker.queue_depth(), broker.workers_alive()
+    except Exception as exc:
+        log.warning("metrics: queue Redis unreachable: %s", exc)
+        up.add_metric(["queue"], 0)
+    else:
+        up.add_metric(["queue"], 1)
+        for state in ("queued", "scheduled"):
+            messages.add_metric([state], depth.get(state, 0))
+        workers.add_metric([], len(alive))
+        threads.add_metric([], sum(int(w.get("threads") or 0) for w in alive))
+        yield messages
+        yield workers
+        yield threads
 
 
 def registry():
