@@ -211,3 +211,33 @@ def test_no_two_modules_share_a_name():
             names.setdefault(path.stem, []).append(module)
     shared = {name: mods for name, mods in names.items() if len(mods) > 1}
     assert not shared, f"module names used twice: {shared}"
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def _long_functions(path: Path, module: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions (and methods, nested ones too) longer than ``limit`` lines, from def to end."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        f"{module}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_the_length_finder_finds_a_long_function(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "def short():\n    pass\n\n\nasync def long():\n" + "    x = 1\n" * 80 + "\n\nclass C:\n"
+        "    def method(self):\n" + "        y = 2\n" * 79
+    )
+    assert _long_functions(source, "m") == ["m:5 long (81 lines)"]
+
+
+def test_no_function_is_longer_than_80_lines():
+    """A function that long holds steps without names: split it into functions that name them."""
+    long = [line for path, module in _modules() for line in _long_functions(path, module)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
