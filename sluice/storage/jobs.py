@@ -11,6 +11,7 @@ the final ones (succeeded, failed, cancelled) their webhook events (``storage.we
        │                 │ fail(otherwise) ▶ failed (dead letter) ──retry──▶ pending
        │                 │ cancel_requested ▶ cancelled ──retry──▶ pending
        └── retry ────────┘ reaper: heartbeat older than the lease = transient failure
+       └──── hand_back (the worker stops in order; attempt not counted) ◀── running
     succeeded ──a newer pipeline version of the document succeeds──▶ superseded ──revive──▶ pending
     any ──mark_deleted (the document is deleted)──▶ deleted ──the same bytes uploaded again──▶ pending
     a waiting rebuild of the active job ──its dataset's settings change──▶ succeeded (rebuild dropped)
@@ -1053,6 +1054,67 @@ def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: 
         return _cancelled(session, job, actor=worker_id)
 
     return _while_ours(session, job_id, lease, once)
+
+
+def hand_back(
+    *, session: Session, job_id: int, lease: int, worker_id: str, reason: str
+) -> Job | None:
+    """running -> pending, the attempt not counted: the worker is stopping in order and gives the
+    job back instead of finishing it (what the attempt wrote stays: the next one skips those ids).
+    None when the job is no longer this lease's, or a cancel is waiting (the reaper carries it
+    out, removing the attempt's chunks)."""
+
+    def once() -> Job | None:
+        job = get_job(session=session, job_id=job_id)
+        if job is None or job.lease != lease or job.status != JobStatus.running:
+            return None
+        if job.cancel_requested:
+            return None
+        now = db_now(session)
+        where = describe_progress(job.stage, job.done, job.total)
+        if not _cas(
+            session,
+            job,
+            where=[Job.lease == lease, Job.status == JobStatus.running],
+            status=JobStatus.pending,
+            stage=Stage.queued,
+            done=0,
+            total=0,
+            attempt=max(0, job.attempt - 1),
+            worker_id=None,
+            next_attempt_at=None,
+            now=now,
+        ):
+            session.rollback()
+            return None
+        add_event(
+            session,
+            job,
+            "handed_back",
+            actor=worker_id,
+            from_status=JobStatus.running,
+            to_status=JobStatus.pending,
+            message=f"{reason}; handed back at {where}, attempt not counted",
+            data={"lease": lease},
+        )
+        _publish(session, job, now)
+        session.commit()
+        return job
+
+    job = get_job(session=session, job_id=job_id)
+    session.rollback()
+    if job is not None and job.cancel_requested:
+        return None
+    return _while_ours(session, job_id, lease, once)
+
+
+def running_on(*, session: Session, worker_id: str) -> list[tuple[int, int]]:
+    """(job id, lease) of every job running on this worker."""
+    rows = session.exec(
+        select(Job.id, Job.lease).where(Job.status == JobStatus.running, Job.worker_id == worker_id)
+    ).all()
+    session.rollback()
+    return [(int(job_id), int(lease)) for job_id, lease in rows]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from sluice.pipeline.queueing.broker import (
     queued_job_ids,
     worker_key,
 )
+from sluice.pipeline.running import stopping
 from sluice.pipeline.running.context import get_context
 from sluice.pipeline.running.runner import run_job
 from sluice.settings import get_settings, redact_url
@@ -59,6 +60,12 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
             redact_url(ctx.settings.queue_redis_url),
         )
         process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
+        return
+    if stopping.requested():  # taken off the queue as the worker stops: back on it, untouched
+        try:
+            process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
+        except redis.RedisError as exc:  # recovery publishes a job whose message was lost
+            log.warning("job %s: not put back on the queue (%s)", job_id, exc)
         return
     # The claim took this message off the queue's window: publish the next one the dispatcher chooses.
     run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine, via=publish))

@@ -40,7 +40,7 @@ from sluice.pipeline.parsing.parse import (
     ParseLimits,
     open_document,
 )
-from sluice.pipeline.running import embed, versions
+from sluice.pipeline.running import embed, stopping, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
 from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
@@ -272,6 +272,8 @@ def run_job(
     """Claim and run the job. ``after_claim`` runs once the claim is decided either way: the message
     left the queue, so the dispatcher may put the next one there."""
     s = ctx.settings
+    if stopping.requested():  # the message goes back on the queue (worker.process_job)
+        return RunOutcome(job_id, "noop", "the worker is stopping")
 
     def take() -> jobs.ClaimResult:
         with Session(ctx.engine, expire_on_commit=False) as session:
@@ -302,9 +304,28 @@ def run_job(
     except JobCancelled:
         return _cancelled(ctx, job)
     except Exception as exc:
+        if stopping.requested():  # the stop's doing (a service stopping beside it), not the job's
+            return _handed_back(ctx, job, exc)
         return _failed(ctx, job, report, exc)
     finally:
         beat.stop()
+
+
+def _handed_back(ctx: Context, job: Job, exc: Exception) -> RunOutcome:
+    log.info("job %s: the worker is stopping (%s); handing the job back", job.id, exc)
+
+    def give() -> Job | None:
+        with Session(ctx.engine, expire_on_commit=False) as session:
+            return jobs.hand_back(
+                session=session,
+                job_id=job.id,
+                lease=job.lease,
+                worker_id=ctx.worker_id,
+                reason="the worker stopped",
+            )
+
+    done = _when_the_database_answers(ctx, job.id, give)
+    return RunOutcome(job.id, "handed back" if done else "lost", str(exc))
 
 
 def _cancelled(ctx: Context, job: Job) -> RunOutcome:

@@ -1,0 +1,66 @@
+"""The worker process (``sluice serve worker``): Huey's consumer over the tasks in ``worker``, with
+an ordered stop. SIGTERM or SIGINT (honcho, ``sluice run``, Ctrl-C) stops it taking jobs, lets the
+running ones finish within the grace, hands back what it still holds (``stopping``) and exits 0;
+no traceback for a stop asked for. A second signal cuts the grace short."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from huey.consumer import Consumer
+
+from sluice.pipeline.queueing import worker
+from sluice.pipeline.running import stopping
+from sluice.pipeline.running.context import get_context
+
+log = logging.getLogger("sluice.tasks")
+
+DEFAULT_GRACE_SECONDS = 3.0  # under honcho's 5 s before SIGKILL, with room to hand back
+
+
+class OrderedConsumer(Consumer):
+    """Every stop is the ordered one: stop taking jobs, wait the grace, hand back the rest."""
+
+    def stop(self, graceful: bool = False) -> None:
+        if not stopping.requested():
+            log.info("stopping: no new jobs; running ones get %ss", self.shutdown_timeout)
+        stopping.request()
+        super().stop(graceful=True)
+        try:
+            stopping.hand_back_all(get_context())
+        except Exception as exc:  # the job database is gone too: the reaper takes them back
+            log.warning("could not hand back the running jobs: %s", exc)
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sluice serve worker", description=__doc__)
+    p.add_argument("-w", "--workers", type=int, default=2)
+    p.add_argument("-k", "--kind", choices=["thread", "process", "greenlet"], default="thread")
+    p.add_argument("-d", "--delay", type=float, default=0.1)
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_SECONDS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(levelname)s:%(name)s:%(message)s"))
+    huey_log = logging.getLogger("huey")
+    huey_log.addHandler(handler)
+    huey_log.setLevel(logging.INFO)
+    consumer = OrderedConsumer(
+        worker.huey,
+        workers=args.workers,
+        worker_type=args.kind,
+        initial_delay=args.delay,
+        shutdown_timeout=args.grace,
+    )
+    consumer.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
