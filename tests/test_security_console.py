@@ -24,6 +24,7 @@ from tests.test_security_servers import outside_address
 
 APP = ROOT / "sluice" / "console" / "app.py"
 PASSWORD = "correct horse 7391"
+READONLY = "just looking 5120"
 
 
 class Console(ManagedProcess):
@@ -382,3 +383,30 @@ def test_media_answers_only_at_the_consoles_own_names(ctx, console):
         r = httpx.get(base + path, headers={"Host": f"rebind.attacker.example:{proc.port}"})
         assert r.status_code == 403, (path, r.status_code)
         assert httpx.get(base + path).status_code != 403, path
+
+
+def test_a_read_only_browser_cannot_guess_the_operator_password(ctx, console):
+    """Finding 3: a browser that signed in read-only once was never held back (40 guesses, then the
+    right operator password, went through) and its guesses locked new browsers out."""
+    proc = console(
+        launcher="sluice",
+        SLUICE_CONSOLE_PASSWORD=PASSWORD,
+        SLUICE_CONSOLE_READONLY_PASSWORD=READONLY,
+        SLUICE_LOGIN_MAX_FAILURES="3",
+        SLUICE_LOGIN_LOCKOUT_SECONDS="600",
+        SLUICE_CONSOLE_TRUSTED_PROXIES="127.0.0.1",
+        SLUICE_CONSOLE_HOSTS="console.example.com",
+    )
+    via = {
+        "host": "console.example.com",
+        "origin": "https://console.example.com",
+        "host_port": False,
+    }
+    reader = {"Cookie": "_streamlit_xsrf=read-only-browser-77d1", "X-Forwarded-For": "198.51.100.9"}
+    assert "Signed in as" in sign_in(proc.port, READONLY, headers=reader, **via)
+    for i in range(32):  # more than the account's limit (10 x 3)
+        sign_in(proc.port, f"operator-guess-{i}", headers=reader, **via)
+    assert "Overview" not in sign_in(proc.port, PASSWORD, headers=reader, **via)
+    assert "read-only" in sign_in(proc.port, READONLY, headers=reader, **via)  # still itself
+    stranger = {"X-Forwarded-For": "192.0.2.99", "Cookie": "_streamlit_xsrf=new-browser-31"}
+    assert "(operator)" in sign_in(proc.port, PASSWORD, headers=stranger, **via)

@@ -41,14 +41,18 @@ class LoginThrottle:
     """Failed sign-ins, counted per client address and for the console's passwords as a whole.
 
     - Per address: at ``max_failures`` failures an address waits ``lockout_seconds`` per further
-      try; the count is kept until a successful sign-in from it, so each new failure after the
+      try; the count is kept until an operator signs in from it, so each new failure after the
       lockout locks it again at once.
     - Per account (every password sign-in): ``ACCOUNT_FACTOR * max_failures`` failures within
       ``ACCOUNT_FACTOR * lockout_seconds`` hold back every browser that has not signed in before,
       so guessing from many addresses gains nothing.
-    - Neither is a global denial: a browser that signed in successfully before (known by its
+    - Neither is a global denial: a browser that signed in as an operator before (known by its
       Streamlit XSRF cookie, which other sites cannot read) is never held back, so an attacker who
       shares an address with the operators, or floods the account, cannot lock them out.
+    - A browser known only as read-only is held back for the other role: its failures count
+      against it (and its address, and all read-only browsers together), not against the account
+      that new browsers sign in to; a read-only sign-in clears none of them. While held back it
+      may still sign in read-only (``attempt_login``), never as an operator.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -56,7 +60,13 @@ class LoginThrottle:
         self._lock = threading.Lock()
         self._failures: dict[str, tuple[int, float]] = {}  # client -> (count, time of last failure)
         self._account: deque[float] = deque()  # times of recent failures, any client
-        self._known: dict[str, float] = {}  # browser -> time of its last successful sign-in
+        self._readers: deque[float] = deque()  # the same, of browsers known only as read-only
+        self._known: dict[str, tuple[Role, float]] = {}  # browser -> (role, last sign-in)
+
+    def role_of(self, device: str | None) -> Role | None:
+        with self._lock:
+            known = self._known.get(device) if device else None
+            return known[0] if known else None
 
     def wait_seconds(
         self, client: str, *, max_failures: int, lockout_seconds: float, device: str | None = None
@@ -76,43 +86,64 @@ class LoginThrottle:
             now = self._clock()
             wait = self._wait(client, now, max_failures, lockout_seconds, device)
             if wait > 0:
-                return wait, self._failures.get(client, (0, 0.0))[0]
-            return 0.0, self._count(client, now)
+                return wait, max(self._count_of(client), self._count_of(f"browser:{device}"))
+            return 0.0, self._count(client, now, device)
+
+    def _count_of(self, key: str) -> int:
+        return self._failures.get(key, (0, 0.0))[0]
 
     def _wait(
         self, client: str, now: float, max_failures: int, lockout_seconds: float, device: str | None
     ) -> float:
-        if device and device in self._known:
+        role = self._known.get(device, (None, 0.0))[0] if device else None
+        if role == "operator":
             return 0.0
-        count, last = self._failures.get(client, (0, 0.0))
-        waits = [last + lockout_seconds - now] if count >= max_failures else []
+        keys = [client, f"browser:{device}"] if role == "readonly" else [client]
+        waits = []
+        for key in keys:
+            count, last = self._failures.get(key, (0, 0.0))
+            if count >= max_failures:
+                waits.append(last + lockout_seconds - now)
         window = ACCOUNT_FACTOR * lockout_seconds
-        while self._account and self._account[0] < now - window:
-            self._account.popleft()
-        if len(self._account) >= ACCOUNT_FACTOR * max_failures:
-            waits.append(self._account[0] + window - now)
+        recent = self._readers if role == "readonly" else self._account
+        for times in (self._account, self._readers):
+            while times and times[0] < now - window:
+                times.popleft()
+        if len(recent) >= ACCOUNT_FACTOR * max_failures:
+            waits.append(recent[0] + window - now)
         return max([0.0, *waits])
 
-    def _count(self, client: str, now: float) -> int:
-        count, _ = self._failures.get(client, (0, 0.0))
-        self._failures[client] = (count + 1, now)
-        self._account.append(now)
-        return count + 1
+    def _count(self, client: str, now: float, device: str | None = None) -> int:
+        role = self._known.get(device, (None, 0.0))[0] if device else None
+        keys = [client, f"browser:{device}"] if role == "readonly" else [client]
+        counts = []
+        for key in keys:
+            count, _ = self._failures.get(key, (0, 0.0))
+            self._failures[key] = (count + 1, now)
+            counts.append(count + 1)
+        (self._readers if role == "readonly" else self._account).append(now)
+        return max(counts)
 
-    def failed(self, client: str) -> int:
+    def failed(self, client: str, device: str | None = None) -> int:
         with self._lock:
-            return self._count(client, self._clock())
+            return self._count(client, self._clock(), device)
 
-    def succeeded(self, client: str, device: str | None = None) -> None:
+    def succeeded(self, client: str, device: str | None = None, role: Role = "operator") -> None:
+        """An operator sign-in clears its address and browser; a read-only one clears nothing."""
         with self._lock:
-            self._failures.pop(client, None)
+            if role == "operator":
+                self._failures.pop(client, None)
+                self._failures.pop(f"browser:{device}", None)
             if device:
-                self._known[device] = self._clock()
+                known = self._known.get(device, (None, 0.0))[0]
+                best: Role = "operator" if "operator" in (role, known) else role
+                self._known[device] = (best, self._clock())
 
     def reset(self) -> None:
         with self._lock:
             self._failures.clear()
             self._account.clear()
+            self._readers.clear()
             self._known.clear()
 
 
@@ -157,6 +188,11 @@ def attempt_login(
         device=device,
     )
     if wait > 0:
+        if throttle.role_of(device) == "readonly" and _matches(
+            settings.console_readonly_password, given
+        ):  # held back for the other role only: it may still sign in as what it is
+            throttle.succeeded(client, device, "readonly")
+            return LoginOutcome(Operator("readonly", "readonly"))
         return LoginOutcome(None, f"Too many failed sign-ins. Try again in {wait:.0f} s.")
     who = operator_for_password(settings, given)
     if who is None:
@@ -166,7 +202,7 @@ def attempt_login(
         return LoginOutcome(
             None, f"Wrong password. Sign-in is locked for {settings.login_lockout_seconds:.0f} s."
         )
-    throttle.succeeded(client, device)
+    throttle.succeeded(client, device, who.role)
     return LoginOutcome(who)
 
 
