@@ -189,6 +189,8 @@ class Settings(BaseSettings):
     api_port: int = Field(8700, ge=1, le=65535)
     api_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     api_rate_per_minute: int = Field(600, ge=0, description="0 = no limit")
+    # A comment on a quiet event stream this often, so that proxies do not close it.
+    api_keepalive_seconds: float = Field(15.0, gt=0, le=3600)
 
     # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is cancelled.
     webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -3,7 +3,7 @@
 Each event's ``id`` is its job event id; a client that reconnects with ``Last-Event-ID`` (or
 ``?last_event_id=``) gets every later event once, in order, from whichever API process it reaches.
 ``Last-Event-ID: 0`` replays from the oldest event kept; without one the stream starts now. A comment
-every ``KEEPALIVE_SECONDS`` keeps proxies from closing a quiet stream.
+every ``SLUICE_API_KEEPALIVE_SECONDS`` (15) keeps proxies from closing a quiet stream.
 """
 
 from __future__ import annotations
@@ -22,14 +22,15 @@ from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.schemas import problems
 from sluice.ops.event_stream import EventCursor, open_cursor, poll
+from sluice.settings import get_settings
 
 router = APIRouter(tags=["events"])
 POLL_SECONDS = 0.2
-KEEPALIVE_SECONDS = 15.0
 
 
 async def _stream(request: Request, cursor: EventCursor, until: float | None) -> AsyncIterator[str]:
     yield "retry: 2000\n\n"
+    keepalive = get_settings().api_keepalive_seconds
     beat = time.monotonic()
     while until is None or time.monotonic() < until:
         if await request.is_disconnected():
@@ -38,7 +39,7 @@ async def _stream(request: Request, cursor: EventCursor, until: float | None) ->
             data = json.dumps(event.data, separators=(",", ":"))
             yield f"id: {event.id}\nevent: {event.type}\ndata: {data}\n\n"
             beat = time.monotonic()
-        if time.monotonic() - beat >= KEEPALIVE_SECONDS:
+        if time.monotonic() - beat >= keepalive:
             yield ": keep-alive\n\n"
             beat = time.monotonic()
         await asyncio.sleep(POLL_SECONDS)
