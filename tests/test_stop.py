@@ -5,17 +5,23 @@ also when Chroma stops at the same moment, as under honcho."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import subprocess
 import sys
+import termios
+import threading
 import time
+from pathlib import Path
 
 import pytest
+import redis
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.storage.models import JobStatus
 from tests.support.helpers import events, job, until
-from tests.support.servers import ChromaServer, Consumer
+from tests.support.servers import ROOT, ChromaServer, Consumer, free_port, wait_port
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
@@ -89,3 +95,103 @@ def test_chroma_stopping_beside_the_worker_is_not_the_jobs_outage(
         release.touch()
         worker.stop()
         chroma.stop()
+
+
+def _make_run_recipe() -> str:
+    """The command of the Makefile's run target, as make would run it."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    recipe = lines[lines.index(next(x for x in lines if x.startswith("run:"))) + 1]
+    return recipe.strip().replace("$(BIN)/", f"{Path(sys.executable).parent}/")
+
+
+def _on_a_terminal(argv: list[str], env: dict, cwd: Path) -> tuple[subprocess.Popen, int, list]:
+    """Start argv as the session leader of a new pseudo-terminal (its controlling terminal), as a
+    shell starts `make run`; a thread keeps reading what it prints."""
+    master, slave = os.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(
+        argv,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=cwd,
+        preexec_fn=controlling_terminal,  # noqa: PLW1509 - a terminal test needs one
+    )
+    os.close(slave)
+    seen: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            seen.append(data)
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, master, seen
+
+
+def test_make_run_then_ctrl_c_stops_everything_in_order_and_exits_0(make_ctx, tmp_path):
+    """`make run` under a terminal, every process of the Procfile on free ports, a job running:
+    Ctrl-C hands the job back, stops the servers last, prints no traceback, and make exits 0."""
+    password = "pw" + os.urandom(6).hex()
+    ports = [free_port() for _ in range(6)]
+    system = {
+        "SLUICE_DATA_DIR": str(tmp_path / "data"),
+        "SLUICE_QUEUE_REDIS_URL": f"redis://:{password}@127.0.0.1:{ports[0]}/0",
+        "SLUICE_CACHE_REDIS_URL": f"redis://:{password}@127.0.0.1:{ports[1]}/0",
+        "SLUICE_CHROMA_URL": f"http://127.0.0.1:{ports[2]}",
+        "SLUICE_CONSOLE_PORT": str(ports[3]),
+        "SLUICE_METRICS_PORT": str(ports[4]),
+        "SLUICE_API_PORT": str(ports[5]),
+    }
+    ctx = make_ctx(**system)
+    release = tmp_path / "release"
+    (tmp_path / "Procfile").write_text((ROOT / "Procfile").read_text())
+    (tmp_path / "Makefile").write_text(f"run:\n\t{_make_run_recipe()}\n")
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "SLUICE_FAULTS": f"after_parse=wait:{release}",
+    }
+    proc, master, seen = _on_a_terminal(["make", "run"], env, tmp_path)
+    try:
+        queue = redis.Redis.from_url(system["SLUICE_QUEUE_REDIS_URL"])
+        until(lambda: _answers(queue), timeout=60, what="the queue Redis")
+        until(
+            lambda: any(queue.scan_iter(match=f"sluice.workers.{ctx.settings.queue_name}:*")),
+            timeout=90,
+            what="the worker",
+        )
+        for port in ports[3:]:
+            wait_port(port, 90)
+        job_id = ingest_bytes(ctx, TEXT, dataset="default", filename="tides3.txt").job_id
+        until(lambda: Path(f"{release}.waiting").exists(), timeout=60, what="the job held")
+        os.write(master, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        assert proc.wait(60) == 0, b"".join(seen).decode(errors="replace")[-4000:]
+    finally:
+        release.touch()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    out = b"".join(seen).decode(errors="replace")
+    assert "Traceback" not in out and "SIGKILL" not in out and "Error 130" not in out, out[-4000:]
+    assert out.index("sending SIGTERM to worker") < out.index("sending SIGTERM to chroma")
+    got = job(ctx, job_id)
+    assert got.status == JobStatus.pending and got.attempt == 0 and not got.waiting_for
+    assert [e.kind for e in events(ctx, job_id)][-1] == "handed_back"
+
+
+def _answers(client) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False

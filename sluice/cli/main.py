@@ -28,6 +28,7 @@ sluice keys create NAME --dataset D... | --all-datasets --scope read|ingest|mana
 sluice keys list [--json] | sluice keys revoke NAME  API keys (secrets are never shown again)
 sluice blobs migrate --to s3 [--keep-local] [--json]  move the local blob store to the object store
 sluice serve queue|cache|chroma|worker|console|metrics|api  run one of the Procfile's processes
+sluice run [--procfile Procfile]                     all of them; Ctrl-C stops them in order
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from sluice.cli import commands
 from sluice.cli.blob_commands import add_blob_commands
@@ -45,6 +47,7 @@ from sluice.cli.scheduling import add_pause_commands, add_priority_commands
 from sluice.cli.serve import serve
 from sluice.errors import SettingsError
 from sluice.files import use_private_umask
+from sluice.servers import supervisor
 
 STATUSES = [
     "pending",
@@ -262,6 +265,11 @@ def add_serve_command(sub) -> None:
     )
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)
+    r = sub.add_parser(
+        "run", help="every process of the Procfile; Ctrl-C stops them in order (exit 0)"
+    )
+    r.add_argument("--procfile", type=Path, default=Path("Procfile"))
+    r.set_defaults(func=lambda args: supervisor.run(args.procfile))
 
 
 def build_parser() -> argparse.ArgumentParser:
