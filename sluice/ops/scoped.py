@@ -35,7 +35,7 @@ FINAL = {s.value for s in JobStatus.final()}
 MAX_ID = 2**31 - 1  # ids are INTEGER columns
 RATE_SECONDS = 10.0
 START_STEP_SECONDS = 15
-_rates: dict[int | None, tuple[float, list[tuple]]] = {}
+_rates: dict[int | None, tuple[float, list[tuple], WorkLeft]] = {}
 
 
 class Missing(LookupError):
@@ -158,15 +158,21 @@ def waiting(session: Session, job: Job, key: ApiPrincipal | None = None) -> dict
     return in_queue(session, job, None if key is None or key.all_datasets else job.dataset_id)
 
 
-def _finished(session: Session, dataset_id: int | None) -> list[tuple]:
-    """The successes of the last hour the start estimate's rate stands on (of one dataset, or of
-    all), read again at most every ``RATE_SECONDS`` so that a poll stays cheap."""
-    at, rows = _rates.get(dataset_id, (float("-inf"), []))
+def _throughput(session: Session, dataset_id: int | None) -> tuple[list[tuple], WorkLeft]:
+    """The successes of the last hour the start estimate's rate stands on, and what the running
+    jobs have left (of one dataset, or of all); read again at most every ``RATE_SECONDS``, so that
+    a poll stays cheap (the estimate is on a 15 s grid anyway)."""
+    at, rows, running = _rates.get(dataset_id, (float("-inf"), [], WorkLeft()))
     if time.monotonic() - at > RATE_SECONDS:
         since = db_now(session) - timedelta(hours=1)
         rows = queries.recent_attempts(session=session, since=since, dataset_id=dataset_id)
-        _rates[dataset_id] = (time.monotonic(), rows)
-    return rows
+        running = WorkLeft(
+            *queries.remaining_work(
+                session=session, dataset_id=dataset_id, statuses=[JobStatus.running]
+            )
+        )
+        _rates[dataset_id] = (time.monotonic(), rows, running)
+    return rows, running
 
 
 def in_queue(session: Session, job: Job, dataset_id: int | None) -> dict[str, Any]:
@@ -179,12 +185,8 @@ def in_queue(session: Session, job: Job, dataset_id: int | None) -> dict[str, An
         dataset_ids=None if dataset_id is None else [dataset_id],
         window=bool(reads.ctx().settings.dispatch_per_thread),
     )
-    running = WorkLeft(
-        *queries.remaining_work(
-            session=session, dataset_id=dataset_id, statuses=[JobStatus.running]
-        )
-    )
-    after = drain.starts_in(finished=_finished(session, dataset_id), ahead=ahead, running=running)
+    finished, running = _throughput(session, dataset_id)
+    after = drain.starts_in(finished=finished, ahead=ahead, running=running)
     starts = None
     if after is not None:  # on a 15 s grid, so that a poll of an unchanged queue gets its 304
         moment = as_utc(db_now(session) + after).timestamp()
