@@ -197,6 +197,7 @@ class Settings(BaseSettings):
     webhook_secret: SecretStr | None = None
     webhook_timeout_seconds: float = Field(5.0, gt=0, le=60)
     webhook_max_age_seconds: float = Field(24 * 3600.0, gt=0)
+    webhook_allow_http: bool = False  # plain http:// to a host beyond loopback: refused unless set
     console_password: SecretStr | None = None
     console_readonly_password: SecretStr | None = None
     login_max_failures: int = Field(5, ge=1)
@@ -311,6 +312,7 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it"
                 )
+        _check_webhooks(self)
         return self
 
     def __repr_args__(self):
@@ -375,8 +377,9 @@ class Settings(BaseSettings):
             ),
         }
 
-    def public_view(self) -> dict[str, str]:
-        """Configuration in force, with secrets shown only as set / not set."""
+    def public_view(self, *, full: bool = True) -> dict[str, str]:
+        """Configuration in force, with secrets shown only as set / not set; without ``full`` (a
+        read-only operator) endpoint lists show only scheme and host (``endpoint_origin``)."""
         out: dict[str, str] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
@@ -386,7 +389,8 @@ class Settings(BaseSettings):
             elif name.endswith("_url"):
                 out[key] = redact_url(str(value)) if value else ""
             elif name.endswith("_urls"):
-                out[key] = ", ".join(redact_url(url) for url in value)
+                shown = redact_url if full else endpoint_origin
+                out[key] = ", ".join(shown(url) for url in value)
             else:
                 out[key] = str(value)
         return out
@@ -408,6 +412,42 @@ def redact_url(url: str) -> str:
     if (netloc, query) == (parts.netloc, parts.query):
         return url
     return parts._replace(netloc=netloc, query=query).geturl()
+
+
+WEBHOOK_SECRET_MIN_BYTES = 32
+
+
+def _check_webhooks(s: Settings) -> None:
+    """Events are signed with the secret and carry job names: a guessable secret or plain HTTP
+    across a network lets anyone forge or read them."""
+    secret = s.webhook_secret.get_secret_value() if s.webhook_secret is not None else None
+    if secret is not None and len(secret.encode("utf-8")) < WEBHOOK_SECRET_MIN_BYTES:
+        raise ValueError(
+            f"SLUICE_WEBHOOK_SECRET is {len(secret.encode('utf-8'))} bytes; it needs at least "
+            f"{WEBHOOK_SECRET_MIN_BYTES} (e.g. python -c 'import secrets; print(secrets.token_hex(32))')"
+        )
+    for url in s.webhook_urls:
+        parts = urlsplit(url)
+        if parts.scheme == "http" and not is_loopback(parts.hostname) and not s.webhook_allow_http:
+            raise ValueError(
+                f"SLUICE_WEBHOOK_URLS has plain http:// to {parts.hostname}, beyond this machine: "
+                "events and their signatures would travel in clear; use https://, or set "
+                "SLUICE_WEBHOOK_ALLOW_HTTP=true for a private network you trust"
+            )
+
+
+def endpoint_origin(url: str) -> str:
+    """Only the scheme, host and port of ``url``: what a read-only operator sees of an endpoint
+    whose path or query may be its own secret (``https://hooks.slack.com/***``)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    try:
+        netloc += f":{parts.port}" if parts.port else ""
+    except ValueError:
+        pass
+    rest = "/***" if parts.path.strip("/") or parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{netloc}{rest}"
 
 
 def load_settings(**overrides) -> Settings:

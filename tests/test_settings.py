@@ -125,7 +125,7 @@ def _set_every_secret(env) -> None:
     env.setenv("SLUICE_QUEUE_REDIS_URL", f"redis://:{SECRET}-queue@127.0.0.1:6390/0")
     env.setenv("SLUICE_CACHE_REDIS_URL", f"redis://:{SECRET}-cache@127.0.0.1:6391/0")
     env.setenv("SLUICE_DATABASE_URL", f"postgresql://sluice:{SECRET}-db@127.0.0.1:5432/sluice")
-    env.setenv("SLUICE_WEBHOOK_SECRET", SECRET + "-webhook")
+    env.setenv("SLUICE_WEBHOOK_SECRET", SECRET + "-webhook-signing-key")
     env.setenv("SLUICE_METRICS_TOKEN", SECRET + "-metrics")
     env.setenv("SLUICE_WEBHOOK_URLS", f"https://hooks:{SECRET}-hook@hooks.example/in")
 

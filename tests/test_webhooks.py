@@ -30,7 +30,7 @@ from sluice.storage.db import ensure_dataset, get_engine
 from sluice.storage.models import Document, ErrorKind, Job, JobStatus, WebhookDelivery
 from tests.support.helpers import Background, until
 
-SECRET = "test-webhook-secret-9f1c"
+SECRET = "test-webhook-secret-9f1c-of-32-bytes-or-more"
 
 
 class Receiver:
@@ -568,8 +568,16 @@ def test_retention_prunes_finished_deliveries_only(hooked, receivers):
             {"SLUICE_WEBHOOK_URLS": "ftp://hooks.example/a", "SLUICE_WEBHOOK_SECRET": SECRET},
             "SLUICE_WEBHOOK_URLS",
         ),
+        (  # one character was accepted before
+            {"SLUICE_WEBHOOK_URLS": "https://hooks.example/a", "SLUICE_WEBHOOK_SECRET": "x"},
+            "at least 32",
+        ),
+        (  # plain http:// across the network was accepted before
+            {"SLUICE_WEBHOOK_URLS": "http://hooks.example/a", "SLUICE_WEBHOOK_SECRET": SECRET},
+            "SLUICE_WEBHOOK_ALLOW_HTTP",
+        ),
     ],
-    ids=["no-secret", "placeholder-secret", "not-http"],
+    ids=["no-secret", "placeholder-secret", "not-http", "short-secret", "http-off-loopback"],
 )
 def test_webhook_settings_are_refused_when_unsafe(store_env, monkeypatch, env, message):
     from sluice.errors import SettingsError

@@ -345,7 +345,7 @@ def dead(args) -> int:
 
 
 def webhooks(args) -> int:
-    log = reads.webhook_log(endpoint=args.endpoint, limit=args.limit)
+    log = reads.webhook_log(endpoint=args.endpoint, limit=args.limit, full=True)
     if args.json:
         print_json(log)
         return 0

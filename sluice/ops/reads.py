@@ -18,7 +18,7 @@ from sluice.ops.search import query_vector
 from sluice.ops.search import search as run_search
 from sluice.pipeline.reconcile.report import last_report
 from sluice.pipeline.running.context import Context, get_context
-from sluice.settings import redact_url
+from sluice.settings import endpoint_origin, redact_url
 from sluice.storage import jobs, outbox, pauses, queries, webhook_records
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
@@ -551,9 +551,13 @@ def document_ids(job_ids: list[int]) -> dict[int, int]:
 # --- webhooks --------------------------------------------------------------------------------------------
 
 
-def webhook_log(endpoint: str | None = None, limit: int = 50) -> dict:
+def webhook_log(endpoint: str | None = None, limit: int = 50, *, full: bool = False) -> dict:
     """Per endpoint (configured or still holding deliveries): counts; and the latest deliveries.
-    URLs are shown with any password masked; bodies are not shown (the job page has the job)."""
+    URLs are shown with any password masked; bodies are not shown (the job page has the job).
+
+    Without ``full`` (a read-only operator) an endpoint is only its scheme and host: Slack- and
+    Teams-style URLs carry their secret in the path, and the endpoint's answer (``last_error``)
+    is left out too; ``key`` tells the endpoints apart either way."""
     with _session() as session:
         summary = {row["endpoint"]: row for row in webhook_records.summary(session=session)}
         rows = webhook_records.recent(session=session, endpoint=endpoint, limit=limit)
@@ -568,14 +572,22 @@ def webhook_log(endpoint: str | None = None, limit: int = 50) -> dict:
                 "last_delivered_at": None,
             },
         )
+    shown = redact_url if full else endpoint_origin
+    keys = {url: i for i, url in enumerate(sorted(summary))}
     endpoints = [
-        {**row, "endpoint": redact_url(url), "configured": url in ctx().settings.webhook_urls}
+        {
+            **row,
+            "key": keys[url],
+            "endpoint": shown(url),
+            "configured": url in ctx().settings.webhook_urls,
+        }
         for url, row in sorted(summary.items())
     ]
     deliveries = [
         {
             "id": r.id,
-            "endpoint": redact_url(r.endpoint),
+            "key": keys.get(r.endpoint, -1),
+            "endpoint": shown(r.endpoint),
             "event": r.event,
             "job_id": r.job_id,
             "event_id": r.event_id,
@@ -585,7 +597,7 @@ def webhook_log(endpoint: str | None = None, limit: int = 50) -> dict:
             "next_attempt_at": webhook_records.iso(r.next_attempt_at),
             "delivered_at": webhook_records.iso(r.delivered_at),
             "last_status": r.last_status,
-            "last_error": r.last_error,
+            "last_error": r.last_error if full else None,
         }
         for r in rows
     ]

@@ -94,7 +94,7 @@ left, right = st.columns(2)
 with left:
     st.subheader("Configuration in force")
     st.caption("From the environment and SLUICE_ENV_FILE; secrets appear only as set / not set.")
-    config = sorted(settings.public_view().items())
+    config = sorted(settings.public_view(full=ui.operator().can_act).items())
     st.dataframe(
         pd.DataFrame(config, columns=["variable", "value"]),
         hide_index=True,
@@ -122,7 +122,7 @@ with right:
     )
 
 st.subheader("Webhooks")
-hooks = reads.webhook_log(limit=50)
+hooks = reads.webhook_log(limit=50, full=ui.operator().can_act)
 if not hooks["endpoints"]:
     st.caption(
         "No endpoints: set SLUICE_WEBHOOK_URLS (and SLUICE_WEBHOOK_SECRET) to have a signed JSON event "
@@ -136,7 +136,7 @@ for e in hooks["endpoints"]:
             f"{e['gave_up']:,} given up; last delivered {ui.ago(e['last_delivered_at'])}"
         )
     )
-    rows = [d for d in hooks["deliveries"] if d["endpoint"] == e["endpoint"]]
+    rows = [d for d in hooks["deliveries"] if d["key"] == e["key"]]
     if rows:
         st.dataframe(
             pd.DataFrame(
