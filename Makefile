@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness browser ocr wild-tools wild-corpus clean
+.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -39,6 +39,15 @@ browser:
 ocr:
 	@command -v tesseract >/dev/null && tesseract --list-langs 2>/dev/null | grep -qx eng || { apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends tesseract-ocr tesseract-ocr-eng >/dev/null; }
+
+## cluster-tools: Debian's nginx (the TLS proxy of tests/cluster), and iproute2 and openssl
+cluster-tools:
+	@command -v nginx >/dev/null && command -v ip >/dev/null && command -v openssl >/dev/null || { apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends nginx iproute2 openssl >/dev/null; }
+
+## cluster-test: Sluice across network namespaces (services, two workers, entry host; one killed, one cut off): about 2 minutes, as root
+cluster-test: setup cluster-tools
+	RUN_CLUSTER_TEST=1 $(BIN)/python -m pytest -p no:cacheprovider tests/cluster -q -s
 
 ## wild-tools: Debian's PDF producers for bench/wild_corpus.py (Chromium, LibreOffice, Ghostscript, qpdf, CJK fonts)
 wild-tools: browser
