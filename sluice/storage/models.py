@@ -71,7 +71,8 @@ class Instance(SQLModel, table=True):
 
 
 class Dataset(SQLModel, table=True):
-    id: int | None = Field(default=None, primary_key=True)
+    # The ids are typed int: a stored row always has one (None only before its first flush).
+    id: int = Field(default=None, primary_key=True)
     name: str = Field(index=True, unique=True, max_length=64)
     description: str = ""
     # Chroma collection of this dataset; unique per row so instances can share one Chroma server.
@@ -91,7 +92,7 @@ class Dataset(SQLModel, table=True):
 class Document(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("dataset_id", "sha256", name="uq_document_dataset_sha"),)
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     dataset_id: int = Field(foreign_key="dataset.id", index=True)
     sha256: str = Field(max_length=64, index=True)
     size: int
@@ -121,7 +122,7 @@ class Job(SQLModel, table=True):
         Index("ix_job_updated_id", "updated_at", "id"),
     )
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     document_id: int = Field(foreign_key="document.id", index=True)
     dataset_id: int = Field(foreign_key="dataset.id")
     filename: str = Field(max_length=255, index=True)
@@ -169,7 +170,7 @@ class Job(SQLModel, table=True):
 class JobEvent(SQLModel, table=True):
     __tablename__ = "job_event"
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id", index=True)
     at: datetime = Field(default_factory=utcnow)
     kind: str = Field(max_length=40)
@@ -186,7 +187,7 @@ class Pause(SQLModel, table=True):
     """A pause in force: of one dataset, or of the whole queue (``dataset_id`` None, ``scope`` "all").
     Its jobs are not claimed or published while the row exists; resuming deletes it."""
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     scope: str = Field(max_length=40, unique=True)  # "all" or "dataset:<id>": one pause per scope
     dataset_id: int | None = Field(default=None, foreign_key="dataset.id", index=True)
     paused_by: str = Field(max_length=120)
@@ -197,7 +198,7 @@ class Pause(SQLModel, table=True):
 class Outbox(SQLModel, table=True):
     __table_args__ = (Index("ix_outbox_pending", "sent_at", "available_at"),)
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id", index=True)
     created_at: datetime = Field(default_factory=utcnow)
     available_at: datetime = Field(default_factory=utcnow)
@@ -220,7 +221,7 @@ class WebhookDelivery(SQLModel, table=True):
         Index("ix_webhook_endpoint_created", "endpoint", "created_at"),
     )
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     event_id: str = Field(max_length=40, index=True)  # the same for every endpoint of one event
     endpoint: str = Field(max_length=500)
     job_id: int = Field(index=True)
@@ -244,7 +245,7 @@ class ApiKey(SQLModel, table=True):
 
     __tablename__ = "api_key"
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     name: str = Field(max_length=64, unique=True)
     lookup: str = Field(max_length=32, unique=True)
     secret_hash: str = Field(max_length=64)
@@ -271,7 +272,7 @@ class IdempotencyRecord(SQLModel, table=True):
         Index("ix_api_idempotency_created", "created_at"),
     )
 
-    id: int | None = Field(default=None, primary_key=True)
+    id: int = Field(default=None, primary_key=True)
     key_id: int = Field(index=False)
     idempotency_key: str = Field(max_length=255)
     fingerprint: str = Field(max_length=64)  # sha256 of method, path and body
