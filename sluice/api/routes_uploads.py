@@ -19,7 +19,12 @@ from sluice.settings import get_settings
 
 router = APIRouter(tags=["documents"])
 RETRY_AFTER_SECONDS = 2
-REFUSAL_STATUS = {"too_large": 413, "unsupported_type": 415}
+REFUSAL_STATUS = {
+    "too_large": 413,
+    "unsupported_type": 415,
+    "blob_store_unavailable": 503,  # the object store does not answer: nothing was stored
+    "blob_store_auth_failed": 503,
+}
 
 BODY = {
     "required": True,

@@ -142,7 +142,7 @@ def _chroma_probe(settings: Settings) -> Probe:
 
 def blob_store_probe(settings: Settings) -> Probe:
     """The object store's bucket (SLUICE_BLOB_STORE=s3); the local directory needs no probe."""
-    store = S3BlobStore.from_settings(settings)
+    store = S3BlobStore.from_settings(settings, timeout=PROBE_TIMEOUT)
     try:
         detail = store.ping()
     except WaitingError as exc:

@@ -61,20 +61,23 @@ class S3BlobStore(BlobStore):
         region: str = "us-east-1",
         scratch: Path,
         part_size: int = PART_SIZE,
+        timeout: float | None = None,
     ) -> None:
         self.bucket, self.prefix, self.endpoint_url = bucket, prefix, endpoint_url
         self.region, self.scratch, self.part_size = region, Path(scratch), part_size
+        self.timeout = timeout  # a probe's: that short, and no retry
         self._client: Any = None
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, s: Settings) -> S3BlobStore:
+    def from_settings(cls, s: Settings, *, timeout: float | None = None) -> S3BlobStore:
         return cls(
             bucket=s.s3_bucket,
             prefix=s.s3_prefix,
             endpoint_url=s.s3_endpoint_url,
             region=s.s3_region,
             scratch=s.data_dir / "blob-scratch",
+            timeout=timeout,
         )
 
     def describe(self) -> str:
@@ -91,7 +94,7 @@ class S3BlobStore(BlobStore):
     def client(self) -> Any:
         with self._lock:
             if self._client is None:
-                self._client = _make_client(self.endpoint_url, self.region)
+                self._client = _make_client(self.endpoint_url, self.region, self.timeout)
             return self._client
 
     def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -327,7 +330,7 @@ class _Hashing:
         return data
 
 
-def _make_client(endpoint_url: str, region: str) -> Any:
+def _make_client(endpoint_url: str, region: str, timeout: float | None = None) -> Any:
     """A boto3 S3 client: bounded timeouts and retries, path-style addressing for a store of
     one's own, checksums only where the API requires them (not every S3-compatible store has
     the newer ones). Credentials from the environment (AWS_ACCESS_KEY_ID, ...)."""
@@ -335,9 +338,9 @@ def _make_client(endpoint_url: str, region: str) -> Any:
     from botocore.config import Config
 
     config = Config(
-        connect_timeout=5,
-        read_timeout=60,
-        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=timeout or 5,
+        read_timeout=timeout or 60,
+        retries={"total_max_attempts": 1 if timeout else 3, "mode": "standard"},
         s3={"addressing_style": "path" if endpoint_url else "auto"},
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
