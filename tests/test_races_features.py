@@ -81,7 +81,10 @@ def run_until_quiet(ctx, rounds: int = 6) -> None:
             run_job(job_id, ctx=ctx)
     with Session(ctx.engine) as session:
         left = session.exec(select(Job).where(Job.status.in_(jobs.CLAIMABLE))).all()
-        said = {j.id: (j.status.value, j.error_code, j.error_message, (j.error_detail or '')[-1500:]) for j in left}
+        said = {
+            j.id: (j.status.value, j.error_code, j.error_message, (j.error_detail or "")[-1500:])
+            for j in left
+        }
     raise AssertionError(f"jobs still waiting after the rounds: {said}")
 
 
@@ -456,7 +459,7 @@ def test_8_a_retried_jobs_success_waits_for_its_older_failure_to_be_delivered(
     from sluice.settings import reset_settings_cache
     from sluice.storage.db import get_engine
 
-    monkeypatch.setenv("SLUICE_WEBHOOK_URLS", "http://receiver.test/hook")
+    monkeypatch.setenv("SLUICE_WEBHOOK_URLS", "http://127.0.0.1:9/hook")
     monkeypatch.setenv("SLUICE_WEBHOOK_SECRET", "s" * 32)
     reset_settings_cache()
     engine = get_engine(database_url)
@@ -530,3 +533,153 @@ def test_9_a_cancel_carried_out_by_the_reaper_removes_the_attempts_chunks(databa
 
 
 __all__ = ["LEASE", "Dataset"]
+
+
+# --- suspected in issue 25: each confirmed with a forced test and fixed, or shown impossible ----------------
+
+
+def test_c_a_pause_refusal_that_loses_to_a_priority_change_keeps_the_job_published(
+    database_url, monkeypatch
+):
+    """The worker took the job's message while its dataset is paused; an operator's "run next"
+    lands between the worker's read and its refusal's compare-and-set."""
+    from sluice.storage import pauses
+    from sluice.storage.db import get_engine
+    from sluice.storage.outbox import dispatch, unsent_count
+
+    engine = get_engine(database_url)
+    job_id = new_job(engine, 1)
+    assert dispatch(engine=engine, publish=lambda _id: None).sent == [job_id]  # on the queue
+    with Session(engine) as session:
+        pauses.pause(session=session, dataset_id=get(engine, job_id).dataset_id, actor="op")
+    looked = pauses.pause_for
+
+    def and_run_next_lands(**kw):
+        held = looked(**kw)
+        with Session(engine) as session:
+            assert jobs.run_next(session=session, job_ids=[job_id], actor="op")[0].ok
+        return held
+
+    monkeypatch.setattr(pauses, "pause_for", and_run_next_lands)
+    assert not claim(engine, job_id).claimed
+    monkeypatch.setattr(pauses, "pause_for", looked)
+    with Session(engine) as session:
+        assert unsent_count(session=session) == 1  # published again once the pause is lifted
+
+
+def test_c_a_deleted_running_job_writes_nothing_after_the_delete(database_url, make_ctx):
+    """The document is deleted while its job runs, after its last batch and before the check that
+    writes back what is missing from the index, and before its lexical rows."""
+    from sluice.ops.documents import delete_document
+
+    # No heartbeat lands in the window (one would notice the lost lease by luck of timing).
+    ctx = make_ctx(
+        SLUICE_EMBED_BATCH_SIZE="4", SLUICE_HEARTBEAT_SECONDS="60", SLUICE_LEASE_SECONDS="600"
+    )
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+
+    def deleted_now(**_) -> None:
+        assert delete_document(ctx, r.job_id, actor="op").ok
+
+    with faults.hook("before_verify", deleted_now):
+        outcome = run_job(r.job_id, ctx=ctx)
+    assert outcome.result == "lost"
+    assert ids_of_job(ctx, r.job_id) == [] and lexical.count_job(ctx.engine, r.job_id) == 0
+
+
+def test_c_an_error_while_a_batch_is_written_cancels_the_encode_ahead(
+    database_url, make_ctx, monkeypatch
+):
+    from sluice.errors import TransientError
+    from sluice.pipeline.running import embed
+
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
+    started = []
+    submit = embed.submit
+
+    class Tracked:
+        def __init__(self, inner) -> None:
+            self.inner, self.cancelled = inner, False
+            started.append(self)
+
+        def result(self):
+            return self.inner.result()
+
+        def cancel(self) -> None:
+            self.cancelled = True
+            self.inner.cancel()
+
+    monkeypatch.setattr(embed, "submit", lambda embedder, texts: Tracked(submit(embedder, texts)))
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+
+    def the_store_fails(**_) -> None:
+        raise TransientError("injected_fault", "the first write failed", "")
+
+    with faults.hook("embed_batch", the_store_fails):
+        assert run_job(r.job_id, ctx=ctx).result == "retrying"
+    assert len(started) == 2  # the first batch was being written, the second encoding
+    assert started[1].cancelled
+
+
+def test_c_two_operators_applying_settings_to_one_dataset_at_once_lose_nothing(
+    database_url, make_ctx
+):
+    ctx = make_ctx()
+    ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    other = []
+
+    def the_other_operator_applies_first(**_) -> None:
+        if not other:
+            other.append(None)
+            other[0] = settings_changes.apply(ctx, "default", {"chunk_overlap": "20"}, actor="b")
+
+    with faults.hook("settings_proposed", the_other_operator_applies_first):
+        mine = settings_changes.apply(ctx, "default", {"chunk_size": "300"}, actor="a")
+    assert other[0].ok and other[0].applied
+    view = settings_changes.current(ctx, "default")
+    if mine.applied:  # both changes are in force, and the version is the one they make
+        assert view.overrides == {"chunk_size": 300, "chunk_overlap": 20}, view.overrides
+    else:  # the second is refused and says why; the first stands
+        assert not mine.ok and "changed meanwhile" in mine.message
+        assert view.overrides == {"chunk_overlap": 20}
+    with Session(ctx.engine) as session:
+        ds = session.exec(select(Dataset).where(Dataset.name == "default")).one()
+        waiting = session.exec(select(Job).where(Job.status.in_(jobs.CLAIMABLE))).all()
+    assert {j.pipeline_version for j in waiting} == {ctx.version_for(ds)}
+
+
+def test_c_a_short_database_drop_during_a_progress_write_costs_no_attempt(
+    database_url, make_ctx, monkeypatch
+):
+    from sqlalchemy.exc import OperationalError
+
+    ctx = make_ctx(SLUICE_EMBED_BATCH_SIZE="4")
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    write = jobs.progress
+    dropped = []
+
+    def drops_once(**kw):
+        if not dropped:
+            dropped.append(1)
+            raise OperationalError("UPDATE job", {}, Exception("server closed the connection"))
+        return write(**kw)
+
+    monkeypatch.setattr(jobs, "progress", drops_once)
+    outcome = run_job(r.job_id, ctx=ctx)
+    assert dropped and outcome.result == "succeeded", outcome
+    assert get(ctx.engine, r.job_id).attempt == 1
+
+
+def test_c_prune_keeps_the_fresh_events_of_a_job_reindexed_while_it_runs(database_url, make_ctx):
+    ctx = make_ctx()
+    job_id = new_job(ctx.engine, 1)
+    succeed_now(ctx.engine, job_id, claim(ctx.engine, job_id).job.lease)
+
+    def reindexed_now(**_) -> None:
+        with Session(ctx.engine) as session:
+            assert jobs.reindex(session=session, job_ids=[job_id], actor="op")[0].ok
+
+    with faults.hook("prune_history_selected", reindexed_now):
+        prune(ctx.engine, days=30, future=31)  # the job finished "more than 30 days ago"
+    kinds = [e.kind for e in events(ctx, job_id)]
+    assert "reindex_requested" in kinds, kinds

@@ -28,10 +28,11 @@ from sluice.ops.unlock import LOCKED_CODES, unlock_and_retry  # noqa: F401  (LOC
 from sluice.pipeline.queueing.publishing import dispatch_now, publish
 from sluice.pipeline.reconcile import audit
 from sluice.pipeline.reconcile.report import ReconcileReport
+from sluice.pipeline.running.cleanup import remove_partial
 from sluice.storage import jobs, retention
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
-from sluice.storage.models import ErrorKind, utcnow
+from sluice.storage.models import ErrorKind, Job, JobStatus, utcnow
 from sluice.storage.queries import JobFilter
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
@@ -138,7 +139,16 @@ def retry_dead(
 
 
 def cancel(who: Operator, ids: Iterable[int]) -> ActionReport:
-    return _transition(jobs.request_cancel, who, "cancel jobs", ids, queues_work=False)
+    """Cancel jobs. A running one stops at its next batch and its worker removes what it wrote; one
+    waiting (pending, or retrying after a failed attempt that wrote chunks) is cancelled here, so
+    what an earlier attempt wrote is removed here too."""
+    report = _transition(jobs.request_cancel, who, "cancel jobs", ids, queues_work=False)
+    with Session(ctx().engine, expire_on_commit=False) as session:
+        ended = [session.get(Job, r.job_id) for r in report.results if r.ok]
+    for job in ended:
+        if job is not None and job.status == JobStatus.cancelled:
+            remove_partial(ctx(), job)
+    return report
 
 
 def reindex(who: Operator, ids: Iterable[int], reason: str = "reindex") -> ActionReport:

@@ -14,15 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from sqlalchemy import update
 from sqlmodel import Session
 
+from sluice import faults
 from sluice.errors import SettingsError
 from sluice.ops import reindex as reindexing
 from sluice.ops.search import UnknownDataset, dataset_named
 from sluice.pipeline.parsing import ocr
 from sluice.pipeline.queueing.broker import queue_note
 from sluice.pipeline.running.context import Context
-from sluice.storage import dataset_settings, jobs
+from sluice.storage import dataset_settings, jobs, lexical
 from sluice.storage.clock import db_now
 from sluice.storage.models import Dataset
 
@@ -84,6 +86,7 @@ class SettingsChange:
     applied: bool = False
     restamped: list[int] = field(default_factory=list)
     reindex: reindexing.ReindexResult | None = None
+    read_at: datetime | None = None  # the dataset's last change when ``before`` was read
 
     def to_dict(self) -> dict:
         return {
@@ -148,6 +151,7 @@ def propose(
         after=after,
         from_version=ctx.version_for(ds),
         to_version=ctx.version_for(proposed),
+        read_at=ds.settings_changed_at,
     )
     if change.from_version == change.to_version:
         change.message = (
@@ -163,6 +167,47 @@ def propose(
     return change
 
 
+def _save(session: Session, ds: Dataset, change: SettingsChange, actor: str) -> bool:
+    """Write the new settings by compare-and-set on the dataset's last change: a change another
+    operator applied since ``change`` was computed from the settings before it is not overwritten
+    (its setting lost, its jobs restamped to a version that is then no one's)."""
+    read = change.read_at
+    saved = session.execute(
+        update(Dataset)
+        .where(
+            Dataset.id == ds.id,
+            Dataset.settings_changed_at.is_(None)
+            if read is None
+            else Dataset.settings_changed_at == read,
+        )
+        .values(
+            parse_settings=change.after or None,
+            settings_changed_at=db_now(session),
+            settings_changed_by=actor,
+        )
+    ).rowcount
+    session.commit()
+    session.refresh(ds)
+    return saved == 1
+
+
+def _drop_old_chunks(ctx: Context, ds: Dataset, job_ids: list[int], version: str) -> None:
+    """A restamped job builds the new version: what an earlier attempt of it wrote under the old
+    one (a failed or retrying job's partial chunks) would be claimed by no job. None of it serves
+    search (a document's active job is never restamped)."""
+    for job_id in job_ids:
+        try:
+            ctx.vectors.delete(
+                ds.collection,
+                where={"$and": [{"job_id": job_id}, {"pipeline_version": version}]},
+            )
+            lexical.delete_job(ctx.engine, job_id)
+        except Exception as exc:  # reconcile finds and removes such orphans later
+            log.warning(
+                "job %s: could not remove its chunks of pipeline %s: %s", job_id, version, exc
+            )
+
+
 def apply(
     ctx: Context,
     name: str,
@@ -175,13 +220,16 @@ def apply(
     change = propose(ctx, name, assignments, preview=False)
     if not change.ok:
         return change
+    faults.hit("settings_proposed", dataset=name)
     with Session(ctx.engine) as session:
         ds = dataset_named(session, name)
-        ds.parse_settings = change.after or None
-        ds.settings_changed_at = db_now(session)
-        ds.settings_changed_by = actor
-        session.add(ds)
-        session.commit()
+        if not _save(session, ds, change, actor):
+            return SettingsChange(
+                False,
+                f"dataset {name!r}: its settings changed meanwhile (by "
+                f"{ds.settings_changed_by or 'someone'}); look at them again and apply yours to them",
+                dataset=name,
+            )
         change.applied = True
         if change.from_version != change.to_version:
             change.restamped = jobs.restamp(
@@ -191,6 +239,7 @@ def apply(
                 to_version=change.to_version,
                 actor=actor,
             )
+            _drop_old_chunks(ctx, ds, change.restamped, change.from_version)
     log.info(
         "dataset %s: parse settings %s -> %s by %s (pipeline %s -> %s)",
         name,

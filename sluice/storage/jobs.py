@@ -409,16 +409,24 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
 
 
 def _refuse_paused(
-    session: Session, job: Job, held: Any, worker_id: str, now: datetime
+    session: Session, job: Job, held: Any, worker_id: str, now: datetime, attempts: int = 5
 ) -> ClaimResult:
     """The job's dataset (or the whole queue) is paused: leave the job waiting with an unsent outbox
     row, which the dispatcher publishes once the pause is lifted."""
     reason = f"delivery ignored: {pauses.describe(held)}; it runs when resumed"
-    if _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
-        add_event(
-            session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope}
-        )
-        _publish(session, job, max(now, job.next_attempt_at or now))
+    # The message is consumed either way: an operator's change that lands between our read and this
+    # compare-and-set (a priority, "run next") must not leave the job with no message and no row.
+    for _ in range(attempts):
+        if _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+            add_event(
+                session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope}
+            )
+            _publish(session, job, max(now, job.next_attempt_at or now))
+            break
+        session.rollback()
+        job = get_job(session=session, job_id=job.id)
+        if job is None or job.status not in CLAIMABLE:
+            break  # cancelled, claimed or gone meanwhile: nothing waits for this message
     session.commit()
     return ClaimResult(job, False, reason)
 
@@ -443,6 +451,15 @@ def progress(
     cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one()
     session.commit()
     return bool(cancel)
+
+
+def owns(*, session: Session, job_id: int, lease: int) -> bool:
+    """Does the attempt of ``lease`` still own the running job?"""
+    found = session.execute(
+        select(Job.id).where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running)
+    ).first()
+    session.rollback()
+    return found is not None
 
 
 def cancel_requested(*, session: Session, job_id: int) -> bool:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
+from sluice.errors import LeaseLost
+
 _WORD = re.compile(r"[^\W_]+")
 _CJK = re.compile(
     "([\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f"
@@ -187,10 +189,20 @@ def _tsvector(toks: Sequence[str]) -> str:
 
 
 def write_job(
-    engine: Engine, *, dataset_id: int, document_id: int, job_id: int, rows: Iterable[Row]
+    engine: Engine,
+    *,
+    dataset_id: int,
+    document_id: int,
+    job_id: int,
+    rows: Iterable[Row],
+    lease: int | None = None,
 ) -> int:
     """Make the job's rows exactly ``rows``, in one transaction (a re-run writes the same ids again,
-    and what an older run left beyond the new count goes). Returns how many rows it wrote."""
+    and what an older run left beyond the new count goes). Returns how many rows it wrote.
+
+    With ``lease`` (a worker's attempt), only while that attempt still owns the running job, checked
+    in the same transaction with the job's row locked: a job deleted, superseded or taken back
+    meanwhile raises LeaseLost and writes nothing (its cleanup has run or runs after this)."""
     pg = _postgres(engine)
     params = []
     for r in rows:
@@ -214,7 +226,11 @@ def write_job(
         f"{value})"
     )
     with engine.begin() as conn:
+        # The delete comes first: on SQLite it takes the write lock, so the check below sees the
+        # latest job row and nothing changes it before this commits.
         conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :job_id"), {"job_id": job_id})
+        if lease is not None:
+            _still_ours(conn, job_id, lease, pg)
         # A chunk id is the same for the same bytes and pipeline version: a row another job of this
         # dataset left with these ids (never the case unless by hand) must not block the insert.
         for start in range(0, len(params), BATCH):
@@ -227,6 +243,18 @@ def write_job(
             )
             conn.execute(insert, part)
     return len(params)
+
+
+def _still_ours(conn: Connection, job_id: int, lease: int, pg: bool) -> None:
+    owned = conn.execute(
+        text(
+            "SELECT 1 FROM job WHERE id = :j AND lease = :l AND status = 'running'"
+            + (" FOR UPDATE" if pg else "")
+        ),
+        {"j": job_id, "l": lease},
+    ).first()
+    if owned is None:
+        raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
 
 
 def _expanding(name: str):

@@ -50,15 +50,17 @@ class PruneReport:
         )
 
 
+def _finished(cutoff: datetime):
+    """Jobs whose older history may go: succeeded, or dismissed dead letters, finished before it."""
+    return (Job.finished_at < cutoff) & (
+        (Job.status == JobStatus.succeeded)
+        | ((Job.status == JobStatus.failed) & Job.dismissed.is_(True))
+    )
+
+
 def _kept_history(session: Session, cutoff: datetime) -> list[tuple[int, str]]:
     """(job id, the kind of its one event to keep) of jobs whose older history may go."""
-    finished = select(Job.id, Job.status).where(
-        Job.finished_at < cutoff,
-        (
-            (Job.status == JobStatus.succeeded)
-            | ((Job.status == JobStatus.failed) & Job.dismissed.is_(True))
-        ),
-    )
+    finished = select(Job.id, Job.status).where(_finished(cutoff))
     return [
         (jid, "succeeded" if JobStatus(status) == JobStatus.succeeded else "failed")
         for jid, status in session.exec(finished).all()
@@ -91,6 +93,7 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     report = PruneReport(cutoff=cutoff.isoformat(), dry_run=dry_run)
     # events of old finished jobs, all but the last one of the kind that says how it ended
     jobs = _kept_history(session, cutoff)
+    faults.hit("prune_history_selected", job_ids=[jid for jid, _ in jobs])
     for start in range(0, len(jobs), BATCH):
         part = jobs[start : start + BATCH]
         ids = [jid for jid, _ in part]
@@ -101,7 +104,10 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
             .group_by(JobEvent.job_id, JobEvent.kind)
         ).all()
         keep = [event_id for jid, kind, event_id in last if ending[jid] == kind]
-        condition = JobEvent.job_id.in_(ids) & (JobEvent.id.not_in(keep) if keep else true())
+        # Only while the job is still the finished one read above: a reindex or a retry that lands
+        # meanwhile starts a new history, which is not this prune's to forget.
+        still = select(Job.id).where(Job.id.in_(ids), _finished(cutoff))
+        condition = JobEvent.job_id.in_(still) & (JobEvent.id.not_in(keep) if keep else true())
         if dry_run:
             report.events += session.exec(
                 select(func.count()).select_from(JobEvent).where(condition)

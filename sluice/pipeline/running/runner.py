@@ -211,9 +211,19 @@ class Reporter:
         self._write_lock = threading.Lock()
 
     def check(self) -> None:
-        """LeaseLost if the attempt is no longer this thread's (call before a write to the index)."""
+        """LeaseLost if the attempt is no longer this thread's, as far as the heartbeat knows."""
         if self.lost:
             raise LeaseLost(f"job {self.job_id}: lease {self.lease} lost or the attempt was ended")
+
+    def fence(self) -> None:
+        """LeaseLost unless the job database says the attempt still owns the job (call right before
+        a write to the vector store: a delete or a supersede may have landed since the last beat,
+        and their cleanup must not be followed by one more batch)."""
+        self.check()
+        with Session(self.ctx.engine) as session:
+            if not jobs.owns(session=session, job_id=self.job_id, lease=self.lease):
+                self.lost = True
+                raise LeaseLost(f"job {self.job_id} is no longer owned by lease {self.lease}")
 
     def update(self, stage: Stage, done: int, total: int, *, force: bool = False, **extra) -> None:
         self.check()
@@ -257,10 +267,19 @@ class Reporter:
                 values, self.pending = self.pending, None
             if values is None:
                 return False
-            with Session(self.ctx.engine) as session:
-                cancel = jobs.progress(
-                    session=session, job_id=self.job_id, lease=self.lease, **values
-                )
+            try:
+                with Session(self.ctx.engine) as session:
+                    cancel = jobs.progress(
+                        session=session, job_id=self.job_id, lease=self.lease, **values
+                    )
+            except DATABASE_DOWN as exc:
+                # Counts are not the attempt's work: a database that does not answer for a moment
+                # must not end it. They are held again and written by the next flush or beat (the
+                # outcome, which must be written, waits for the database: _when_the_database_answers).
+                with self._pending_lock:
+                    self.pending = {**values, **(self.pending or {})}
+                log.warning("job %s: progress not written (%s)", self.job_id, str(exc)[:200])
+                return False
             self.last = time.monotonic()
             self.cancel = self.cancel or cancel
             return True
@@ -494,6 +513,7 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         rows=[
             lexical.Row(cid, c.position, c.page, c.text) for cid, c in zip(ids, chunks, strict=True)
         ],
+        lease=job.lease,
     )
     report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
@@ -646,8 +666,12 @@ def _embed_and_write(
                 if cid not in existing
             ]
             ahead = _Batch.start(out.ctx, batch, end=min(total, start + bs))
-            if in_flight is not None:
-                write(in_flight)
+            try:
+                if in_flight is not None:
+                    write(in_flight)
+            except BaseException:  # the batch ahead encodes for nothing: stop it too
+                ahead.cancel()
+                raise
             in_flight = ahead
         if in_flight is not None:
             write(in_flight)
@@ -773,7 +797,7 @@ class _Batch:
             ]
             import numpy as np
 
-            report.check()  # an encode may have outlived the attempt: never write for an attempt that is over
+            report.fence()  # an encode may have outlived the attempt: never write for one that is over
             ctx.vectors.add(
                 collection,
                 ids=[cid for cid, _ in self.items],
