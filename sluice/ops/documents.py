@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from sqlmodel import Session, func, select
+from sqlmodel import Session, col, func, select
 
 from sluice import faults
 from sluice.errors import WaitingError
@@ -94,7 +94,7 @@ def document_info(ctx: Context, document_id: int) -> DocumentInfo:
             raise UnknownReference(f"no document {document_id}")
         ds = session.get(Dataset, doc.dataset_id)
         rows = session.exec(
-            select(Job).where(Job.document_id == document_id).order_by(Job.id)
+            select(Job).where(Job.document_id == document_id).order_by(col(Job.id))
         ).all()
         shared = blob_users(session, doc)
     info = DocumentInfo(
@@ -213,7 +213,7 @@ def _live_users(ctx: Context, key: str) -> int:
         return session.exec(
             select(func.count())
             .select_from(Document)
-            .where(Document.blob_key == key, Document.deleted_at.is_(None))
+            .where(Document.blob_key == key, col(Document.deleted_at).is_(None))
         ).one()
 
 
@@ -223,7 +223,9 @@ def blob_users(session: Session, doc: Document) -> int:
         select(func.count())
         .select_from(Document)
         .where(
-            Document.blob_key == doc.blob_key, Document.id != doc.id, Document.deleted_at.is_(None)
+            Document.blob_key == doc.blob_key,
+            Document.id != doc.id,
+            col(Document.deleted_at).is_(None),
         )
     ).one()
 

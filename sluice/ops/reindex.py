@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.ops.preview import Preview, accumulate, count_work
 from sluice.pipeline.queueing.publishing import dispatch_now
@@ -124,21 +124,21 @@ def candidates(
     dataset with parse settings not saved yet (the preview of a change)."""
     out = []
     with Session(ctx.engine) as session:
-        stmt = select(Dataset).order_by(Dataset.id)
+        stmt = select(Dataset).order_by(col(Dataset.id))
         if dataset:
             stmt = stmt.where(Dataset.name == dataset)
         for ds in [proposed] if proposed is not None else session.exec(stmt).all():
             target = ctx.version_for(ds)
             rows = session.exec(
                 select(Document, Job)
-                .join(Job, Job.id == Document.active_job_id)
+                .join(Job, col(Job.id) == Document.active_job_id)
                 .where(
                     Document.dataset_id == ds.id,
-                    Document.deleted_at.is_(None),
+                    col(Document.deleted_at).is_(None),
                     Job.status == JobStatus.succeeded,
                     Job.pipeline_version != target,
                 )
-                .order_by(Document.id)
+                .order_by(col(Document.id))
             ).all()
             keys = {
                 jobs.idempotency_key(
@@ -152,7 +152,7 @@ def candidates(
                 part = key_list[start : start + 500]
                 for jid, key, status in session.exec(
                     select(Job.id, Job.idempotency_key, Job.status).where(
-                        Job.idempotency_key.in_(part)
+                        col(Job.idempotency_key).in_(part)
                     )
                 ).all():
                     existing[keys[key]] = (jid, JobStatus(status))

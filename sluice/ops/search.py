@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
@@ -239,7 +239,7 @@ def _active_jobs(ctx: Context, document_ids: set[int]) -> dict[int, int | None]:
         return dict(
             session.exec(
                 select(Document.id, Document.active_job_id).where(
-                    Document.id.in_(document_ids), Document.deleted_at.is_(None)
+                    col(Document.id).in_(document_ids), col(Document.deleted_at).is_(None)
                 )
             ).all()
         )
@@ -249,9 +249,11 @@ def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | No
     """Documents the file name and media type filters allow (None: no such filter)."""
     if not (filters.filename or filters.media_type):
         return None
-    stmt = select(Document.id).where(Document.dataset_id == ds.id, Document.deleted_at.is_(None))
+    stmt = select(Document.id).where(
+        Document.dataset_id == ds.id, col(Document.deleted_at).is_(None)
+    )
     if filters.filename:
-        stmt = stmt.where(Document.filename.ilike(f"%{filters.filename}%"))
+        stmt = stmt.where(col(Document.filename).ilike(f"%{filters.filename}%"))
     if filters.media_type:
         stmt = stmt.where(Document.media_type == filters.media_type)
     with Session(ctx.engine) as session:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from sqlalchemy import update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from sluice import faults
 from sluice.errors import PipelineError
@@ -103,7 +103,7 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
             switched = (
                 session.execute(
                     update(Document)
-                    .where(Document.id == document.id, Document.blob_key == old)
+                    .where(col(Document.id) == document.id, col(Document.blob_key) == old)
                     .values(blob_key=decrypted.key)
                 ).rowcount
                 == 1

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import ApiKey
@@ -69,7 +69,7 @@ def touch(*, session: Session, key: ApiKey, now: datetime) -> None:
     """Record a use of the key, at most once per TOUCH_EVERY (a poll loop writes nothing)."""
     if key.last_used_at is not None and now - as_utc(key.last_used_at) < TOUCH_EVERY:
         return
-    session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+    session.execute(update(ApiKey).where(col(ApiKey.id) == key.id).values(last_used_at=now))
     session.commit()
 
 
@@ -81,7 +81,7 @@ def revoke(*, session: Session, name: str, actor: str) -> ApiKey | None:
     if row.revoked_at is None:
         session.execute(
             update(ApiKey)
-            .where(ApiKey.id == row.id, ApiKey.revoked_at.is_(None))
+            .where(col(ApiKey.id) == row.id, col(ApiKey.revoked_at).is_(None))
             .values(revoked_at=db_now(session), revoked_by=actor)
         )
         session.commit()

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from sqlalchemy import delete, update
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.storage.clock import db_now
@@ -55,7 +55,7 @@ def claim(*, session: Session, key_id: int, idempotency_key: str, fingerprint: s
     """The verdict on a request; for ``first``, a row in flight is added (``complete`` or
     ``release`` it)."""
     now = db_now(session)
-    session.execute(delete(IdempotencyRecord).where(IdempotencyRecord.created_at < now - TTL))
+    session.execute(delete(IdempotencyRecord).where(col(IdempotencyRecord.created_at) < now - TTL))
     session.commit()
     row = _find(session, key_id, idempotency_key)
     if row is not None:
@@ -88,7 +88,7 @@ def complete(
     """Keep the first answer, to be replayed."""
     session.execute(
         update(IdempotencyRecord)
-        .where(IdempotencyRecord.id == record_id)
+        .where(col(IdempotencyRecord.id) == record_id)
         .values(
             status_code=status_code,
             headers=headers,
@@ -102,5 +102,5 @@ def complete(
 def release(*, session: Session, record_id: int) -> None:
     """Forget a claim whose request ended without an answer worth keeping (a server error): the
     client may try again with the same key."""
-    session.execute(delete(IdempotencyRecord).where(IdempotencyRecord.id == record_id))
+    session.execute(delete(IdempotencyRecord).where(col(IdempotencyRecord.id) == record_id))
     session.commit()

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import delete, exists, or_
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.storage.clock import db_now
 from sluice.storage.models import Dataset, Pause
@@ -27,15 +27,15 @@ def scope_of(dataset_id: int | None) -> str:
 
 def covering(dataset_id: Any) -> Any:
     """SQL condition: a pause covers the dataset ``dataset_id`` (a column or a value)."""
-    return exists().where(or_(Pause.dataset_id.is_(None), Pause.dataset_id == dataset_id))
+    return exists().where(or_(col(Pause.dataset_id).is_(None), Pause.dataset_id == dataset_id))
 
 
 def pause_for(*, session: Session, dataset_id: int | None) -> Pause | None:
     """The pause that stops the jobs of ``dataset_id`` (the whole queue's first), or None."""
     rows = session.exec(
         select(Pause)
-        .where(or_(Pause.dataset_id.is_(None), Pause.dataset_id == dataset_id))
-        .order_by(Pause.dataset_id.is_not(None), Pause.id)
+        .where(or_(col(Pause.dataset_id).is_(None), col(Pause.dataset_id) == dataset_id))
+        .order_by(col(Pause.dataset_id).is_not(None), col(Pause.id))
     ).all()
     return rows[0] if rows else None
 
@@ -78,7 +78,7 @@ def pause(
 
 def resume(*, session: Session, dataset_id: int | None) -> bool:
     """Lift the pause of the dataset (None: of the whole queue); False if there was none."""
-    gone = session.execute(delete(Pause).where(Pause.scope == scope_of(dataset_id))).rowcount
+    gone = session.execute(delete(Pause).where(col(Pause.scope) == scope_of(dataset_id))).rowcount
     session.commit()
     return bool(gone)
 
@@ -87,8 +87,8 @@ def active(*, session: Session) -> list[dict]:
     """Every pause in force, the whole queue first: what, who, when, why."""
     rows = session.exec(
         select(Pause, Dataset.name)
-        .join(Dataset, Dataset.id == Pause.dataset_id, isouter=True)
-        .order_by(Pause.dataset_id.is_not(None), Dataset.name)
+        .join(Dataset, col(Dataset.id) == Pause.dataset_id, isouter=True)
+        .order_by(col(Pause.dataset_id).is_not(None), Dataset.name)
     ).all()
     return [
         {

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import and_, case, func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.errors import ErrorKind
 from sluice.storage.clock import epoch_seconds
@@ -39,16 +39,16 @@ def _apply(stmt, f: JobFilter):
     if f.dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == f.dataset_id)
     if f.statuses:
-        stmt = stmt.where(Job.status.in_([JobStatus(s) for s in f.statuses]))
+        stmt = stmt.where(col(Job.status).in_([JobStatus(s) for s in f.statuses]))
     if f.stages:
-        stmt = stmt.where(Job.stage.in_([Stage(s) for s in f.stages]))
+        stmt = stmt.where(col(Job.stage).in_([Stage(s) for s in f.stages]))
     if f.error_kinds:
-        stmt = stmt.where(Job.error_kind.in_([ErrorKind(k) for k in f.error_kinds]))
+        stmt = stmt.where(col(Job.error_kind).in_([ErrorKind(k) for k in f.error_kinds]))
     if f.name_contains:
         pattern = "%" + f.name_contains.replace("%", r"\%").replace("_", r"\_") + "%"
-        stmt = stmt.where(Job.filename.ilike(pattern, escape="\\"))
+        stmt = stmt.where(col(Job.filename).ilike(pattern, escape="\\"))
     if not f.include_dismissed:
-        stmt = stmt.where(Job.dismissed.is_(False))
+        stmt = stmt.where(col(Job.dismissed).is_(False))
     return stmt
 
 
@@ -63,7 +63,7 @@ def list_jobs(
 ) -> list[Job]:
     f = f or JobFilter()
     column = SORTABLE.get(sort, Job.created_at)
-    order = [column.desc(), Job.id.desc()] if descending else [column.asc(), Job.id.asc()]
+    order = [column.desc(), col(Job.id).desc()] if descending else [column.asc(), col(Job.id).asc()]
     stmt = (
         _apply(select(Job), f)
         .order_by(*order)
@@ -79,7 +79,7 @@ def matching_job_ids(
     """Ids of the jobs a filter matches (narrowed to ``statuses``), oldest first."""
     stmt = _apply(select(Job.id), f)
     if statuses is not None:
-        stmt = stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
+        stmt = stmt.where(col(Job.status).in_([JobStatus(s) for s in statuses]))
     return list(session.exec(stmt.order_by(Job.id).limit(limit)).all())
 
 
@@ -89,7 +89,7 @@ def count_applicable(*, session: Session, f: JobFilter, statuses: list[str]) -> 
         select(func.count(), func.count(func.distinct(Job.document_id))).select_from(Job), f
     )
     jobs, documents = session.exec(
-        stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
+        stmt.where(col(Job.status).in_([JobStatus(s) for s in statuses]))
     ).one()
     return int(jobs), int(documents)
 
@@ -120,20 +120,23 @@ def dataset_summaries(*, session: Session) -> list[dict]:
     docs = dict(
         session.exec(
             select(Document.dataset_id, func.count())
-            .where(Document.deleted_at.is_(None))
-            .group_by(Document.dataset_id)
+            .where(col(Document.deleted_at).is_(None))
+            .group_by(col(Document.dataset_id))
         ).all()
     )
+    # What search serves: the active job of each live document (during a reindex that job is
+    # pending or running again, and its chunks are still the ones served).
     chunks = dict(
         session.exec(
             select(Job.dataset_id, func.coalesce(func.sum(Job.chunk_count), 0))
-            .where(Job.status == JobStatus.succeeded)
+            .join(Document, Document.active_job_id == Job.id)
+            .where(Document.deleted_at.is_(None))
             .group_by(Job.dataset_id)
         ).all()
     )
     jobs_by = {}
     for ds_id, status, n in session.exec(
-        select(Job.dataset_id, Job.status, func.count()).group_by(Job.dataset_id, Job.status)
+        select(Job.dataset_id, Job.status, func.count()).group_by(col(Job.dataset_id), Job.status)
     ).all():
         jobs_by.setdefault(ds_id, {})[JobStatus(status).value] = n
     return [
@@ -152,7 +155,9 @@ def dataset_summaries(*, session: Session) -> list[dict]:
 
 def job_events(*, session: Session, job_id: int) -> list[JobEvent]:
     return list(
-        session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).all()
+        session.exec(
+            select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
+        ).all()
     )
 
 
@@ -183,7 +188,7 @@ def dead_letter_groups(*, session: Session, dataset_id: int | None = None) -> li
             func.min(Job.fix_hint),
             func.max(Job.finished_at),
         )
-        .where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+        .where(Job.status == JobStatus.failed, col(Job.dismissed).is_(False))
         .group_by(Job.error_kind, Job.error_code)
         .order_by(func.count().desc())
     )
@@ -208,14 +213,14 @@ def dead_letter_ids(
     code: str | None = None,
     dataset_id: int | None = None,
 ) -> list[int]:
-    stmt = select(Job.id).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+    stmt = select(Job.id).where(Job.status == JobStatus.failed, col(Job.dismissed).is_(False))
     if kind:
         stmt = stmt.where(Job.error_kind == ErrorKind(kind))
     if code:
         stmt = stmt.where(Job.error_code == code)
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
-    return list(session.exec(stmt.order_by(Job.id)).all())
+    return list(session.exec(stmt.order_by(col(Job.id))).all())
 
 
 def oldest_waiting(*, session: Session, dataset_id: int | None = None) -> datetime | None:
@@ -245,7 +250,10 @@ def throughput(
     index = ((epoch_seconds(Job.finished_at) - start_s) // (bucket_minutes * 60)).label("bucket")
     stmt = (
         select(index, Job.status, func.count(), func.coalesce(func.sum(Job.chunk_count), 0))
-        .where(Job.finished_at >= since, Job.status.in_([JobStatus.succeeded, JobStatus.failed]))
+        .where(
+            col(Job.finished_at) >= since,
+            col(Job.status).in_([JobStatus.succeeded, JobStatus.failed]),
+        )
         .group_by("bucket", Job.status)
     )
     if dataset_id is not None:
@@ -327,15 +335,19 @@ def dead_letters_in_group(
 
     ``kind`` / ``code`` ``"unknown"`` match jobs without one, as ``dead_letter_groups`` names them.
     """
-    stmt = select(Job).where(Job.status == JobStatus.failed, Job.dismissed.is_(False))
+    stmt = select(Job).where(Job.status == JobStatus.failed, col(Job.dismissed).is_(False))
     stmt = stmt.where(
-        Job.error_kind.is_(None) if kind == "unknown" else Job.error_kind == ErrorKind(kind)
+        col(Job.error_kind).is_(None) if kind == "unknown" else Job.error_kind == ErrorKind(kind)
     )
-    stmt = stmt.where(Job.error_code.is_(None) if code == "unknown" else Job.error_code == code)
+    stmt = stmt.where(
+        col(Job.error_code).is_(None) if code == "unknown" else Job.error_code == code
+    )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
     return list(
-        session.exec(stmt.order_by(Job.finished_at.desc(), Job.id.desc()).limit(limit)).all()
+        session.exec(
+            stmt.order_by(col(Job.finished_at).desc(), col(Job.id).desc()).limit(limit)
+        ).all()
     )
 
 
@@ -349,8 +361,8 @@ def unsent_messages(*, session: Session, job_id: int) -> list:
     return list(
         session.exec(
             select(Outbox)
-            .where(Outbox.job_id == job_id, Outbox.sent_at.is_(None))
-            .order_by(Outbox.id)
+            .where(Outbox.job_id == job_id, col(Outbox.sent_at).is_(None))
+            .order_by(col(Outbox.id))
         ).all()
     )
 
@@ -375,8 +387,8 @@ def recent_attempts(
             Job.chunk_count,
             Document.size,
         )
-        .join(Document, Document.id == Job.document_id)
-        .where(Job.status == JobStatus.succeeded, Job.finished_at >= since)
+        .join(Document, col(Document.id) == Job.document_id)
+        .where(Job.status == JobStatus.succeeded, col(Job.finished_at) >= since)
     )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
@@ -392,9 +404,10 @@ def remaining_work(
     """What every active job (of ``statuses``) has left, summed by the database: (jobs, chunks left
     of jobs already embedding or indexing, jobs whose chunk count is not known yet, their document
     bytes). The rule per job is ``sluice.ops.drain.WorkLeft.of``."""
-    known = and_(Job.stage.in_([Stage.embedding, Stage.indexing]), Job.total > 0)
+    known = and_(col(Job.stage).in_([Stage.embedding, Stage.indexing]), col(Job.total) > 0)
     left = case(
-        (and_(Job.stage == Stage.embedding, Job.total > Job.done), Job.total - Job.done), else_=0
+        (and_(col(Job.stage) == Stage.embedding, col(Job.total) > Job.done), Job.total - Job.done),
+        else_=0,
     )
     stmt = (
         select(
@@ -403,8 +416,8 @@ def remaining_work(
             func.sum(case((known, 0), else_=1)),
             func.sum(case((known, 0), else_=func.coalesce(Document.size, 0))),
         )
-        .join(Document, Document.id == Job.document_id)
-        .where(Job.status.in_(list(statuses)))
+        .join(Document, col(Document.id) == Job.document_id)
+        .where(col(Job.status).in_(list(statuses)))
     )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
@@ -414,7 +427,7 @@ def remaining_work(
 
 def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dict[str, list[Job]]:
     """Running jobs grouped by the worker (host:pid) that holds them."""
-    stmt = select(Job).where(Job.status == JobStatus.running).order_by(Job.id)
+    stmt = select(Job).where(Job.status == JobStatus.running).order_by(col(Job.id))
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
     out: dict[str, list[Job]] = {}
@@ -429,7 +442,7 @@ def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dic
 def jobs_by_dataset_and_status(*, session: Session) -> dict[tuple[str, str], int]:
     stmt = (
         select(Dataset.name, Job.status, func.count())
-        .join(Dataset, Dataset.id == Job.dataset_id)
+        .join(Dataset, col(Dataset.id) == Job.dataset_id)
         .group_by(Dataset.name, Job.status)
     )
     return {(name, JobStatus(status).value): n for name, status, n in session.exec(stmt).all()}
@@ -452,8 +465,8 @@ def events_after(
     """Events of these kinds with an id above ``after_id``, oldest first (a tail of the audit log)."""
     stmt = (
         select(JobEvent)
-        .where(JobEvent.id > after_id, JobEvent.kind.in_(kinds))
-        .order_by(JobEvent.id)
+        .where(col(JobEvent.id) > after_id, col(JobEvent.kind).in_(kinds))
+        .order_by(col(JobEvent.id))
         .limit(limit)
     )
     return list(session.exec(stmt).all())
@@ -465,7 +478,7 @@ def document_ids_of_jobs(*, session: Session, job_ids: list[int]) -> dict[int, i
     for start in range(0, len(job_ids), 1000):
         part = job_ids[start : start + 1000]
         for job_id, doc_id in session.exec(
-            select(Job.id, Job.document_id).where(Job.id.in_(part)).order_by(Job.id)
+            select(Job.id, Job.document_id).where(col(Job.id).in_(part)).order_by(col(Job.id))
         ).all():
             found.setdefault(doc_id, job_id)
     return found
@@ -475,7 +488,9 @@ def count_existing_jobs(*, session: Session, job_ids: list[int]) -> int:
     """How many of these ids are jobs that exist."""
     return sum(
         session.exec(
-            select(func.count()).select_from(Job).where(Job.id.in_(job_ids[start : start + 1000]))
+            select(func.count())
+            .select_from(Job)
+            .where(col(Job.id).in_(job_ids[start : start + 1000]))
         ).one()
         for start in range(0, len(job_ids), 1000)
     )

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.settings import get_settings
 from sluice.storage.clock import db_now
@@ -156,7 +156,7 @@ def recent(
     *, session: Session, endpoint: str | None = None, limit: int = 50
 ) -> list[WebhookDelivery]:
     """The latest deliveries, newest first (of one endpoint, or of all)."""
-    query = select(WebhookDelivery).order_by(WebhookDelivery.id.desc()).limit(limit)
+    query = select(WebhookDelivery).order_by(col(WebhookDelivery.id).desc()).limit(limit)
     if endpoint is not None:
         query = query.where(WebhookDelivery.endpoint == endpoint)
     return list(session.exec(query).all())
@@ -167,11 +167,11 @@ def summary(*, session: Session) -> list[dict]:
     rows = session.exec(
         select(
             WebhookDelivery.endpoint,
-            func.count(WebhookDelivery.delivered_at),
-            func.count(WebhookDelivery.id).filter(
-                WebhookDelivery.delivered_at.is_(None), WebhookDelivery.gave_up_at.is_(None)
+            func.count(col(WebhookDelivery.delivered_at)),
+            func.count(col(WebhookDelivery.id)).filter(
+                col(WebhookDelivery.delivered_at).is_(None), WebhookDelivery.gave_up_at.is_(None)
             ),
-            func.count(WebhookDelivery.gave_up_at),
+            func.count(col(WebhookDelivery.gave_up_at)),
             func.max(WebhookDelivery.delivered_at),
         )
         .group_by(WebhookDelivery.endpoint)

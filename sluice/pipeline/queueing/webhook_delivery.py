@@ -24,7 +24,7 @@ import httpx
 from sqlalchemy import exists, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.storage.clock import current_time, db_now
@@ -70,12 +70,12 @@ def deliver_due(
         due = session.exec(
             select(WebhookDelivery.id, WebhookDelivery.endpoint, WebhookDelivery.attempts)
             .where(
-                WebhookDelivery.delivered_at.is_(None),
-                WebhookDelivery.gave_up_at.is_(None),
+                col(WebhookDelivery.delivered_at).is_(None),
+                col(WebhookDelivery.gave_up_at).is_(None),
                 WebhookDelivery.next_attempt_at <= now,
                 ~_earlier_waiting(),
             )
-            .order_by(WebhookDelivery.id)
+            .order_by(col(WebhookDelivery.id))
             .limit(limit)
         ).all()
     if not due:
@@ -147,11 +147,11 @@ def _claim(
             session.execute(
                 update(WebhookDelivery)
                 .where(
-                    WebhookDelivery.id == row_id,
-                    WebhookDelivery.attempts == attempts,
-                    WebhookDelivery.delivered_at.is_(None),
-                    WebhookDelivery.gave_up_at.is_(None),
-                    WebhookDelivery.next_attempt_at <= now,
+                    col(WebhookDelivery.id) == row_id,
+                    col(WebhookDelivery.attempts) == attempts,
+                    col(WebhookDelivery.delivered_at).is_(None),
+                    col(WebhookDelivery.gave_up_at).is_(None),
+                    col(WebhookDelivery.next_attempt_at) <= now,
                     ~_earlier_waiting(),
                 )
                 .values(attempts=attempts + 1, next_attempt_at=now + hold)
@@ -206,8 +206,8 @@ def _finish(
         ours = [
             WebhookDelivery.id == row.id,
             WebhookDelivery.attempts == row.attempts,
-            WebhookDelivery.delivered_at.is_(None),
-            WebhookDelivery.gave_up_at.is_(None),
+            col(WebhookDelivery.delivered_at).is_(None),
+            col(WebhookDelivery.gave_up_at).is_(None),
         ]
         if error is None:
             values, outcome = (

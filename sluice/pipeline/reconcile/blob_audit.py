@@ -6,7 +6,7 @@ once more on its own, so an upload that lands during the walk is never reported.
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.pipeline.reconcile.report import ReconcileReport
 from sluice.pipeline.running.context import Context
@@ -20,9 +20,9 @@ def audit_blobs(ctx: Context, report: ReconcileReport, dataset: str | None = Non
     with Session(ctx.engine) as session:
         stmt = (
             select(Document.id, Document.blob_key, Document.filename, Dataset.name)
-            .join(Dataset, Dataset.id == Document.dataset_id)
-            .where(Document.deleted_at.is_(None))
-            .order_by(Document.id)
+            .join(Dataset, col(Dataset.id) == Document.dataset_id)
+            .where(col(Document.deleted_at).is_(None))
+            .order_by(col(Document.id))
         )
         if dataset:
             stmt = stmt.where(Dataset.name == dataset)
