@@ -196,3 +196,40 @@ def test_a_zip_bomb_disguised_as_docx_is_refused_and_nothing_is_stored(make_ctx)
     assert _stored(ctx) == []
     with Session(ctx.engine) as session:
         assert session.exec(select(Document)).all() == []
+
+
+DEEP = 30_000  # before the cap: about 3 s of parsing for 150 KB (1 MB took 21 s of CPU)
+
+
+def _deep_epub() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(make_epub())) as book, zipfile.ZipFile(out, "w") as copy:
+        for item in book.infolist():
+            data = book.read(item)
+            if item.filename == "OEBPS/two.xhtml":
+                data = ("<html><body>" + "<span>" * DEEP + "x" + "</body></html>").encode()
+            copy.writestr(item, data)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", ["nested.html", "nested.epub"])
+def test_deeply_nested_markup_is_refused_before_it_is_parsed(ctx, name):
+    """Issue 26, finding 10: a hostile upload through the real job (its extraction child)."""
+    import time
+
+    if name.endswith(".html"):
+        data = (
+            "<html><body>" + "<div>" * DEEP + "deep" + "</div>" * DEEP + "</body></html>"
+        ).encode()
+    else:
+        data = _deep_epub()
+    started = time.monotonic()
+    j = run(ctx, data, name)
+    assert time.monotonic() - started < 2.5
+    assert (j.status, j.error_kind, j.error_code) == (
+        JobStatus.failed,
+        "user_action_required",
+        "html_too_deep",
+    ), j.error_message
+    assert "more than 512 deep" in j.error_message and "Save the page again" in j.fix_hint
+    assert formats.nesting_depth("<p>a<p>b<ul><li>x<li>y</ul><br><img><script>'<b>'</script>") == 1

@@ -303,3 +303,29 @@ def test_a_stage_over_its_time_limit_is_retried_then_fails_classified(make_ctx, 
     # Search never serves a failed job's chunks: the document has no active job.
     with Session(ctx.engine) as session:
         assert session.get(Document, failed.document_id).active_job_id is None
+
+
+def test_a_second_timeout_in_the_same_stage_of_the_same_file_is_the_files_fault(
+    make_ctx, monkeypatch
+):
+    """Issue 26, finding 10: with three attempts a hostile file cost three full stage timeouts.
+    The first timeout is retried (a busy host); the second, same stage, same bytes, is permanent."""
+    ctx = make_ctx(
+        SLUICE_STAGE_TIMEOUT_SECONDS="2",
+        SLUICE_EMBED_BATCH_SIZE="2",
+        SLUICE_MAX_ATTEMPTS="3",
+        SLUICE_HEARTBEAT_SECONDS="30",
+    )
+    monkeypatch.setenv("SLUICE_FAULTS", "embed_batch=sleep:2.5")
+    r = ingest_bytes(ctx, make_pdf(4), dataset="default", filename="slow.pdf")
+    assert run_job(r.job_id, ctx=ctx).result == "retrying"
+    first = job(ctx, r.job_id)
+    assert (first.error_kind, first.error_code) == (ErrorKind.transient, "stage_timeout")
+    assert run_job(r.job_id, ctx=ctx).result == "failed"
+    again = job(ctx, r.job_id)
+    assert (again.status, again.error_kind, again.attempt) == (
+        JobStatus.failed,
+        ErrorKind.permanent,
+        2,
+    )
+    assert "ran out of time before on the same file" in again.fix_hint

@@ -181,7 +181,7 @@ def _sections(req: Request) -> list[tuple[str, str]]:
         with open(req.path, "rb") as fh:
             text = decode_text(fh.read())
         return (
-            formats.html_sections(text)
+            formats.html_sections(text, name=req.name)
             if req.media_type == formats.HTML
             else formats.csv_sections(text)
         )

@@ -162,13 +162,72 @@ def _drop_invisible(tree) -> None:
             node.decompose()
 
 
-def html_sections(data: bytes | str, *, prefix: str = "") -> list[tuple[str, str]]:
+MAX_DEPTH = 512  # elements open inside each other; browsers' parsers stop nesting there too
+_VOID = frozenset(
+    "area base br col embed hr img input link meta param source track wbr keygen frame".split()
+)
+_AUTO_CLOSED = frozenset(  # an end tag may be left out: a sibling closes it, never nests
+    "p li td th tr dt dd option optgroup thead tbody tfoot colgroup caption rb rt rtc rp "
+    "html head body".split()
+)
+_RAW_TEXT = frozenset("script style textarea title xmp noembed noframes plaintext".split())
+_TAG = re.compile(r"<(?:(!--)|(/?)([A-Za-z][A-Za-z0-9:-]*))")  # in HTML, <div/> opens a div
+_RAW_END = {name: re.compile(f"</{name}", re.I) for name in _RAW_TEXT}
+
+
+def _too_deep(name: str) -> FormatRefusal:
+    return FormatRefusal(
+        "user_action_required",
+        "html_too_deep",
+        f"{name} nests elements more than {MAX_DEPTH} deep (a page no reader can use, or a file "
+        "built to make the parser slow)",
+        "Nothing was indexed. Save the page again from its editor or browser (or as plain text) "
+        "and upload that.",
+    )
+
+
+def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """How deep elements open inside each other, counted on the tags before any parsing (the
+    parser's time grows with the depth times the tags); stops counting once past ``limit``.
+    Linear: comments and raw text (scripts, styles) are skipped whole, each with one search."""
+    depth = deepest = skip_to = 0
+    for tag in _TAG.finditer(text):
+        if tag.start() < skip_to:
+            continue
+        comment, closing, name = tag.groups()
+        if comment:
+            end = text.find("-->", tag.end())
+            skip_to = len(text) if end < 0 else end + 3
+            continue
+        name = name.lower()
+        if name in _VOID or name in _AUTO_CLOSED:
+            continue
+        if closing:
+            depth -= depth > 0
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
+        if name in _RAW_END:
+            end = _RAW_END[name].search(text, tag.end())
+            skip_to = len(text) if end is None else end.start()
+    return deepest
+
+
+def html_sections(
+    data: bytes | str, *, prefix: str = "", name: str = "the page"
+) -> list[tuple[str, str]]:
     """Visible text of an HTML page in sections that start at its h1-h3 headings; scripts, styles
     and hidden elements (``_drop_invisible``) are removed before any text is taken (nothing is
-    ever executed)."""
+    ever executed). A page nested deeper than ``MAX_DEPTH`` is refused before it is parsed."""
     from selectolax.lexbor import LexborHTMLParser
 
-    tree = LexborHTMLParser(data if isinstance(data, str) else data.decode("utf-8", "replace"))
+    text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+    if nesting_depth(text) > MAX_DEPTH:
+        raise _too_deep(name)
+    tree = LexborHTMLParser(text)
     for node in tree.css(_HIDDEN):
         node.decompose()
     _drop_invisible(tree)
@@ -219,7 +278,9 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
             data = book.read(entry)
         except KeyError:
             continue
-        sections.extend(html_sections(data, prefix=f"chapter {number}, "))
+        sections.extend(
+            html_sections(data, prefix=f"chapter {number}, ", name=f"{book.name} ({entry})")
+        )
     return sections
 
 

@@ -40,7 +40,7 @@ from sluice.pipeline.parsing.parse import (
     ParseLimits,
     open_document,
 )
-from sluice.pipeline.running import embed, stopping, versions
+from sluice.pipeline.running import embed, stopping, timeouts, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
 from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
@@ -58,10 +58,6 @@ VERIFY_ROUNDS = 3  # looks at the index before success; missing chunks are writt
 DATABASE_DOWN = (OperationalError, DisconnectionError, InterfaceError)
 CANCEL_GRACE_SECONDS = (
     1.0  # a cancel the job's own thread has not acted on for this long: the watchdog acts
-)
-STAGE_TIMEOUT_HINT = (
-    "Sluice retries this by itself (a busy host makes any document slow). If it keeps "
-    "happening, split the document or raise SLUICE_STAGE_TIMEOUT_SECONDS."
 )
 
 
@@ -147,16 +143,17 @@ class Heartbeat(threading.Thread):
             stage.value,
             silent,
         )
+        kind, hint = timeouts.classify(self.ctx.engine, self.job_id, stage)
         with Session(self.ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(
                 session=session,
                 job_id=self.job_id,
                 lease=self.lease,
-                kind=ErrorKind.transient,
+                kind=kind,
                 code="stage_timeout",
                 message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call did not "
                 f"return for {silent:.0f}s)",
-                hint=STAGE_TIMEOUT_HINT,
+                hint=hint,
                 detail="",
                 worker_id=self.ctx.worker_id,
                 base_delay=s.retry_base_seconds,
@@ -234,11 +231,12 @@ class Reporter:
             )
             self.stage, self.stage_started = stage, now
         elif now - self.stage_started > self.ctx.settings.stage_timeout_seconds:
-            # A starved host makes any document slow: retried, not a fact about the document.
-            raise TransientError(
-                "stage_timeout",
+            # A starved host makes any document slow: retried once; a second time it is the file.
+            raise timeouts.error(
+                self.ctx.engine,
+                self.job_id,
+                stage,
                 f"{stage.value} took longer than {self.ctx.settings.stage_timeout_seconds:.0f}s",
-                STAGE_TIMEOUT_HINT,
             )
         with self._pending_lock:
             self.pending = {
