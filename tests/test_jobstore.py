@@ -285,6 +285,50 @@ def test_progress_is_fenced_by_the_lease_and_reports_cancel(engine):
         )
 
 
+def test_each_progress_write_is_a_job_progress_event_of_the_log(engine):
+    """The stage counts the runner writes (once per batch, at most twice a second) are events of
+    the one log: the stream sends them as job.progress; a write that lost its lease leaves none."""
+    from sluice.ops import event_stream, reads
+    from sluice.ops.keys import ApiPrincipal
+
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    for done in (32, 64):
+        with Session(engine) as session:
+            jobs.progress(
+                session=session,
+                job_id=job_id,
+                lease=lease,
+                stage=Stage.embedding,
+                done=done,
+                total=100,
+            )
+    with Session(engine) as session, pytest.raises(LeaseLost):
+        jobs.progress(
+            session=session,
+            job_id=job_id,
+            lease=lease + 1,
+            stage=Stage.embedding,
+            done=96,
+            total=100,
+        )
+    with Session(engine) as session:
+        logged = session.exec(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "progress")
+        ).all()
+    assert [(e.message, e.data, e.stage, e.attempt) for e in logged] == [
+        ("embedding 32/100 chunks", {"done": 32, "total": 100}, "embedding", 1),
+        ("embedding 64/100 chunks", {"done": 64, "total": 100}, "embedding", 1),
+    ]
+    key = ApiPrincipal(1, "reader", "read", True, frozenset())
+    streamed = event_stream.poll(event_stream.open_cursor(key, dataset=None, after=0))
+    progress = [e for e in streamed if e.data["kind"] == "progress"]
+    assert [(e.id, e.type) for e in progress] == [(e.id, "job.progress") for e in logged]
+    assert progress[-1].data["message"] == "embedding 64/100 chunks"
+    timeline = [e["kind"] for e in reads.job_detail(job_id).events]
+    assert timeline.count("progress") == 1  # the console shows where it got to, once
+
+
 def test_succeed_makes_the_job_active_and_needs_the_lease(engine):
     job_id = new_job(engine, 1)
     lease = claim(engine, job_id).job.lease

@@ -35,6 +35,7 @@ EVENT_TYPES = {  # job event kind -> the stream's (and the webhooks') event type
     "reindex_requested": "job.queued",
     "reuploaded": "job.queued",
     "claimed": "job.progress",
+    "progress": "job.progress",  # stage counts, written once per batch at most twice a second
     "waiting": "job.progress",
     "unlocked": "job.progress",
     "attempt_failed": "job.retrying",

@@ -292,7 +292,7 @@ def job_detail(job_id: int) -> JobDetail | None:
                 "message": e.message,
                 "data": e.data,
             }
-            for e in queries.job_events(session=session, job_id=job_id)
+            for e in _timeline(queries.job_events(session=session, job_id=job_id))
         ]
         unsent = [
             {"since": o.created_at, "attempts": o.publish_attempts, "last_error": o.last_error}
@@ -319,6 +319,16 @@ def job_detail(job_id: int) -> JobDetail | None:
             published_at=queries.last_published(session=session, job_id=job_id),
             paused=_paused(session, job),
         )
+
+
+def _timeline(events: list) -> list:
+    """The job's events as the timeline shows them: of a run of ``progress`` events (stage counts,
+    up to two a second while a job runs) only the last, where the job had got to."""
+    return [
+        e
+        for e, after in zip(events, [*events[1:], None], strict=True)
+        if e.kind != "progress" or after is None or after.kind != "progress"
+    ]
 
 
 def _paused(session: Session, job) -> str:

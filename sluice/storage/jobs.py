@@ -434,7 +434,10 @@ def _refuse_paused(
 def progress(
     *, session: Session, job_id: int, lease: int, stage: Stage, done: int, total: int, **extra: Any
 ) -> bool:
-    """Write stage counts and the heartbeat; return cancel_requested. LeaseLost if not ours."""
+    """Write stage counts and the heartbeat, and the counts as a ``progress`` event of the log (in
+    the same transaction: one small insert per write, which the runner makes at most twice a second,
+    never per chunk; none for the last write of indexing, which the success follows at once); return
+    cancel_requested. LeaseLost if not ours (and no event)."""
     ok = _fenced(
         session,
         job_id,
@@ -448,9 +451,23 @@ def progress(
     if not ok:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
-    cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one()
+    row = session.execute(
+        select(Job.cancel_requested, Job.attempt, Job.worker_id).where(Job.id == job_id)
+    ).one()
+    if not (stage == Stage.indexing and done >= total):  # the success event says that one
+        session.add(
+            JobEvent(
+                job_id=job_id,
+                kind="progress",
+                actor=row.worker_id or "system",
+                stage=_val(stage),
+                attempt=row.attempt,
+                message=describe_progress(stage, done, total),
+                data={"done": done, "total": total},
+            )
+        )
     session.commit()
-    return bool(cancel)
+    return bool(row.cancel_requested)
 
 
 def owns(*, session: Session, job_id: int, lease: int) -> bool:

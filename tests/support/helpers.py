@@ -27,13 +27,14 @@ def run_file(ctx, data: bytes, filename: str, dataset: str = "default") -> Job:
     return job(ctx, r.job_id)
 
 
-def events(ctx, job_id: int) -> list[JobEvent]:
+def events(ctx, job_id: int, *, progress: bool = False) -> list[JobEvent]:
+    """The job's events in order; its ``progress`` events (stage counts, up to two a second while
+    it runs, so how many depends on the machine) only when asked."""
+    stmt = select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
+    if not progress:
+        stmt = stmt.where(JobEvent.kind != "progress")
     with Session(ctx.engine) as session:
-        return list(
-            session.exec(
-                select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)
-            ).all()
-        )
+        return list(session.exec(stmt).all())
 
 
 def wait_for(ctx, job_ids, statuses=FINAL, timeout: float = 60.0) -> list[Job]:
