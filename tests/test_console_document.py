@@ -82,3 +82,48 @@ def test_a_read_only_user_sees_the_document_but_cannot_download_it(make_ctx):
     assert "downloading the original is for operators" in texts(at)
     with pytest.raises(ReadOnlyOperator):
         original(ctx, Operator("viewer", "readonly"), r.document_id)
+
+
+def test_a_pdf_with_a_huge_page_is_drawn_in_a_child_within_a_pixel_cap(ctx, monkeypatch):
+    """Issue 26, finding 2: the Document page drew a 1 KB PDF with a huge page in the console's
+    own process at full size (2.4 GB and 13.6 s for a 200-inch page). Now a child draws it, with
+    the extraction limits and a pixel cap, and the page says it is drawn smaller."""
+    import io
+    import time
+
+    from PIL import Image
+    from streamlit.runtime.memory_media_file_storage import MemoryMediaFileStorage
+
+    MAX_PIXELS = 16_000_000  # sluice.ops.document_view.MAX_PIXELS
+
+    pdf = pymupdf.open()
+    pdf.new_page(width=6000, height=6000).insert_text((72, 72), "The giant chart of the estuary.")
+    data = pdf.tobytes(garbage=4, deflate=True)
+    assert len(data) < 2048
+    r = ingest_bytes(ctx, data, dataset="default", filename="chart.pdf")
+    assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    drawn: list[bytes] = []
+    keep = MemoryMediaFileStorage.load_and_get_id
+
+    def seen(self, path_or_data, mimetype, kind, filename=None):
+        if mimetype.startswith("image/") and isinstance(path_or_data, bytes):
+            drawn.append(path_or_data)
+        return keep(self, path_or_data, mimetype, kind, filename)
+
+    monkeypatch.setattr(MemoryMediaFileStorage, "load_and_get_id", seen)
+    here: list[tuple] = []  # pixmaps drawn in this (the console's) process
+    pixmap = pymupdf.Page.get_pixmap
+    monkeypatch.setattr(
+        pymupdf.Page, "get_pixmap", lambda page, **kw: here.append(kw) or pixmap(page, **kw)
+    )
+    started = time.monotonic()
+    at = open_console("document", query={"doc": f"doc:{r.document_id}"})
+    assert time.monotonic() - started < 20
+    assert here == []  # before: one 9000 x 9000 pixmap, in the console's process
+    [shown] = drawn
+    width, height = Image.open(io.BytesIO(shown)).size
+    assert width * height <= MAX_PIXELS, (width, height)  # before: 9000 x 9000, in this process
+    [image] = at.get("image")
+    assert "drawn at" in str(image.proto) and "83 x 83 inches" in str(image.proto)
+    again = open_console("document", query={"doc": f"doc:{r.document_id}"})
+    assert again.get("image") and len(drawn) == 2  # the second run drew nothing new: cached

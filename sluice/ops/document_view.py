@@ -5,13 +5,16 @@ bytes (operators only: a read-only user sees everything but takes no copy of the
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from sqlmodel import Session
 
+from sluice.errors import PipelineError
 from sluice.ops.access import Operator, require_operator
 from sluice.ops.documents import DocumentInfo, UnknownReference, document_info, resolve
+from sluice.pipeline.parsing.parse import PageImage, ParseLimits, render_pdf_page
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.blobs import BlobMissing
@@ -19,7 +22,6 @@ from sluice.storage.models import Document, Job
 
 PDF = "application/pdf"
 CHUNKS_PER_PAGE = 20
-LOCATE_WORDS = 8  # the first words of a chunk, searched for on its page
 
 
 @dataclass
@@ -69,39 +71,66 @@ def chunks(
     return lexical.job_chunks(ctx.engine, doc.active_job_id, offset=offset, limit=limit)
 
 
+PageNotDrawn = PipelineError  # what page_image raises for a page it cannot draw (message, hint)
+MAX_PIXELS = 16_000_000  # a page image is never larger (a 1 KB PDF can declare a 200-inch page)
+RENDER_SECONDS = 20.0  # a page that takes longer to draw is not drawn
+CACHE_ENTRIES = 32
+CACHE_MAX_BYTES = 8 * 1024 * 1024  # larger images are drawn again rather than kept
+_cache: OrderedDict[tuple, PageImage | PipelineError | None] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
 def page_image(
     ctx: Context, document_id: int, page: int, *, locate: str | None = None, zoom: float = 1.5
-) -> tuple[bytes, int] | None:
-    """(PNG of a PDF page, rectangles where ``locate``'s first words were found on it), or None for a
-    document that is not a PDF or whose file is gone."""
-    import pymupdf
+) -> PageImage | None:
+    """A PDF page as a PNG with ``locate``'s first words highlighted (``PageImage``), or None for
+    a document that is not a PDF, a page it does not have, or a file that is gone.
 
+    The page is drawn in a child process with the extraction limits (memory, CPU), a deadline and
+    a pixel cap, never in the console's process: a hostile PDF costs the child, not every user's
+    console. What was drawn (or why it could not be) is kept for the next run of the page; a page
+    that cannot be drawn raises a PipelineError whose message says why."""
     with Session(ctx.engine) as session:
         doc = session.get(Document, document_id)
     if doc is None or doc.media_type != PDF:
         return None
+    key = (doc.sha256, page, locate, zoom)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            kept = _cache[key]
+            if isinstance(kept, PipelineError):
+                raise kept
+            return kept
     try:
         with ctx.blobs.local_copy(doc.blob_key) as path:
-            return _render(pymupdf, path, page, locate, zoom)
+            drawn: PageImage | PipelineError | None = render_pdf_page(
+                path,
+                page,
+                locate=locate,
+                zoom=zoom,
+                max_pixels=MAX_PIXELS,
+                seconds=RENDER_SECONDS,
+                limits=ParseLimits.from_settings(ctx.settings),
+                name=doc.filename,
+            )
     except BlobMissing:
         return None
+    except PipelineError as exc:
+        drawn = exc
+    _keep(key, drawn)
+    if isinstance(drawn, PipelineError):
+        raise drawn
+    return drawn
 
 
-def _render(
-    pymupdf, path: Path, page: int, locate: str | None, zoom: float
-) -> tuple[bytes, int] | None:
-    with pymupdf.open(path) as pdf:
-        if pdf.needs_pass or not 1 <= page <= pdf.page_count:
-            return None
-        p = pdf[page - 1]
-        found = 0
-        if locate:
-            words = " ".join(locate.split()[:LOCATE_WORDS])
-            rects = p.search_for(words) if words else []
-            for r in rects:
-                p.add_highlight_annot(r)
-            found = len(rects)
-        return p.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), annots=True).tobytes("png"), found
+def _keep(key: tuple, drawn: PageImage | PipelineError | None) -> None:
+    if isinstance(drawn, PageImage) and len(drawn.png) > CACHE_MAX_BYTES:
+        return
+    with _cache_lock:
+        _cache[key] = drawn
+        while len(_cache) > CACHE_ENTRIES:
+            _cache.popitem(last=False)
 
 
 def original(ctx: Context, who: Operator, document_id: int) -> tuple[bytes, str, str]:

@@ -118,17 +118,30 @@ with left:
             st.text(c.text)
 with right:
     chosen = rows[picked]
-    image = document_view.page_image(reads.ctx(), info.document_id, chosen.page, locate=chosen.text)
-    if image is None:
-        st.caption("No page image: only PDF pages are rendered.")
+    try:
+        image = document_view.page_image(
+            reads.ctx(), info.document_id, chosen.page, locate=chosen.text
+        )
+    except document_view.PageNotDrawn as exc:
+        image = None
+        st.warning(ui.plain(f"The page cannot be drawn: {exc.message}. {exc.hint}"))
     else:
-        png, found = image
+        if image is None:
+            st.caption("No page image: only PDF pages are rendered.")
+    if image is not None:
+        reduced = (
+            f", drawn at {image.zoom / 1.5:.0%} of the usual size (the page is "
+            f"{image.width / 72:.0f} x {image.height / 72:.0f} inches)"
+            if image.zoom < 1.5
+            else ""
+        )
         st.image(
-            png,
+            image.png,
             caption=f"page {chosen.page}"
             + (
                 ", the chunk highlighted"
-                if found
+                if image.found
                 else ", the chunk's words were not found on it as written"
-            ),
+            )
+            + reduced,
         )

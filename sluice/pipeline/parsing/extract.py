@@ -12,6 +12,8 @@ kills it on a deadline or a cancel. The child writes one JSON object per line on
     {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
 
+``python -m sluice.pipeline.parsing.extract --render`` reads a line ``{"request": ..., "page":
+{...}, "out": OUT}`` and draws one PDF page into OUT (``render``): the console's page images.
 ``python -m sluice.pipeline.parsing.extract --decrypt`` reads a line ``{"request": ..., "out": OUT}``
 and then the password on stdin (neither on the command line, which every user of the machine can
 read: not even the file's name), and writes the PDF without its encryption to OUT:
@@ -713,6 +715,48 @@ def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
     yield {"t": "decrypted", "pages": pages}
 
 
+LOCATE_WORDS = 8  # the first words of a chunk, searched for on its page
+MIN_ZOOM = 0.02  # a page that fits the pixel cap only below this is not drawn at all
+
+
+def render(req: Request, spec: dict, out_path: str) -> Iterator[dict]:
+    """Draw page ``spec["page"]`` of a PDF as a PNG at ``out_path``, at ``spec["zoom"]`` or less:
+    never more than ``spec["max_pixels"]`` pixels (a 1 KB file can declare a page of 200 inches),
+    with the first words of ``spec["locate"]`` highlighted; the pixel size is checked before
+    MuPDF allocates anything."""
+    import math
+
+    import pymupdf
+
+    doc = _open_pdf(req)
+    try:
+        page = int(spec["page"])
+        if doc.needs_pass or not 1 <= page <= doc.page_count:
+            yield {"t": "none"}
+            return
+        p = doc[page - 1]
+        width, height = max(p.rect.width, 1.0), max(p.rect.height, 1.0)
+        zoom = min(float(spec["zoom"]), math.sqrt(int(spec["max_pixels"]) / (width * height)))
+        if zoom < MIN_ZOOM:
+            raise Refusal(
+                "user_action_required",
+                "page_too_large",
+                f"page {page} of {req.name} is {width:.0f} x {height:.0f} points, too large to draw",
+                "Its text is indexed; open the original to see the page.",
+            )
+        found = 0
+        words = " ".join((spec.get("locate") or "").split()[:LOCATE_WORDS])
+        if words:
+            rects = p.search_for(words)
+            for r in rects:
+                p.add_highlight_annot(r)
+            found = len(rects)
+        p.get_pixmap(matrix=pymupdf.Matrix(zoom, zoom), annots=True).save(out_path, "png")
+    finally:
+        doc.close()
+    yield {"t": "rendered", "found": found, "zoom": zoom, "width": width, "height": height}
+
+
 def keep_private() -> None:
     """No core file (RLIMIT_CORE 0) and not dumpable (PR_SET_DUMPABLE 0: nor can another process
     of the same user read this one's memory or environment through /proc or ptrace), for a process
@@ -730,6 +774,10 @@ def main(argv: list[str]) -> int:
         head = json.loads(sys.stdin.buffer.readline())
         req = Request(**head["request"])
         messages = decrypt(req, sys.stdin.buffer.read().decode("utf-8"), head["out"])
+    elif argv[0] == "--render":
+        head = json.loads(sys.stdin.buffer.readline())
+        req = Request(**head["request"])
+        messages = render(req, head["page"], head["out"])
     else:
         req = Request(**json.loads(argv[0]))
         messages = read(req)

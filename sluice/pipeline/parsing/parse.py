@@ -524,6 +524,80 @@ def decrypt_pdf(
     )
 
 
+@dataclass(frozen=True)
+class PageImage:
+    png: bytes
+    found: int  # places where the located words were found
+    zoom: float  # the zoom it was drawn at (less than asked for a page over the pixel cap)
+    width: float  # the page's size in points
+    height: float
+
+
+def render_pdf_page(
+    path: Path,
+    page: int,
+    *,
+    locate: str | None,
+    zoom: float,
+    max_pixels: int,
+    seconds: float,
+    limits: ParseLimits | None = None,
+    name: str = "the file",
+) -> PageImage | None:
+    """Page ``page`` of the PDF at ``path`` as a PNG, drawn in a child process with the extraction
+    limits (memory, CPU) and ``seconds`` of wall time, at most ``max_pixels`` pixels (the zoom is
+    lowered to fit); None for a page it does not have or a locked file. A file that cannot be
+    drawn within the limits raises a classified PipelineError, never takes the caller down."""
+    limits = limits or ParseLimits()
+    request = Request(
+        path=str(path),
+        media_type=PDF,
+        name=name,
+        max_memory_mb=limits.max_memory_mb,
+        cpu_seconds=int(seconds) + 1,
+    )
+    spec = {"page": page, "locate": locate, "zoom": zoom, "max_pixels": max_pixels}
+    with tempfile.TemporaryDirectory(prefix="sluice-page-") as tmp:
+        out = Path(tmp) / "page.png"
+        head = json.dumps({"request": asdict(request), "page": spec, "out": str(out)}) + "\n"
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "sluice.pipeline.parsing.extract", "--render"],
+                input=head.encode("utf-8"),
+                capture_output=True,
+                env=child_env(),
+                timeout=seconds,
+                close_fds=True,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise PermanentError(
+                "render_timeout",
+                f"drawing page {page} of {name} took longer than {seconds:.0f}s",
+                "Its text is indexed; open the original to see the page.",
+            ) from exc
+        lines = done.stdout.decode("utf-8", "replace").splitlines()
+        message = json.loads(lines[-1]) if lines else {}
+        if message.get("t") == "rendered":
+            return PageImage(
+                out.read_bytes(),
+                int(message["found"]),
+                float(message["zoom"]),
+                float(message["width"]),
+                float(message["height"]),
+            )
+    if message.get("t") == "none":
+        return None
+    if message.get("t") == "error":
+        raise _refusal(message)
+    raise PermanentError(
+        "render_failed",
+        f"drawing page {page} of {name} stopped the drawing process (exit code {done.returncode})",
+        "Its text is indexed; open the original to see the page.",
+        detail=done.stderr.decode("utf-8", "replace")[-2000:],
+    )
+
+
 def archive_type(path: Path, *, name: str, limits: ParseLimits | None = None) -> str:
     """The type of a stored ZIP upload (DOCX, PPTX or EPUB); a classified error for a zip bomb or
     another archive. Reads only the archive's directory, never decompresses."""
