@@ -144,3 +144,16 @@ def test_ingest_wait_on_a_terminal_draws_one_live_line_with_totals(
     assert "\r\x1b[K[" in text  # the line is redrawn in place, not printed once per batch
     assert "3/3 done (3 succeeded, 0 failed)" in text and "3/3 succeeded" in text
     assert "\tsucceeded\t" not in text  # no per-job log lines on a terminal
+
+
+def test_an_id_beyond_the_integer_columns_is_not_found_not_a_crash(database_url, capsys):
+    """On PostgreSQL an id past 2**31-1 cannot even be compared with an INTEGER column; the
+    commands answer for it as for any job that does not exist."""
+    huge = str(99_999_999_999)
+    assert main(["show", huge]) == 1
+    assert f"no job {huge}" in capsys.readouterr().err
+    for command in (["retry", huge], ["cancel", huge]):
+        assert main(command) == 1
+        assert f"job {huge} does not exist" in capsys.readouterr().err, command
+    assert main(["retry", huge, "--dry-run"]) == 0
+    assert "0 job(s)" in capsys.readouterr().out

@@ -21,6 +21,7 @@ from sluice.pipeline.running.chunk import split_text
 from sluice.pipeline.running.context import Context
 from sluice.settings import Settings
 from sluice.storage import queries
+from sluice.storage.jobs import get_job
 from sluice.storage.models import Dataset, Document, Job
 from sluice.storage.vectors import chunk_id
 
@@ -165,7 +166,7 @@ def preview_jobs(
     with Session(ctx.engine) as session:
         collections = {}
         for jid in ids[:sample]:
-            job = session.get(Job, jid)
+            job = get_job(session=session, job_id=jid)  # None also for an id no row can have
             if job is None:
                 continue
             doc = session.get(Document, job.document_id)

@@ -47,6 +47,7 @@ from sluice.storage.models import (
 )
 
 CLAIMABLE = (JobStatus.pending, JobStatus.retrying)
+MAX_ID = 2**31 - 1  # job ids are an INTEGER column
 RETRYABLE = (JobStatus.failed, JobStatus.cancelled)
 CANCELLABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.running)
 
@@ -183,6 +184,8 @@ def republish(*, session: Session, job: Job, now: datetime) -> bool:
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:
+    if not 0 < job_id <= MAX_ID:  # no row has it (PostgreSQL refuses to compare it with one)
+        return None
     return session.get(Job, job_id, populate_existing=True)
 
 
