@@ -683,3 +683,30 @@ def test_c_prune_keeps_the_fresh_events_of_a_job_reindexed_while_it_runs(databas
         prune(ctx.engine, days=30, future=31)  # the job finished "more than 30 days ago"
     kinds = [e.kind for e in events(ctx, job_id)]
     assert "reindex_requested" in kinds, kinds
+
+
+def test_c_a_datasets_chunk_count_during_a_reindex_is_what_search_serves(database_url, make_ctx):
+    from sluice.storage import queries
+
+    ctx = make_ctx()
+    r = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    served_now = get(ctx.engine, r.job_id).chunk_count
+    with Session(ctx.engine) as session:
+        assert jobs.reindex(session=session, job_ids=[r.job_id], actor="op")[0].ok
+        [row] = [d for d in queries.dataset_summaries(session=session) if d["name"] == "default"]
+    assert row["chunks"] == served_now, row
+
+
+def test_c_the_drain_time_while_the_queue_is_paused_says_so(database_url, make_ctx):
+    from sluice.ops import reads
+    from sluice.storage import pauses
+
+    ctx = make_ctx()
+    first = ingest_bytes(ctx, TEXT, dataset="default", filename="survey.txt")
+    assert run_job(first.job_id, ctx=ctx).result == "succeeded"  # a rate to estimate from
+    ingest_bytes(ctx, TEXT + b"more", dataset="default", filename="more.txt")
+    with Session(ctx.engine) as session:
+        pauses.pause(session=session, dataset_id=None, actor="op")
+    drain = reads.overview(None).drain
+    assert drain.eta is None and "paused" in drain.describe(), drain.describe()

@@ -22,12 +22,13 @@ class DrainEstimate:
     chunks_per_second: float | None  # while busy
     busy_seconds: float
     basis_jobs: int  # finished jobs the rate stands on
+    paused: str = ""  # the pause that holds this work ("": none): nothing waiting starts meanwhile
 
     @property
     def eta(self) -> timedelta | None:
         if self.active == 0:
             return timedelta(0)
-        if not self.chunks_per_second:
+        if self.paused or not self.chunks_per_second:
             return None
         return timedelta(seconds=self.remaining_chunks / self.chunks_per_second)
 
@@ -43,6 +44,11 @@ class DrainEstimate:
     def describe(self) -> str:
         if self.active == 0:
             return "nothing is waiting"
+        if self.paused:
+            return (
+                f"{self.active:,} active, but {self.paused}: no waiting job starts "
+                "until it is resumed, so there is no drain time"
+            )
         if self.chunks_per_second is None:
             return (
                 f"{self.active:,} active; no job finished in the last hour, so there is no rate to "
@@ -130,8 +136,9 @@ def starts_in(*, finished: list[tuple], ahead: int, running: WorkLeft) -> timede
     return timedelta(seconds=(rates.chunks(running) + ahead * rates.per_job) / rates.rate)
 
 
-def estimate(*, finished: list[tuple], active: WorkLeft) -> DrainEstimate:
-    """``finished``: (start, finish, chunks, bytes) of recent successes; ``active``: the work left."""
+def estimate(*, finished: list[tuple], active: WorkLeft, paused: str = "") -> DrainEstimate:
+    """``finished``: (start, finish, chunks, bytes) of recent successes; ``active``: the work left;
+    ``paused``: the pause that holds it, if any."""
     rates = _Rates.of(finished)
     rate, busy = rates.rate, rates.busy
     unknown = rates.chunks(active) - active.chunks
@@ -141,4 +148,5 @@ def estimate(*, finished: list[tuple], active: WorkLeft) -> DrainEstimate:
         chunks_per_second=rate,
         busy_seconds=busy,
         basis_jobs=len(finished),
+        paused=paused,
     )

@@ -124,8 +124,16 @@ def overview(dataset_id: int | None) -> Overview:
                 active=drain.WorkLeft(
                     *queries.remaining_work(session=session, dataset_id=dataset_id)
                 ),
+                paused=_drain_pause(session, dataset_id),
             ),
         )
+
+
+def _drain_pause(session: Session, dataset_id: int | None) -> str:
+    """The pause that holds the work the drain time is about (the whole queue's, or the
+    dataset's), as the console says it; "" when none does."""
+    held = pauses.pause_for(session=session, dataset_id=dataset_id)
+    return pauses.describe(held) if held else ""
 
 
 @dataclass(frozen=True)
