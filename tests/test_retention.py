@@ -107,3 +107,37 @@ def test_cli_prune_dry_run_then_prune(ctx, capsys):
     assert "removed 4 event(s)" in capsys.readouterr().out and _events(ctx.engine, old) == [
         "succeeded"
     ]
+
+
+def test_idempotency_records_past_24_hours_go_with_retention_not_with_a_request(database_url):
+    """A POST no longer deletes every expired record (a write on each request); its own expired
+    key counts as unused, and the retention job removes the rest."""
+    from sluice.storage import idempotency_records as records
+    from sluice.storage.models import IdempotencyRecord
+
+    engine = get_engine(database_url)
+    with Session(engine) as session:
+        made = {
+            (key, name): records.claim(
+                session=session, key_id=key, idempotency_key=name, fingerprint="f"
+            ).record_id
+            for key, name in ((1, "old"), (2, "other-old"), (1, "young"))
+        }
+        aged = [made[1, "old"], made[2, "other-old"]]
+        session.execute(
+            update(IdempotencyRecord)
+            .where(IdempotencyRecord.id.in_(aged))
+            .values(created_at=utcnow() - timedelta(hours=25))
+        )
+        session.commit()
+        assert records.claim(session=session, key_id=1, idempotency_key="new", fingerprint="f")
+        again = records.claim(session=session, key_id=1, idempotency_key="old", fingerprint="g")
+        assert again.verdict == "first"  # expired: not "another request under a used key"
+        assert session.exec(select(func.count()).select_from(IdempotencyRecord)).one() == 4
+
+        cutoff = utcnow() - timedelta(days=30)
+        dry = retention.prune(session=session, cutoff=cutoff, dry_run=True)
+        assert dry.idempotency == 1 and "1 idempotency record(s)" in dry.describe()
+        assert retention.prune(session=session, cutoff=cutoff, dry_run=False).idempotency == 1
+        left = session.exec(select(IdempotencyRecord.key_id, IdempotencyRecord.idempotency_key))
+        assert sorted(left.all()) == [(1, "new"), (1, "old"), (1, "young")]

@@ -1,5 +1,6 @@
 """Idempotency records of the HTTP API: the first answer to a POST, per API key and
-``Idempotency-Key``, kept for ``TTL``.
+``Idempotency-Key``, kept for ``TTL`` (the retention job removes older ones:
+``sluice.storage.retention``).
 
 ``claim`` decides what a request with a key is: the first (a row is added, in flight), a replay of
 a finished first (same fingerprint), another request under a used key (another fingerprint), or a
@@ -11,14 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from sqlalchemy import delete, update
+from sqlalchemy import CursorResult, delete, func, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from sluice import faults
-from sluice.storage.clock import db_now
+from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import IdempotencyRecord
 
 TTL = timedelta(hours=24)
@@ -55,9 +56,11 @@ def claim(*, session: Session, key_id: int, idempotency_key: str, fingerprint: s
     """The verdict on a request; for ``first``, a row in flight is added (``complete`` or
     ``release`` it)."""
     now = db_now(session)
-    session.execute(delete(IdempotencyRecord).where(col(IdempotencyRecord.created_at) < now - TTL))
-    session.commit()
     row = _find(session, key_id, idempotency_key)
+    if row is not None and as_utc(row.created_at) < now - TTL:  # expired: as if it were gone
+        session.execute(delete(IdempotencyRecord).where(col(IdempotencyRecord.id) == row.id))
+        session.commit()
+        row = None
     if row is not None:
         return _verdict(row, fingerprint)
     faults.hit("idempotency_before_insert", key_id=key_id, idempotency_key=idempotency_key)
@@ -97,6 +100,19 @@ def complete(
         )
     )
     session.commit()
+
+
+def prune(*, session: Session, dry_run: bool, now: datetime | None = None) -> int:
+    """Records older than ``TTL`` (a request treats its own expired record as gone; the retention
+    job removes them all): how many went, or would go."""
+    old = col(IdempotencyRecord.created_at) < (now or db_now(session)) - TTL
+    if dry_run:
+        return int(
+            session.exec(select(func.count()).select_from(IdempotencyRecord).where(old)).one()
+        )
+    gone = cast("CursorResult[Any]", session.execute(delete(IdempotencyRecord).where(old))).rowcount
+    session.commit()
+    return int(gone)
 
 
 def release(*, session: Session, record_id: int) -> None:

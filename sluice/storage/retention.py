@@ -7,6 +7,8 @@
   was superseded.
 - Outbox rows published before the cutoff go (they only ever mattered until sent), and so do
   webhook deliveries delivered or given up before it (the rest are still being tried).
+- The HTTP API's idempotency records go once they are older than their 24 hours
+  (``idempotency_records.TTL``), whatever the cutoff: a request never deletes them.
 - Dead letters stay, with their history, until an operator dismisses them; a dismissed one is then
   treated like a succeeded job: its row and its final ``failed`` event stay.
 - Active, cancelled and deleted jobs are never touched.
@@ -23,6 +25,7 @@ from sqlalchemy import delete, func, true, update
 from sqlmodel import Session, select
 
 from sluice import faults
+from sluice.storage import idempotency_records
 from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, WebhookDelivery
 
 BATCH = 500
@@ -36,6 +39,7 @@ class PruneReport:
     superseded_jobs: int = 0  # superseded job rows, with their events and outbox rows
     outbox: int = 0  # published outbox rows
     webhooks: int = 0  # webhook deliveries delivered or given up
+    idempotency: int = 0  # the API's idempotency records past their 24 hours
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,8 +49,8 @@ class PruneReport:
         return (
             f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
             f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) and "
-            f"{self.webhooks:,} finished webhook delivery(ies); "
-            "dead letters not dismissed are kept"
+            f"{self.webhooks:,} finished webhook delivery(ies), and {self.idempotency:,} "
+            "idempotency record(s) past 24 hours; dead letters not dismissed are kept"
         )
 
 
@@ -145,4 +149,5 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     else:
         report.webhooks = session.execute(delete(WebhookDelivery).where(over)).rowcount
         session.commit()
+    report.idempotency = idempotency_records.prune(session=session, dry_run=dry_run)
     return report
