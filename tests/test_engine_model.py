@@ -1,17 +1,18 @@
 """A model-based test of the whole job engine (hypothesis's stateful testing).
 
-Rules are what can happen in any order: uploads (new bytes, the same bytes, the same bytes to another
-dataset), a worker's step on a job whose message it took (success, a transient or permanent failure,
-death without a word, a cancel midway), time passing and the outbox dispatched, recovery rounds
-(reaping, redelivery), retry, cancel, delete, reindex, a dataset's settings change and its revert,
-pause and resume, prune with the clock moved on, reconcile with and without repair. They drive the
-real job store (SQLite, and PostgreSQL), the session's Chroma server and the lexical index, with the
-deterministic hash embedder; workers are stepped in the test's thread (``run_job`` called directly,
-fault points stopping it mid-job), the queue is a set of job ids.
+Rules are what can happen in any order: uploads (new bytes, the same bytes, the same bytes to
+another dataset), a worker's step on a job whose message it took (success, a transient or
+permanent failure, death without a word, a cancel midway), time passing and the outbox
+dispatched, recovery rounds (reaping, redelivery), retry, cancel, delete, reindex, a dataset's
+settings change and its revert, pause and resume, prune with the clock moved on, reconcile with
+and without repair. They drive the real job store (SQLite, and PostgreSQL), the session's Chroma
+server and the lexical index, with the deterministic hash embedder; workers are stepped in the
+test's thread (``run_job`` called directly, fault points stopping it mid-job), the queue is a set
+of job ids.
 
-After every step the invariants of issue 25 hold (see each ``@invariant``). Examples are derandomized,
-so CI explores the same sequences every run; every sequence it ever failed on is kept below it as
-a plain regression test.
+After every step the invariants of issue 25 hold (see each ``@invariant``). Examples are
+derandomized, so CI explores the same sequences every run; every sequence it ever failed on is
+kept below it as a plain regression test.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class EngineModel(RuleBasedStateMachine):
         self.queued: set[int] = set()  # the queue: job ids whose message is there
         self.settings_changed: dict[str, bool] = dict.fromkeys(DATASETS, False)
 
-    # --- set-up ------------------------------------------------------------------------------------
+    # --- set-up -----------------------------------------------------------------------------------
 
     @initialize()
     def empty_engine(self) -> None:
@@ -335,7 +336,8 @@ class EngineModel(RuleBasedStateMachine):
                     assert jobs.stamped_before(
                         session=session, job=job, moment=ds.settings_changed_at
                     ), (
-                        f"job {job.id} waits for pipeline {job.pipeline_version}, which no worker makes"
+                        f"job {job.id} waits for pipeline {job.pipeline_version}, "
+                        "which no worker makes"
                     )
 
     @invariant()
@@ -397,11 +399,11 @@ def test_the_job_engine_keeps_its_invariants_under_any_sequence(
     assert tally["success:succeeded"] and tally["die:died"] and tally["cancel:cancelled"], tally
 
 
-# --- every sequence the model ever failed on, kept as a plain test --------------------------------------
+# --- every sequence the model ever failed on, kept as a plain test --------------------------------
 
 
 def replay(ctx, monkeypatch, *steps: tuple[str, dict]) -> None:
-    """Run ``steps`` (rule name, arguments) on a fresh machine, checking every invariant after each."""
+    """Run ``steps`` (rule, arguments) on a fresh machine, checking the invariants after each."""
     from sluice.pipeline.queueing import recovery
 
     monkeypatch.setattr(recovery, "_sleep", lambda _s: None)

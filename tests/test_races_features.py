@@ -103,7 +103,7 @@ def cancel_at_batch(ctx, n: int = 1):
     return hook
 
 
-# --- 1. a settings change never re-versions a document's active job ------------------------------------
+# --- 1. a settings change never re-versions a document's active job -------------------------------
 
 
 def test_1_a_settings_change_leaves_a_queued_rebuild_of_the_served_job_on_its_version(
@@ -140,7 +140,7 @@ def test_1_a_settings_change_leaves_a_queued_rebuild_of_the_served_job_on_its_ve
     assert active.pipeline_version == change.to_version
 
 
-# --- 2. unlock, delete, re-upload the locked file -------------------------------------------------------
+# --- 2. unlock, delete, re-upload the locked file -------------------------------------------------
 
 
 def test_2_a_locked_file_uploaded_again_after_unlock_and_delete_is_indexable(
@@ -167,7 +167,7 @@ def test_2_a_locked_file_uploaded_again_after_unlock_and_delete_is_indexable(
     assert run_job(r.job_id, ctx=ctx).result == "succeeded"
 
 
-# --- 3. no job waits for a pipeline version that no worker of its dataset makes ------------------------
+# --- 3. no job waits for a pipeline version that no worker of its dataset makes -------------------
 
 
 @pytest.mark.parametrize("ending", ["transient", "reaped"])
@@ -204,7 +204,7 @@ def test_3_a_job_running_when_its_datasets_settings_change_builds_the_new_versio
         )  # nothing is left waiting for a worker of the old version
 
 
-# --- 4. a waiting job always has a way forward: prune never takes its outbox ----------------------------
+# --- 4. a waiting job always has a way forward: prune never takes its outbox ----------------------
 
 
 def _superseded_job(ctx) -> int:
@@ -290,7 +290,7 @@ def test_4_a_waiting_job_whose_published_row_was_pruned_is_still_found_stranded(
     assert found == [job_id]
 
 
-# --- 5. a delete racing an upload of the same bytes keeps the new upload's file --------------------------
+# --- 5. a delete racing an upload of the same bytes keeps the new upload's file -------------------
 
 
 def test_5_a_delete_racing_an_upload_of_the_same_bytes_elsewhere_keeps_the_file(
@@ -335,7 +335,7 @@ def test_5_an_upload_that_commits_after_the_deletes_last_look_keeps_the_file(
     ).error_message
 
 
-# --- 6. the recovery grace notices a second outage --------------------------------------------------------
+# --- 6. the recovery grace notices a second outage ------------------------------------------------
 
 
 def test_6_a_second_silence_within_the_grace_holds_the_reaping_again(
@@ -411,7 +411,7 @@ def test_6_a_one_shot_round_asks_again_after_its_wait(database_url, make_ctx, mo
     assert len(waits) == 2 and get(ctx.engine, alive).status == JobStatus.running
 
 
-# --- 7. unlock racing a plain retry --------------------------------------------------------------------
+# --- 7. unlock racing a plain retry ---------------------------------------------------------------
 
 
 def test_7_an_unlock_racing_a_plain_retry_ends_indexed_and_says_so(database_url, make_ctx):
@@ -449,7 +449,7 @@ def test_7_an_unlock_racing_a_plain_retry_ends_indexed_and_says_so(database_url,
     assert j.attempt == 1  # the attempt the replaced file ended was not the job's failure
 
 
-# --- 8. webhooks arrive in the order the transitions happened ------------------------------------------
+# --- 8. webhooks arrive in the order the transitions happened -------------------------------------
 
 
 def test_8_a_retried_jobs_success_waits_for_its_older_failure_to_be_delivered(
@@ -499,7 +499,7 @@ def test_8_a_retried_jobs_success_waits_for_its_older_failure_to_be_delivered(
     reset_settings_cache()
 
 
-# --- 9. the reaper's cancel removes what the attempt wrote ---------------------------------------------
+# --- 9. the reaper's cancel removes what the attempt wrote ----------------------------------------
 
 
 class Died(BaseException):
@@ -535,7 +535,7 @@ def test_9_a_cancel_carried_out_by_the_reaper_removes_the_attempts_chunks(databa
 __all__ = ["LEASE", "Dataset"]
 
 
-# --- suspected in issue 25: each confirmed with a forced test and fixed, or shown impossible ----------------
+# --- suspected in issue 25: each confirmed with a forced test and fixed, or shown impossible ------
 
 
 def test_c_a_pause_refusal_that_loses_to_a_priority_change_keeps_the_job_published(

@@ -227,7 +227,7 @@ def apply(
             return SettingsChange(
                 False,
                 f"dataset {name!r}: its settings changed meanwhile (by "
-                f"{ds.settings_changed_by or 'someone'}); look at them again and apply yours to them",
+                f"{ds.settings_changed_by or 'someone'}); look at them again, then apply yours",
                 dataset=name,
             )
         change.applied = True
