@@ -15,6 +15,8 @@ the final ones (succeeded, failed, cancelled) their webhook events (``storage.we
     succeeded ──a newer pipeline version of the document succeeds──▶ superseded ──revive──▶ pending
     any ──mark_deleted (the document is deleted)──▶ deleted ──the same bytes uploaded again──▶ pending
     a waiting rebuild of the active job ──its dataset's settings change──▶ succeeded (rebuild dropped)
+    running, of a version no worker makes ──follow_version──▶ running (the version in force), or
+        succeeded (it was the active job's rebuild), or superseded (that version has its own job)
 """
 
 from __future__ import annotations
