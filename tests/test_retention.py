@@ -141,3 +141,24 @@ def test_idempotency_records_past_24_hours_go_with_retention_not_with_a_request(
         assert retention.prune(session=session, cutoff=cutoff, dry_run=False).idempotency == 1
         left = session.exec(select(IdempotencyRecord.key_id, IdempotencyRecord.idempotency_key))
         assert sorted(left.all()) == [(1, "new"), (1, "old"), (1, "young")]
+
+
+def test_the_daily_prune_removes_expired_idempotency_records_also_when_keeping_everything(
+    make_ctx,
+):
+    from sluice.pipeline.queueing.worker import periodic_prune
+    from sluice.storage import idempotency_records as records
+    from sluice.storage.models import IdempotencyRecord
+
+    ctx = make_ctx(SLUICE_RETENTION_DAYS="0")  # 0: the job history is kept for ever
+    with Session(ctx.engine) as session:
+        old = records.claim(session=session, key_id=1, idempotency_key="k", fingerprint="f")
+        session.execute(
+            update(IdempotencyRecord)
+            .where(IdempotencyRecord.id == old.record_id)
+            .values(created_at=utcnow() - timedelta(hours=25))
+        )
+        session.commit()
+    periodic_prune.call_local()
+    with Session(ctx.engine) as session:
+        assert session.exec(select(func.count()).select_from(IdempotencyRecord)).one() == 0

@@ -108,16 +108,19 @@ def periodic_prune() -> None:
 
     from sqlmodel import Session
 
-    from sluice.storage import retention
+    from sluice.storage import idempotency_records, retention
     from sluice.storage.models import utcnow
 
     days = get_settings().retention_days
-    if days:
+    if not days:  # keep everything, but the API's idempotency records, whose 24 hours are over
         with Session(get_context().engine) as session:
-            report = retention.prune(
-                session=session, cutoff=utcnow() - timedelta(days=days), dry_run=False
-            )
-        log.info("retention: %s", report.describe())
+            idempotency_records.prune(session=session, dry_run=False)
+        return
+    with Session(get_context().engine) as session:
+        report = retention.prune(
+            session=session, cutoff=utcnow() - timedelta(days=days), dry_run=False
+        )
+    log.info("retention: %s", report.describe())
 
 
 _loop_started = False
