@@ -93,9 +93,17 @@ def test_uploads_stream_in_parts_and_the_limit_holds_while_they_arrive(s3, tmp_p
     key, size = store.put_stream(io.BytesIO(data), max_bytes=len(data))
     assert (key, size) == (hashlib.sha256(data).hexdigest(), len(data))
     assert stored(s3) == {PREFIX + key: len(data)}  # no staging object left
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    (scratch / f"fetch-{dead}-left").write_bytes(b"a copy a killed worker left")
+    (scratch / f"fetch-{os.getpid()}-mine").write_bytes(b"a copy of a live process")
     with store.local_copy(key) as path:
         assert path.read_bytes() == data
-    assert not list((tmp_path / "scratch").iterdir())
+    # the copy is gone after the block, and so is the dead process's; a live one's stays
+    assert [p.name for p in scratch.iterdir()] == [f"fetch-{os.getpid()}-mine"]
 
     class Counting(io.BytesIO):
         read_bytes = 0

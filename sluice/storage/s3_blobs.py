@@ -66,6 +66,7 @@ class S3BlobStore(BlobStore):
         self.bucket, self.prefix, self.endpoint_url = bucket, prefix, endpoint_url
         self.region, self.scratch, self.part_size = region, Path(scratch), part_size
         self.timeout = timeout  # a probe's: that short, and no retry
+        self._swept = False
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -280,14 +281,27 @@ class S3BlobStore(BlobStore):
     def local_copy(self, key: str) -> Iterator[Path]:
         """The blob streamed to a private scratch file of this host (never whole in memory),
         removed when the block ends."""
-        private_dir(self.scratch)
-        fd, tmp = tempfile.mkstemp(dir=self.scratch, prefix="fetch-")
+        self._sweep()
+        fd, tmp = tempfile.mkstemp(dir=self.scratch, prefix=f"fetch-{os.getpid()}-")
         try:
             with os.fdopen(fd, "wb") as out:
                 self._call(self.client.download_fileobj, self.bucket, self.object_key(key), out)
             yield Path(tmp)
         finally:
             Path(tmp).unlink(missing_ok=True)
+
+    def _sweep(self) -> None:
+        """Once per process: remove the scratch copies of processes that died holding one (a
+        worker killed in the middle of a job leaves its copy; the next worker of the host
+        removes it)."""
+        private_dir(self.scratch)
+        if self._swept:
+            return
+        self._swept = True
+        for path in self.scratch.glob("fetch-*"):
+            pid = path.name.split("-")[1]
+            if pid.isdigit() and not _alive(int(pid)):
+                path.unlink(missing_ok=True)
 
     def upload_file(self, key: str, path: Path) -> str:
         """Put a local file under ``key`` (multipart when large); the sha256 of what was sent."""
@@ -296,6 +310,16 @@ class S3BlobStore(BlobStore):
             reader = _Hashing(fh, digest)
             self._call(self.client.upload_fileobj, reader, self.bucket, self.object_key(key))
         return digest.hexdigest()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Counter:
