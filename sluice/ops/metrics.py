@@ -17,6 +17,8 @@ which the exporter follows from where it left off, so a scrape reads only what i
     sluice_job_failures_total{kind,code}              counter    failed attempts by error kind and code
     sluice_workers_alive, sluice_worker_threads       gauge      consumer processes and their threads
     sluice_up{service}                                gauge      1 when queue / database answered this scrape
+    sluice_index_unreachable_chunks{dataset}          gauge      sampled chunks their own vector missed
+    sluice_index_sampled_chunks{dataset}, sluice_index_recall{dataset}  the last reconcile's index audit
 
 The server answers only at its own names (the console's Host and Origin rule, with
 SLUICE_METRICS_ADDRESS and SLUICE_METRICS_HOSTS: a page that rebinds its DNS name to this machine is
@@ -44,7 +46,7 @@ from prometheus_client.registry import Collector
 from sluice.errors import SettingsError
 from sluice.ops.gate import Connection, host_refusal
 from sluice.ops.health import blob_store_probe
-from sluice.ops.reads import MetricCounts, ctx, events_after, metric_counts
+from sluice.ops.reads import MetricCounts, ctx, events_after, last_reconcile, metric_counts
 from sluice.pipeline.queueing import broker
 from sluice.settings import Settings, is_loopback
 
@@ -148,6 +150,7 @@ class SluiceCollector(Collector):
             return
         up.add_metric(["database"], 1)
         yield from self._job_families(c)
+        yield from _index_families()
         yield from _queue_families(up)
         settings = ctx().settings
         if settings.blob_store == "s3":  # an object store that does not answer holds every job
@@ -199,6 +202,36 @@ class SluiceCollector(Collector):
         for (kind, code), n in sorted(t.failures.items()):
             failures.add_metric([kind, code], n)
         yield failures
+
+
+def _index_families() -> Iterable[Metric]:
+    """What each dataset's vector index returned at the last reconcile (its saved report)."""
+    unreachable = GaugeMetricFamily(
+        "sluice_index_unreachable_chunks",
+        "Sampled chunks their own vector did not find, at the last reconcile",
+        labels=["dataset"],
+    )
+    sampled = GaugeMetricFamily(
+        "sluice_index_sampled_chunks",
+        "Chunks the last reconcile queried with their own vector",
+        labels=["dataset"],
+    )
+    recall = GaugeMetricFamily(
+        "sluice_index_recall",
+        "Recall@k of sample queries against exact search over the stored vectors, last reconcile",
+        labels=["dataset"],
+    )
+    for d in (last_reconcile() or {}).get("datasets", []):
+        index = d.get("index") or {}
+        if not index:
+            continue
+        unreachable.add_metric([d["name"]], index.get("unreachable", 0))
+        sampled.add_metric([d["name"]], index.get("sampled", 0))
+        if index.get("recall") is not None:
+            recall.add_metric([d["name"]], index["recall"])
+    yield unreachable
+    yield sampled
+    yield recall
 
 
 def _queue_families(up: GaugeMetricFamily) -> Iterable[Metric]:

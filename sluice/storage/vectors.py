@@ -20,6 +20,13 @@ HTTP_TIMEOUT = (
 )
 
 
+# The graph of a new collection. With Chroma's defaults (16 neighbours, ef_construction 100) a
+# fresh collection of 4,000 clustered 384-d vectors already had chunks its own vector did not find
+# (measured with 1.5.9); with these, none. An existing collection keeps what it was made with
+# until a rebuild (pipeline.reconcile.recall) makes it again.
+HNSW = {"space": "cosine", "max_neighbors": 32, "ef_construction": 200, "ef_search": 100}
+
+
 class ChromaAuthError(PermissionError):
     """The Chroma server refused the token (or asked for one): check SLUICE_CHROMA_TOKEN."""
 
@@ -208,7 +215,10 @@ class VectorStore:
             coll = self._collections.get(name)
             if coll is None:
                 coll = self.client.get_or_create_collection(
-                    name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+                    name,
+                    embedding_function=None,
+                    metadata={"hnsw:space": "cosine"},
+                    configuration={"hnsw": dict(HNSW)},  # a new collection only
                 )
                 self._collections[name] = coll
             return coll
@@ -288,6 +298,11 @@ class VectorStore:
                 return
             offset += page_size
 
+    def window(self, name: str, *, offset: int, limit: int) -> list[str]:
+        """The ids of ``limit`` chunks from ``offset`` in the collection's own order."""
+        got = self._on(name, lambda coll: coll.get(limit=limit, offset=offset, include=[]))
+        return list(got["ids"])
+
     def get(
         self, name: str, ids: Sequence[str], include: list[str] | None = None
     ) -> dict[str, Any]:
@@ -341,6 +356,20 @@ class VectorStore:
                 )
             )
         return hits
+
+    def query_ids(self, name: str, embeddings: np.ndarray, *, n: int) -> list[list[str]]:
+        """The ids of the ``n`` nearest chunks of each embedding (one request), no filter."""
+        if not len(embeddings) or n <= 0:
+            return [[] for _ in range(len(embeddings))]
+        res = self._on(
+            name,
+            lambda coll: coll.query(
+                query_embeddings=np.asarray(embeddings, dtype=np.float32),
+                n_results=n,
+                include=[],
+            ),
+        )
+        return [list(row) for row in res["ids"]]
 
     def drop_collection(self, name: str) -> None:
         with self._lock:

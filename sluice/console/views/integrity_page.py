@@ -93,6 +93,24 @@ with right:
 if runs.error:
     st.error(f"The last reconcile failed: {ui.plain(runs.error)}")
 
+
+def _index_returns(report: dict) -> None:
+    """What each dataset's vector index returns: its own vector finds each sampled chunk, and
+    sample queries find what exact search over the stored vectors finds."""
+    for d in report["datasets"]:
+        index = d.get("index") or {}
+        if not index:
+            continue
+        text = f"{ui.plain(d['name'])}: {ui.plain(d.get('index_text', ''))}"
+        if index.get("healthy", True):
+            st.caption(text)
+        else:
+            st.warning(
+                text + ". Search can miss chunks that are there; **Repair** rebuilds the index.",
+                icon=":material/travel_explore:",
+            )
+
+
 report = _latest()
 if report is None:
     st.info(
@@ -118,6 +136,7 @@ else:
     )
     for error in report["errors"]:
         st.error(ui.plain(error))
+    _index_returns(report)
     in_flight = sum(d["in_flight"] for d in report["datasets"])
     if report["clean"] and in_flight:
         st.success(
@@ -180,6 +199,13 @@ else:
                 if plan.get("delete_lexical_orphans") or plan.get("fix_lexical_fields")
                 else ""
             )
+            + (
+                f"; it rebuilds the vector index of **{plan['rebuild_collections']:,}** dataset(s) "
+                "that does not return what it holds (built beside the old one, switched, the old "
+                "one dropped: search never goes without)"
+                if plan.get("rebuild_collections")
+                else ""
+            )
             + ". Every change is recorded on the job it concerns."
         )
         st.info(preview, icon=":material/build:")
@@ -191,7 +217,12 @@ else:
             on_confirm=lambda: _run_reconcile(True),
         )
     with st.expander("Per dataset"):
-        st.dataframe(pd.DataFrame(report["datasets"]), hide_index=True)
+        st.dataframe(
+            pd.DataFrame(
+                [{k: v for k, v in d.items() if k != "index"} for d in report["datasets"]]
+            ),
+            hide_index=True,
+        )
 
 
 # --- delete a document -----------------------------------------------------------------------------------------

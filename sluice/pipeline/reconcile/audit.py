@@ -42,6 +42,8 @@ from sluice import faults
 from sluice.pipeline.queueing.broker import dispatch_now
 from sluice.pipeline.reconcile.blob_audit import audit_blobs
 from sluice.pipeline.reconcile.lexical_audit import audit_lexical
+from sluice.pipeline.reconcile.recall import SAMPLE as INDEX_SAMPLE
+from sluice.pipeline.reconcile.recall import check_index
 from sluice.pipeline.reconcile.report import DatasetSummary, Finding, ReconcileReport, save_report
 from sluice.pipeline.reconcile.snapshot import (
     BATCH,
@@ -432,6 +434,7 @@ def reconcile(
     publish: Callable[[int], None] | None = None,
     page_size: int = PAGE_SIZE,
     save: bool = True,
+    index_sample: int = INDEX_SAMPLE,
 ) -> ReconcileReport:
     """Audit (and with ``repair`` fix) every dataset, or the one named; returns the report.
 
@@ -451,7 +454,17 @@ def reconcile(
         report.errors.append(f"no dataset named {dataset!r}")
     for ds in datasets:
         try:
+            ds, index = check_index(
+                ctx,
+                ds,
+                repair=repair,
+                actions=report.actions,
+                errors=report.errors,
+                sample=index_sample,
+            )
             DatasetAudit(ctx, ds, report, repair=repair, actor=actor, page_size=page_size).run()
+            report.datasets[-1].index = index.to_dict()
+            report.datasets[-1].index_text = index.describe()
         except Exception as exc:  # one unreachable collection must not hide the others
             log.exception("reconcile of dataset %s failed", ds.name)
             report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")

@@ -66,6 +66,13 @@ class DatasetSummary:
     lexical_missing: int = 0
     lexical_orphans: int = 0
     lexical_mismatched: int = 0
+    # What the vector index returns (recall.RecallAudit.to_dict), and the same in words.
+    index: dict = field(default_factory=dict)
+    index_text: str = ""
+
+    @property
+    def index_unhealthy(self) -> bool:
+        return bool(self.index) and not self.index.get("healthy", True)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,6 +116,11 @@ class ReconcileReport:
         }
 
     @property
+    def index_problems(self) -> int:
+        """Datasets whose vector index returns too little (unreachable chunks, low recall)."""
+        return sum(1 for d in self.datasets if d.index_unhealthy)
+
+    @property
     def problems(self) -> int:
         return (
             self.missing
@@ -116,6 +128,7 @@ class ReconcileReport:
             + self.mismatched
             + sum(self.lexical_problems.values())
             + self.blobs_missing_count
+            + self.index_problems
         )
 
     @property
@@ -139,6 +152,7 @@ class ReconcileReport:
             "delete_lexical_orphans": self.lexical_problems["orphans"],
             "fix_lexical_fields": self.lexical_problems["mismatched"],
             "missing_chunks": self.missing,
+            "rebuild_collections": self.index_problems,
         }
 
     def to_dict(self) -> dict:
@@ -155,6 +169,7 @@ class ReconcileReport:
             "orphans": self.orphans,
             "mismatched": self.mismatched,
             "lexical": self.lexical_problems,
+            "index_problems": self.index_problems,
             "repair_plan": self.repair_plan(),
             "datasets": [d.to_dict() for d in self.datasets],
             "findings": [f.to_dict() for f in self.findings],
@@ -177,6 +192,9 @@ class ReconcileReport:
                 f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
                 f"mismatch(es), {d.in_flight:,} of jobs in flight"
             )
+            if d.index_text:
+                below = " (below the threshold: repair rebuilds it)" if d.index_unhealthy else ""
+                lines.append(f"    {d.index_text}{below}")
         for f in self.findings:
             who = (
                 f"document {f.document_id} {f.filename}"
@@ -221,7 +239,9 @@ class ReconcileReport:
                 "those jobs finish"
             )
         elif self.clean:
-            lines.append("clean: the index holds exactly what the job database promises")
+            lines.append(
+                "clean: the index holds exactly what the job database promises, and returns it"
+            )
         elif not self.repair:
             lines.append(f"{self.problems:,} problem(s); `sluice reconcile --repair` fixes them")
         return "\n".join(lines)
