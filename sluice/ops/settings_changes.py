@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from sluice import faults
 from sluice.errors import SettingsError
@@ -26,6 +26,7 @@ from sluice.pipeline.queueing.broker import queue_note
 from sluice.pipeline.running.context import Context
 from sluice.storage import dataset_settings, jobs, lexical
 from sluice.storage.clock import db_now
+from sluice.storage.db import matched
 from sluice.storage.models import Dataset
 
 log = logging.getLogger(__name__)
@@ -172,20 +173,21 @@ def _save(session: Session, ds: Dataset, change: SettingsChange, actor: str) -> 
     operator applied since ``change`` was computed from the settings before it is not overwritten
     (its setting lost, its jobs restamped to a version that is then no one's)."""
     read = change.read_at
-    saved = session.execute(
+    saved = matched(
+        session,
         update(Dataset)
         .where(
-            Dataset.id == ds.id,
-            Dataset.settings_changed_at.is_(None)
+            col(Dataset.id) == ds.id,
+            col(Dataset.settings_changed_at).is_(None)
             if read is None
-            else Dataset.settings_changed_at == read,
+            else col(Dataset.settings_changed_at) == read,
         )
         .values(
             parse_settings=change.after or None,
             settings_changed_at=db_now(session),
             settings_changed_by=actor,
-        )
-    ).rowcount
+        ),
+    )
     session.commit()
     session.refresh(ds)
     return saved == 1

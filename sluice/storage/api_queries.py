@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlmodel import Session, func, select
+from sqlmodel import Session, col, func, select
 
 from sluice.storage.models import Job, JobEvent, JobStatus
 
@@ -19,11 +19,11 @@ def jobs_before(
     limit: int,
 ) -> list[Job]:
     """Jobs newest first, below ``before_id`` (the cursor), of these datasets (None: all)."""
-    stmt = select(Job).order_by(Job.id.desc()).limit(limit)
+    stmt = select(Job).order_by(col(Job.id).desc()).limit(limit)
     if dataset_ids is not None:
-        stmt = stmt.where(Job.dataset_id.in_(list(dataset_ids)))
+        stmt = stmt.where(col(Job.dataset_id).in_(list(dataset_ids)))
     if statuses:
-        stmt = stmt.where(Job.status.in_([JobStatus(s) for s in statuses]))
+        stmt = stmt.where(col(Job.status).in_([JobStatus(s) for s in statuses]))
     if before_id is not None:
         stmt = stmt.where(Job.id < before_id)
     return list(session.exec(stmt).all())
@@ -32,7 +32,7 @@ def jobs_before(
 def event_ids_after(*, session: Session, after_id: int, limit: int) -> list[int]:
     """Ids of every event above ``after_id``, in order (to find gaps: ids of transactions that
     have not committed yet)."""
-    stmt = select(JobEvent.id).where(JobEvent.id > after_id).order_by(JobEvent.id).limit(limit)
+    stmt = select(JobEvent.id).where(JobEvent.id > after_id).order_by(col(JobEvent.id)).limit(limit)
     return [int(i) for i in session.exec(stmt).all()]
 
 
@@ -47,12 +47,12 @@ def events_between(
     """Events of these kinds with ``after_id < id <= upto_id``, with their jobs, of these datasets."""
     stmt = (
         select(JobEvent, Job)
-        .join(Job, Job.id == JobEvent.job_id)
-        .where(JobEvent.id > after_id, JobEvent.id <= upto_id, JobEvent.kind.in_(list(kinds)))
-        .order_by(JobEvent.id)
+        .join(Job, col(Job.id) == JobEvent.job_id)
+        .where(JobEvent.id > after_id, JobEvent.id <= upto_id, col(JobEvent.kind).in_(list(kinds)))
+        .order_by(col(JobEvent.id))
     )
     if dataset_ids is not None:
-        stmt = stmt.where(Job.dataset_id.in_(list(dataset_ids)))
+        stmt = stmt.where(col(Job.dataset_id).in_(list(dataset_ids)))
     return [(e, j) for e, j in session.exec(stmt).all()]
 
 

@@ -6,9 +6,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import event
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import CursorResult, Engine, make_url
+from sqlalchemy.sql import Executable
 from sqlmodel import Session, SQLModel, create_engine, select
 
 from sluice.files import private_dir, private_file
@@ -19,6 +21,23 @@ DEFAULT_DATASET = "default"
 
 _engines: dict[str, Engine] = {}
 _lock = threading.Lock()
+
+
+M = TypeVar("M", bound=SQLModel)
+
+
+def existing(session: Session, model: type[M], ident: Any, **options: Any) -> M:
+    """The row the caller knows is there (``Session.get`` with its options); LookupError if not."""
+    found = session.get(model, ident, **options)
+    if found is None:
+        raise LookupError(f"no {model.__name__} {ident!r}")
+    return found
+
+
+def matched(session: Session, statement: Executable) -> int:
+    """The rows an UPDATE or DELETE matched. Its result is a CursorResult; ``Session.execute`` is
+    typed as returning any Result, which has no ``rowcount``."""
+    return cast("CursorResult[Any]", session.execute(statement)).rowcount
 
 
 def normalise_url(url: str) -> str:
@@ -111,7 +130,7 @@ def ensure_instance(*, session: Session) -> str:
             session.commit()
         except Exception:  # another process made it at the same moment
             session.rollback()
-        row = session.get(Instance, 1, populate_existing=True)
+        row = existing(session, Instance, 1, populate_existing=True)
     return row.instance_id
 
 

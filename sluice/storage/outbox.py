@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import and_, exists, func, or_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.storage import pauses
@@ -53,9 +53,12 @@ def dispatch(
         claimed = set(
             session.execute(
                 update(Outbox)
-                .where(Outbox.id.in_([row_id for row_id, _, _ in due]), Outbox.sent_at.is_(None))
+                .where(
+                    col(Outbox.id).in_([row_id for row_id, _, _ in due]),
+                    col(Outbox.sent_at).is_(None),
+                )
                 .values(sent_at=now, publish_attempts=Outbox.publish_attempts + 1)
-                .returning(Outbox.id)
+                .returning(col(Outbox.id))
             )
             .scalars()
             .all()
@@ -80,14 +83,14 @@ def dispatch(
         if skipped:
             session.execute(
                 update(Outbox)
-                .where(Outbox.id.in_(skipped))
+                .where(col(Outbox.id).in_(skipped))
                 .values(last_error="not published: the job no longer waits to run")
             )
             result.skipped = len(skipped)
         if failed:
             session.execute(
                 update(Outbox)
-                .where(Outbox.id.in_(failed))
+                .where(col(Outbox.id).in_(failed))
                 .values(sent_at=None, last_error=result.error)
             )
         session.commit()
@@ -99,7 +102,11 @@ def _priority() -> Any:
 
 
 def _due(now: datetime) -> list[Any]:
-    return [Outbox.sent_at.is_(None), Outbox.available_at <= now, ~pauses.covering(Job.dataset_id)]
+    return [
+        col(Outbox.sent_at).is_(None),
+        Outbox.available_at <= now,
+        ~pauses.covering(Job.dataset_id),
+    ]
 
 
 _OTHER_ROW = aliased(Outbox)  # made once: building an alias costs milliseconds
@@ -108,7 +115,7 @@ _OTHER_ROW = aliased(Outbox)  # made once: building an alias costs milliseconds
 def _unsent() -> Any:
     """SQL condition: the job has a row not yet published (an alias of its own, so that a query
     over the outbox may use it)."""
-    return exists().where(_OTHER_ROW.job_id == Job.id, _OTHER_ROW.sent_at.is_(None))
+    return exists().where(col(_OTHER_ROW.job_id) == Job.id, col(_OTHER_ROW.sent_at).is_(None))
 
 
 def _load_rows(session: Session) -> list[Any]:
@@ -118,10 +125,10 @@ def _load_rows(session: Session) -> list[Any]:
         session.execute(
             select(Job.dataset_id, Job.status, func.count())
             .where(
-                Job.status.in_((*CLAIMABLE, JobStatus.running)),
-                or_(Job.status == JobStatus.running, ~_unsent()),
+                col(Job.status).in_((*CLAIMABLE, JobStatus.running)),
+                or_(col(Job.status) == JobStatus.running, ~_unsent()),
             )
-            .group_by(Job.dataset_id, Job.status)
+            .group_by(col(Job.dataset_id), Job.status)
         ).all()
     )
 
@@ -151,10 +158,10 @@ def choose(
             tuple(r)
             for r in session.execute(
                 select(Outbox.id, Outbox.job_id, Job.status)
-                .join(Job, Job.id == Outbox.job_id)
-                .join(Dataset, Dataset.id == Job.dataset_id)
+                .join(Job, col(Job.id) == Outbox.job_id)
+                .join(Dataset, col(Dataset.id) == Job.dataset_id)
                 .where(*_due(now))
-                .order_by(_priority().desc(), Outbox.id)
+                .order_by(_priority().desc(), col(Outbox.id))
                 .limit(limit)
             ).all()
         ]
@@ -163,14 +170,14 @@ def choose(
     if room <= 0:
         return []
     rank = func.row_number().over(
-        partition_by=Job.dataset_id, order_by=(_priority().desc(), Outbox.id)
+        partition_by=col(Job.dataset_id), order_by=(_priority().desc(), col(Outbox.id))
     )
     heads = (
-        select(
-            Outbox.id.label("row_id"),
-            Outbox.job_id,
-            Job.status,
-            Job.dataset_id,
+        select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
+            col(Outbox.id).label("row_id"),
+            col(Outbox.job_id),
+            col(Job.status),
+            col(Job.dataset_id),
             _priority().label("priority"),
             rank.label("rank"),
         )
@@ -184,7 +191,7 @@ def choose(
         select(heads).where(heads.c.rank <= room).order_by(heads.c.rank)
     ).all():
         queues[row.dataset_id].append(row)
-    chosen = []
+    chosen: list[tuple[int, int, JobStatus]] = []
     while queues and len(chosen) < room:
         dataset_id = min(
             queues, key=lambda d: (-queues[d][0].priority, load[d], queues[d][0].row_id)
@@ -234,21 +241,21 @@ def _in_flight_before(session: Session, job_id: int, dataset_ids: Collection[int
     time, and their row ids stand for their order."""
     mine = session.execute(
         select(Outbox.sent_at, Outbox.id)
-        .where(Outbox.job_id == job_id, Outbox.sent_at.is_not(None))
-        .order_by(Outbox.id.desc())
+        .where(Outbox.job_id == job_id, col(Outbox.sent_at).is_not(None))
+        .order_by(col(Outbox.id).desc())
         .limit(1)
     ).first()
     stmt = (
         select(func.count(func.distinct(Outbox.job_id)))
-        .join(Job, Job.id == Outbox.job_id)
-        .where(Outbox.sent_at.is_not(None), Job.status.in_(CLAIMABLE), ~_unsent())
+        .join(Job, col(Job.id) == Outbox.job_id)
+        .where(col(Outbox.sent_at).is_not(None), col(Job.status).in_(CLAIMABLE), ~_unsent())
         .where(Job.id != job_id)
     )
     if mine is not None:
         earlier = and_(Outbox.sent_at == mine.sent_at, Outbox.id < mine.id)
         stmt = stmt.where(or_(Outbox.sent_at < mine.sent_at, earlier))
     if dataset_ids is not None:
-        stmt = stmt.where(Job.dataset_id.in_(list(dataset_ids)))
+        stmt = stmt.where(col(Job.dataset_id).in_(list(dataset_ids)))
     return int(session.execute(stmt).scalar() or 0)
 
 
@@ -262,10 +269,10 @@ def queue_place(
     now = db_now(session)
     mine = session.execute(
         select(Outbox.id, _priority().label("priority"), Job.dataset_id)
-        .join(Job, Job.id == Outbox.job_id)
-        .join(Dataset, Dataset.id == Job.dataset_id)
-        .where(Outbox.job_id == job_id, Outbox.sent_at.is_(None))
-        .order_by(Outbox.id)
+        .join(Job, col(Job.id) == Outbox.job_id)
+        .join(Dataset, col(Dataset.id) == Job.dataset_id)
+        .where(Outbox.job_id == job_id, col(Outbox.sent_at).is_(None))
+        .order_by(col(Outbox.id))
         .limit(1)
     ).first()
     if mine is None:  # its message is on the queue already
@@ -284,13 +291,13 @@ def queue_place(
             func.count().filter(level),
             func.count().filter(level, Outbox.id < mine.id),
         )
-        .join(Job, Job.id == Outbox.job_id)
-        .join(Dataset, Dataset.id == Job.dataset_id)
-        .where(*_due(now), Job.status.in_(CLAIMABLE), Outbox.id != mine.id)
-        .group_by(Job.dataset_id)
+        .join(Job, col(Job.id) == Outbox.job_id)
+        .join(Dataset, col(Dataset.id) == Job.dataset_id)
+        .where(*_due(now), col(Job.status).in_(CLAIMABLE), Outbox.id != mine.id)
+        .group_by(col(Job.dataset_id))
     )
     if seen is not None:
-        stmt = stmt.where(Job.dataset_id.in_(sorted(seen)))
+        stmt = stmt.where(col(Job.dataset_id).in_(sorted(seen)))
     tiers = {d: Tier(a, n, b) for d, a, n, b in session.execute(stmt).all()}
     if not window:
         return in_flight + sum(t.above + t.level_before for t in tiers.values())
@@ -303,7 +310,7 @@ def _in(dataset_id: int, seen: set[int] | None) -> bool:
 
 def unsent_count(*, session: Session) -> int:
     return session.exec(
-        select(func.count()).select_from(Outbox).where(Outbox.sent_at.is_(None))
+        select(func.count()).select_from(Outbox).where(col(Outbox.sent_at).is_(None))
     ).one()
 
 
@@ -323,9 +330,9 @@ def redeliver_stranded(
         select(
             Outbox.job_id,
             func.max(Outbox.sent_at).label("last_sent"),
-            func.count(Outbox.id).filter(Outbox.sent_at.is_(None)).label("unsent"),
+            func.count(col(Outbox.id)).filter(col(Outbox.sent_at).is_(None)).label("unsent"),
         )
-        .group_by(Outbox.job_id)
+        .group_by(col(Outbox.job_id))
         .subquery()
     )
     # A job with no outbox row at all (retention pruned its published one) is stranded too, by the
@@ -334,9 +341,9 @@ def redeliver_stranded(
         select(Job)
         .outerjoin(last_sent, last_sent.c.job_id == Job.id)
         .where(
-            Job.status.in_(CLAIMABLE),
+            col(Job.status).in_(CLAIMABLE),
             ~pauses.covering(Job.dataset_id),
-            (Job.next_attempt_at.is_(None)) | (Job.next_attempt_at <= cutoff),
+            (col(Job.next_attempt_at).is_(None)) | (col(Job.next_attempt_at) <= cutoff),
             func.coalesce(last_sent.c.unsent, 0) == 0,
             func.coalesce(last_sent.c.last_sent, Job.updated_at) < cutoff,
         )

@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from sluice.storage.clock import db_now
+from sluice.storage.db import matched
 from sluice.storage.models import Dataset, Pause
 
 WHOLE_QUEUE = "all"
@@ -78,7 +79,7 @@ def pause(
 
 def resume(*, session: Session, dataset_id: int | None) -> bool:
     """Lift the pause of the dataset (None: of the whole queue); False if there was none."""
-    gone = session.execute(delete(Pause).where(col(Pause.scope) == scope_of(dataset_id))).rowcount
+    gone = matched(session, delete(Pause).where(col(Pause.scope) == scope_of(dataset_id)))
     session.commit()
     return bool(gone)
 

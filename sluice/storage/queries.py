@@ -16,12 +16,12 @@ from sluice.storage.jobs import describe_progress
 from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 
 SORTABLE = {
-    "created": Job.created_at,
-    "updated": Job.updated_at,
-    "finished": Job.finished_at,
-    "id": Job.id,
-    "filename": Job.filename,
-    "status": Job.status,
+    "created": col(Job.created_at),
+    "updated": col(Job.updated_at),
+    "finished": col(Job.finished_at),
+    "id": col(Job.id),
+    "filename": col(Job.filename),
+    "status": col(Job.status),
 }
 
 
@@ -62,7 +62,7 @@ def list_jobs(
     page_size: int = 50,
 ) -> list[Job]:
     f = f or JobFilter()
-    column = SORTABLE.get(sort, Job.created_at)
+    column = SORTABLE.get(sort, SORTABLE["created"])
     order = [column.desc(), col(Job.id).desc()] if descending else [column.asc(), col(Job.id).asc()]
     stmt = (
         _apply(select(Job), f)
@@ -129,12 +129,12 @@ def dataset_summaries(*, session: Session) -> list[dict]:
     chunks = dict(
         session.exec(
             select(Job.dataset_id, func.coalesce(func.sum(Job.chunk_count), 0))
-            .join(Document, Document.active_job_id == Job.id)
-            .where(Document.deleted_at.is_(None))
-            .group_by(Job.dataset_id)
+            .join(Document, col(Document.active_job_id) == Job.id)
+            .where(col(Document.deleted_at).is_(None))
+            .group_by(col(Job.dataset_id))
         ).all()
     )
-    jobs_by = {}
+    jobs_by: dict[int, dict[str, int]] = {}
     for ds_id, status, n in session.exec(
         select(Job.dataset_id, Job.status, func.count()).group_by(col(Job.dataset_id), Job.status)
     ).all():
@@ -144,7 +144,7 @@ def dataset_summaries(*, session: Session) -> list[dict]:
             "name": ds.name,
             "id": ds.id,
             "documents": int(docs.get(ds.id, 0)),
-            "chunks": int(chunks.get(ds.id, 0)),
+            "chunks": int(chunks.get(ds.id) or 0),
             "jobs": jobs_by.get(ds.id, {}),
             "collection": ds.collection,
             "created_at": ds.created_at.isoformat(),
@@ -181,15 +181,15 @@ def dead_letters(
 def dead_letter_groups(*, session: Session, dataset_id: int | None = None) -> list[dict]:
     """Failed, undismissed jobs grouped by kind and reason (error code), with counts and a hint."""
     stmt = (
-        select(
-            Job.error_kind,
-            Job.error_code,
+        select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
+            col(Job.error_kind),
+            col(Job.error_code),
             func.count(),
             func.min(Job.fix_hint),
             func.max(Job.finished_at),
         )
         .where(Job.status == JobStatus.failed, col(Job.dismissed).is_(False))
-        .group_by(Job.error_kind, Job.error_code)
+        .group_by(col(Job.error_kind), col(Job.error_code))
         .order_by(func.count().desc())
     )
     if dataset_id is not None:
@@ -270,7 +270,7 @@ def throughput(
             continue
         if JobStatus(status) == JobStatus.succeeded:
             b["succeeded"] += count
-            b["chunks"] += int(chunks)
+            b["chunks"] += int(chunks or 0)
         else:
             b["failed"] += count
     return list(buckets.values())

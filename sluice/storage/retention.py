@@ -22,10 +22,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, func, true, update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.storage import idempotency_records
+from sluice.storage.db import matched
 from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, WebhookDelivery
 
 BATCH = 500
@@ -56,9 +57,9 @@ class PruneReport:
 
 def _finished(cutoff: datetime):
     """Jobs whose older history may go: succeeded, or dismissed dead letters, finished before it."""
-    return (Job.finished_at < cutoff) & (
-        (Job.status == JobStatus.succeeded)
-        | ((Job.status == JobStatus.failed) & Job.dismissed.is_(True))
+    return (col(Job.finished_at) < cutoff) & (
+        (col(Job.status) == JobStatus.succeeded)
+        | ((col(Job.status) == JobStatus.failed) & col(Job.dismissed).is_(True))
     )
 
 
@@ -79,17 +80,21 @@ def _delete_superseded(session: Session, part: list[int], cutoff: datetime) -> N
     taken = list(
         session.execute(
             update(Job)
-            .where(Job.id.in_(part), Job.status == JobStatus.superseded, Job.updated_at < cutoff)
+            .where(
+                col(Job.id).in_(part),
+                col(Job.status) == JobStatus.superseded,
+                col(Job.updated_at) < cutoff,
+            )
             .values(version=Job.version + 1)
-            .returning(Job.id)
+            .returning(col(Job.id))
         )
         .scalars()
         .all()
     )
     if taken:
-        session.execute(delete(JobEvent).where(JobEvent.job_id.in_(taken)))
-        session.execute(delete(Outbox).where(Outbox.job_id.in_(taken)))
-        session.execute(delete(Job).where(Job.id.in_(taken)))
+        session.execute(delete(JobEvent).where(col(JobEvent.job_id).in_(taken)))
+        session.execute(delete(Outbox).where(col(Outbox.job_id).in_(taken)))
+        session.execute(delete(Job).where(col(Job.id).in_(taken)))
     session.commit()
 
 
@@ -104,20 +109,22 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
         ending = dict(part)
         last = session.exec(
             select(JobEvent.job_id, JobEvent.kind, func.max(JobEvent.id))
-            .where(JobEvent.job_id.in_(ids), JobEvent.kind.in_(("succeeded", "failed")))
-            .group_by(JobEvent.job_id, JobEvent.kind)
+            .where(col(JobEvent.job_id).in_(ids), col(JobEvent.kind).in_(("succeeded", "failed")))
+            .group_by(col(JobEvent.job_id), JobEvent.kind)
         ).all()
         keep = [event_id for jid, kind, event_id in last if ending[jid] == kind]
         # Only while the job is still the finished one read above: a reindex or a retry that lands
         # meanwhile starts a new history, which is not this prune's to forget.
-        still = select(Job.id).where(Job.id.in_(ids), _finished(cutoff))
-        condition = JobEvent.job_id.in_(still) & (JobEvent.id.not_in(keep) if keep else true())
+        still = select(Job.id).where(col(Job.id).in_(ids), _finished(cutoff))
+        condition = col(JobEvent.job_id).in_(still) & (
+            col(JobEvent.id).not_in(keep) if keep else true()
+        )
         if dry_run:
             report.events += session.exec(
                 select(func.count()).select_from(JobEvent).where(condition)
             ).one()
         else:
-            report.events += session.execute(delete(JobEvent).where(condition)).rowcount
+            report.events += matched(session, delete(JobEvent).where(condition))
             session.commit()
     # superseded versions, whole
     superseded = list(
@@ -128,26 +135,26 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
     report.superseded_jobs = len(superseded)
     if not dry_run:
         for start in range(0, len(superseded), BATCH):
-            part = superseded[start : start + BATCH]
-            faults.hit("prune_selected", job_ids=part)
-            _delete_superseded(session, part, cutoff)
+            batch = superseded[start : start + BATCH]
+            faults.hit("prune_selected", job_ids=batch)
+            _delete_superseded(session, batch, cutoff)
     # outbox rows long since published
-    sent = Outbox.sent_at.is_not(None) & (Outbox.sent_at < cutoff)
+    sent = col(Outbox.sent_at).is_not(None) & (col(Outbox.sent_at) < cutoff)
     if superseded and dry_run:  # counted with their jobs above
-        sent = sent & Outbox.job_id.not_in(superseded)
+        sent = sent & col(Outbox.job_id).not_in(superseded)
     if dry_run:
         report.outbox = session.exec(select(func.count()).select_from(Outbox).where(sent)).one()
     else:
-        report.outbox = session.execute(delete(Outbox).where(sent)).rowcount
+        report.outbox = matched(session, delete(Outbox).where(sent))
         session.commit()
     # webhook deliveries that are over (delivered or given up)
-    over = (WebhookDelivery.delivered_at < cutoff) | (WebhookDelivery.gave_up_at < cutoff)
+    over = (col(WebhookDelivery.delivered_at) < cutoff) | (col(WebhookDelivery.gave_up_at) < cutoff)
     if dry_run:
         report.webhooks = session.exec(
             select(func.count()).select_from(WebhookDelivery).where(over)
         ).one()
     else:
-        report.webhooks = session.execute(delete(WebhookDelivery).where(over)).rowcount
+        report.webhooks = matched(session, delete(WebhookDelivery).where(over))
         session.commit()
     report.idempotency = idempotency_records.prune(session=session, dry_run=dry_run)
     return report

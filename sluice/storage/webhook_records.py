@@ -165,17 +165,18 @@ def recent(
 def summary(*, session: Session) -> list[dict]:
     """Per endpoint: deliveries delivered, waiting, given up, and the last delivery time."""
     rows = session.exec(
-        select(
-            WebhookDelivery.endpoint,
+        select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
+            col(WebhookDelivery.endpoint),
             func.count(col(WebhookDelivery.delivered_at)),
             func.count(col(WebhookDelivery.id)).filter(
-                col(WebhookDelivery.delivered_at).is_(None), WebhookDelivery.gave_up_at.is_(None)
+                col(WebhookDelivery.delivered_at).is_(None),
+                col(WebhookDelivery.gave_up_at).is_(None),
             ),
             func.count(col(WebhookDelivery.gave_up_at)),
             func.max(WebhookDelivery.delivered_at),
         )
-        .group_by(WebhookDelivery.endpoint)
-        .order_by(WebhookDelivery.endpoint)
+        .group_by(col(WebhookDelivery.endpoint))
+        .order_by(col(WebhookDelivery.endpoint))
     ).all()
     return [
         {

@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 from sqlalchemy import exists, update
@@ -28,6 +29,7 @@ from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.storage.clock import current_time, db_now
+from sluice.storage.db import matched
 from sluice.storage.jobs import backoff_delay
 from sluice.storage.models import WebhookDelivery
 from sluice.storage.webhook_records import sign
@@ -144,7 +146,8 @@ def _claim(
     with Session(engine, expire_on_commit=False) as session:
         now = db_now(session)
         taken = (
-            session.execute(
+            matched(
+                session,
                 update(WebhookDelivery)
                 .where(
                     col(WebhookDelivery.id) == row_id,
@@ -155,15 +158,16 @@ def _claim(
                     ~_earlier_waiting(),
                 )
                 .values(attempts=attempts + 1, next_attempt_at=now + hold)
-                .execution_options(synchronize_session=False)
-            ).rowcount
+                .execution_options(synchronize_session=False),
+            )
             == 1
         )
         if not taken:
             session.rollback()
             return None
         session.commit()
-        return session.get(WebhookDelivery, row_id, populate_existing=True), now
+        row = session.get(WebhookDelivery, row_id, populate_existing=True)
+        return (row, now) if row is not None else None  # None: pruned since it was taken
 
 
 def _post(
@@ -204,11 +208,12 @@ def _finish(
     """Record the post's outcome while our claim holds; returns delivered / failed / gave_up / lost."""
     with Session(engine) as session:
         ours = [
-            WebhookDelivery.id == row.id,
-            WebhookDelivery.attempts == row.attempts,
+            col(WebhookDelivery.id) == row.id,
+            col(WebhookDelivery.attempts) == row.attempts,
             col(WebhookDelivery.delivered_at).is_(None),
             col(WebhookDelivery.gave_up_at).is_(None),
         ]
+        values: dict[str, Any]
         if error is None:
             values, outcome = (
                 {"delivered_at": current_time(), "last_status": status, "last_error": None},
@@ -223,12 +228,13 @@ def _finish(
                 values, outcome = {"next_attempt_at": now + timedelta(seconds=delay)}, "failed"
             values.update(last_status=status, last_error=error[:500])
         done = (
-            session.execute(
+            matched(
+                session,
                 update(WebhookDelivery)
                 .where(*ours)
                 .values(**values)
-                .execution_options(synchronize_session=False)
-            ).rowcount
+                .execution_options(synchronize_session=False),
+            )
             == 1
         )
         session.commit()
