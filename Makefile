@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
+.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness bench-api browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -27,9 +27,9 @@ $(STAMP): pyproject.toml
 ## setup: create .venv and install Sluice with its dev tools (torch's CPU wheel first)
 setup: $(STAMP)
 
-## run: set up, then start every process of the Procfile (http://127.0.0.1:8501); Ctrl-C stops them in order
+## run: set up, then start queue, cache, chroma, worker and console (http://127.0.0.1:8501)
 run: setup ocr
-	$(BIN)/sluice run --procfile Procfile
+	$(BIN)/honcho start -f Procfile
 
 ## browser: Debian's Chromium for the end-to-end browser test (never a browser download)
 browser:
@@ -74,7 +74,7 @@ test-fast: setup ocr
 lint: setup
 	$(BIN)/ruff check .
 
-## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness): about 16 minutes
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness, the HTTP API): about 23 minutes
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
 bench: setup ocr browser
 	$(BIN)/pip install -q -e '.[bench]'
@@ -82,6 +82,11 @@ bench: setup ocr browser
 	$(BIN)/python -m bench.ocr --pages 4 --out BENCHMARKS.md
 	$(BIN)/python -m bench.cpu --out BENCHMARKS.md
 	$(BIN)/python -m bench.fairness --fifo
+	$(BIN)/python -m bench.api --out BENCHMARKS.md
+
+## bench-api: the HTTP API under load: 500 uploads by 8 clients, GET of a job at 100,000 jobs, events on 50 streams
+bench-api: setup
+	$(BIN)/python -m bench.api
 
 ## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
 bench-retrieval: setup
