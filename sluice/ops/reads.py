@@ -16,6 +16,7 @@ from sluice.ops.drain import DrainEstimate
 from sluice.ops.preview import SAMPLE, Preview, preview_jobs
 from sluice.ops.search import query_vector
 from sluice.ops.search import search as run_search
+from sluice.pipeline.parsing.parse import SUPPORTED, SUPPORTED_NAMES
 from sluice.pipeline.reconcile.report import last_report
 from sluice.pipeline.running.context import Context, get_context
 from sluice.settings import endpoint_origin, redact_url
@@ -445,6 +446,24 @@ def document_info(ref: str | int):
 def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reindex.ReindexPlan:
     """What moving every document to the pipeline version in force would do, and cost."""
     return reindex.plan(ctx(), dataset=dataset, sample=sample)
+
+
+_OOXML = "application/vnd.openxmlformats-officedocument"
+MEDIA_TYPE_NAMES = {
+    "application/pdf": "PDF",
+    f"{_OOXML}.wordprocessingml.document": "Word (.docx)",
+    f"{_OOXML}.presentationml.presentation": "PowerPoint (.pptx)",
+    "application/epub+zip": "EPUB",
+    "text/html": "HTML",
+    "text/csv": "CSV",
+    "text/plain": "text (.txt)",
+    "text/markdown": "Markdown (.md)",
+}
+
+
+def supported_formats() -> tuple[str, dict[str, str]]:
+    """What Sluice indexes: in words, and each media type with its short name, in parse's order."""
+    return SUPPORTED_NAMES, {t: MEDIA_TYPE_NAMES.get(t, t) for t in SUPPORTED}
 
 
 def last_reconcile() -> dict | None:

@@ -16,9 +16,9 @@ queue = health.queue_state()
 
 if not any(ov.counts.values()):
     st.info(
-        "Nothing here yet. Start by uploading documents: PDF, text or Markdown files go into a dataset "
-        "(a knowledge base; `default` exists already), and each becomes a job that parses, chunks, "
-        "embeds and indexes it. From a shell: `sluice ingest PATH --dataset NAME`.",
+        f"Nothing here yet. Start by uploading documents: {reads.supported_formats()[0]} go "
+        "into a dataset (a knowledge base; `default` exists already), and each becomes a job that "
+        "parses, chunks, embeds and indexes it. From a shell: `sluice ingest PATH --dataset NAME`.",
         icon=":material/waving_hand:",
     )
     st.page_link("views/upload_page.py", label="Upload documents", icon=":material/upload_file:")

@@ -37,8 +37,9 @@ with st.form("search_form"):
     )
     file_filter = f2.text_input("File name contains", key="search_file")
     pages = f3.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
+    type_names = {"any": "any", **reads.supported_formats()[1]}
     media_type = f4.selectbox(
-        "Type", ["any", "application/pdf", "text/plain", "text/markdown"], key="search_media_type"
+        "Type", list(type_names), key="search_media_type", format_func=type_names.get
     )
     submitted = st.form_submit_button("Search", type="primary")
 
