@@ -27,9 +27,9 @@ $(STAMP): pyproject.toml
 ## setup: create .venv and install Sluice with its dev tools (torch's CPU wheel first)
 setup: $(STAMP)
 
-## run: set up, then start queue, cache, chroma, worker and console (http://127.0.0.1:8501)
+## run: set up, then start every process of the Procfile (http://127.0.0.1:8501); Ctrl-C stops them in order
 run: setup ocr
-	$(BIN)/honcho start -f Procfile
+	$(BIN)/sluice run --procfile Procfile
 
 ## browser: Debian's Chromium for the end-to-end browser test (never a browser download)
 browser:
