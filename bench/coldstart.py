@@ -99,6 +99,7 @@ def console_first_page(svc: Services, *, name: str, timeout: float = 120) -> dic
     env = svc.configure(f"{name}-console")
     port = free_port()
     env = {**env, "SLUICE_CONSOLE_PORT": str(port), "SLUICE_CONSOLE_ADDRESS": "127.0.0.1"}
+    env["SLUICE_CONSOLE_SIGN_IN"] = "off"  # the first page drawn, not the one-time local link
     url = f"http://127.0.0.1:{port}"
     browser = playwright = None
     note = ""

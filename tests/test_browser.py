@@ -61,6 +61,7 @@ def console(sluice_env, tmp_path):
     """``sluice serve console`` on a free port, with this test's settings; its base URL."""
     port = free_port()
     env = {**os.environ, "SLUICE_CONSOLE_PORT": str(port), "SLUICE_CONSOLE_ADDRESS": "127.0.0.1"}
+    env["SLUICE_CONSOLE_SIGN_IN"] = "off"  # the pages under test, not the local link (its own test)
     proc = ManagedProcess(_sluice_argv("serve", "console"), log=tmp_path / "console.log", env=env)
     proc.start()
     try:

@@ -18,7 +18,7 @@ import pytest
 from sqlmodel import Session, select
 
 from sluice.storage.models import Dataset
-from tests.support.console_socket import ConsoleSocket, Refused, text, trigger
+from tests.support.console_socket import ConsoleSocket, Refused, local_link, text, trigger
 from tests.support.servers import ROOT, ManagedProcess, free_port, wait_port
 from tests.test_security_servers import outside_address
 
@@ -78,9 +78,9 @@ def datasets(ctx) -> set[str]:
         return {d.name for d in session.exec(select(Dataset)).all()}
 
 
-def try_create_dataset(sock: ConsoleSocket, name: str) -> str:
+def try_create_dataset(sock: ConsoleSocket, name: str, query: str = "") -> str:
     """Run the page, then fill and click the sidebar's Create (by the ids the server sent)."""
-    first = sock.run()
+    first = sock.run(query=query)
     name_id = first.widget_id("text_input", "Name") or "$$ID-guess-new_dataset_name"
     create_id = first.widget_id("button", "Create") or "$$ID-guess-create_dataset"
     return first.text + sock.run(widgets=[text(name_id, name), trigger(create_id)]).text
@@ -114,7 +114,7 @@ def test_dns_rebinding_cannot_drive_the_loopback_console(ctx, console, launcher)
     with ConsoleSocket(
         proc.port, origin=f"http://127.0.0.1:{proc.port}"
     ) as sock:  # the real page still works
-        seen = try_create_dataset(sock, "local-ok")
+        seen = try_create_dataset(sock, "local-ok", query=local_link(ctx.settings))
     assert "Overview" in seen and "local-ok" in datasets(ctx)
 
 
@@ -152,11 +152,64 @@ def test_a_proxy_on_the_same_host_does_not_make_a_client_local(ctx, console):
     assert "Overview" not in seen and "via-proxy" not in datasets(ctx)
 
 
-def test_the_loopback_console_without_a_password_still_opens_straight(ctx, console):
-    proc = console(launcher="streamlit")
-    with ConsoleSocket(proc.port, host="localhost", origin=f"http://localhost:{proc.port}") as sock:
-        seen = try_create_dataset(sock, "straight")
+@pytest.mark.parametrize("launcher", ["sluice", "streamlit"])
+def test_the_loopback_console_without_a_password_opens_only_from_a_local_link(
+    ctx, console, launcher
+):
+    """Finding 4 (second review): any local user was the operator of a console without a
+    password. Now a loopback browser needs a one-time link minted for Sluice's own user."""
+    proc = console(launcher=launcher)
+    origin = {"host": "localhost", "origin": f"http://localhost:{proc.port}"}
+    with ConsoleSocket(proc.port, **origin) as sock:
+        seen = try_create_dataset(sock, "no-link")
+    assert "Overview" not in seen and "sluice console-url" in seen
+    with ConsoleSocket(proc.port, **origin) as sock:
+        seen = try_create_dataset(sock, "stale", query="token=made-up-by-someone-else")
+    assert "Overview" not in seen
+    link = local_link(ctx.settings)
+    with ConsoleSocket(proc.port, **origin) as sock:
+        seen = try_create_dataset(sock, "straight", query=link)
     assert "Overview" in seen and "straight" in datasets(ctx)
+    with ConsoleSocket(proc.port, **origin) as sock:  # the link works once
+        assert "Overview" not in try_create_dataset(sock, "twice", query=link)
+    assert datasets(ctx) & {"no-link", "stale", "twice"} == set()
+
+
+NOBODY_BROWSER = r"""
+import json, os, sys
+from streamlit.proto.WidgetStates_pb2 import WidgetState  # imported first: nobody cannot read
+from tests.support.console_socket import ConsoleSocket  # the interpreter's files later
+from tests.test_security_console import try_create_dataset
+import websockets.sync.client, http.client, hashlib, base64, ssl, encodings.idna, socket
+"x".encode("idna"); socket.getaddrinfo("127.0.0.1", 1)
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+with ConsoleSocket(int(sys.argv[1])) as sock:
+    seen = try_create_dataset(sock, "nobody-was-here")
+print(json.dumps({"uid": os.getuid(), "overview": "Overview" in seen}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another user needs root")
+def test_another_local_user_is_not_the_operator_of_a_console_without_a_password(ctx, console):
+    """`nobody` opens the loopback console the way `sluice serve console` starts it by default,
+    and cannot read the data directory where the links wait (before: the operator's console)."""
+    import json
+    import subprocess
+
+    proc = console(launcher="sluice")
+    local_link(ctx.settings)  # a link waits, unopened: nobody cannot read it
+    done = subprocess.run(
+        [sys.executable, "-c", NOBODY_BROWSER, str(proc.port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"uid": 65534, "overview": False}
+    assert "nobody-was-here" not in datasets(ctx)
 
 
 def test_rotating_forwarded_for_from_loopback_is_still_one_client(ctx, console):
@@ -313,7 +366,7 @@ def test_uploads_still_need_the_xsrf_token(ctx, console):
     proc = console(launcher="sluice")
     cookie = _xsrf_cookie(proc.port)
     with ConsoleSocket(proc.port, headers={"Cookie": f"_streamlit_xsrf={cookie}"}) as sock:
-        session = sock.run().session_id
+        session = sock.run(query=local_link(ctx.settings)).session_id
         assert _upload(proc.port, session, "", 1024) == 403  # no token: Streamlit's XSRF check
         assert _upload(proc.port, session, cookie, 1024) == 204
 

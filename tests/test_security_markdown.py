@@ -13,7 +13,7 @@ from markdown_it import MarkdownIt
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
-from tests.support.console_socket import ConsoleSocket, text, trigger
+from tests.support.console_socket import ConsoleSocket, local_link, text, trigger
 from tests.support.helpers import collection, ids_of_job
 from tests.test_security_console import console  # noqa: F401  (fixture)
 
@@ -71,7 +71,7 @@ def hostile(ctx):
 def test_a_file_name_is_shown_as_text_on_the_job_page(ctx, hostile, console):  # noqa: F811
     proc = console(launcher="sluice")
     with ConsoleSocket(proc.port) as sock:
-        first = sock.run()
+        first = sock.run(query=local_link(ctx.settings))
         jobs = sock.run(query=f"job={hostile}", page_hash=first.page_hash("jobs"))
     assert "leak" in jobs.text, "the job page did not show the file name"
     assert not markdown_hazards(jobs, "leak"), markdown_hazards(jobs, "leak")
@@ -80,7 +80,7 @@ def test_a_file_name_is_shown_as_text_on_the_job_page(ctx, hostile, console):  #
 def test_chroma_metadata_is_shown_as_text_in_search(ctx, hostile, console):  # noqa: F811
     proc = console(launcher="sluice")
     with ConsoleSocket(proc.port) as sock:
-        search_hash = sock.run().page_hash("search")
+        search_hash = sock.run(query=local_link(ctx.settings)).page_hash("search")
         page = sock.run(page_hash=search_hash)
         query, button = page.widget_id("text_input", "Query"), page.widget_id("button", "Search")
         # dense ranking: its hits carry what Chroma holds (a hit the word index also finds shows
@@ -105,7 +105,7 @@ def test_a_search_snippet_shows_the_documents_own_markup_as_text(ctx, console): 
     run_job(job, ctx=ctx)
     proc = console(launcher="sluice")
     with ConsoleSocket(proc.port) as sock:
-        search_hash = sock.run().page_hash("search")
+        search_hash = sock.run(query=local_link(ctx.settings)).page_hash("search")
         page = sock.run(page_hash=search_hash)
         query, button = page.widget_id("text_input", "Query"), page.widget_id("button", "Search")
         hits = sock.run(

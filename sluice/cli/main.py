@@ -29,6 +29,7 @@ sluice keys list [--json] | sluice keys revoke NAME  API keys (secrets are never
 sluice blobs migrate --to s3 [--keep-local] [--json]  move the local blob store to the object store
 sluice serve queue|cache|chroma|worker|console|metrics|api  run one of the Procfile's processes
 sluice run [--procfile Procfile]                     all of them; Ctrl-C stops them in order
+sluice console-url                                   a one-time link to the console (no password)
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from sluice.cli import commands
 from sluice.cli.blob_commands import add_blob_commands
 from sluice.cli.key_commands import add_key_commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
-from sluice.cli.serve import serve
+from sluice.cli.serve import console_url, serve
 from sluice.errors import SettingsError
 from sluice.files import use_private_umask
 from sluice.servers import supervisor
@@ -265,6 +266,10 @@ def add_serve_command(sub) -> None:
     )
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)
+    u = sub.add_parser(
+        "console-url", help="a one-time link that opens the console on this machine (no password)"
+    )
+    u.set_defaults(func=console_url)
     r = sub.add_parser(
         "run", help="every process of the Procfile; Ctrl-C stops them in order (exit 0)"
     )

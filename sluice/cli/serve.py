@@ -10,7 +10,7 @@ from pathlib import Path
 from sluice.files import private_dir
 from sluice.ops.access import check_bind
 from sluice.ops.api_gate import check_api_bind
-from sluice.ops.gate import allowed_hosts
+from sluice.ops.gate import allowed_hosts, local_link_url, mint_local_link
 from sluice.servers.processes import chroma_argv, redis_argv
 from sluice.settings import get_settings
 
@@ -73,6 +73,24 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
     ] + [arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]
 
 
+def _link(s) -> str:
+    return local_link_url(s, mint_local_link(s))
+
+
+def console_url(args) -> int:
+    """``sluice console-url``: a new one-time link to the console, for Sluice's own user."""
+    s = get_settings()
+    if s.console_password is not None or s.console_sign_in != "auto":
+        print(
+            "The console signs in with SLUICE_CONSOLE_PASSWORD (or SLUICE_CONSOLE_SIGN_IN is "
+            "set): open it at " + local_link_url(s, "").split("?")[0],
+            file=sys.stderr,
+        )
+        return 2
+    print(_link(s))
+    return 0
+
+
 def serve(args) -> int:
     s = get_settings()
     private_dir(s.data_dir)
@@ -87,6 +105,8 @@ def serve(args) -> int:
         serve_metrics(s)
         return 0
     argv = argv_for(args.what, workers=args.workers, kind=args.kind)
+    if args.what == "console" and s.console_password is None and s.console_sign_in == "auto":
+        print(f"Open the console (this link works once): {_link(s)}")
     sys.stdout.flush()
     os.execv(argv[0], argv)
     return 0  # pragma: no cover

@@ -117,8 +117,40 @@ def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     return who
 
 
+LINK_KEY = "sluice_local_link_browser"
+_LINKED: set[str] = set()  # browsers (their cookie's hash) that opened a local link, this process
+_linked_lock = threading.Lock()
+
+
+def _local_link_ok(settings: Settings, conn: gate.Connection) -> bool:
+    """Without a password: has this browser opened a link `sluice serve console` printed?"""
+    if not gate.local_link_required(settings, conn):
+        return True
+    binding, browser = _binding(conn, settings), _browser(conn)
+    if st.session_state.get(LINK_KEY) == binding:
+        return True
+    with _linked_lock:
+        if browser is not None and browser in _LINKED:
+            st.session_state[LINK_KEY] = binding
+            return True
+    token = st.query_params.get(gate.TOKEN_PARAM)
+    if token is None:
+        return False
+    del st.query_params[gate.TOKEN_PARAM]  # out of the address bar, the history and any link
+    if not gate.redeem_local_link(settings, token):
+        return False
+    st.session_state[LINK_KEY] = binding
+    if browser is not None:
+        with _linked_lock:
+            _LINKED.add(browser)
+    return True
+
+
 def _signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     if not gate.sign_in_required(settings, conn):
+        if not _local_link_ok(settings, conn):
+            st.session_state.pop(OPERATOR_KEY, None)
+            return None
         st.session_state[OPERATOR_KEY] = LOCAL_OPERATOR
         st.session_state.pop(BINDING_KEY, None)
         return LOCAL_OPERATOR
@@ -196,6 +228,14 @@ def _sign_in_page(settings: Settings, conn: gate.Connection) -> None:
     st.title("Sluice")
     st.subheader("Sign in to the operator console")
     client, browser = gate.client_address(settings, conn), _browser(conn)
+    if not gate.sign_in_required(settings, conn):
+        st.info(
+            "Open the console with the link that `sluice serve console` printed, or get a new one "
+            "with `sluice console-url` (each link works once, within 15 minutes). Other users of "
+            "this machine can reach this port too, so being on this machine is not enough; or "
+            "set SLUICE_CONSOLE_PASSWORD."
+        )
+        return
     if settings.console_password is not None:
         with st.form("login", clear_on_submit=True):
             password = st.text_input("Password", type="password", key="login_password")

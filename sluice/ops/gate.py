@@ -19,12 +19,17 @@ whatever address.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import ipaddress
 import os
+import secrets
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from sluice.files import private_dir, write_private
 from sluice.settings import Settings, is_loopback
 
 FORWARDING_HEADERS = (
@@ -142,6 +147,59 @@ def sign_in_required(settings: Settings, conn: Connection) -> bool:
     if settings.console_sign_in == "always" or settings.console_password is not None:
         return True
     return not direct_loopback(conn)
+
+
+# --- the local link: who is "at this machine" ------------------------------------------------------
+# On a host with other users, a loopback connection is not an identity: any of them can open
+# 127.0.0.1:8501. Without a password, the console therefore serves a loopback browser only once it
+# has opened a link that `sluice serve console` or `sluice console-url` printed for Sluice's own
+# user: the link carries a one-time token whose hash waits in a 0700 folder of the data directory
+# that no other user can read or write. The browser that redeemed it stays signed in.
+
+TOKEN_DIR = "console-links"
+TOKEN_SECONDS = 15 * 60  # a link not opened within this long no longer works
+TOKEN_PARAM = "token"
+
+
+def local_link_required(settings: Settings, conn: Connection) -> bool:
+    """Without a password, a connection straight from this machine still shows a local link."""
+    return settings.console_sign_in == "auto" and not conn.in_process
+
+
+def mint_local_link(settings: Settings) -> str:
+    """A new one-time token for the console (its hash stored, 0600, in the private data dir)."""
+    token = secrets.token_urlsafe(32)
+    folder = private_dir(settings.data_dir / TOKEN_DIR)
+    for old in folder.iterdir():  # links never opened, past their time
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > TOKEN_SECONDS:
+                old.unlink()
+    write_private(folder / _token_name(token), "")
+    return token
+
+
+def redeem_local_link(settings: Settings, token: str | None) -> bool:
+    """True once for a token minted here within TOKEN_SECONDS; it is spent by this call."""
+    if not token or len(token) > 200:
+        return False
+    path = settings.data_dir / TOKEN_DIR / _token_name(token)
+    try:
+        age = time.time() - path.stat().st_mtime
+        path.unlink()  # only one redeemer wins the unlink
+    except OSError:
+        return False
+    return age <= TOKEN_SECONDS
+
+
+def local_link_url(settings: Settings, token: str) -> str:
+    host = settings.console_address
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.console_port}/?{TOKEN_PARAM}={token}"
+
+
+def _token_name(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def client_address(settings: Settings, conn: Connection) -> str:

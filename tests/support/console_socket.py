@@ -139,3 +139,11 @@ def text(widget_id: str, value: str):
     state = WidgetState(id=widget_id)
     state.string_value = value
     return state
+
+
+def local_link(settings) -> str:
+    """The query of a one-time link to a console without a password, as `sluice console-url`
+    mints it for Sluice's own user (the console serves a loopback browser only after one)."""
+    from sluice.ops.gate import TOKEN_PARAM, mint_local_link
+
+    return f"{TOKEN_PARAM}={mint_local_link(settings)}"
