@@ -135,7 +135,7 @@ class Network:
         return host
 
     def close(self) -> None:
-        """Every process, namespace, cable and the bridge this run (or a killed earlier one) made."""
+        """Every process, namespace, cable and the bridge this run (or an earlier one) made."""
         listed = sh("ip", "netns", "list", check=False).stdout.split()
         for ns in [n for n in listed if n.startswith("slc-")]:
             deadline = time.monotonic() + 10

@@ -136,6 +136,12 @@ def start_postgres(host: Host, password: str) -> Path:
         conf.write(
             f"listen_addresses = '{host.ip}'\nport = 5432\nunix_socket_directories = '{pgdata}'\n"
             "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+            # A host cut off in the middle of a transaction keeps its row locks until the server
+            # gives up on it; every other worker (and the reaper) waits behind them meanwhile.
+            # Sessions idle inside a transaction are ended, dead peers found by keepalives.
+            "idle_in_transaction_session_timeout = '20s'\n"
+            "tcp_keepalives_idle = 5\ntcp_keepalives_interval = 2\ntcp_keepalives_count = 3\n"
+            "log_lock_waits = on\ndeadlock_timeout = '1s'\n"
         )
     with open(pgdata / "pg_hba.conf", "a") as hba:
         subnet = host.ip.rsplit(".", 1)[0] + ".0/24"
