@@ -3,7 +3,15 @@ searched, counts and labels that match what happened."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.apptest import open_console, texts
+from tests.support.seed import seed_every_state
+
+
+@pytest.fixture
+def seeded(ctx):
+    return seed_every_state(ctx)
 
 
 def test_first_visit_and_the_search_filter_name_every_format_sluice_indexes(ctx):
@@ -16,3 +24,16 @@ def test_first_visit_and_the_search_filter_name_every_format_sluice_indexes(ctx)
     box.set_value("text/html")
     at.run()
     assert not at.exception
+
+
+def test_dead_letters_link_every_row_to_its_job_and_a_locked_file_to_its_password_form(ctx, seeded):
+    locked = seeded["failed:password_protected"]
+    at = open_console("dead_letters")
+    page = texts(at)
+    # The password group says one thing to do, not also "upload a corrected file".
+    assert "give each file's password on its job" in page
+    links = {(p.proto.label, p.proto.page) for p in at.get("page_link")}
+    for job_id in locked:
+        assert any(f"(job {job_id})" in label and "password" in label for label, _ in links)
+    table = next(df.value for df in at.dataframe if "open" in df.value.columns)
+    assert all(url == f"jobs?job={j}" for url, j in zip(table["open"], table["job"], strict=True))

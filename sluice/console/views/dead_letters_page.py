@@ -7,6 +7,8 @@ from sluice.console import ui
 from sluice.ops import actions, reads
 
 LIMIT = 200
+PASSWORD_LINKS = 10  # links to the password forms shown under a group of locked files
+JOBS_URL = "jobs"  # the Jobs page's url_path (app.py), relative to this page's
 
 who = ui.operator()
 sc = ui.scope()
@@ -65,7 +67,13 @@ for g in groups:
     box.caption(f"Latest failure {ui.ago(g['latest'])}.")
     if g["fix_hint"]:
         box.info(f"**What to do:** {ui.plain(g['fix_hint'])}", icon=":material/build:")
-    if kind in ("user_action_required", "permanent"):
+    locked = code in actions.LOCKED_CODES
+    if locked:
+        box.caption(
+            "Retrying runs the same bytes again, so it fails again: give each file's password on "
+            "its job (the links below the table), or upload a copy without one."
+        )
+    elif kind in ("user_action_required", "permanent"):
         box.caption(
             "Retrying runs the same bytes again, so it fails again until the cause is fixed; "
             "usually the fix is a new upload of a corrected file."
@@ -79,6 +87,7 @@ for g in groups:
             [
                 {
                     "job": r["id"],
+                    "open": f"{JOBS_URL}?job={r['id']}",
                     "file": r["filename"],
                     "dataset": r["dataset"],
                     "attempts": r["attempt"],
@@ -95,6 +104,9 @@ for g in groups:
         height=min(280, 35 * (len(rows) + 1) + 3),
         column_config={
             "job": st.column_config.NumberColumn("job", format="%d", width="small"),
+            "open": st.column_config.LinkColumn(
+                "open", display_text=r"job=(\d+)$", width="small", help="The job's page"
+            ),
             "error": st.column_config.TextColumn("error", width="large"),
         },
     )
@@ -102,6 +114,14 @@ for g in groups:
         box.caption(
             f"Showing the latest {LIMIT} of {n:,}; 'Retry all' and 'Dismiss all' act on all {n:,}."
         )
+    if locked:  # the password form is on each job's page: one link per file, no row to tick
+        for r in rows[:PASSWORD_LINKS]:
+            box.page_link(
+                ui.JOBS_PAGE,
+                label=f"Give the password of {r['filename']} (job {r['id']})",
+                query_params={"job": str(r["id"])},
+                icon=":material/key:",
+            )
     chosen = _selected(table_key, ids)
     b = box.container(horizontal=True)
     b.button(
