@@ -357,8 +357,11 @@ class VectorStore:
             )
         return hits
 
-    def query_ids(self, name: str, embeddings: np.ndarray, *, n: int) -> list[list[str]]:
-        """The ids of the ``n`` nearest chunks of each embedding (one request), no filter."""
+    def query_ids(
+        self, name: str, embeddings: np.ndarray, *, n: int
+    ) -> list[list[tuple[str, float]]]:
+        """The ``n`` nearest chunks of each embedding as (id, cosine distance), one request, no
+        filter."""
         if not len(embeddings) or n <= 0:
             return [[] for _ in range(len(embeddings))]
         res = self._on(
@@ -366,10 +369,13 @@ class VectorStore:
             lambda coll: coll.query(
                 query_embeddings=np.asarray(embeddings, dtype=np.float32),
                 n_results=n,
-                include=[],
+                include=["distances"],
             ),
         )
-        return [list(row) for row in res["ids"]]
+        return [
+            list(zip(ids, map(float, dists), strict=True))
+            for ids, dists in zip(res["ids"], res["distances"], strict=True)
+        ]
 
     def drop_collection(self, name: str) -> None:
         with self._lock:
