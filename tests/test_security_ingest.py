@@ -64,3 +64,18 @@ def test_links_out_of_the_folder_are_skipped_unless_asked(ctx, tmp_path):
     followed = sluice("ingest", str(folder), "--follow-links")
     assert followed.returncode == 0, followed.stderr
     assert {"leak.txt", "more.md"} <= names(ctx)
+
+
+def test_sluice_ingest_keeps_the_dataset_name_rule(ctx, tmp_path):
+    """Suspected in issue 26: `--dataset NAME` skipped the rule the console's Create applies, and
+    the name reached Markdown (a code span on the Datasets page) as it was. The real command."""
+    from sluice.storage.models import Dataset
+
+    doc = tmp_path / "notes.txt"
+    doc.write_text("Harbour pilots board ships near the breakwater. " * 20)
+    hostile = "x` [Session expired, sign in again](https:evil.example) `"
+    done = sluice("ingest", str(doc), "--dataset", hostile)
+    assert done.returncode != 0 and "is not a dataset name" in done.stdout + done.stderr
+    with Session(ctx.engine) as session:
+        assert hostile not in {d.name for d in session.exec(select(Dataset)).all()}
+    assert sluice("ingest", str(doc), "--dataset", "harbour-2024").returncode == 0

@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from sluice.errors import PipelineError, WaitingError
 from sluice.ops.documents import remove_blob_if_unused
@@ -26,7 +27,7 @@ from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset
-from sluice.storage.models import JobStatus
+from sluice.storage.models import Dataset, JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ def ingest_stream(
 ) -> IngestResult:
     s = ctx.settings
     display = sanitize_filename(filename)
+    refused = _dataset_refusal(ctx, dataset, display)
+    if refused is not None:
+        return refused
     head = stream.read(SNIFF_BYTES)
     try:
         media_type = sniff_type(head, display)
@@ -135,6 +139,33 @@ def ingest_stream(
     except WaitingError as err:  # committed; only the upload's second name may be left over
         log.warning("upload of %s: the blob store did not confirm it (%s)", key[:12], err.message)
     return _answer(ctx, dataset, display, document, job, created, publish)
+
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
+DATASET_NAME_RULE = (
+    "A dataset name is 1 to 64 letters, digits, spaces, '.', '_' or '-', starting with a letter "
+    "or digit."
+)
+
+
+def _dataset_refusal(ctx: Context, dataset: str, display: str) -> IngestResult | None:
+    """An upload into a dataset not yet there makes it: the name follows the one rule for names
+    (every front end: the console's Create, the CLI's --dataset, the API), so no name can carry
+    Markdown or a code span onto a page. A dataset that already exists is taken as it is."""
+    if DATASET_NAME.match(dataset):
+        return None
+    with Session(ctx.engine) as session:
+        if session.exec(select(Dataset).where(Dataset.name == dataset)).first() is not None:
+            return None
+    return IngestResult(
+        display,
+        False,
+        dataset=dataset,
+        error_kind="user_action_required",
+        error_code="bad_dataset_name",
+        message=f"{dataset!r} is not a dataset name",
+        fix_hint=DATASET_NAME_RULE,
+    )
 
 
 def _refused(display: str, dataset: str, err: PipelineError) -> IngestResult:
