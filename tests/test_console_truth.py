@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.apptest import open_console, texts
+from tests.support.helpers import run_file
 from tests.support.seed import seed_every_state
 
 
@@ -37,3 +38,17 @@ def test_dead_letters_link_every_row_to_its_job_and_a_locked_file_to_its_passwor
         assert any(f"(job {job_id})" in label and "password" in label for label, _ in links)
     table = next(df.value for df in at.dataframe if "open" in df.value.columns)
     assert all(url == f"jobs?job={j}" for url, j in zip(table["open"], table["job"], strict=True))
+
+
+def test_cli_search_spans_every_dataset_as_the_console_does_and_says_which(ctx, capsys):
+    from sluice.cli.main import main
+
+    run_file(ctx, b"The lighthouse keeper lit the lamp at dusk. " * 30, "keeper.txt", "default")
+    run_file(ctx, b"A lighthouse stands on the northern cape. " * 30, "cape.txt", "coast")
+    assert main(["search", "lighthouse"]) == 0
+    out = capsys.readouterr().out
+    assert "searched 2 dataset(s): coast, default" in out
+    assert "keeper.txt" in out and "cape.txt" in out
+    assert main(["search", "lighthouse", "--dataset", "coast"]) == 0
+    out = capsys.readouterr().out
+    assert "searched 1 dataset(s): coast" in out and "keeper.txt" not in out

@@ -303,6 +303,8 @@ def search(args) -> int:
     if args.json:
         print_json([h.to_dict() for h in hits])
         return 0
+    searched = [args.dataset] if args.dataset else [d.name for d in reads.datasets()]
+    print(f"searched {len(searched)} dataset(s): {', '.join(searched)}")
     rows = [
         {
             "score": f"{h.score:.3f}",
@@ -322,7 +324,7 @@ def search(args) -> int:
             ("matched", "BY"),
             ("text", "TEXT"),
         ],
-        empty=f"no matches in dataset {args.dataset!r}",
+        empty="no matches" + (f" in dataset {args.dataset!r}" if args.dataset else ""),
     )
     return 0
 

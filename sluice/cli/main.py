@@ -160,9 +160,9 @@ def add_read_commands(sub) -> None:
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.datasets)
 
-    a = sub.add_parser("search", help="search one dataset")
+    a = sub.add_parser("search", help="search every dataset, or the one named (as the console)")
     a.add_argument("query")
-    a.add_argument("--dataset", default="default")
+    a.add_argument("--dataset", help="only this dataset (default: all, as the console searches)")
     a.add_argument("--k", type=int, default=5)
     a.add_argument(
         "--mode",
