@@ -6,6 +6,8 @@ own secret (a Slack- or Teams-style webhook URL), nor what that endpoint answere
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from sqlmodel import Session
 
 from sluice.storage.models import WebhookDelivery
@@ -48,3 +50,29 @@ def test_a_read_only_operator_sees_no_webhook_secret_nor_the_endpoints_answer(ct
     with ConsoleSocket(proc.port, headers={"Cookie": "_streamlit_xsrf=operator-1"}) as sock:
         seen = signed_in_page(sock, PASSWORD, "system").text
     assert "pathSecret4f9c" in seen and "answerSecret23" in seen  # operators still see it all
+
+
+def test_a_read_only_operator_cannot_make_the_console_parse_for_a_cost_count(make_ctx, monkeypatch):
+    """Suspected in issue 26, confirmed: the bulk "count the embedding cost" toggle parsed a sample
+    of documents in the console on every refresh, for a read-only operator too. The Jobs page,
+    signed in read-only, with the toggle's value sent anyway (a disabled widget is only drawn so)."""
+    from sluice.ops import reads
+    from tests.support.apptest import assert_ok, open_console
+    from tests.support.seed import seed_every_state
+
+    ctx = make_ctx(SLUICE_CONSOLE_PASSWORD=PASSWORD, SLUICE_CONSOLE_READONLY_PASSWORD=READONLY)
+    seed_every_state(ctx)
+    parsed: list[list[int]] = []
+    counted = SimpleNamespace(describe=lambda: "1 document parsed")
+    monkeypatch.setattr(reads, "preview_jobs", lambda c, ids, **kw: parsed.append(ids) or counted)
+    at = open_console()
+    at.text_input(key="login_password").set_value(READONLY)
+    at.button[0].click().run()
+    at.switch_page("views/jobs_page.py").run()
+    at.segmented_control(key="bulk_action").set_value("reindex").run()
+    assert at.toggle(key="bulk_cost").disabled
+    at.session_state["bulk_cost"] = True  # what a raw websocket client may send for it anyway
+    at.run()
+    assert_ok(at)
+    assert parsed == []
+    assert reads.bulk_preview("reindex", reads.queries.JobFilter(), with_cost=True) and parsed

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from sqlmodel import Session
 
 from sluice.ops import documents, drain, reindex
+from sluice.ops.access import Operator
 from sluice.ops.drain import DrainEstimate
 from sluice.ops.preview import SAMPLE, Preview, preview_jobs
 from sluice.ops.search import query_vector
@@ -546,7 +547,12 @@ def _past(action: str) -> str:
 
 
 def bulk_preview(
-    action: str, f: queries.JobFilter, *, with_cost: bool = True, ids: bool = True
+    action: str,
+    f: queries.JobFilter,
+    *,
+    with_cost: bool = True,
+    ids: bool = True,
+    who: Operator | None = None,
 ) -> BulkPreview:
     """What a bulk action over everything ``f`` matches would change, and cost, before it does. Counted
     by the database; the job ids are read only with ``ids`` (to act on them), and for the cost only
@@ -555,7 +561,10 @@ def bulk_preview(
     with _session() as session:
         matching = queries.count_jobs(session=session, f=f)
         applicable, documents = queries.count_applicable(session=session, f=f, statuses=statuses)
-        wanted = with_cost and applicable and action in ("retry", "reindex")
+        # Counting the cost parses a sample of documents: work only an operator may cause (a
+        # read-only browser could otherwise make the console parse on every refresh).
+        may = who is None or who.can_act
+        wanted = with_cost and may and applicable and action in ("retry", "reindex")
         job_ids = (
             queries.matching_job_ids(session=session, f=f, statuses=statuses)
             if ids

@@ -444,8 +444,9 @@ with st.expander(f"Act on all {page.total:,} matching job(s)"):
             with_cost=st.toggle(
                 "Count the embedding cost (parses a sample of the documents)",
                 key="bulk_cost",
-                disabled=bulk_action not in ("retry", "reindex"),
+                disabled=not who.can_act or bulk_action not in ("retry", "reindex"),
             ),
+            who=who,
         )
         st.info(plan.describe(), icon=":material/preview:")
         ui.confirm_button(
