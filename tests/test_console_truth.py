@@ -52,3 +52,11 @@ def test_cli_search_spans_every_dataset_as_the_console_does_and_says_which(ctx, 
     assert main(["search", "lighthouse", "--dataset", "coast"]) == 0
     out = capsys.readouterr().out
     assert "searched 1 dataset(s): coast" in out and "keeper.txt" not in out
+
+
+def test_the_retry_anyway_prompt_is_one_sentence_with_one_full_stop(ctx, seeded):
+    job_id = seeded["failed:password_protected"][0]
+    at = open_console("jobs", query={"job": str(job_id)})
+    at.button(key=f"retry_{job_id}").click().run()
+    prompt = next(t for t in texts(at).split("\n") if "Retry anyway?" in t)
+    assert ".." not in prompt and ". . " not in prompt, prompt

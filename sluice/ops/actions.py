@@ -101,10 +101,13 @@ def retry_outlook(row: dict) -> str:
         ErrorKind.user_action_required.value,
     ):
         return ""
+    # A sentence of its own: the front ends end it (". Retry anyway?"), so no full stop of ours.
+    because = (row["error_message"] or "").rstrip(". ")
+    helps = (row["fix_hint"] or "").rstrip(". ")
     return (
-        f"job {row['id']} ({row['filename']}) failed because {row['error_message']}; a retry runs the "
+        f"job {row['id']} ({row['filename']}) failed because {because}; a retry runs the "
         "same file again and fails the same way unless that cause has been fixed outside the file"
-        + (f". What helps: {row['fix_hint']}" if row["fix_hint"] else "")
+        + (f". What helps: {helps}" if helps else "")
     )
 
 
