@@ -95,12 +95,10 @@ def _run(base: Path, services: Host, worker1: Host, worker2: Host, entry: Host) 
             )
         story = _ingest_through_faults(services, worker1, worker2, entry, s, ca, token, queue)
         _check_the_end(services, worker1, worker2, entry, s, ca, envs["entry"], story)
-        if os.environ.get("RUN_CLUSTER_BENCH") == "1":  # make cluster-bench: minutes more
-            _throughput(story["engine"], worker1, worker2, entry, ca, token, envs)
-        else:  # the killed host runs a worker again, alone (it removes what the kill left)
-            worker2.kill_all()
-            worker1.start("worker-again", sluice("serve", "worker"), envs["worker1"])
-            _settle(story["engine"], entry, ca, token)
+        # the killed host runs a worker again, alone (it removes what the kill left)
+        worker2.kill_all()
+        worker1.start("worker-again", sluice("serve", "worker"), envs["worker1"])
+        _settle(story["engine"], entry, ca, token)
         _no_blob_on_any_disk(services, worker1, worker2, entry)
     finally:
         recipe.stop_postgres(services, pgdata)
@@ -364,64 +362,7 @@ def _closing_lines(jobs, by_job, story) -> None:
     )
 
 
-# --- throughput: one worker host, then two, each on one core, the real model -----------------
-
-BENCH_DOCS = 24
-
-
-def bench_document(phase: str, i: int) -> bytes:
-    paragraphs = [
-        f"{phase} report {i}, section {p}: "
-        + " ".join(f"measure{(i * 31 + p * 7 + k) % 997} of {phase}" for k in range(70))
-        for p in range(30)
-    ]
-    return "\n\n".join(paragraphs).encode()
-
-
-def _throughput(
-    engine, worker1: Host, worker2: Host, entry: Host, ca: Path, token: str, envs
-) -> None:
-    """The same amount of work (different bytes: the embedding cache must not help) with one and
-    with two worker hosts, each pinned to one core with taskset, the real model in its default
-    precision. Jobs are uploaded while the queue is paused and timed from the resume. The entry
-    host's API restarts with the same model setting: it decides the uploads' pipeline version."""
-    bench = {}
-    for name, env in envs.items():
-        bench[name] = {
-            **env,
-            "SLUICE_EMBEDDER": "sentence-transformers",
-            "SLUICE_TORCH_THREADS": "1",
-            "SLUICE_LEASE_SECONDS": "60",  # the real model on one shared core: no false reaps
-            "SLUICE_HEARTBEAT_SECONDS": "5",
-        }
-        bench[name].pop("SLUICE_EMBED_BATCH_SIZE")
-    for host in (worker1, worker2, entry):
-        host.kill_all()
-    entry.start(
-        "bench-api", sluice("serve", "api"), {**bench["entry"], "SLUICE_API_HOSTS": entry.ip}
-    )
-    _nginx(entry, entry.root / "nginx" / "nginx.conf", bench["entry"])
-    wait_until(
-        lambda: _answers(f"https://{entry.ip}:8443/v1/health", ca),
-        timeout=90,
-        what="the API is back",
-    )
-
-    def start(host: Host, core: int) -> None:
-        argv = ["taskset", "-c", str(core), *sluice("serve", "worker")]
-        host.start("bench-worker", argv, bench[host.name])
-
-    start(worker1, 0)
-    one = _timed_phase(engine, entry, ca, bench["entry"], "one", warm=[worker1])
-    start(worker2, 1)
-    two = _timed_phase(engine, entry, ca, bench["entry"], "two", warm=[worker2])
-    chunks = one[1]
-    print(
-        f"cluster: throughput, {BENCH_DOCS} documents ({chunks} chunks), one core per worker host: "
-        f"one host {one[0]:.1f} s ({chunks / one[0]:.0f} chunks/s), two hosts {two[0]:.1f} s "
-        f"({two[1] / two[0]:.0f} chunks/s): two/one = {one[0] / two[0] * two[1] / chunks:.2f}x"
-    )
-    assert two[1] == chunks
+# --- after the run ------------------------------------------------------------------------
 
 
 def _settle(engine, entry: Host, ca: Path, token: str) -> None:
@@ -437,52 +378,6 @@ def _settle(engine, entry: Host, ca: Path, token: str) -> None:
 def _nginx(host: Host, conf: Path, env: dict[str, str]) -> None:
     log = str(host.root / "nginx-start.log")
     host.start("nginx", ["nginx", "-p", str(host.root), "-e", log, "-c", str(conf)], env)
-
-
-def _timed_phase(engine, entry, ca, env, phase: str, warm: list[Host]) -> tuple[float, int]:
-    from sluice.client import Client
-
-    dataset = f"bench-{phase}"
-    made = entry.run(sluice("datasets", "--create", dataset), env)
-    assert made.returncode == 0, made.stderr
-    key = entry.run(
-        sluice("keys", "create", f"bench-{phase}", "--dataset", dataset, "--scope", "ingest"), env
-    )
-    assert key.returncode == 0, key.stderr
-    with Client(f"https://{entry.ip}:8443", key.stdout.strip(), verify=str(ca)) as api:
-        for host in warm:  # the model loads before the clock starts
-            for n in range(8):
-                job = api.upload(
-                    f"warm-up {phase} {n} {host.name}".encode() * 20,
-                    dataset=dataset,
-                    filename="w.txt",
-                )
-                wait_until(
-                    lambda j=job["job_id"]: _all_final(engine, [j]),
-                    timeout=180,
-                    what="a warm-up job",
-                )
-                if _claimed_by_job(engine, job["job_id"]).startswith(host.name):
-                    break
-        paused = entry.run(sluice("pause", "--dataset", dataset, "--reason", "upload first"), env)
-        assert paused.returncode == 0, paused.stderr
-        ids = [
-            api.upload(bench_document(phase, i), dataset=dataset, filename=f"b{i}.txt")["job_id"]
-            for i in range(BENCH_DOCS)
-        ]
-        started = time.monotonic()
-        resumed = entry.run(sluice("resume", "--dataset", dataset), env)
-        assert resumed.returncode == 0, resumed.stderr
-        wait_until(
-            lambda: _all_final(engine, ids),
-            timeout=240,
-            what=f"the {phase}-host corpus done",
-            interval=0.1,
-        )
-        seconds = time.monotonic() - started
-    rows = _rows(engine, "SELECT status, chunk_count FROM job WHERE id = ANY(:ids)", ids=ids)
-    assert [r[0] for r in rows] == ["succeeded"] * BENCH_DOCS
-    return seconds, sum(r[1] for r in rows)
 
 
 def _claimed_by_job(engine, job_id: int) -> str:
