@@ -463,3 +463,25 @@ def test_a_read_only_browser_cannot_guess_the_operator_password(ctx, console):
     assert "read-only" in sign_in(proc.port, READONLY, headers=reader, **via)  # still itself
     stranger = {"X-Forwarded-For": "192.0.2.99", "Cookie": "_streamlit_xsrf=new-browser-31"}
     assert "(operator)" in sign_in(proc.port, PASSWORD, headers=stranger, **via)
+
+
+def test_a_leaked_session_id_neither_acts_nor_signs_the_operator_out(ctx, console):
+    """Suspected in issue 26, confirmed: resuming a signed-in session by its leaked id reached the
+    session's widgets (their callbacks run before the script checks anything) and the thief's run
+    signed the real browser out. Now such a connection gets a session of its own."""
+    proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
+    operator = {"Cookie": "_streamlit_xsrf=operator-browser-cookie-5e0c"}
+    sock = ConsoleSocket(proc.port, headers=operator)
+    page = sock.run()
+    field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
+    sock.run(widgets=[text(field, PASSWORD), trigger(button)])
+    signed = sock.run()
+    ids = signed.widget_id("text_input", "Name"), signed.widget_id("button", "Create")
+    assert "Overview" in signed.text and all(ids)
+    sock.close()
+    leaked = page.session_id
+    with ConsoleSocket(proc.port, resume=leaked, headers={"Cookie": "_streamlit_xsrf=thief"}) as t:
+        seen = t.run(widgets=[text(ids[0], "stolen"), trigger(ids[1])])
+    assert "Overview" not in seen.text and "stolen" not in datasets(ctx)
+    with ConsoleSocket(proc.port, headers=operator, resume=leaked) as back:
+        assert "Overview" in back.run().text  # still signed in

@@ -36,6 +36,9 @@ class FrameGuard:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await self.app(_without_foreign_resume(scope), receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -56,6 +59,36 @@ class FrameGuard:
 
 
 _OURS = {name for name, _ in FRAME_HEADERS}
+
+
+def _without_foreign_resume(scope: dict) -> dict:
+    """The websocket's request, minus a session id to resume that belongs to another browser
+    (Streamlit reads it from the third entry of Sec-WebSocket-Protocol): that connection gets a
+    new session instead of a signed-in one (see sluice.console.login)."""
+    from http.cookies import SimpleCookie
+
+    from sluice.console import login
+
+    headers = list(scope.get("headers", []))
+    cookie_header = b"; ".join(v for k, v in headers if k.lower() == b"cookie").decode("latin-1")
+    cookies = SimpleCookie()
+    try:
+        cookies.load(cookie_header)
+    except Exception:
+        cookies = SimpleCookie()
+    xsrf = cookies.get(login.XSRF_COOKIE)
+    out = []
+    for key, value in headers:
+        if key.lower() == b"sec-websocket-protocol":
+            entries = [e.strip() for e in value.decode("latin-1").split(",")]
+            if (
+                len(entries) >= 3
+                and entries[2]
+                and not login.may_resume(entries[2], xsrf.value if xsrf else None)
+            ):
+                value = ", ".join(entries[:2]).encode("latin-1")
+        out.append((key, value))
+    return {**scope, "headers": out}
 
 
 async def _refuse(why: str, send: Any) -> None:

@@ -114,7 +114,39 @@ def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     """The operator of this session, or None while nobody has signed in on this connection."""
     who = _signed_in(settings, conn)
     _allow_uploads(who is not None and who.can_act)
+    if who is not None and not conn.in_process:
+        _remember_browser(_browser(conn))
     return who
+
+
+# --- resuming a session ----------------------------------------------------------------------------
+# A Streamlit session id travels in upload URLs and logs. Whoever resumes a signed-in session with it
+# would get its widgets, and their callbacks run before any check of the script. The launcher's
+# guard (sluice.console.launcher) therefore lets a websocket resume a signed-in session only from
+# the browser it was signed in on (the same XSRF token inside the cookie); any other connection gets
+# a new session of its own.
+
+_SESSION_BROWSERS: dict[str, str | None] = {}  # signed-in session id -> its browser (cookie hash)
+_sessions_lock = threading.Lock()
+
+
+def _remember_browser(browser: str | None) -> None:
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+
+    run = get_script_run_ctx()
+    if run is not None:
+        with _sessions_lock:
+            _SESSION_BROWSERS[run.session_id] = browser
+
+
+def may_resume(session_id: str, cookie: str | None) -> bool:
+    """Whether a connection with this XSRF cookie may resume ``session_id``."""
+    with _sessions_lock:
+        if session_id not in _SESSION_BROWSERS:
+            return True  # never signed in: nothing to take over
+        bound = _SESSION_BROWSERS[session_id]
+    browser = hashlib.sha256(_xsrf_token(cookie).encode()).hexdigest()[:32] if cookie else None
+    return bound is not None and browser == bound
 
 
 LINK_KEY = "sluice_local_link_browser"
@@ -163,8 +195,10 @@ def _signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
         st.session_state[OPERATOR_KEY] = who
         st.session_state[BINDING_KEY] = binding
         return who
-    st.session_state.pop(OPERATOR_KEY, None)
-    st.session_state.pop(BINDING_KEY, None)
+    if st.session_state.get(BINDING_KEY) is None:  # nobody signed in on this session
+        st.session_state.pop(OPERATOR_KEY, None)
+    # A sign-in tied to another browser stays as it is: a run from a leaked session id is not
+    # signed in, and does not sign the real browser out either.
     return None
 
 
