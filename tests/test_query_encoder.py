@@ -157,3 +157,13 @@ def test_the_worker_builds_the_export_in_its_own_threads_at_start(model_dir, tmp
     assert state["held"]  # the window was forced open
     want = query_encoder.export_path(model_dir, tmp_path).name
     assert [Path(p).name for p in state["exported"]] == [want]
+
+
+def test_loading_the_model_draws_no_progress_bar(capfd):
+    """A cold `sluice search` without the export loads the model: its output has no bar in it."""
+    from sluice.pipeline.running.embed import SentenceTransformerEmbedder
+
+    capfd.readouterr()
+    SentenceTransformerEmbedder("all-MiniLM-L6-v2", precision="fp32", threads=1)
+    out = capfd.readouterr()
+    assert "Loading weights" not in out.err + out.out

@@ -142,6 +142,10 @@ class SentenceTransformerEmbedder:
         with import_lock:
             import torch
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as transformers_logging
+
+            # No "Loading weights" bar in `sluice search` output or the worker's log.
+            transformers_logging.disable_progress_bar()
 
             self.lanes = threads or available_cores()
             torch.set_num_threads(1)
