@@ -309,8 +309,8 @@ def measure(args) -> tuple[Table, list[str]]:
 
 
 def _checkpoint(ctx) -> int:
-    """Write SQLite's WAL back into the database file and empty it, as a system that has grown to
-    its jobs over weeks would be (a bulk load leaves the WAL hundreds of MB long); its size before."""
+    """Write SQLite's WAL back into the database file and empty it, as in a system that grew to
+    its jobs over weeks (a bulk load leaves the WAL tens of MB long); its size before."""
     wal = Path(ctx.settings.data_dir) / "sluice.db-wal"
     size = wal.stat().st_size if wal.exists() else 0
     with ctx.engine.connect() as conn:
