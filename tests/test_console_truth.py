@@ -60,3 +60,27 @@ def test_the_retry_anyway_prompt_is_one_sentence_with_one_full_stop(ctx, seeded)
     at.button(key=f"retry_{job_id}").click().run()
     prompt = next(t for t in texts(at).split("\n") if "Retry anyway?" in t)
     assert ".." not in prompt and ". . " not in prompt, prompt
+
+
+def test_pause_and_resume_say_it_once_unescaped_and_a_pause_is_not_paused_paused(ctx):
+    from sluice.ops.ingest import ingest_bytes
+
+    ingest_bytes(ctx, b"Rigging of tall ships. " * 30, dataset="rag-demo", filename="ships.txt")
+    at = open_console("overview", query={"dataset": "rag-demo"})
+    at.button(key="pause_scope").click().run()
+    at.button(key="pause_scope:yes").click().run()
+    page = texts(at)
+    assert "\\" not in page, page  # escaped once: the person reads no backslash
+    assert "Paused: paused" not in page and "Paused (dataset rag-demo" in page
+    resume = next(b for b in at.button if b.key and b.key.startswith("resume_"))
+    resume.click().run()
+    assert "\\" not in texts(at)
+
+
+def test_a_job_of_one_chunk_says_1_chunk():
+    from sluice.console import ui
+
+    row = {"status": "succeeded", "cancel_requested": False, "chunk_count": 1, "attempt": 1}
+    row |= {"max_attempts": 3, "error_message": "", "error_kind": None, "stage": "done"}
+    assert ui.job_cells(row)["progress"] == "1 chunk"
+    assert ui.count(2400, "chunk") == "2,400 chunks"

@@ -66,12 +66,17 @@ def words(code: str | None) -> str:
     return (code or "").replace("_", " ")
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 chunk``, ``2 chunks``, ``1,200 chunks``."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def job_cells(r: dict) -> dict[str, str]:
     """A job row as the tables say it: in words, and never promising attempts that will not come."""
     active = r["status"] in ("pending", "running", "retrying")
     status = "cancelling" if r["cancel_requested"] and active else r["status"]
     if r["status"] == "succeeded":
-        progress = f"{r['chunk_count'] or 0} chunks"
+        progress = count(r["chunk_count"] or 0, "chunk")
     elif active:
         progress = r["progress"]
     elif r["status"] in ("failed", "cancelled"):

@@ -37,17 +37,18 @@ elif not queue.workers and ov.active:
 
 
 def _pause_flash(done: pausing.PauseResult) -> None:
-    ui.flash("success" if done.ok else "error", ui.plain(done.message))
+    # show_flashes escapes what it shows: the words as they are, escaped once.
+    ui.flash("success" if done.ok else "error", done.message)
     if done.queue_note:
-        ui.flash("warning", ui.plain(done.queue_note))
+        ui.flash("warning", done.queue_note)
 
 
 held = pausing.active()
 for p in held:
     line, button = st.columns([5, 1])
     line.warning(
-        f"**Paused**: {ui.plain(p['text'])}. Its jobs do not start; running jobs finish; uploads are "
-        "accepted.",
+        f"**{ui.plain(p['text'][:1].upper() + p['text'][1:])}**. Its jobs do not start; running "
+        "jobs finish; uploads are accepted.",
         icon=":material/pause_circle:",
     )
     button.button(
