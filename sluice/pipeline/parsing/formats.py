@@ -211,8 +211,8 @@ def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
             if deepest > limit:
                 break
         if name in _RAW_END:
-            end = _RAW_END[name].search(text, tag.end())
-            skip_to = len(text) if end is None else end.start()
+            closed = _RAW_END[name].search(text, tag.end())
+            skip_to = len(text) if closed is None else closed.start()
     return deepest
 
 
