@@ -4,6 +4,7 @@ searched, counts and labels that match what happened."""
 from __future__ import annotations
 
 import pytest
+from sqlmodel import Session, select
 
 from tests.support.apptest import open_console, texts
 from tests.support.helpers import run_file
@@ -84,3 +85,22 @@ def test_a_job_of_one_chunk_says_1_chunk():
     row |= {"max_attempts": 3, "error_message": "", "error_kind": None, "stage": "done"}
     assert ui.job_cells(row)["progress"] == "1 chunk"
     assert ui.count(2400, "chunk") == "2,400 chunks"
+
+
+def test_the_drain_time_leaves_out_what_a_paused_dataset_holds(ctx):
+    """The only waiting job is in a paused dataset: over all datasets there is no drain time
+    (it said "Queue drains in 2 ms"), and the reason is named."""
+    from sluice.ops import pausing, reads
+    from sluice.ops.access import Operator
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.storage.models import Dataset
+
+    run_file(ctx, b"Charts of the northern sound. " * 40, "charts.txt", "default")  # a rate
+    ingest_bytes(ctx, b"Rigging of tall ships. " * 30, dataset="rag-demo", filename="ships.txt")
+    with Session(ctx.engine) as session:
+        held = session.exec(select(Dataset).where(Dataset.name == "rag-demo")).one().id
+    assert pausing.pause(Operator("test", "operator"), dataset_id=held).ok
+    estimate = reads.overview(None).drain
+    assert estimate.eta is None and "paused dataset (rag-demo)" in estimate.describe()
+    page = texts(open_console("overview"))
+    assert "paused dataset (rag-demo)" in page and "ms" not in page.split("Queue drains in")[1][:12]

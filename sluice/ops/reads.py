@@ -6,7 +6,7 @@ than one page of jobs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from sqlmodel import Session
@@ -123,12 +123,37 @@ def overview(dataset_id: int | None) -> Overview:
                     since=now - timedelta(minutes=RATE_WINDOW_MINUTES),
                     dataset_id=dataset_id,
                 ),
-                active=drain.WorkLeft(
-                    *queries.remaining_work(session=session, dataset_id=dataset_id)
-                ),
-                paused=_drain_pause(session, dataset_id),
+                **_drain_work(session, dataset_id),
             ),
         )
+
+
+WAITING = (JobStatus.pending, JobStatus.retrying)
+
+
+def _drain_work(session: Session, dataset_id: int | None) -> dict:
+    """The work the drain time is about, and the pause that holds it. Over all datasets, the
+    waiting jobs of paused datasets are left out (they do not start), and when they are all the
+    work there is, that is the pause that holds it."""
+    work = drain.WorkLeft(*queries.remaining_work(session=session, dataset_id=dataset_id))
+    paused = _drain_pause(session, dataset_id)
+    if dataset_id is not None or paused:
+        return {"active": work, "paused": paused}
+    held = [p for p in pauses.active(session=session) if p["dataset_id"] is not None]
+    parts = [
+        drain.WorkLeft(
+            *queries.remaining_work(session=session, dataset_id=p["dataset_id"], statuses=WAITING)
+        )
+        for p in held
+    ]
+    if not any(h.jobs for h in parts):
+        return {"active": work, "paused": ""}
+    on_hold = [sum(column) for column in zip(*(astuple(h) for h in parts), strict=True)]
+    left = drain.WorkLeft(*(a - b for a, b in zip(astuple(work), on_hold, strict=True)))
+    names = ", ".join(p["dataset"] for p, h in zip(held, parts, strict=True) if h.jobs)
+    if left.jobs:
+        return {"active": left, "paused": ""}
+    return {"active": work, "paused": f"every waiting job is in a paused dataset ({names})"}
 
 
 def _drain_pause(session: Session, dataset_id: int | None) -> str:
