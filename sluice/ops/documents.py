@@ -18,6 +18,7 @@ from sluice import faults
 from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
+from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def document_info(ctx: Context, document_id: int) -> DocumentInfo:
         doc = session.get(Document, document_id)
         if doc is None:
             raise UnknownReference(f"no document {document_id}")
-        ds = session.get(Dataset, doc.dataset_id)
+        ds = stored(session, Dataset, doc.dataset_id)
         rows = session.exec(
             select(Job).where(Job.document_id == document_id).order_by(col(Job.id))
         ).all()
@@ -137,8 +138,8 @@ def delete_document(
         refused = [r for r in results if not r.ok]
         if refused:
             return DeleteResult(False, "; ".join(r.message for r in refused), before)
-        doc = session.get(Document, document_id)
-        collection = session.get(Dataset, doc.dataset_id).collection
+        doc = stored(session, Document, document_id)
+        collection = stored(session, Dataset, doc.dataset_id).collection
         blob_key, shared = doc.blob_key, blob_users(session, doc)
     job_ids = [j["id"] for j in before.jobs]
     ids = _vector_ids(ctx, collection, document_id, job_ids)
@@ -151,7 +152,7 @@ def delete_document(
         for jid in noted:
             jobs.add_event(
                 session,
-                session.get(Job, jid),
+                stored(session, Job, jid),
                 "vectors_removed",
                 actor=actor,
                 message=f"document deleted: {len(ids)} chunk(s) removed from the index; blob "

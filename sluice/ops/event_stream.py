@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice.ops import reads
 from sluice.ops.keys import ApiPrincipal
@@ -82,7 +82,7 @@ def _settled_upto(session: Session, after: int) -> int:
     rows = session.exec(
         select(JobEvent.id, JobEvent.at)
         .where(JobEvent.id > after)
-        .order_by(JobEvent.id)
+        .order_by(col(JobEvent.id))
         .limit(BATCH)
     ).all()
     if not rows:

@@ -23,6 +23,7 @@ from sluice.ops.preview import Preview, accumulate, count_work
 from sluice.pipeline.queueing.publishing import dispatch_now
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
+from sluice.storage.db import stored
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 
@@ -146,7 +147,7 @@ def candidates(
                 ): doc.id
                 for doc, _ in rows
             }
-            existing = {}
+            existing: dict[int, tuple[int, JobStatus]] = {}
             key_list = list(keys)
             for start in range(0, len(key_list), 500):
                 part = key_list[start : start + 500]
@@ -200,9 +201,9 @@ def plan(
     todo = [c for c in found if c.action != "underway"]
     with Session(ctx.engine) as session:
         collections = {d.name: d.collection for d in session.exec(select(Dataset)).all()}
-        sampled = [(c, session.get(Document, c.document_id)) for c in todo[:sample]]
+        sampled = [(c, stored(session, Document, c.document_id)) for c in todo[:sample]]
         leases = {
-            c.target_job_id: session.get(Job, c.target_job_id).lease
+            c.target_job_id: stored(session, Job, c.target_job_id).lease
             for c, _ in sampled
             if c.target_job_id
         }
@@ -212,7 +213,7 @@ def plan(
             document=doc,
             collection=collections[c.dataset],
             pipeline_version=c.to_version,
-            job_id=c.target_job_id if leases.get(c.target_job_id) else None,
+            job_id=c.target_job_id if c.target_job_id and leases.get(c.target_job_id) else None,
             settings=settings,
         )
         for c, doc in sampled
@@ -255,7 +256,7 @@ def reindex_all(
     for start in range(0, len(todo), BATCH):
         with Session(ctx.engine) as session:
             for c in todo[start : start + BATCH]:
-                document = session.get(Document, c.document_id)
+                document = stored(session, Document, c.document_id)
                 done, _ = jobs.ensure_version_job(
                     session=session,
                     document=document,

@@ -145,7 +145,8 @@ def search(
         active = _active_jobs(
             ctx, {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits}
         )
-        if all(active.get(h.document_id) == h.job_id for h in [*lexical_hits, *dense_hits]):
+        ranked: list[lexical.LexicalHit | SearchHit] = [*lexical_hits, *dense_hits]
+        if all(active.get(h.document_id) == h.job_id for h in ranked):
             break
         if again:
             lexical_hits = [h for h in lexical_hits if active.get(h.document_id) == h.job_id]
@@ -205,9 +206,9 @@ def _fuse(
     is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it count."""
     scores: dict[str, float] = {}
     hits: dict[str, SearchHit] = {}
-    for rank, h in enumerate(lex, start=1):
-        scores[h.chunk_id] = (STRICT_WEIGHT if h.strict else 1.0) / (RRF_K + rank)
-        hits[h.chunk_id] = _from_lexical(h, ctx)
+    for rank, lh in enumerate(lex, start=1):
+        scores[lh.chunk_id] = (STRICT_WEIGHT if lh.strict else 1.0) / (RRF_K + rank)
+        hits[lh.chunk_id] = _from_lexical(lh, ctx)
     for rank, h in enumerate(dense, start=1):
         if required and h.chunk_id not in hits:
             continue
@@ -238,7 +239,7 @@ def _active_jobs(ctx: Context, document_ids: set[int]) -> dict[int, int | None]:
     with Session(ctx.engine) as session:
         return dict(
             session.exec(
-                select(Document.id, Document.active_job_id).where(
+                select(col(Document.id), col(Document.active_job_id)).where(
                     col(Document.id).in_(document_ids), col(Document.deleted_at).is_(None)
                 )
             ).all()
@@ -249,7 +250,7 @@ def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | No
     """Documents the file name and media type filters allow (None: no such filter)."""
     if not (filters.filename or filters.media_type):
         return None
-    stmt = select(Document.id).where(
+    stmt = select(col(Document.id)).where(
         Document.dataset_id == ds.id, col(Document.deleted_at).is_(None)
     )
     if filters.filename:
@@ -316,7 +317,7 @@ def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[
             page=int(h.metadata.get("page", 0)),
             score=round(h.score, 4),
             text=h.text,
-            job_id=_job_of(h),
+            job_id=int(h.metadata["job_id"]),  # every hit kept has one (_job_of)
             document_id=int(h.metadata.get("document_id", 0)),
             chunk_id=h.id,
             pipeline_version=str(h.metadata.get("pipeline_version", "")),

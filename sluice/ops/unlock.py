@@ -27,7 +27,7 @@ from sluice.pipeline.parsing.parse import PDF, ParseLimits, decrypt_pdf
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
 from sluice.storage.blobs import Received
-from sluice.storage.db import existing, matched
+from sluice.storage.db import matched, stored
 from sluice.storage.jobs import ActionResult
 from sluice.storage.models import Document, Job, JobStatus
 
@@ -120,7 +120,7 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
     with Session(ctx.engine) as session:
         jobs.add_event(
             session,
-            existing(session, Job, job_id),
+            stored(session, Job, job_id),
             "unlocked",
             actor=actor,
             message="password given; the document's blob is now the decrypted PDF "
@@ -130,7 +130,7 @@ def unlock_and_retry(ctx: Context, job_id: int, password: str, *, actor: str) ->
         result = jobs.retry(
             session=session, job_ids=[job_id], actor=actor, reason="password given"
         )[0]
-        now = existing(session, Job, job_id, populate_existing=True)
+        now = stored(session, Job, job_id, populate_existing=True)
         if not result.ok and now.status in (*jobs.CLAIMABLE, JobStatus.running):
             # Another operator's retry queued it meanwhile: its run reads the decrypted file.
             result = ActionResult(

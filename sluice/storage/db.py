@@ -26,7 +26,7 @@ _lock = threading.Lock()
 M = TypeVar("M", bound=SQLModel)
 
 
-def existing(session: Session, model: type[M], ident: Any, **options: Any) -> M:
+def stored(session: Session, model: type[M], ident: Any, **options: Any) -> M:
     """The row the caller knows is there (``Session.get`` with its options); LookupError if not."""
     found = session.get(model, ident, **options)
     if found is None:
@@ -130,7 +130,7 @@ def ensure_instance(*, session: Session) -> str:
             session.commit()
         except Exception:  # another process made it at the same moment
             session.rollback()
-        row = existing(session, Instance, 1, populate_existing=True)
+        row = stored(session, Instance, 1, populate_existing=True)
     return row.instance_id
 
 

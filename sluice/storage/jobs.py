@@ -25,18 +25,18 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from itertools import count
 from typing import Any
 
 from sqlalchemy import func, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
 from sluice.storage import models, pauses, webhook_records
 from sluice.storage.clock import current_time, db_now
+from sluice.storage.db import matched, stored
 from sluice.storage.models import (
     STAGE_UNITS,
     Document,
@@ -126,12 +126,11 @@ def _cas(
     values.setdefault("updated_at", now or db_now(session))
     stmt = (
         update(Job)
-        .where(Job.id == job.id, Job.version == job.version, *where)
+        .where(col(Job.id) == job.id, col(Job.version) == job.version, *where)
         .values(version=job.version + 1, **values)
         .execution_options(synchronize_session=False)
     )
-    result = session.execute(stmt)
-    if result.rowcount != 1:
+    if matched(session, stmt) != 1:
         return False
     # The row holds these values now: set them as loaded, not as changes (a plain setattr would make
     # the session write the same values again, unfenced, at the next flush).
@@ -147,11 +146,16 @@ def _fenced(
     values.setdefault("updated_at", current_time())
     stmt = (
         update(Job)
-        .where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running, *where)
+        .where(
+            col(Job.id) == job_id,
+            col(Job.lease) == lease,
+            col(Job.status) == JobStatus.running,
+            *where,
+        )
         .values(version=Job.version + 1, **values)
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount == 1
+    return matched(session, stmt) == 1
 
 
 def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
@@ -159,12 +163,13 @@ def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
     new row. Every caller holds the job's compare-and-set in the same transaction, so two
     transitions can never both add a row: a job has at most one unsent outbox row."""
     at = at or db_now(session)
-    waiting = session.execute(
+    waiting = matched(
+        session,
         update(Outbox)
-        .where(Outbox.job_id == job.id, Outbox.sent_at.is_(None))
+        .where(col(Outbox.job_id) == job.id, col(Outbox.sent_at).is_(None))
         .values(available_at=at, last_error=None)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+        .execution_options(synchronize_session=False),
+    )
     if not waiting:
         session.add(Outbox(job_id=job.id, available_at=at))
 
@@ -172,7 +177,7 @@ def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
 def republish(*, session: Session, job: Job, now: datetime) -> bool:
     """A waiting job whose queue message was lost gets a new one (compare-and-set: two recovery
     loops that both found it stranded publish it once). The caller commits."""
-    if not _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+    if not _cas(session, job, where=[col(Job.status).in_(CLAIMABLE)], now=now):
         return False
     add_event(
         session,
@@ -290,7 +295,9 @@ def create_upload(
     let one win, and the others read again and get its job (``created`` False).
     """
     key = idempotency_key(dataset_id=dataset_id, sha256=sha256, pipeline_version=pipeline_version)
-    for attempt in count(1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             document = session.exec(
                 select(Document).where(Document.dataset_id == dataset_id, Document.sha256 == sha256)
@@ -328,7 +335,7 @@ def create_upload(
                 [done] = retry(
                     session=session, job_ids=[job.id], actor=actor, reason="file uploaded again"
                 )
-                return document, get_job(session=session, job_id=job.id), done.ok
+                return document, stored(session, Job, job.id, populate_existing=True), done.ok
             session.commit()
             return document, job, created
         except IntegrityError:
@@ -373,7 +380,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     ok = _cas(
         session,
         job,
-        where=[Job.status.in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
+        where=[col(Job.status).in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
         status=JobStatus.running,
         stage=Stage.parsing,
         done=0,
@@ -391,7 +398,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     )
     if not ok:
         session.rollback()
-        job = get_job(session=session, job_id=job_id)
+        job = stored(session, Job, job_id, populate_existing=True)
         held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
         if held is not None and job.status in CLAIMABLE:  # paused between our look and our claim
             return _refuse_paused(session, job, held, worker_id, now)
@@ -421,19 +428,21 @@ def _refuse_paused(
     reason = f"delivery ignored: {pauses.describe(held)}; it runs when resumed"
     # The message is consumed either way: an operator's change that lands between our read and this
     # compare-and-set (a priority, "run next") must not leave the job with no message and no row.
+    current: Job | None = job
     for _ in range(attempts):
-        if _cas(session, job, where=[Job.status.in_(CLAIMABLE)], now=now):
+        if _cas(session, job, where=[col(Job.status).in_(CLAIMABLE)], now=now):
             add_event(
                 session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope}
             )
             _publish(session, job, max(now, job.next_attempt_at or now))
             break
         session.rollback()
-        job = get_job(session=session, job_id=job.id)
-        if job is None or job.status not in CLAIMABLE:
+        current = get_job(session=session, job_id=job.id)
+        if current is None or current.status not in CLAIMABLE:
             break  # cancelled, claimed or gone meanwhile: nothing waits for this message
+        job = current
     session.commit()
-    return ClaimResult(job, False, reason)
+    return ClaimResult(current, False, reason)
 
 
 def progress(
@@ -572,12 +581,14 @@ def _succeed_once(
     if job.cancel_requested:
         session.rollback()
         raise JobCancelled()
-    document = session.get(Document, job.document_id, populate_existing=True)
+    document = stored(session, Document, job.document_id, populate_existing=True)
     serving = document.active_job_id
     others = session.exec(
         select(Job)
-        .where(Job.document_id == job.document_id, Job.id != job_id, Job.status.in_(SUPERSEDABLE))
-        .order_by(Job.id)
+        .where(
+            Job.document_id == job.document_id, Job.id != job_id, col(Job.status).in_(SUPERSEDABLE)
+        )
+        .order_by(col(Job.id))
         .execution_options(populate_existing=True)
     ).all()
     faults.hit("before_supersede", job_id=job_id)
@@ -642,7 +653,7 @@ def _mark_succeeded(
         where=[
             Job.lease == lease,
             Job.status == JobStatus.running,
-            Job.cancel_requested.is_(False),
+            col(Job.cancel_requested).is_(False),
         ],
         status=JobStatus.succeeded,
         stage=Stage.done,
@@ -703,17 +714,18 @@ def _supersede(
 def _make_active(session: Session, document: Document, job: Job, *, serving: int | None) -> bool:
     """The document's searchable job becomes ``job``, if it is still ``serving`` (compare-and-set)."""
     return (
-        session.execute(
+        matched(
+            session,
             update(Document)
             .where(
-                Document.id == document.id,
-                Document.active_job_id == serving
+                col(Document.id) == document.id,
+                col(Document.active_job_id) == serving
                 if serving is not None
-                else Document.active_job_id.is_(None),
+                else col(Document.active_job_id).is_(None),
             )
             .values(active_job_id=job.id, deleted_at=None)
-            .execution_options(synchronize_session=False)
-        ).rowcount
+            .execution_options(synchronize_session=False),
+        )
         == 1
     )
 
@@ -882,7 +894,7 @@ def _error_fields(
     kind: ErrorKind, code: str, message: str, hint: str, detail: str, page_count: int | None
 ) -> dict[str, Any]:
     """The job's error columns for a failed attempt (and its page count, when it got that far)."""
-    errors = dict(
+    errors: dict[str, Any] = dict(
         error_kind=kind,
         error_code=code,
         error_message=message,
@@ -1245,9 +1257,11 @@ def reap(
     now = now or db_now(session)
     cutoff = now - timedelta(seconds=lease_seconds)
     stale = session.execute(
-        select(Job.id, Job.lease, Job.heartbeat_at, Job.worker_id, Job.stage, Job.done, Job.total)
-        .where(Job.status == JobStatus.running, Job.heartbeat_at < cutoff)
-        .order_by(Job.id)
+        select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
+            Job.id, Job.lease, Job.heartbeat_at, Job.worker_id, Job.stage, Job.done, Job.total
+        )
+        .where(Job.status == JobStatus.running, col(Job.heartbeat_at) < cutoff)
+        .order_by(col(Job.id))
     ).all()
     session.rollback()  # plain values read; nothing held open while each job is handled
     taken = []
@@ -1303,14 +1317,15 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
                 continue
             # Not on the version: the job's own heartbeat bumps it several times a second.
             ok = (
-                session.execute(
+                matched(
+                    session,
                     update(Job)
-                    .where(Job.id == jid, Job.status == JobStatus.running)
+                    .where(col(Job.id) == jid, col(Job.status) == JobStatus.running)
                     .values(
                         cancel_requested=True, version=Job.version + 1, updated_at=current_time()
                     )
-                    .execution_options(synchronize_session=False)
-                ).rowcount
+                    .execution_options(synchronize_session=False),
+                )
                 == 1
             )
             if ok:
@@ -1376,7 +1391,7 @@ def retry(
         ok = _cas(
             session,
             job,
-            where=[Job.status.in_(RETRYABLE)],
+            where=[col(Job.status).in_(RETRYABLE)],
             status=JobStatus.pending,
             stage=Stage.queued,
             done=0,
@@ -1441,7 +1456,7 @@ def set_priority(
             )
             continue
         before = job.priority
-        ok = _cas(session, job, where=[Job.status.in_(CLAIMABLE)], priority=priority)
+        ok = _cas(session, job, where=[col(Job.status).in_(CLAIMABLE)], priority=priority)
         if ok:
             add_event(
                 session,
@@ -1469,8 +1484,8 @@ def run_next(*, session: Session, job_ids: Iterable[int], actor: str) -> list[Ac
     top = (
         session.execute(
             select(func.max(func.coalesce(Job.priority, models.Dataset.priority, 0)))
-            .join(models.Dataset, models.Dataset.id == Job.dataset_id)
-            .where(Job.status.in_(CLAIMABLE))
+            .join(models.Dataset, col(models.Dataset.id) == Job.dataset_id)
+            .where(col(Job.status).in_(CLAIMABLE))
         ).scalar()
         or 0
     )
@@ -1481,9 +1496,12 @@ def run_next(*, session: Session, job_ids: Iterable[int], actor: str) -> list[Ac
 
 def set_dataset_priority(*, session: Session, dataset_id: int, priority: int | None) -> bool:
     """The priority of a dataset's jobs that have none of their own (None: the default, 0)."""
-    done = session.execute(
-        update(models.Dataset).where(models.Dataset.id == dataset_id).values(priority=priority)
-    ).rowcount
+    done = matched(
+        session,
+        update(models.Dataset)
+        .where(col(models.Dataset.id) == dataset_id)
+        .values(priority=priority),
+    )
     session.commit()
     return bool(done)
 
@@ -1625,7 +1643,7 @@ def mark_deleted(
         rows = session.exec(
             select(Job)
             .where(Job.document_id == document_id)
-            .order_by(Job.id)
+            .order_by(col(Job.id))
             .execution_options(populate_existing=True)
         ).all()
         now = db_now(session)
@@ -1708,12 +1726,14 @@ def ensure_version_job(
     existing = session.exec(select(Job).where(Job.idempotency_key == key)).first()
     status = existing.status if existing is not None else None
     action = ACTION_FOR_STATUS[status]
-    if action == "underway":
+    if existing is not None and action == "underway":  # status None is "create"
         return ActionResult(
-            existing.id, True, f"job {existing.id} of pipeline {version} is already {status.value}"
+            existing.id,
+            True,
+            f"job {existing.id} of pipeline {version} is already {existing.status.value}",
         ), False
     transition = {"retry": retry, "revive": revive, "reindex": reindex}.get(action)
-    if transition is not None:
+    if existing is not None and transition is not None:
         [result] = transition(session=session, job_ids=[existing.id], actor=actor, reason=reason)
         return result, result.ok
     try:
@@ -1772,12 +1792,12 @@ def restamp(
         .where(
             Job.dataset_id == dataset_id,
             Job.pipeline_version == from_version,
-            Job.status.in_((*RESTAMPABLE, JobStatus.running)),
+            col(Job.status).in_((*RESTAMPABLE, JobStatus.running)),
         )
-        .order_by(Job.id)
+        .order_by(col(Job.id))
     ).all()
     for job in found:
-        document = session.get(Document, job.document_id)
+        document = stored(session, Document, job.document_id)
         key = idempotency_key(
             dataset_id=dataset_id, sha256=document.sha256, pipeline_version=to_version
         )
@@ -1887,7 +1907,7 @@ def stamped_before(*, session: Session, job: Job, moment: datetime | None) -> bo
         return False
     last = session.execute(
         select(func.max(JobEvent.at)).where(
-            JobEvent.job_id == job.id, JobEvent.kind.in_(("restamped", "version_followed"))
+            JobEvent.job_id == job.id, col(JobEvent.kind).in_(("restamped", "version_followed"))
         )
     ).scalar()
     stamped = max(_naive(job.created_at), _naive(last)) if last is not None else job.created_at
@@ -1915,13 +1935,14 @@ def follow_version(
     if job is None or job.lease != lease or job.status != JobStatus.running:
         session.rollback()
         return "lost"
-    document = session.get(Document, job.document_id, populate_existing=True)
+    document = stored(session, Document, job.document_id, populate_existing=True)
     key = idempotency_key(
         dataset_id=job.dataset_id, sha256=document.sha256, pipeline_version=to_version
     )
     other = session.exec(select(Job.id).where(Job.idempotency_key == key)).first()
     fence = [Job.lease == lease, Job.status == JobStatus.running]
     data = {"from_version": job.pipeline_version, "to_version": to_version}
+    change: dict[str, Any]
     if document.active_job_id == job.id:
         outcome, change = (
             "succeeded",

@@ -50,7 +50,7 @@ class Snapshot:
         self.by_prefix: dict[str, PromisedJob] = {}
         self.documents: dict[int, tuple[str, int | None]] = {}  # id -> (filename, active job)
         stmt = (
-            select(
+            select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
                 Job.id,
                 Job.status,
                 Job.document_id,
@@ -98,7 +98,7 @@ def classify(snap: Snapshot, cid: str) -> tuple[str, PromisedJob | None, int, st
     """(kind, job, position, why) with kind present | in_flight | orphan."""
     parts = split_chunk_id(cid)
     job = snap.by_prefix.get(parts[0]) if parts else None
-    if job is None:
+    if parts is None or job is None:
         return "orphan", None, -1, "foreign: no job of this dataset makes this id"
     pos = parts[1]
     if job.status in IN_FLIGHT:

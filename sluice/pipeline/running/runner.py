@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -47,6 +47,7 @@ from sluice.pipeline.running.context import Context
 from sluice.settings import Settings
 from sluice.storage import jobs, lexical
 from sluice.storage.blobs import BlobMissing
+from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, Stage
 from sluice.storage.vectors import chunk_id
 
@@ -306,9 +307,9 @@ def run_job(
     claim = _when_the_database_answers(ctx, job_id, take)
     if after_claim is not None:
         after_claim()
-    if not claim.claimed:
-        return RunOutcome(job_id, "noop", claim.reason)
     job = claim.job
+    if not claim.claimed or job is None:  # a claim that holds has its job
+        return RunOutcome(job_id, "noop", claim.reason)
     faults.hit("after_claim")
     report = Reporter(ctx, job_id, job.lease)
     beat = Heartbeat(ctx, job, report)
@@ -357,7 +358,7 @@ def _cancelled(ctx: Context, job: Job) -> RunOutcome:
             )
 
     done = _when_the_database_answers(ctx, job_id, acknowledge)
-    return RunOutcome(job_id, "cancelled", done.error_message if done else "")
+    return RunOutcome(job_id, "cancelled", (done.error_message or "") if done else "")
 
 
 def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutcome:
@@ -524,8 +525,8 @@ def _load(
     """The job's document, dataset and parse settings; an outcome instead when the job's pipeline
     version is no longer the one in force."""
     with Session(ctx.engine, expire_on_commit=False) as session:
-        document = session.get(Document, job.document_id)
-        dataset = session.get(Dataset, job.dataset_id)
+        document = stored(session, Document, job.document_id)
+        dataset = stored(session, Dataset, job.dataset_id)
     # The dataset's own parse settings (read with the job, so a change needs no worker restart).
     s = ctx.settings_for(dataset)
     version = ctx.version_for(dataset)
@@ -748,7 +749,7 @@ class _Batch:
     items: list[tuple[str, Chunk]]
     vectors: list
     missing: list[int]
-    encoding: object | None
+    encoding: embed.Encoding | embed.Deferred | None
     end: int  # chunks of the document up to this batch's end (for progress)
 
     @classmethod
@@ -768,7 +769,7 @@ class _Batch:
         job: Job,
         document: Document,
         report: Reporter,
-        by_ocr: set[int] = frozenset(),
+        by_ocr: Collection[int] = frozenset(),
         where: dict[int, str] | None = None,
     ) -> tuple[int, int]:
         """Wait for the encoding, cache it, write the batch to the store; (embedded, from cache)."""
