@@ -104,3 +104,14 @@ def test_the_drain_time_leaves_out_what_a_paused_dataset_holds(ctx):
     assert estimate.eta is None and "paused dataset (rag-demo)" in estimate.describe()
     page = texts(open_console("overview"))
     assert "paused dataset (rag-demo)" in page and "ms" not in page.split("Queue drains in")[1][:12]
+
+
+def test_the_system_page_tells_the_chroma_servers_api_version_from_the_package(ctx):
+    from importlib import metadata
+
+    from sluice.ops import health
+
+    [chroma] = [p for p in health.probes(ctx.settings) if p.name == "chroma"]
+    assert chroma.reachable and "server chroma" not in chroma.detail
+    assert f"the chromadb package here is {metadata.version('chromadb')}" in chroma.detail
+    assert "API version" in chroma.detail

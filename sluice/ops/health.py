@@ -111,6 +111,17 @@ def _redis_probe(name: str, url: str, password: str) -> Probe:
         client.close()
 
 
+def _chroma_detail(version: object) -> str:
+    """What the server says of itself, apart from the client package: the server inside the
+    chromadb 1.5.9 wheel reports its API as 1.0.0, which read as an old server beside 1.5.9."""
+    try:
+        package = metadata.version("chromadb")
+    except metadata.PackageNotFoundError:
+        package = "not installed"
+    said = f"the server reports API version {version}" if version else "the server answers"
+    return f"{said}; the chromadb package here is {package}"
+
+
 def _chroma_probe(settings: Settings) -> Probe:
     import httpx
 
@@ -131,9 +142,7 @@ def _chroma_probe(settings: Settings) -> Probe:
             ).json()
         except Exception:
             pass
-        return Probe(
-            "chroma", redact_url(settings.chroma_url), True, f"server chroma {version}".strip()
-        )
+        return Probe("chroma", redact_url(settings.chroma_url), True, _chroma_detail(version))
     except Exception as exc:
         return Probe(
             "chroma", redact_url(settings.chroma_url), False, f"{type(exc).__name__}: {exc}"
