@@ -115,3 +115,15 @@ def test_the_system_page_tells_the_chroma_servers_api_version_from_the_package(c
     assert chroma.reachable and "server chroma" not in chroma.detail
     assert f"the chromadb package here is {metadata.version('chromadb')}" in chroma.detail
     assert "API version" in chroma.detail
+
+
+def test_integrity_never_shows_another_datasets_check_as_this_ones(ctx):
+    from sluice.pipeline.reconcile.audit import reconcile
+
+    run_file(ctx, b"Charts of the northern sound. " * 40, "charts.txt", "default")
+    run_file(ctx, b"Rigging of tall ships. " * 30, "ships.txt", "rag-demo")
+    reconcile(ctx, dataset="rag-demo")
+    page = texts(open_console("integrity", query={"dataset": "default"}))
+    assert "dataset rag-demo" not in page and "No reconcile of dataset default" in page
+    page = texts(open_console("integrity", query={"dataset": "rag-demo"}))
+    assert "Last check of dataset rag-demo" in page

@@ -492,6 +492,12 @@ def supported_formats() -> tuple[str, dict[str, str]]:
     return SUPPORTED_NAMES, {t: MEDIA_TYPE_NAMES.get(t, t) for t in SUPPORTED}
 
 
+def reconcile_covers(report: dict, dataset: str | None) -> bool:
+    """Does ``report`` speak for ``dataset`` (None: the page of all datasets)? A check of one
+    dataset never stands for another's."""
+    return dataset is None or report.get("scope") in (None, dataset)
+
+
 def last_reconcile() -> dict | None:
     """The last reconcile report any process on this machine saved."""
     return last_report(ctx())

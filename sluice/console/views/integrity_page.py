@@ -45,7 +45,12 @@ def _run_reconcile(repair: bool) -> None:
 
 
 def _latest() -> dict | None:
-    reports = [r for r in (runs.report, reads.last_reconcile()) if r]
+    """The newest report that speaks for this page's dataset (or for all of them)."""
+    reports = [
+        r
+        for r in (runs.report, reads.last_reconcile())
+        if r and reads.reconcile_covers(r, sc.dataset)
+    ]
     return max(reports, key=lambda r: r["finished_at"]) if reports else None
 
 
@@ -114,7 +119,12 @@ def _index_returns(report: dict) -> None:
 report = _latest()
 if report is None:
     st.info(
-        "No reconcile has run on this machine yet. **Check now** runs one; `sluice reconcile` and the "
+        (
+            "No reconcile has run on this machine yet. "
+            if sc.dataset is None
+            else f"No reconcile of dataset {ui.plain(sc.dataset)} has run on this machine yet. "
+        )
+        + "**Check now** runs one; `sluice reconcile` and the "
         "periodic task (SLUICE_RECONCILE_INTERVAL_MINUTES) leave their reports here too."
     )
 else:
