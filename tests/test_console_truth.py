@@ -127,3 +127,20 @@ def test_integrity_never_shows_another_datasets_check_as_this_ones(ctx):
     assert "dataset rag-demo" not in page and "No reconcile of dataset default" in page
     page = texts(open_console("integrity", query={"dataset": "rag-demo"}))
     assert "Last check of dataset rag-demo" in page
+
+
+def test_integrity_of_a_dataset_with_its_own_chunking_names_its_own_pipeline(ctx):
+    from sluice.storage.models import Dataset
+
+    run_file(ctx, b"Rigging of tall ships. " * 30, "ships.txt", "rag-demo")
+    with Session(ctx.engine) as session:
+        ds = session.exec(select(Dataset).where(Dataset.name == "rag-demo")).one()
+        ds.parse_settings = {"chunk_size": 400, "chunk_overlap": 40}
+        session.add(ds)
+        session.commit()
+        session.refresh(ds)
+        own = ctx.version_for(ds)
+    assert own != ctx.pipeline_version
+    page = texts(open_console("integrity", query={"dataset": "rag-demo"}))
+    assert f"pipeline **{own}** (chunks of 400 characters, overlap 40" in page
+    assert ctx.pipeline_version not in page

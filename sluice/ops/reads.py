@@ -25,7 +25,7 @@ from sluice.storage import jobs, outbox, pauses, queries, webhook_records
 from sluice.storage.clock import db_now
 from sluice.storage.jobs import get_job
 from sluice.storage.lexical import parse_query
-from sluice.storage.models import JobStatus, utcnow
+from sluice.storage.models import Dataset, JobStatus, utcnow
 
 ACTIVE = tuple(s.value for s in JobStatus.active())
 FINAL = tuple(s.value for s in JobStatus.final())
@@ -65,6 +65,32 @@ class DatasetOption:
 def datasets() -> list[DatasetOption]:
     with _session() as session:
         return [DatasetOption(d.id, d.name) for d in queries.datasets(session=session)]
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """The pipeline a dataset's documents are built with (its own chunking or OCR, if it sets
+    them), or the process's for all datasets."""
+
+    version: str
+    chunk_size: int
+    chunk_overlap: int
+    model: str
+    own: bool  # the dataset sets its own parse settings
+
+
+def pipeline_of(dataset_id: int | None) -> PipelineView:
+    c = ctx()
+    ds = None
+    if dataset_id is not None:
+        with _session() as session:
+            ds = session.get(Dataset, dataset_id)
+    s = c.settings_for(ds) if ds is not None else c.settings
+    version = c.version_for(ds) if ds is not None else c.pipeline_version
+    model = s.embed_model if s.embedder != "hash" else s.embedder
+    return PipelineView(
+        version, s.chunk_size, s.chunk_overlap, model, version != c.pipeline_version
+    )
 
 
 class UnknownDatasetName(LookupError):

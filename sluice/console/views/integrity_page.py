@@ -17,7 +17,6 @@ ROWS = 500  # findings and candidates shown
 
 who = ui.operator()
 sc = ui.scope()
-context = reads.ctx()
 st.title("Integrity")
 ui.scope_caption(sc)
 ui.read_only_note(who)
@@ -295,10 +294,11 @@ if ref:
 # --- pipeline version ---------------------------------------------------------------------------------------------
 
 st.subheader("Pipeline version")
-s = context.settings
+pipe = reads.pipeline_of(sc.dataset_id)
+whose = f"Dataset {ui.plain(sc.dataset)}'s own settings make" if pipe.own else "The settings make"
 st.caption(
-    f"The settings make pipeline **{context.pipeline_version}** (chunks of {s.chunk_size} characters, "
-    f"overlap {s.chunk_overlap}, model {s.embed_model if s.embedder != 'hash' else s.embedder}). "
+    f"{whose} pipeline **{pipe.version}** (chunks of {pipe.chunk_size} characters, "
+    f"overlap {pipe.chunk_overlap}, model {ui.plain(pipe.model)}). "
     "Reindexing builds each older document again beside its old chunks; search switches a document only "
     "when its new job has succeeded, then the old chunks are removed. Run the workers with the same "
     "settings first."
@@ -326,7 +326,7 @@ def _reindex_all() -> None:
 
 
 if st.toggle("Preview a reindex to this version", key="reindex_preview"):
-    plan = _plan(sc.dataset, context.pipeline_version)
+    plan = _plan(sc.dataset, pipe.version)
     p = plan["preview"]
     about = "≈ " if p["estimated"] else ""
     if not plan["documents"]:
