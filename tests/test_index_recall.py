@@ -81,7 +81,10 @@ def test_a_chunk_its_own_vector_does_not_find_is_reported_and_the_rebuild_restor
     assert ctx.vectors.query(new, own, n=1)[0].id == lost
     assert name not in [c.name for c in ctx.vectors.client.list_collections()]
     assert reconcile(ctx, index_sample=N).index_problems == 0
-    assert _metric("sluice_index_unreachable_chunks") == 0 and _metric("sluice_index_recall") >= recall.RECALL_THRESHOLD
+    assert (
+        _metric("sluice_index_unreachable_chunks") == 0
+        and _metric("sluice_index_recall") >= recall.RECALL_THRESHOLD
+    )
 
 
 def _metric(name: str) -> float:
