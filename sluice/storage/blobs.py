@@ -23,12 +23,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Protocol
 
 from sluice.files import private_dir
 
 CHUNK = 1024 * 1024
 HEX = frozenset("0123456789abcdef")
+
+
+class Readable(Protocol):
+    """What an upload's bytes come from: a file, a request body, a stream with a head put back."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
 
 
 class BlobTooLarge(Exception):
@@ -70,7 +76,7 @@ class BlobStore:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def receive(self, stream: BinaryIO, *, max_bytes: int) -> Received:
+    def receive(self, stream: Readable, *, max_bytes: int) -> Received:
         """Store a stream under its sha256; refuse it once it passes ``max_bytes`` (nothing is
         kept then). The caller ends with ``keep`` (its document is committed) or ``release``."""
         raise NotImplementedError
@@ -114,7 +120,7 @@ class BlobStore:
         with self.local_copy(key) as path:
             return path.read_bytes()
 
-    def put_stream(self, stream: BinaryIO, *, max_bytes: int) -> tuple[str, int]:
+    def put_stream(self, stream: Readable, *, max_bytes: int) -> tuple[str, int]:
         """Store a stream (no document to commit in between): ``receive`` then ``keep``."""
         got = self.receive(stream, max_bytes=max_bytes)
         self.keep(got.key, got.held)
@@ -143,7 +149,7 @@ class LocalBlobStore(BlobStore):
     def exists(self, key: str) -> bool:
         return self.path(key).exists()
 
-    def receive(self, stream: BinaryIO, *, max_bytes: int) -> Received:
+    def receive(self, stream: Readable, *, max_bytes: int) -> Received:
         private_dir(self.root)
         digest = hashlib.sha256()
         size = 0

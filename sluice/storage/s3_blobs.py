@@ -26,7 +26,15 @@ from typing import Any, BinaryIO, TypeVar
 from sluice.errors import WaitingError
 from sluice.files import private_dir
 from sluice.settings import Settings, redact_url
-from sluice.storage.blobs import CHUNK, BlobMissing, BlobStore, BlobTooLarge, Received, is_key
+from sluice.storage.blobs import (
+    CHUNK,
+    BlobMissing,
+    BlobStore,
+    BlobTooLarge,
+    Readable,
+    Received,
+    is_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +185,7 @@ class S3BlobStore(BlobStore):
     def size(self, key: str) -> int | None:
         return self._head(self.object_key(key))
 
-    def receive(self, stream: BinaryIO, *, max_bytes: int) -> Received:
+    def receive(self, stream: Readable, *, max_bytes: int) -> Received:
         staging = self._tmp_key("upload")
         counter = _Counter(stream, max_bytes)
         first = counter.read_part(self.part_size)
@@ -325,7 +333,7 @@ def _alive(pid: int) -> bool:
 class _Counter:
     """Reads a stream in parts, hashing and counting; BlobTooLarge past the limit."""
 
-    def __init__(self, stream: BinaryIO, max_bytes: int) -> None:
+    def __init__(self, stream: Readable, max_bytes: int) -> None:
         self.stream, self.max_bytes = stream, max_bytes
         self.digest = hashlib.sha256()
         self.size = 0
