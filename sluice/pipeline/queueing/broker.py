@@ -1,10 +1,11 @@
-"""The Huey instance, publishing a job id, and reading what the queue holds.
+"""The Huey instance, publishing the outbox through a given function, and what the queue holds.
 
 Transitions that queue work write an outbox row in their own transaction; whoever made them then
-publishes the outbox once (``dispatch_now``, given the function that publishes one job: the worker's
-task, through ``publishing``; this module never imports the task, so there is no cycle). When the queue Redis is down, or refuses the password,
-the action still succeeds: the workers' recovery loop publishes the rows when the queue is back.
-Every front end words that the same way, through ``queue_note``.
+publishes the outbox once (``dispatch_now``, given the function that publishes one job: the
+worker's task, through ``publishing``; this module never imports the task, so there is no cycle).
+When the queue Redis is down, or refuses the password, the action still succeeds: the workers'
+recovery loop publishes the rows when the queue is back. Every front end words that the same
+way, through ``queue_note``.
 
 Built on first use, not at import: importing this module reads no settings and opens no
 connection, so a console page or a CLI command that never touches the queue never needs it.
