@@ -18,6 +18,7 @@ from sluice.pipeline.parsing.parse import PageImage, ParseLimits, render_pdf_pag
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.blobs import BlobMissing
+from sluice.storage.db import stored
 from sluice.storage.models import Document, Job
 
 PDF = "application/pdf"
@@ -47,7 +48,7 @@ def view(ctx: Context, ref: str | int) -> DocumentView:
     document_id = resolve(ctx, ref)
     info = document_info(ctx, document_id)
     with Session(ctx.engine) as session:
-        doc = session.get(Document, document_id)
+        doc = stored(session, Document, document_id)
         active = session.get(Job, doc.active_job_id) if doc.active_job_id else None
     return DocumentView(
         info,

@@ -21,6 +21,7 @@ from sluice.pipeline.running.chunk import split_text
 from sluice.pipeline.running.context import Context
 from sluice.settings import Settings
 from sluice.storage import queries
+from sluice.storage.db import stored
 from sluice.storage.jobs import get_job
 from sluice.storage.models import Dataset, Document, Job
 from sluice.storage.vectors import chunk_id
@@ -70,7 +71,7 @@ def document_texts(ctx: Context, document: Document, settings: Settings | None =
     never in the calling (console) process."""
     if settings is None:
         with Session(ctx.engine) as session:
-            settings = ctx.settings_for(session.get(Dataset, document.dataset_id))
+            settings = ctx.settings_for(stored(session, Dataset, document.dataset_id))
     s = settings
     with ctx.blobs.local_copy(document.blob_key) as path:
         parsed = open_document(
@@ -169,9 +170,9 @@ def preview_jobs(
             job = get_job(session=session, job_id=jid)  # None also for an id no row can have
             if job is None:
                 continue
-            doc = session.get(Document, job.document_id)
+            doc = stored(session, Document, job.document_id)
             if job.dataset_id not in collections:
-                collections[job.dataset_id] = session.get(Dataset, job.dataset_id).collection
+                collections[job.dataset_id] = stored(session, Dataset, job.dataset_id).collection
             found.append((job, doc, collections[job.dataset_id]))
 
     def counts():

@@ -158,6 +158,8 @@ def candidates(
                 ).all():
                     existing[keys[key]] = (jid, JobStatus(status))
             for doc, job in rows:
+                target_id: int | None
+                status: JobStatus | None
                 target_id, status = existing.get(doc.id, (None, None))
                 out.append(
                     Candidate(

@@ -55,7 +55,7 @@ class EmbeddingCache:
             return [None] * len(texts)
         out: list[np.ndarray | None] = []
         for value in raw:
-            if value is None or len(value) != self.dim * 4:
+            if not isinstance(value, bytes) or len(value) != self.dim * 4:  # None: a miss
                 out.append(None)
             else:
                 out.append(np.frombuffer(value, dtype=np.float32))

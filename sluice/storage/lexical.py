@@ -93,8 +93,8 @@ def parse_query(value: str) -> Query:
             groups.append(t)
     seen: dict[str, None] = {}
     for g in groups:
-        for t in g:
-            seen.setdefault(t, None)
+        for token in g:
+            seen.setdefault(token, None)
     return Query(tuple(groups), tuple(quoted), tuple(seen))
 
 

@@ -282,15 +282,16 @@ class VectorStore:
         """Walk a collection page by page (bounded memory for audits of any size)."""
         offset = 0
         while True:
-            page = self._on(
-                name,
-                lambda coll, offset=offset: coll.get(
+
+            def page_at(coll: Any, offset: int = offset) -> Any:
+                return coll.get(
                     where=where,
                     limit=page_size,
                     offset=offset,
                     include=include if include is not None else ["metadatas"],
-                ),
-            )
+                )
+
+            page = self._on(name, page_at)
             if not page["ids"]:
                 return
             yield page
@@ -316,7 +317,11 @@ class VectorStore:
         if ids is not None:
             ids = list(ids)
             for start in range(0, len(ids), PAGE):
-                self._on(name, lambda coll, part=ids[start : start + PAGE]: coll.delete(ids=part))
+
+                def delete_part(coll: Any, part: list[str] = ids[start : start + PAGE]) -> Any:
+                    return coll.delete(ids=part)
+
+                self._on(name, delete_part)
         elif where is not None:
             self._on(name, lambda coll: coll.delete(where=where))
 

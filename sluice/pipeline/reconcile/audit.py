@@ -51,11 +51,13 @@ from sluice.pipeline.reconcile.snapshot import (
     PromisedJob,
     Snapshot,
     classify,
+    position,
     unchanged,
     wrong_fields,
 )
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
+from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
 from sluice.storage.vectors import split_chunk_id
 
@@ -96,8 +98,9 @@ class DatasetAudit:
         with Session(self.ctx.engine) as session:
             first = Snapshot(session, self.ds.id)
         for job in first.expected_jobs():
-            job.seen = bytearray(job.chunk_count)
-            self.summary.expected += job.chunk_count
+            count = job.chunk_count or 0  # an expected job has its count
+            job.seen = bytearray(count)
+            self.summary.expected += count
         walked = 0
         with tempfile.SpooledTemporaryFile(
             max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8"
@@ -110,14 +113,16 @@ class DatasetAudit:
                     page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True
                 ):
                     self.summary.chunks += 1
-                    kind, job, pos, _ = classify(first, cid)
+                    kind, owner, pos, _ = classify(first, cid)
                     if kind == "in_flight":
                         self.summary.in_flight += 1
                     elif kind == "orphan":
                         spool.write(f"o\t{cid}\n")
                     else:
-                        job.seen[pos] = 1
-                        if wrong_fields(job, pos, meta):
+                        # present: a chunk of an expected job, whose positions are being marked
+                        assert owner is not None and owner.seen is not None
+                        owner.seen[pos] = 1
+                        if wrong_fields(owner, pos, meta):
                             spool.write(f"m\t{cid}\n")
                 walked += len(page["ids"])
                 del page
@@ -225,13 +230,14 @@ class DatasetAudit:
             after = Snapshot(session, self.ds.id)
         changed: dict[str, list[str]] = {}
         for cid in deleted:
-            if not unchanged(before, after, cid):
-                changed.setdefault(split_chunk_id(cid)[0], []).append(cid)
+            parts = split_chunk_id(cid)
+            if parts is not None and not unchanged(before, after, cid):  # foreign ids are unchanged
+                changed.setdefault(parts[0], []).append(cid)
         for prefix, ids in changed.items():
             job = after.by_prefix.get(prefix)
             if job is None or not job.expected:
                 continue  # not serving: its own run checks the index before it may succeed
-            ids = [cid for cid in ids if split_chunk_id(cid)[1] < job.chunk_count]
+            ids = [cid for cid in ids if position(cid) < (job.chunk_count or 0)]
             got = (
                 set(self.ctx.vectors.get(self.ds.collection, ids, include=[])["ids"])
                 if ids
@@ -254,7 +260,7 @@ class DatasetAudit:
         per_doc: Counter = Counter()
         for cid, meta in zip(got["ids"], got["metadatas"], strict=True):
             kind, job, pos, _ = classify(fresh, cid)
-            if kind != "present":
+            if kind != "present" or job is None:
                 continue  # an orphan now (the orphan pass of the next run takes it) or in flight
             wrong = wrong_fields(job, pos, meta)
             if not wrong:
@@ -289,7 +295,7 @@ class DatasetAudit:
         for prefix, job in first.by_prefix.items():
             if job.seen is None:
                 continue
-            self.summary.present += job.chunk_count - job.seen.count(0)
+            self.summary.present += len(job.seen) - job.seen.count(0)  # len: its chunk count
             if not job.seen.count(0):
                 continue
             now = fresh.by_prefix.get(prefix)
@@ -299,10 +305,9 @@ class DatasetAudit:
                 or now.id != job.id
                 or now.chunk_count != job.chunk_count
             ):
-                self.summary.expected -= (
-                    job.chunk_count
-                )  # it changed while we walked: not judged this time
-                self.summary.present -= job.chunk_count - job.seen.count(0)
+                # it changed while we walked: not judged this time
+                self.summary.expected -= len(job.seen)
+                self.summary.present -= len(job.seen) - job.seen.count(0)
                 continue
             missing = self._really_missing(prefix, job)
             if not missing:
@@ -324,18 +329,19 @@ class DatasetAudit:
             for cid in batch:
                 if cid not in found:
                     out.append(cid)
-                elif wrong_fields(job, split_chunk_id(cid)[1], found[cid]):
+                elif wrong_fields(job, position(cid), found[cid]):
                     self.late_mismatches.append(cid)
             batch.clear()
 
-        for pos in range(job.chunk_count):
-            if not job.seen[pos]:
+        seen = job.seen or bytearray()  # only a job walked for is asked about: it has its marks
+        for pos in range(len(seen)):
+            if not seen[pos]:
                 batch.append(f"{prefix}{pos:06d}")
                 if len(batch) >= BATCH:
                     check()
         if batch:
             check()
-        present_late = job.seen.count(0) - len(out)
+        present_late = seen.count(0) - len(out)
         self.summary.present += present_late
         return out
 
@@ -359,7 +365,7 @@ class DatasetAudit:
                 [result] = fn(session=session, job_ids=[job.id], actor=self.actor, reason=reason)
                 queued = result.ok
             else:
-                document = session.get(Document, job.document_id)
+                document = stored(session, Document, job.document_id)
                 result, queued = jobs.ensure_version_job(
                     session=session,
                     document=document,

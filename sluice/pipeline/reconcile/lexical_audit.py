@@ -63,7 +63,8 @@ def audit_lexical(audit: Audit) -> None:
     engine, ds = audit.ctx.engine, audit.ds
     with Session(engine) as session:
         first = Snapshot(session, ds.id)
-    seen = {j.id: bytearray(j.chunk_count) for j in first.expected_jobs()}
+    # an expected job has its count
+    seen = {j.id: bytearray(j.chunk_count or 0) for j in first.expected_jobs()}
     orphans: list[str] = []
     mismatched: list[str] = []
     for page in lexical.iter_rows(engine, ds.id, page_size=audit.page_size):
@@ -72,7 +73,7 @@ def audit_lexical(audit: Audit) -> None:
             kind, job, p, _ = classify(first, cid)
             if kind == "orphan":
                 orphans.append(cid)
-            elif kind == "present":
+            elif kind == "present" and job is not None:
                 seen[job.id][p] = 1
                 if wrong_fields(
                     job, p, _fields(job, {"job_id": jid, "document_id": did, "position": pos})
@@ -137,7 +138,7 @@ def _mismatches(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
     per_job: Counter = Counter()
     for cid, row in rows.items():
         kind, job, pos, _ = classify(fresh, cid)
-        if kind != "present":
+        if kind != "present" or job is None:
             continue
         wrong = wrong_fields(job, pos, _fields(job, row))
         if not wrong:
@@ -169,7 +170,7 @@ def _missing(audit: Audit, first: Snapshot, fresh: Snapshot, seen: dict[int, byt
             or now.chunk_count != job.chunk_count
         ):
             continue  # it changed while we walked: not judged this time
-        wanted = [f"{prefix}{pos:06d}" for pos in range(job.chunk_count) if not marks[pos]]
+        wanted = [f"{prefix}{pos:06d}" for pos in range(len(marks)) if not marks[pos]]
         found = set()
         for ids in _batches(wanted):
             found |= set(lexical.get_fields(audit.ctx.engine, audit.ds.id, ids))

@@ -30,7 +30,7 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from sluice.pipeline.running.context import Context
-from sluice.storage.db import matched
+from sluice.storage.db import matched, stored
 from sluice.storage.models import Dataset, Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ def _writers(ctx: Context, dataset_id: int) -> set[tuple[int, int]]:
 def rebuild(ctx: Context, dataset_id: int, *, wait_seconds: float | None = None) -> Rebuild:
     """Build the dataset's collection again beside the old one, switch, then drop the old one."""
     with Session(ctx.engine) as session:
-        old = session.get(Dataset, dataset_id).collection
+        old = stored(session, Dataset, dataset_id).collection
     new = f"sluice-{uuid.uuid4().hex[:16]}"
     done = Rebuild(old, new)
     try:
@@ -295,5 +295,5 @@ def check_index(
         return ds, found
     actions.append(f"[{ds.name}] {done.describe()}; before: {found.describe()}")
     with Session(ctx.engine, expire_on_commit=False) as session:
-        ds = session.get(Dataset, ds.id)
+        ds = stored(session, Dataset, ds.id)
     return ds, audit_recall(ctx, ds.collection, sample=sample)

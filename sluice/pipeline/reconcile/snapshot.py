@@ -114,6 +114,14 @@ def classify(snap: Snapshot, cid: str) -> tuple[str, PromisedJob | None, int, st
     return "present", job, pos, ""
 
 
+def position(cid: str) -> int:
+    """The position in its job of a chunk id a Sluice job made (the caller knows it is one)."""
+    parts = split_chunk_id(cid)
+    if parts is None:
+        raise ValueError(f"{cid!r} is not a chunk id of a Sluice job")
+    return parts[1]
+
+
 def unchanged(first: Snapshot, then: Snapshot, cid: str) -> bool:
     """The job that makes ``cid`` (or the absence of one) is the same in both snapshots."""
     parts = split_chunk_id(cid)

@@ -9,6 +9,7 @@ from sqlmodel import Session
 
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
+from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job
 
 log = logging.getLogger(__name__)
@@ -18,8 +19,8 @@ def remove_partial(ctx: Context, job: Job) -> None:
     """Delete what this job wrote (vectors and lexical rows), unless those chunks are the ones
     search serves (a reindex of the active job rewrites the same ids)."""
     with Session(ctx.engine, expire_on_commit=False) as session:
-        document = session.get(Document, job.document_id)
-        dataset = session.get(Dataset, job.dataset_id)
+        document = stored(session, Document, job.document_id)
+        dataset = stored(session, Dataset, job.dataset_id)
     if document.active_job_id == job.id:
         return
     try:

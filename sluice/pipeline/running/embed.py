@@ -153,11 +153,14 @@ class SentenceTransformerEmbedder:
             kwargs = {"dtype": torch.bfloat16} if self.precision == "bf16" else {}
             self.model = SentenceTransformer(model_path(name), device="cpu", model_kwargs=kwargs)
         self.model_id = os.path.basename(name.rstrip("/"))
-        self.dim = (
-            int(self.model.get_embedding_dimension())
+        dim = (
+            self.model.get_embedding_dimension()
             if hasattr(self.model, "get_embedding_dimension")
-            else int(self.model.get_sentence_embedding_dimension())
+            else self.model.get_sentence_embedding_dimension()
         )
+        if dim is None:
+            raise RuntimeError(f"the model {name} does not say the size of its embeddings")
+        self.dim = int(dim)
         self._pool = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="embed-lane")
         self.cpu_seconds = (
             0.0  # CPU time the lanes spent encoding (what the rest of a pipeline is set against)
