@@ -151,15 +151,13 @@ def candidates(
             key_list = list(keys)
             for start in range(0, len(key_list), 500):
                 part = key_list[start : start + 500]
-                for jid, key, status in session.exec(
+                for jid, key, raw_status in session.exec(
                     select(Job.id, Job.idempotency_key, Job.status).where(
                         col(Job.idempotency_key).in_(part)
                     )
                 ).all():
-                    existing[keys[key]] = (jid, JobStatus(status))
+                    existing[keys[key]] = (jid, JobStatus(raw_status))
             for doc, job in rows:
-                target_id: int | None
-                status: JobStatus | None
                 target_id, status = existing.get(doc.id, (None, None))
                 out.append(
                     Candidate(

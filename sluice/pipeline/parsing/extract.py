@@ -153,7 +153,7 @@ def _plain(exc: BaseException, req: Request) -> str:
     return re.sub(r"code=\d+: ", "", text)[:300]
 
 
-def read(req: Request) -> Iterator[dict]:
+def read(req: Request) -> Generator[dict, None, None]:
     """The messages of the protocol, for any supported type."""
     if req.media_type == PDF:
         yield from _read_pdf(req)
@@ -313,7 +313,7 @@ def skip_optional_pymupdf_imports() -> None:
     """PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed: 0.3 s and, with numpy
     and onnxruntime, about 100 MB. Extraction needs neither; call this before PyMuPDF is imported."""
     for optional in ("pymupdf.layout", "pymupdf4llm"):
-        sys.modules.setdefault(optional, None)
+        sys.modules.setdefault(optional, None)  # type: ignore[arg-type]  # None blocks an import
 
 
 def _open_pdf(req: Request):
@@ -469,7 +469,7 @@ def _ocr_pdf_page(page, req: Request, number: int, text: str, tally: _PdfTally) 
     try:
         png, dpi = ocr.render(page, req.ocr_dpi, cleanup=req.ocr_cleanup)
         seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
-        png = None
+        del png
     except ocr.OcrUnavailable as exc:
         tally.ocr_missing = str(exc)
         tally.ocr_tried.pop()
@@ -709,7 +709,8 @@ def decrypt(req: Request, password: str, out_path: str) -> Iterator[dict]:
             )
         faults.hit("decrypt_authenticated")
         pages = doc.page_count
-        doc.save(out_path, encryption=pymupdf.PDF_ENCRYPT_NONE, garbage=1, deflate=True)
+        none = pymupdf.PDF_ENCRYPT_NONE  # type: ignore[attr-defined]  # defined, not declared
+        doc.save(out_path, encryption=none, garbage=1, deflate=True)
     finally:
         doc.close()
     yield {"t": "decrypted", "pages": pages}
@@ -800,7 +801,7 @@ def forked(request: dict, out, err_path: str, env: dict[str, str]) -> None:
     alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
     if alive is not None:
         os.close(alive)
-        forkserver._forkserver._forkserver_alive_fd = None
+        forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]  # private
     os.environ.clear()
     os.environ.update(env)
     fd = os.open(err_path, os.O_WRONLY | os.O_APPEND)

@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from multiprocessing import (
     connection,
     forkserver,
@@ -29,6 +30,7 @@ from multiprocessing import context as mp_context
 from multiprocessing import process as mp_process
 from multiprocessing import util as mp_util
 from pathlib import Path
+from typing import Any
 
 # What a parsing child (the extractor, the decrypter, Tesseract below them) may see of the caller's
 # environment: where programs and language data are, the locale and time zone, the temporary
@@ -61,6 +63,15 @@ class ExtractForkServer(forkserver.ForkServer):
     the process that asks (``ensure_running`` as in CPython 3.11, launched through ``subprocess``,
     which takes an environment, instead of ``util.spawnv_passfds``, which does not)."""
 
+    # The private state of CPython's ForkServer that this class drives, and below the private
+    # helpers of multiprocessing it calls: typeshed declares none of them (hence the ignores). The
+    # annotations only type what the base class makes.
+    _lock: threading.Lock
+    _forkserver_address: str | None
+    _forkserver_alive_fd: int | None
+    _forkserver_pid: int | None
+    _preload_modules: list[str]
+
     def __init__(self) -> None:
         super().__init__()
         # kept, so that nothing but ensure_running reaps the server
@@ -73,7 +84,8 @@ class ExtractForkServer(forkserver.ForkServer):
                 pid, _ = os.waitpid(self._forkserver_pid, os.WNOHANG)
                 if not pid:
                     return  # still alive
-                os.close(self._forkserver_alive_fd)
+                if self._forkserver_alive_fd is not None:  # set with the pid
+                    os.close(self._forkserver_alive_fd)
                 self._forkserver_address = self._forkserver_alive_fd = self._forkserver_pid = None
                 if self._launched is not None:
                     self._launched.returncode = -1  # reaped above
@@ -85,7 +97,8 @@ class ExtractForkServer(forkserver.ForkServer):
             prepared = spawn.get_preparation_data("ignore")
             data = {k: v for k, v in prepared.items() if k in ("main_path", "sys_path")}
         with socket.socket(socket.AF_UNIX) as listener:
-            address = connection.arbitrary_address("AF_UNIX")
+            new_address = connection.arbitrary_address  # type: ignore[attr-defined]  # see above
+            address = new_address("AF_UNIX")
             listener.bind(address)
             if not mp_util.is_abstract_socket_namespace(address):
                 os.chmod(address, 0o600)
@@ -97,8 +110,9 @@ class ExtractForkServer(forkserver.ForkServer):
                     f"main({listener.fileno()}, {alive_r}, {self._preload_modules!r}, **{data!r})"
                 )
                 exe = spawn.get_executable()
+                flags = mp_util._args_from_interpreter_flags()  # type: ignore[attr-defined]  # see above
                 self._launched = subprocess.Popen(
-                    [exe, *mp_util._args_from_interpreter_flags(), "-c", cmd],
+                    [exe, *flags, "-c", cmd],
                     pass_fds=(listener.fileno(), alive_r),
                     env=child_env(),
                     restore_signals=False,
@@ -148,6 +162,16 @@ class ExtractProcess(mp_context.ForkServerProcess):
     document), and a child per document keeps what a child is for: limits, a kill on cancel or
     deadline, a crash that stays there."""
 
+    # The private state of CPython's BaseProcess that ``start`` drives (typeshed does not declare
+    # it): annotations only, the base class makes the attributes.
+    _check_closed: Callable[[], None]
+    _popen: popen_forkserver.Popen | None
+    _parent_pid: int
+    _sentinel: int
+    _target: Any
+    _args: Any
+    _kwargs: Any
+
     @staticmethod
     def _Popen(process_obj):
         _preload()
@@ -162,11 +186,11 @@ class ExtractProcess(mp_context.ForkServerProcess):
         assert self._parent_pid == os.getpid(), (
             "can only start a process object created by current process"
         )
-        mp_process._cleanup()
-        self._popen = self._Popen(self)
-        self._sentinel = self._popen.sentinel
+        mp_process._cleanup()  # type: ignore[attr-defined]  # private, not in typeshed
+        popen = self._popen = self._Popen(self)
+        self._sentinel = popen.sentinel
         del self._target, self._args, self._kwargs
-        mp_process._children.add(self)
+        mp_process._children.add(self)  # type: ignore[attr-defined]  # private, not in typeshed
 
 
 _preload_lock = threading.Lock()

@@ -186,7 +186,8 @@ def skew(img) -> float:
 
     steps = round(MAX_SKEW * 2)
     coarse = max((k / 2 for k in range(-steps, steps + 1)), key=sharpness)
-    return round(max((coarse + k / 10 for k in range(-4, 5)), key=sharpness), 1)
+    fine = max((coarse + k / 10 for k in range(-4, 5)), key=sharpness)
+    return round(fine, 1)
 
 
 def straighten(img):

@@ -226,7 +226,9 @@ class _Forked:
     def wait(self, timeout: float | None = None) -> int | None:
         self.process.join(timeout)
         if self.process.exitcode is None:
-            raise subprocess.TimeoutExpired("sluice-extract", timeout)
+            raise subprocess.TimeoutExpired(
+                "sluice-extract", timeout or 0.0
+            )  # None waits to the end
         return self.process.exitcode
 
     @property
