@@ -471,7 +471,7 @@ def reindex(args) -> int:
             if not r.ok:
                 print(r.message, file=sys.stderr)
         if result.queue_error:
-            print(f"sluice: {actions.queue_note(result.queue_error)}", file=sys.stderr)
+            print(f"sluice: {result.queue_note}", file=sys.stderr)
     return 0 if all(r.ok for r in result.results) else 1
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from sqlmodel import Session, col, select
 
 from sluice.ops.preview import Preview, accumulate, count_work
+from sluice.pipeline.queueing.broker import queue_note
 from sluice.pipeline.queueing.publishing import dispatch_now
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
@@ -105,6 +106,11 @@ class ReindexResult:
     @property
     def queued(self) -> int:
         return sum(r.ok for r in self.results)
+
+    @property
+    def queue_note(self) -> str:
+        """For the operator when publishing the queued jobs failed; empty when it did not."""
+        return queue_note(self.queue_error)
 
     def to_dict(self) -> dict:
         return {

@@ -321,7 +321,7 @@ def _reindex_all() -> None:
     for r in [r for r in result.results if not r.ok][:10]:
         ui.flash("error", r.message)
     if result.queue_error:
-        ui.flash("warning", actions.queue_note(result.queue_error))
+        ui.flash("warning", result.queue_note)
     _plan.clear()
 
 
