@@ -10,6 +10,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sluice.cli.output import plain, print_json, report, table
 from sluice.ops import actions, reads
@@ -60,7 +61,7 @@ def ingest(args) -> int:
         if args.json:
             print_json([r.to_dict() for r in results])
         return 1 if refused else 0
-    ids = [r.job_id for r in results if r.accepted]
+    ids = [r.job_id for r in results if r.accepted and r.job_id is not None]
     ok = _wait(ids, timeout=args.timeout, quiet=args.json)
     if args.json:
         print_json(reads.job_rows(ids))
@@ -159,7 +160,7 @@ def show(args) -> int:
         return _fail(f"no job {args.job_id}")
     row = {**detail.row, "dataset": detail.dataset, "error_detail": detail.error_detail}
     events = [{**e, "at": e["at"].isoformat()} for e in detail.events]
-    chunks = None
+    chunks: list[dict[str, Any]] | None = None
     if getattr(args, "chunks", False):
         from sluice.ops.document_view import job_chunks
 

@@ -74,7 +74,10 @@ def priority(args) -> int:
     if args.dataset:
         if args.job_ids:
             raise SystemExit("sluice: give job ids or --dataset, not both")
-        ok, message = actions.set_dataset_priority(cli_operator(), _dataset_id(args.dataset), value)
+        dataset_id = _dataset_id(args.dataset)
+        if dataset_id is None:  # only for an empty name
+            raise SystemExit("sluice: --dataset needs a dataset's name")
+        ok, message = actions.set_dataset_priority(cli_operator(), dataset_id, value)
         print(message, file=sys.stdout if ok else sys.stderr)
         return 0 if ok else 1
     if not args.job_ids:

@@ -22,6 +22,7 @@ from sluice.console import login, ui  # noqa: E402
 from sluice.errors import SettingsError  # noqa: E402
 from sluice.files import use_private_umask  # noqa: E402
 from sluice.ops import actions, reads  # noqa: E402
+from sluice.ops.access import Operator  # noqa: E402
 
 st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
 # Streamlit's table toolbar exports CSV with formulas left live; exports go through ops.exports.
@@ -95,7 +96,7 @@ def _pages(operator: bool = True) -> list:
     ]
 
 
-def _create_dataset() -> None:
+def _create_dataset(who: Operator) -> None:
     ok, message = actions.create_dataset(who, st.session_state.get("new_dataset_name", ""))
     ui.flash("success" if ok else "error", message)
     if ok:
@@ -128,7 +129,7 @@ with st.sidebar:
     )
     with st.popover("New dataset", disabled=not who.can_act):
         st.text_input("Name", key="new_dataset_name", placeholder="e.g. contracts-2024")
-        st.button("Create", key="create_dataset", on_click=_create_dataset)
+        st.button("Create", key="create_dataset", on_click=_create_dataset, args=(who,))
 
 navigation = st.navigation(_pages(who.can_act))
 login.sidebar_identity(who, settings)

@@ -27,6 +27,11 @@ class Background:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def seconds_running(self) -> float:
+        """Since the last run started (0 before any)."""
+        return time.time() - self.started_at if self.started_at is not None else 0.0
+
     def start(self, fn: Callable[[], Any], *, label: str) -> bool:
         """Start ``fn`` unless a run is under way; False when one is."""
         with self._lock:

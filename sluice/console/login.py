@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import streamlit as st
 
@@ -13,6 +14,9 @@ from sluice.console.ui import OPERATOR_KEY
 from sluice.ops import gate
 from sluice.ops.access import LOCAL_OPERATOR, Operator
 from sluice.settings import Settings
+
+if TYPE_CHECKING:
+    from streamlit.runtime.memory_uploaded_file_manager import MemoryUploadedFileManager
 
 BINDING_KEY = "sluice_signed_in_browser"
 XSRF_COOKIE = "_streamlit_xsrf"  # set by Streamlit per browser; pages of other sites cannot read it
@@ -100,7 +104,8 @@ def oidc_configured() -> bool:
 def _oidc_operator() -> Operator | None:
     if not oidc_configured() or not st.user.is_logged_in:
         return None
-    email = st.user.get("email")
+    claim = st.user.get("email")
+    email = claim if isinstance(claim, str) else None
     try:
         allowed = list(st.secrets.get("sluice", {}).get("operator_emails", []))
     except Exception:
@@ -234,7 +239,8 @@ def _install_upload_guard() -> None:
             manager, "_sluice_guarded", False
         ):
             return
-        original = manager.add_file
+        memory = cast("MemoryUploadedFileManager", manager)  # by its class's name, above
+        original = memory.add_file
 
         def add_file(session_id: str, file) -> None:
             with _uploaders_lock:
@@ -247,11 +253,12 @@ def _install_upload_guard() -> None:
                 )
             original(session_id=session_id, file=file)
 
-        manager.add_file = add_file
-        manager._sluice_guarded = True
+        # Patched on this instance (the class's method stays): the type calls it a method.
+        setattr(manager, "add_file", add_file)  # noqa: B010
+        setattr(manager, "_sluice_guarded", True)  # noqa: B010
 
 
-def sign_in_page(settings: Settings, conn: gate.Connection) -> None:
+def sign_in_page(settings: Settings, conn: gate.Connection) -> NoReturn:
     """The sign-in form, then a stop: nothing of the console runs before someone signs in."""
     with st.columns([2, 3])[0]:
         _sign_in_page(settings, conn)

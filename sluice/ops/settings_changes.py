@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class SettingRow:
     key: str
-    value: object
+    value: int | str  # the chunk sizes are numbers, the OCR settings words
     source: str  # "dataset" (set here) or "default" (the process's SLUICE_* setting)
     description: str
 

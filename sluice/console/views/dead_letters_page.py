@@ -1,5 +1,7 @@
 """Dead letters: failed jobs grouped by kind and reason, with the fix; retry one, some or all; dismiss."""
 
+from functools import partial
+
 import pandas as pd
 import streamlit as st
 
@@ -50,6 +52,19 @@ def _on_selected(action, verb: str, table_key: str, ids: list[int], kind: str, c
         return
     ui.flash_outcome(action(who, chosen), verb)
     _bump(kind, code)
+
+
+def _retry_prompt(kind: str, code: str, n: int) -> str:
+    return (
+        f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
+        f"fresh attempt budget. Cost: {reads.retry_preview(kind, code, sc.dataset_id)}."
+        + (
+            " These failed because of the files themselves: the same bytes will fail "
+            "the same way unless the cause has been fixed outside them."
+            if kind in ("user_action_required", "permanent")
+            else ""
+        )
+    )
 
 
 def _on_group(action, verb: str, kind: str, code: str) -> None:
@@ -144,17 +159,8 @@ for g in groups:
             key=f"retry_all:{kind}:{code}",
             disabled=not who.can_act,
             danger=False,
-            prompt=lambda k=kind, c=code, n=n: (
-                f"Retry all {n:,} job(s) of this group? Each goes back to pending with a "
-                f"fresh attempt budget. Cost: {reads.retry_preview(k, c, sc.dataset_id)}."
-                + (
-                    " These failed because of the files themselves: the same bytes will fail "
-                    "the same way unless the cause has been fixed outside them."
-                    if k in ("user_action_required", "permanent")
-                    else ""
-                )
-            ),
-            on_confirm=lambda k=kind, c=code: _on_group(actions.retry, "Retry", k, c),
+            prompt=partial(_retry_prompt, kind, code, n),
+            on_confirm=partial(_on_group, actions.retry, "Retry", kind, code),
         )
     with b:
         ui.confirm_button(
@@ -163,7 +169,7 @@ for g in groups:
             disabled=not who.can_act,
             prompt=f"Dismiss all {n:,} job(s) of this group? They stay failed, with their "
             "history, but leave this list.",
-            on_confirm=lambda k=kind, c=code: _on_group(actions.dismiss, "Dismiss", k, c),
+            on_confirm=partial(_on_group, actions.dismiss, "Dismiss", kind, code),
         )
     if len(chosen) == 1:
         box.page_link(

@@ -2,7 +2,6 @@
 (with a preview of what repair does), deleting a document, and moving documents to the pipeline
 version the settings make now (with a preview of the work)."""
 
-import time
 
 import pandas as pd
 import streamlit as st
@@ -82,7 +81,7 @@ def _progress() -> None:
     """While a run is under way, look every 2 s; when it has ended, redraw the page with its report."""
     if runs.running:
         st.info(
-            f"A {runs.label} is running (started {ui.duration(time.time() - runs.started_at)} ago); its "
+            f"A {runs.label} is running (started {ui.duration(runs.seconds_running)} ago); its "
             "report appears here when it ends.",
             icon=":material/progress_activity:",
         )
@@ -339,23 +338,23 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
             )
         )
     else:
-        c = st.columns(4)
-        c[0].metric(
+        cols = st.columns(4)
+        cols[0].metric(
             "Documents to rebuild",
             f"{plan['documents']:,}",
             help=f"{plan['underway']:,} more already have a job of this version under way.",
         )
-        c[1].metric(
+        cols[1].metric(
             "New chunks",
             f"{about}{p['chunks']:,}",
             help=f"{plan['old_chunks']:,} chunks serve them today.",
         )
-        c[2].metric(
+        cols[2].metric(
             "From the embedding cache",
             f"{about}{p['cached']:,}",
             help=f"{p['cache_hit_rate']:.0%} of the chunks to write are in the cache.",
         )
-        c[3].metric("To embed", f"{about}{p['to_embed']:,}")
+        cols[3].metric("To embed", f"{about}{p['to_embed']:,}")
         if p["estimated"]:
             st.caption(f"Estimated from {p['sampled']} parsed document(s).")
         st.dataframe(pd.DataFrame(plan["candidates"][:ROWS]), hide_index=True)

@@ -455,7 +455,7 @@ with st.expander(f"Act on all {page.total:,} matching job(s)"):
             disabled=not (who.can_act and plan.applicable),
             danger=bulk_action in ("cancel", "delete"),
             prompt=f"{plan.describe()} Go ahead?",
-            on_confirm=lambda a=bulk_action: _bulk(a),
+            on_confirm=partial(_bulk, bulk_action),
         )
 
 with st.popover("Open a job by id"):

@@ -39,7 +39,7 @@ with st.form("search_form"):
     pages = f3.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
     type_names = {"any": "any", **reads.supported_formats()[1]}
     media_type = f4.selectbox(
-        "Type", list(type_names), key="search_media_type", format_func=type_names.get
+        "Type", list(type_names), key="search_media_type", format_func=lambda t: type_names[t]
     )
     submitted = st.form_submit_button("Search", type="primary")
 
@@ -48,6 +48,7 @@ if submitted and not query.strip():
         'Type something to search for: words, a code or a name, or "an exact phrase" in quotes.'
     )
 if query.strip():
+    hits: list | None
     try:
         with st.spinner("Searching (the first search loads the embedding model)..."):
             hits = reads.search(

@@ -4,6 +4,8 @@ The widget takes any file: what Sluice can read is decided from the bytes on the
 it cannot read gets a line saying why instead of vanishing in the browser. The result follows its
 jobs live until they have all finished."""
 
+from functools import partial
+
 import streamlit as st
 
 from sluice.console import ui
@@ -104,7 +106,7 @@ def _results_section(results: list[dict], following: bool) -> None:
                         disabled=not who.can_act,
                         prompt=f"Rebuild the chunks of job {r['job_id']}? Search keeps serving "
                         "the current chunks until the new run succeeds.",
-                        on_confirm=lambda jid=r["job_id"]: _reindex(jid),
+                        on_confirm=partial(_reindex, r["job_id"]),
                         danger=False,
                     )
             elif r["duplicate"] and status in ("failed", "cancelled"):
