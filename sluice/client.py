@@ -110,7 +110,7 @@ class Client:
         deadline = time.monotonic() + timeout
         etag, state = None, None
         while True:
-            headers = {"If-None-Match": etag} if etag else {}
+            headers: dict[str, str] = {"If-None-Match": etag} if etag else {}
             response = self.http.get(f"/v1/jobs/{job_id}", headers=headers)
             _raise_for(response)
             if response.status_code != 304:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any, BinaryIO, cast
+
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
@@ -48,7 +50,7 @@ def _refused(result: IngestResult, accepted: list[dict]) -> Problem:
     detail = f"{result.filename}: {result.message}" + (
         f". {result.fix_hint}" if result.fix_hint else ""
     )
-    extra = {"jobs": accepted} if accepted else {}
+    extra: dict[str, Any] = {"jobs": accepted} if accepted else {}
     return Problem(status, result.error_code or "refused", detail, **extra)
 
 
@@ -60,7 +62,8 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
             raise _refused(refusal, [])
     accepted: list[dict] = []
     for part in parts:
-        result = scoped.upload(key, dataset=dataset, filename=part.filename, stream=part.file)
+        stream = cast(BinaryIO, part.file)  # a spooled temporary file: binary
+        result = scoped.upload(key, dataset=dataset, filename=part.filename, stream=stream)
         if not result.accepted or result.job_id is None or result.document_id is None:
             raise _refused(result, accepted)
         accepted.append(

@@ -64,6 +64,7 @@ class EventCursor:
 
 def open_cursor(key: ApiPrincipal, *, dataset: str | None, after: int | None) -> EventCursor:
     """A cursor after ``after`` (None: from now on; 0: from the oldest event kept)."""
+    reach: list[int] | None
     with Session(reads.ctx().engine) as session:
         if dataset:
             ds = queries.dataset_by_name(session=session, name=dataset)

@@ -170,7 +170,7 @@ def authenticate(token: str | None) -> ApiPrincipal | None:
         return ApiPrincipal(
             id=row.id,
             name=row.name,
-            scope=row.scope if row.scope in SCOPES else "read",  # type: ignore[arg-type]
+            scope=row.scope if row.scope in SCOPES else "read",
             all_datasets=row.all_datasets,
             dataset_ids=frozenset(row.dataset_ids or []),
         )

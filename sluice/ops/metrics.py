@@ -334,7 +334,8 @@ def serve(settings: Settings) -> None:
         address_family = family[0]
 
     app = guarded_app(settings, make_wsgi_app(registry()))
-    server = make_server(family[4][0], port, app, Server, handler_class=_QuietHandler)
+    host = str(family[4][0])  # the address, as getaddrinfo gives it back
+    server = make_server(host, port, app, Server, handler_class=_QuietHandler)
     log.warning("metrics on http://%s:%s/metrics", settings.metrics_address, port)
     try:
         server.serve_forever()

@@ -34,6 +34,13 @@ class Child:
     killed: bool = False
     pump: threading.Thread | None = field(default=None, repr=False)
 
+    @property
+    def started(self) -> subprocess.Popen:
+        """Its process: every child is started before any is waited for or stopped."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.proc
+
 
 def read_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines of a ``.env`` (comments, blank lines and ``export`` skipped; one pair of
@@ -121,7 +128,7 @@ class Supervisor:
         """Until a stop is asked or a process ends; then the ordered stop. Returns the exit code."""
         while not self.stop.wait(0.5):
             pass
-        crashed = [c.name for c in self.children if c.proc.poll() is not None]
+        crashed = [c.name for c in self.children if c.started.poll() is not None]
         self._stop_step([c for c in self.children if c.name not in SERVERS])
         self._stop_step([c for c in self.children if c.name in SERVERS])
         for child in self.children:
@@ -130,27 +137,27 @@ class Supervisor:
         if crashed and not self.asked:
             self.say("system", f"stopped because {', '.join(crashed)} ended")
             return 1
-        bad = [c.name for c in self.children if c.killed or c.proc.returncode not in (0, -15)]
+        bad = [c.name for c in self.children if c.killed or c.started.returncode not in (0, -15)]
         if bad:
             self.say("system", f"not stopped cleanly: {', '.join(bad)}")
         return 1 if bad else 0
 
     def _stop_step(self, group: list[Child]) -> None:
-        running = [c for c in group if c.proc.poll() is None]
+        running = [c for c in group if c.started.poll() is None]
         for child in running:
             self.say("system", f"sending SIGTERM to {child.name}")
             with suppress(ProcessLookupError):
-                os.killpg(child.proc.pid, signal.SIGTERM)
+                os.killpg(child.started.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_seconds
         for child in running:
             try:
-                child.proc.wait(max(0.0, deadline - time.monotonic()))
+                child.started.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.say("system", f"{child.name} did not stop: SIGKILL")
                 child.killed = True
                 with suppress(ProcessLookupError):
-                    os.killpg(child.proc.pid, signal.SIGKILL)
-                child.proc.wait(10)
+                    os.killpg(child.started.pid, signal.SIGKILL)
+                child.started.wait(10)
 
 
 @contextmanager
