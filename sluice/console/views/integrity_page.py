@@ -2,7 +2,6 @@
 (with a preview of what repair does), deleting a document, and moving documents to the pipeline
 version the settings make now (with a preview of the work)."""
 
-
 import pandas as pd
 import streamlit as st
 
