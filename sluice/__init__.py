@@ -2,7 +2,8 @@
 
 Floors, each importing only from the ones below it:
 
-    sluice.errors, .settings, .files, .faults   the ground: exceptions, settings, file modes, fault points
+    sluice.errors, .settings, .files, .faults
+                       the ground: exceptions, settings, file modes, fault points
     sluice.storage     models, the job state machine, queries, outbox, blobs, vectors, cache
     sluice.servers     the command lines of the servers Sluice starts, and the Chroma gate
     sluice.pipeline    parsing, running a job, the queue glue and recovery, reconcile

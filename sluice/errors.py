@@ -1,10 +1,12 @@
 """The exception tree and ErrorKind: the ground floor, imported by every other module.
 
     SluiceError
-     ├── SettingsError            the configuration is wrong; the message names the variable and the fix
+     ├── SettingsError            the configuration is wrong; the message names the variable and
+     │                            the fix
      ├── PipelineError            a job attempt failed; carries kind, code, message, fix hint
      │    ├── TransientError      timeouts, connection errors, lost workers: retried with backoff
-     │    │    └── WaitingError   a dependency is down (or no worker can run it): waits, attempt unspent
+     │    │    └── WaitingError   a dependency is down (or no worker can run it): waits, attempt
+     │    │                       unspent
      │    ├── PermanentError      unreadable or corrupt input: failed at once, never retried
      │    └── UserActionError     the operator must act (password, OCR, type, size): failed at once
      ├── JobCancelled             the operator asked the running job to stop
@@ -148,8 +150,8 @@ def classify(exc: BaseException) -> PipelineError:
     )
 
 
-# A service that refused or dropped the connection: proof it was down (or restarting) at that moment.
-# chromadb's HttpClient wraps transport failures in plain exceptions with these words.
+# A service that refused or dropped the connection: proof it was down (or restarting) at that
+# moment. chromadb's HttpClient wraps transport failures in plain exceptions with these words.
 _REFUSED_WORDS = (
     "connection refused",
     "could not connect",

@@ -26,8 +26,8 @@ aside, before it looks at the users again), ``blob_migrated`` (``sluice blobs mi
 blob, before it removes the local file).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
-(``job_id=...``); it may block on a barrier or an event to hold a window open, or change the database
-to land a write inside it.
+(``job_id=...``); it may block on a barrier or an event to hold a window open, or change the
+database to land a write inside it.
 """
 
 from __future__ import annotations

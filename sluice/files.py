@@ -24,7 +24,8 @@ def use_private_umask() -> None:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (with parents) and make it and every new parent 0700; tighten it if it exists."""
+    """Create ``path`` (with parents) and make it and every new parent 0700; tighten it if it
+    exists."""
     path = Path(path)
     missing = []
     probe = path

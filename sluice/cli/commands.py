@@ -1,4 +1,5 @@
-"""The commands of ``sluice``: each parses nothing and decides nothing, it calls ``sluice.ops`` and prints.
+"""The commands of ``sluice``: each parses nothing and decides nothing, it calls ``sluice.ops`` and
+prints.
 
 Every command acts as ``cli_operator()`` (the OS user, shown as ``cli:NAME`` in job events) through
 the same functions as the console, so both front ends refuse, queue and word things the same way.
@@ -34,7 +35,7 @@ def _dataset_id(name: str | None) -> int | None:
         raise SystemExit(f"sluice: {exc}") from None
 
 
-# --- uploads -------------------------------------------------------------------------------------------------
+# --- uploads --------------------------------------------------------------------------------------
 
 
 def ingest(args) -> int:
@@ -69,8 +70,9 @@ def ingest(args) -> int:
 
 
 def _wait(ids: Sequence[int], *, timeout: float, quiet: bool) -> bool:
-    """Follow the jobs until all are final. On a terminal: one live line with totals and an estimate;
-    piped: a line per change of a job, for logs. Failures are printed as they happen in both."""
+    """Follow the jobs until all are final. On a terminal: one live line with totals and an
+    estimate; piped: a line per change of a job, for logs. Failures are printed as they happen in
+    both."""
     live = sys.stdout.isatty() and not quiet
     started = time.monotonic()
     deadline = started + timeout
@@ -109,7 +111,8 @@ def _wait(ids: Sequence[int], *, timeout: float, quiet: bool) -> bool:
 
 
 def _totals(rows: list[dict], elapsed: float) -> str:
-    """12/40 done (11 succeeded, 1 failed), 3 running: embedding 320/500 chunks; about 1.2 min left"""
+    """12/40 done (11 succeeded, 1 failed), 3 running: embedding 320/500 chunks; about 1.2 min
+    left"""
     done = [r for r in rows if r["status"] in FINAL]
     failed = sum(r["status"] == "failed" for r in done)
     running = [r for r in rows if r["status"] == "running"]
@@ -126,7 +129,7 @@ def _totals(rows: list[dict], elapsed: float) -> str:
     return text
 
 
-# --- reads ---------------------------------------------------------------------------------------------------
+# --- reads ----------------------------------------------------------------------------------------
 
 
 def jobs(args) -> int:
@@ -263,8 +266,8 @@ def dataset_settings(args) -> int:
                 else ""
             )
             + (
-                f"; {view.to_rebuild} document(s) still on another version (sluice reindex --all --dataset "
-                f"{shlex.quote(args.name)})"
+                f"; {view.to_rebuild} document(s) still on another version (sluice reindex --all "
+                f"--dataset {shlex.quote(args.name)})"
                 if view.to_rebuild
                 else ""
             )
@@ -367,14 +370,14 @@ def webhooks(args) -> int:
         when = d["delivered_at"] or f"next try {d['next_attempt_at']}"
         print(
             plain(
-                f"  {d['id']}\t{d['event']}\tjob {d['job_id']}\t{d['state']}\t{d['attempts']} attempt(s)\t"
-                f"{when}\t{d['endpoint']}\t{d['last_error'] or ''}"
+                f"  {d['id']}\t{d['event']}\tjob {d['job_id']}\t{d['state']}\t{d['attempts']} "
+                f"attempt(s)\t{when}\t{d['endpoint']}\t{d['last_error'] or ''}"
             )
         )
     return 0
 
 
-# --- actions -------------------------------------------------------------------------------------------------
+# --- actions --------------------------------------------------------------------------------------
 
 
 def retry(args) -> int:

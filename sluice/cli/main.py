@@ -1,14 +1,16 @@
 """The ``sluice`` command: the console's operations, for scripts and shells.
 
-sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively; --follow-links)
+sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively;
+                                                     --follow-links)
 sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
 sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
 sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
 sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
                                                      a dataset's parse settings; a change shows its
                                                      cost, and with --yes reindexes that dataset
-sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME] [--pages A-B]
-              [--media-type TYPE] [--json]           best chunks ("an exact phrase" in quotes)
+sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME]
+              [--pages A-B] [--media-type TYPE] [--json]
+                                                     best chunks ("an exact phrase" in quotes)
 sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
 sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
 sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
@@ -261,8 +263,8 @@ def add_serve_command(sub) -> None:
         "--workers",
         type=int,
         default=4,
-        help="worker threads (default 4: jobs share the model's lanes, one per core, so more jobs than "
-        "cores keep the lanes busy between one job's writes and the next one's parse)",
+        help="worker threads (default 4: jobs share the model's lanes, one per core, so more jobs "
+        "than cores keep the lanes busy between one job's writes and the next one's parse)",
     )
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
     a.set_defaults(func=serve)

@@ -1,5 +1,5 @@
-"""``sluice serve queue|cache|chroma|worker|console|metrics|api``: what the Procfile runs (each but metrics
-exec'd in place)."""
+"""``sluice serve queue|cache|chroma|worker|console|metrics|api``: what the Procfile runs (each but
+metrics exec'd in place)."""
 
 from __future__ import annotations
 

@@ -39,8 +39,9 @@ except SettingsError as exc:
 def _pages(operator: bool = True) -> list:
     """Every page; the API keys page is out of a read-only operator's navigation (and shows them
     nothing if reached by its address)."""
-    # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes Streamlit fall
-    # back to its old file-based navigation when the first request after a start is a deep link (/jobs?job=7).
+    # Page scripts live in views/, not pages/: a folder named pages/ next to this file makes
+    # Streamlit fall back to its old file-based navigation when the first request after a start is a
+    # deep link (/jobs?job=7).
     return [
         st.Page(
             "views/overview_page.py",
@@ -107,8 +108,8 @@ def _create_dataset(who: Operator) -> None:
 connection = login.admit(settings)  # a Host or Origin the console is not served at stops here
 who = login.signed_in(settings, connection)
 if who is None:
-    # Register the pages (hidden) before the sign-in form, so a deep link like /jobs?job=7 still opens
-    # that page once the operator has signed in.
+    # Register the pages (hidden) before the sign-in form, so a deep link like /jobs?job=7 still
+    # opens that page once the operator has signed in.
     st.navigation(_pages(), position="hidden")
     login.sign_in_page(settings, connection)
 

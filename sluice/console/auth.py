@@ -5,8 +5,9 @@ Three ways in, decided by the settings:
 - Without a password, a connection that comes straight from this machine (loopback peer, loopback
   Host, no forwarding header: see ``sluice.ops.gate``) is the local operator; every other
   connection must sign in, whatever address Streamlit was told to listen on.
-- Passwords: ``SLUICE_CONSOLE_PASSWORD`` signs in an operator, ``SLUICE_CONSOLE_READONLY_PASSWORD`` a
-  read-only operator who sees everything and can change nothing. Both are compared in constant time.
+- Passwords: ``SLUICE_CONSOLE_PASSWORD`` signs in an operator,
+  ``SLUICE_CONSOLE_READONLY_PASSWORD`` a read-only operator who sees everything and can change
+  nothing. Both are compared in constant time.
   Failures are counted per client address (forwarded addresses only from trusted proxies) and for
   the passwords as a whole (``LoginThrottle``); the counts live in this process, not in the browser
   session, so opening a new tab does not reset them.
@@ -14,8 +15,8 @@ Three ways in, decided by the settings:
   and Authlib is installed (``pip install 'streamlit[auth]'``). Signed-in people are read-only
   unless their e-mail address is listed in ``[sluice] operator_emails = [...]`` in the same file.
 
-Every action function in ``sluice.ops.actions`` takes the ``Operator`` and refuses a read-only one, so
-a disabled button is a convenience, not the protection.
+Every action function in ``sluice.ops.actions`` takes the ``Operator`` and refuses a read-only one,
+so a disabled button is a convenience, not the protection.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pydantic import SecretStr
 from sluice.ops.access import Operator, Role
 from sluice.settings import Settings
 
-# --- passwords and lockout --------------------------------------------------------------------------
+# --- passwords and lockout ------------------------------------------------------------------------
 
 ACCOUNT_FACTOR = 10  # the console's passwords together take this many times one address's failures
 
@@ -206,7 +207,7 @@ def attempt_login(
     return LoginOutcome(who)
 
 
-# --- OIDC ---------------------------------------------------------------------------------------------
+# --- OIDC -----------------------------------------------------------------------------------------
 
 
 def oidc_role(email: str | None, operator_emails: list[str]) -> Role:

@@ -119,9 +119,10 @@ def _pending(
                 "publishes it as soon as the queue answers."
             )
         return ("warning" if no_workers else "info"), (
-            "Not on the queue yet: its message waits in the outbox until the next dispatch. The queue holds "
-            "only a few messages per worker thread; the next go by priority, then to the dataset with the "
-            f"least work under way, then the oldest (`sluice run-next` moves a job to the front); {worker_note}."
+            "Not on the queue yet: its message waits in the outbox until the next dispatch. The "
+            "queue holds only a few messages per worker thread; the next go by priority, then to "
+            "the dataset with the least work under way, then the oldest (`sluice run-next` moves "
+            f"a job to the front); {worker_note}."
         )
     if position is None:
         return "info", f"{ahead} job(s) wait ahead of this one; {worker_note}."
@@ -133,7 +134,8 @@ def _pending(
     if position.position is None:
         since = (now - published_at).total_seconds() if published_at else None
         if since is not None and since < redeliver_after and not no_workers:
-            # the usual case right after a publish: a worker has taken the message and is claiming the job
+            # the usual case right after a publish: a worker has taken the message and is claiming
+            # the job
             return "info", (
                 f"Handed to a worker {since:.0f} s ago; it starts in a moment; {worker_note}."
             )

@@ -124,9 +124,9 @@ def signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     return who
 
 
-# --- resuming a session ----------------------------------------------------------------------------
-# A Streamlit session id travels in upload URLs and logs. Whoever resumes a signed-in session with it
-# would get its widgets, and their callbacks run before any check of the script. The launcher's
+# --- resuming a session ---------------------------------------------------------------------------
+# A Streamlit session id travels in upload URLs and logs. Whoever resumes a signed-in session with
+# it would get its widgets, and their callbacks run before any check of the script. The launcher's
 # guard (sluice.console.launcher) therefore lets a websocket resume a signed-in session only from
 # the browser it was signed in on (the same XSRF token inside the cookie); any other connection gets
 # a new session of its own.
@@ -207,7 +207,7 @@ def _signed_in(settings: Settings, conn: gate.Connection) -> Operator | None:
     return None
 
 
-# --- uploads only for operators ------------------------------------------------------------------------
+# --- uploads only for operators -------------------------------------------------------------------
 # Streamlit keeps any file PUT to /_stcore/upload_file/<session>/... in memory for any live session,
 # signed in or not. The guard wraps the process's upload manager once: a session takes files only
 # while an operator is signed in on it (the script's last run said so).
@@ -299,9 +299,10 @@ def _sign_in_page(settings: Settings, conn: gate.Connection) -> None:
                 st.warning(f"Too many failed sign-ins. Try again in {wait:.0f} s.")
     elif not oidc_configured():
         st.warning(
-            "This connection does not come straight from this machine (another address, or a proxy "
-            "in between), so the console needs a sign-in, and none is set up. Set "
-            "SLUICE_CONSOLE_PASSWORD, or SLUICE_CONSOLE_SIGN_IN=off behind a proxy that signs people in."
+            "This connection does not come straight from this machine (another address, or a "
+            "proxy in between), so the console needs a sign-in, and none is set up. Set "
+            "SLUICE_CONSOLE_PASSWORD, or SLUICE_CONSOLE_SIGN_IN=off behind a proxy that signs "
+            "people in."
         )
     if oidc_configured():
         st.button("Sign in with single sign-on", on_click=st.login)

@@ -1,8 +1,8 @@
 """Small pieces the pages share: the dataset scope, status labels, durations, confirmations and the
 messages an action leaves for the next run.
 
-Session state holds UI selections only (the dataset picked, a pending confirmation, the last action's
-message); job records always come fresh from the database.
+Session state holds UI selections only (the dataset picked, a pending confirmation, the last
+action's message); job records always come fresh from the database.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def job_cells(r: dict) -> dict[str, str]:
     return {"status": status, "progress": progress, "attempts": attempts, "error": error}
 
 
-# --- who and where ---------------------------------------------------------------------------------------
+# --- who and where --------------------------------------------------------------------------------
 
 
 def operator() -> Operator:
@@ -125,7 +125,7 @@ def scope() -> Scope:
     return Scope(None, None)
 
 
-# --- words -------------------------------------------------------------------------------------------------
+# --- words ----------------------------------------------------------------------------------------
 
 _MARKDOWN_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")
 
@@ -197,7 +197,7 @@ def eta(delta: timedelta | None) -> str:
     return "—" if delta is None else duration(delta.total_seconds())
 
 
-# --- actions: results and confirmations ----------------------------------------------------------------------
+# --- actions: results and confirmations -----------------------------------------------------------
 
 
 def flash(level: str, text: str) -> None:

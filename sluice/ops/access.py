@@ -1,8 +1,8 @@
 """Who is acting, and whether they may: the one operator check every action goes through.
 
-Both front ends name their user the same way (``Operator``); every function in ``sluice.ops.actions``
-takes one and refuses a read-only operator before touching anything, so a disabled button in the
-console is a convenience, not the protection.
+Both front ends name their user the same way (``Operator``); every function in
+``sluice.ops.actions`` takes one and refuses a read-only operator before touching anything, so a
+disabled button in the console is a convenience, not the protection.
 """
 
 from __future__ import annotations

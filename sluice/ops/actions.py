@@ -1,10 +1,11 @@
-"""Everything an operator can change, once, for both front ends (the console and the ``sluice`` command).
+"""Everything an operator can change, once, for both front ends (the console and the ``sluice``
+command).
 
 Every function takes the acting ``Operator`` and refuses a read-only one before touching anything
-(one check: ``sluice.ops.access.require_operator``); the operator's ``actor`` names them in every job
-event. Transitions that queue work write an outbox row in their own transaction and the action then
-publishes the outbox once; when the queue is unreachable the action still succeeds and says so in
-the words of ``sluice.pipeline.queueing.broker.queue_note``.
+(one check: ``sluice.ops.access.require_operator``); the operator's ``actor`` names them in every
+job event. Transitions that queue work write an outbox row in their own transaction and the action
+then publishes the outbox once; when the queue is unreachable the action still succeeds and says so
+in the words of ``sluice.pipeline.queueing.broker.queue_note``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class ActionReport:
 
 
 def dispatch_outbox() -> str:
-    """Publish queued outbox rows now; returns the operator's note when the queue did not take them."""
+    """Publish queued outbox rows now; returns the operator's note when the queue did not take
+    them."""
     return dispatch_now(ctx().engine)[1]
 
 
@@ -90,7 +92,7 @@ def _transition(
     return ActionReport(results, note)
 
 
-# --- jobs --------------------------------------------------------------------------------------------------
+# --- jobs -----------------------------------------------------------------------------------------
 
 
 def retry_outlook(row: dict) -> str:
@@ -120,7 +122,8 @@ def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry") -> Ac
 
 
 def retry_with_password(who: Operator, job_id: int, password: str) -> ActionReport:
-    """A password-protected PDF's job: decrypt it with ``password`` and queue it again (sluice.ops.unlock)."""
+    """A password-protected PDF's job: decrypt it with ``password`` and queue it again
+    (sluice.ops.unlock)."""
     try:
         require_operator(who, "unlock files")
     except ReadOnlyOperator as exc:
@@ -174,7 +177,8 @@ def set_priority(who: Operator, ids: Iterable[int], priority: int | None) -> Act
 
 
 def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -> tuple[bool, str]:
-    """The priority of the dataset's jobs that have none of their own (higher goes first; None: 0)."""
+    """The priority of the dataset's jobs that have none of their own (higher goes first; None:
+    0)."""
     try:
         require_operator(who, "set dataset priorities")
     except ReadOnlyOperator as exc:
@@ -185,7 +189,7 @@ def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -
     return True, f"dataset priority set to {0 if priority is None else priority}"
 
 
-# --- uploads and datasets ----------------------------------------------------------------------------------
+# --- uploads and datasets -------------------------------------------------------------------------
 
 
 def upload(who: Operator, *, dataset: str, filename: str, stream: BinaryIO) -> IngestResult:
@@ -241,7 +245,8 @@ def preview_dataset_settings(
 def set_dataset_settings(
     who: Operator, name: str, assignments: dict[str, str | None]
 ) -> settings_changes.SettingsChange:
-    """Save the dataset's parse settings (KEY -> value; None unsets) and rebuild that dataset with them."""
+    """Save the dataset's parse settings (KEY -> value; None unsets) and rebuild that dataset with
+    them."""
     try:
         require_operator(who, "change dataset settings")
     except ReadOnlyOperator as exc:
@@ -249,7 +254,7 @@ def set_dataset_settings(
     return settings_changes.apply(ctx(), name, assignments, actor=who.actor, publish=publish)
 
 
-# --- integrity: delete, reconcile, reindex to the version in force -----------------------------------------
+# --- integrity: delete, reconcile, reindex to the version in force --------------------------------
 
 
 def delete_document(who: Operator, ref: str | int) -> documents.DeleteResult:
@@ -289,7 +294,7 @@ def reindex_all(who: Operator, *, dataset: str | None = None) -> reindexing.Rein
     return reindexing.reindex_all(ctx(), actor=who.actor, dataset=dataset, publish=publish)
 
 
-# --- bulk: every job a filter matches ---------------------------------------------------------------------
+# --- bulk: every job a filter matches -------------------------------------------------------------
 
 
 def bulk(who: Operator, action: str, f: JobFilter, *, reason: str = "") -> ActionReport:
@@ -316,7 +321,7 @@ def bulk(who: Operator, action: str, f: JobFilter, *, reason: str = "") -> Actio
     return ActionReport(results)
 
 
-# --- retention -------------------------------------------------------------------------------------------------
+# --- retention ------------------------------------------------------------------------------------
 
 
 def prune(who: Operator, *, dry_run: bool, days: int | None = None) -> retention.PruneReport:

@@ -28,7 +28,10 @@ def refusal(settings: Settings, host: str | None, origin: str | None) -> str | N
         and host_refusal(_as_console(settings), Connection(peer=None, headers={"host": host or ""}))
         is None
     ):
-        return "a page of another site may not call this API (its Origin is not one of the API's names)"
+        return (
+            "a page of another site may not call this API (its Origin is not one of the API's "
+            "names)"
+        )
     return (
         "this API does not answer at that Host; add the name it is reached by to SLUICE_API_HOSTS"
     )

@@ -1,6 +1,6 @@
-"""One document as an operator inspects it: metadata, jobs and versions, the chunks search serves (in
-order, with pages), a source page rendered as an image with a chunk located on it, and the original
-bytes (operators only: a read-only user sees everything but takes no copy of the file).
+"""One document as an operator inspects it: metadata, jobs and versions, the chunks search serves
+(in order, with pages), a source page rendered as an image with a chunk located on it, and the
+original bytes (operators only: a read-only user sees everything but takes no copy of the file).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def view(ctx: Context, ref: str | int) -> DocumentView:
 def chunks(
     ctx: Context, document_id: int, *, offset: int = 0, limit: int = CHUNKS_PER_PAGE
 ) -> list[lexical.ChunkRow]:
-    """One page of the chunks search serves for the document, in order (none when nothing is served)."""
+    """One page of the chunks search serves for the document, in order (none when nothing is
+    served)."""
     with Session(ctx.engine) as session:
         doc = session.get(Document, document_id)
     if doc is None:

@@ -56,8 +56,8 @@ class DrainEstimate:
             )
         return (
             f"{self.active:,} active, about {self.remaining_chunks:,.0f} chunks left at "
-            f"{self.chunks_per_second:,.1f} chunks/s while busy ({self.basis_jobs} job(s) measured over "
-            f"{self.busy_seconds:,.0f} s of busy time; {self.confidence} estimate)"
+            f"{self.chunks_per_second:,.1f} chunks/s while busy ({self.basis_jobs} job(s) measured "
+            f"over {self.busy_seconds:,.0f} s of busy time; {self.confidence} estimate)"
         )
 
 

@@ -78,7 +78,8 @@ def connection(
     if xff and remote_ip is not None:
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", UVICORN_DEFAULT_TRUSTED)
         if remote_ip == _rightmost_untrusted(xff, _networks(trusted)):
-            # uvicorn put this address there: the real peer was one uvicorn trusts (loopback by default)
+            # uvicorn put this address there: the real peer was one uvicorn trusts (loopback by
+            # default)
             peer = "127.0.0.1" if _all_loopback(trusted) else None
     return Connection(peer=peer, headers=merged, in_process=in_process)
 
@@ -149,7 +150,7 @@ def sign_in_required(settings: Settings, conn: Connection) -> bool:
     return not direct_loopback(conn)
 
 
-# --- the local link: who is "at this machine" ------------------------------------------------------
+# --- the local link: who is "at this machine" -----------------------------------------------------
 # On a host with other users, a loopback connection is not an identity: any of them can open
 # 127.0.0.1:8501. Without a password, the console therefore serves a loopback browser only once it
 # has opened a link that `sluice serve console` or `sluice console-url` printed for Sluice's own
@@ -203,7 +204,8 @@ def _token_name(token: str) -> str:
 
 
 def client_address(settings: Settings, conn: Connection) -> str:
-    """The address failed sign-ins are counted under: the peer, or what trusted proxies forwarded."""
+    """The address failed sign-ins are counted under: the peer, or what trusted proxies
+    forwarded."""
     peer = conn.peer or "unknown"
     trusted = _networks(",".join(settings.console_trusted_proxies))
     xff = conn.header("x-forwarded-for")

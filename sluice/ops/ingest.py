@@ -115,7 +115,8 @@ def ingest_stream(
             dataset=dataset,
             error_kind="user_action_required",
             error_code="too_large",
-            message=f"the file is larger than the upload limit of {s.max_upload_bytes // (1024 * 1024)} MB",
+            message="the file is larger than the upload limit of "
+            f"{s.max_upload_bytes // (1024 * 1024)} MB",
             fix_hint="Split the file, or raise SLUICE_MAX_UPLOAD_BYTES.",
         )
     except WaitingError as err:  # the object store does not answer: nothing was stored
@@ -225,7 +226,8 @@ def _answer(
     result.message = f"queued as job {job.id}"
     if publish is not None:
         sent, note = dispatch_now(ctx.engine, via=publish)
-        # Another dispatcher (a worker's recovery loop) may have taken the row first and published it.
+        # Another dispatcher (a worker's recovery loop) may have taken the row first and published
+        # it.
         result.published = job.id in sent.sent or sent.error is None
         if note:
             result.message += f" ({note})"

@@ -55,8 +55,9 @@ class Preview:
     def describe(self) -> str:
         about = "about " if self.estimated else ""
         text = (
-            f"{self.jobs} job(s), {about}{self.chunks:,} chunk(s): {about}{self.in_index:,} already in the "
-            f"index, {about}{self.cached:,} in the embedding cache, {about}{self.to_embed:,} to embed"
+            f"{self.jobs} job(s), {about}{self.chunks:,} chunk(s): {about}{self.in_index:,} "
+            f"already in the index, {about}{self.cached:,} in the embedding cache, "
+            f"{about}{self.to_embed:,} to embed"
         )
         if self.unreadable:
             text += f"; {self.unreadable} sampled document(s) cannot be read and will fail again"

@@ -1,4 +1,5 @@
-"""What the console pages read: one call per page section, each a short session over sluice.storage.queries.
+"""What the console pages read: one call per page section, each a short session over
+sluice.storage.queries.
 
 Pages get plain rows (dicts and small dataclasses), never ORM objects or sessions, and never more
 than one page of jobs.
@@ -41,7 +42,8 @@ def _session() -> Session:
 
 
 def reaper_state() -> jobs.ReaperState:
-    """When any worker's reaper last ran, and whether reaping is held after a silence of all of them."""
+    """When any worker's reaper last ran, and whether reaping is held after a silence of all of
+    them."""
     with _session() as session:
         return jobs.reaper_state(session=session)
 
@@ -53,7 +55,7 @@ def database_now():
         return db_now(session)
 
 
-# --- datasets ------------------------------------------------------------------------------------------
+# --- datasets -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def dataset_summaries() -> list[dict]:
         return queries.dataset_summaries(session=session)
 
 
-# --- overview ------------------------------------------------------------------------------------------
+# --- overview -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -230,7 +232,7 @@ def workers(presence: list[dict], dataset_id: int | None = None) -> list[WorkerV
     return out
 
 
-# --- jobs ----------------------------------------------------------------------------------------------
+# --- jobs -----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -403,7 +405,7 @@ def _paused(session: Session, job) -> str:
     )
 
 
-# --- dead letters ----------------------------------------------------------------------------------------
+# --- dead letters ---------------------------------------------------------------------------------
 
 
 def dead_letter_groups(dataset_id: int | None) -> list[dict]:
@@ -450,7 +452,7 @@ def retry_cost(job_ids: list[int]) -> Preview:
     return preview_jobs(ctx(), job_ids)
 
 
-# --- search ----------------------------------------------------------------------------------------------
+# --- search ---------------------------------------------------------------------------------------
 
 
 def search(
@@ -487,11 +489,12 @@ def search(
     return sorted(hits, key=lambda h: -h.score)[:k] if not dataset else hits
 
 
-# --- integrity ----------------------------------------------------------------------------------------------
+# --- integrity ------------------------------------------------------------------------------------
 
 
 def document_info(ref: str | int):
-    """The document a job id or ``doc:ID`` names, with its jobs and chunks (UnknownReference if none)."""
+    """The document a job id or ``doc:ID`` names, with its jobs and chunks (UnknownReference if
+    none)."""
     return documents.document_info(ctx(), documents.resolve(ctx(), ref))
 
 
@@ -529,7 +532,7 @@ def last_reconcile() -> dict | None:
     return last_report(ctx())
 
 
-# --- metrics --------------------------------------------------------------------------------------------------
+# --- metrics --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -571,7 +574,7 @@ def events_after(after_id: int, kinds: tuple[str, ...], limit: int = 10_000) -> 
         ]
 
 
-# --- bulk actions ----------------------------------------------------------------------------------------------
+# --- bulk actions ---------------------------------------------------------------------------------
 
 BULK_APPLIES_TO = {  # which of the matching jobs each bulk action can change
     "retry": ["failed", "cancelled"],
@@ -611,9 +614,10 @@ def bulk_preview(
     ids: bool = True,
     who: Operator | None = None,
 ) -> BulkPreview:
-    """What a bulk action over everything ``f`` matches would change, and cost, before it does. Counted
-    by the database; the job ids are read only with ``ids`` (to act on them), and for the cost only
-    those of the sample it parses (a page that refreshes every few seconds never reads 100,000 ids)."""
+    """What a bulk action over everything ``f`` matches would change, and cost, before it does.
+    Counted by the database; the job ids are read only with ``ids`` (to act on them), and for the
+    cost only those of the sample it parses (a page that refreshes every few seconds never reads
+    100,000 ids)."""
     statuses = BULK_APPLIES_TO[action]
     with _session() as session:
         matching = queries.count_jobs(session=session, f=f)
@@ -651,7 +655,7 @@ def document_ids(job_ids: list[int]) -> dict[int, int]:
         return queries.document_ids_of_jobs(session=session, job_ids=job_ids)
 
 
-# --- webhooks --------------------------------------------------------------------------------------------
+# --- webhooks -------------------------------------------------------------------------------------
 
 
 def webhook_log(endpoint: str | None = None, limit: int = 50, *, full: bool = False) -> dict:

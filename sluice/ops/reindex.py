@@ -4,9 +4,9 @@ Changing the chunking or the model changes the pipeline version, and with it eve
 each live document whose searchable (active) job was built by another version, a job of the current
 version is created (same idempotency key as an upload: ``{dataset_id}:{sha256}:{version}``) and
 queued. Its chunks are written beside the old ones; search keeps answering from the old job until
-the new one succeeds, then ``sluice.storage.jobs.succeed`` switches the document over in one transaction
-and the runner removes the old version's chunks. A document whose new job fails keeps its old
-version, searchable as before.
+the new one succeeds, then ``sluice.storage.jobs.succeed`` switches the document over in one
+transaction and the runner removes the old version's chunks. A document whose new job fails keeps
+its old version, searchable as before.
 
 Run the workers with the new settings before reindexing: a worker chunks with its own settings.
 """
@@ -83,9 +83,9 @@ class ReindexPlan:
             p = self.preview
             about = "about " if p.estimated else ""
             text = (
-                f"{self.documents} document(s) to rebuild with {target} "
-                f"({self.old_chunks:,} chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} "
-                f"in the embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed"
+                f"{self.documents} document(s) to rebuild with {target} ({self.old_chunks:,} "
+                f"chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} in the "
+                f"embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed"
             )
             if p.unreadable:
                 text += f"; {p.unreadable} sampled document(s) cannot be read"

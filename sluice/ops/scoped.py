@@ -76,7 +76,7 @@ def _session() -> Session:
     return Session(reads.ctx().engine, expire_on_commit=False)
 
 
-# --- datasets ----------------------------------------------------------------------------------------
+# --- datasets -------------------------------------------------------------------------------------
 
 
 def _summary(row: dict) -> dict:
@@ -105,7 +105,7 @@ def create_dataset(key: ApiPrincipal, name: str) -> tuple[bool, str]:
     return actions.create_dataset(key.operator, name)
 
 
-# --- uploads -----------------------------------------------------------------------------------------
+# --- uploads --------------------------------------------------------------------------------------
 
 
 def upload(key: ApiPrincipal, *, dataset: str, filename: str, stream: BinaryIO) -> IngestResult:
@@ -139,7 +139,7 @@ def check_upload(key: ApiPrincipal, dataset: str) -> None:
     require(key, "ingest", "uploading")
 
 
-# --- jobs --------------------------------------------------------------------------------------------
+# --- jobs -----------------------------------------------------------------------------------------
 
 
 def waiting(session: Session, job: Job, key: ApiPrincipal | None = None) -> dict[str, Any] | None:
@@ -268,7 +268,7 @@ def unlock(key: ApiPrincipal, job_id: int, password: str) -> ActionReport:
     return actions.retry_with_password(key.operator, job_id, password)
 
 
-# --- documents ---------------------------------------------------------------------------------------
+# --- documents ------------------------------------------------------------------------------------
 
 
 def document(key: ApiPrincipal, document_id: int) -> dict[str, Any]:
@@ -313,7 +313,7 @@ def delete_document(key: ApiPrincipal, document_id: int):
     return actions.delete_document(key.operator, f"doc:{document_id}")
 
 
-# --- search ------------------------------------------------------------------------------------------
+# --- search ---------------------------------------------------------------------------------------
 
 
 def search(key: ApiPrincipal, *, dataset: str, query: str, k: int, **filters) -> list[SearchHit]:

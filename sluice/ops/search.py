@@ -24,7 +24,8 @@ from sluice.storage.models import Dataset, Document
 log = logging.getLogger(__name__)
 
 MODES = ("hybrid", "dense", "lexical")
-RRF_K = 60  # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
+# reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
+RRF_K = 60
 STRICT_WEIGHT = (
     2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
 )
@@ -166,7 +167,8 @@ def search(
 
 def _fill_positions(ctx: Context, ds: Dataset, hits: list[SearchHit]) -> None:
     """Where in its file a hit only the word index found sits (slide, section, rows) and whether OCR
-    read it: that is kept with the vectors, so ask the store for those few chunks (no model needed)."""
+    read it: that is kept with the vectors, so ask the store for those few chunks (no model
+    needed)."""
     if not hits:
         return
     try:
@@ -202,8 +204,9 @@ def _version(cid: str) -> str:
 def _fuse(
     ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool
 ) -> list[SearchHit]:
-    """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare token
-    is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it count."""
+    """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare
+    token is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it
+    count."""
     scores: dict[str, float] = {}
     hits: dict[str, SearchHit] = {}
     for rank, lh in enumerate(lex, start=1):

@@ -218,7 +218,8 @@ def apply(
     actor: str,
     publish: Callable[[int], None] | None = None,
 ) -> SettingsChange:
-    """Save the dataset's new parse settings and rebuild its documents with them (that dataset only)."""
+    """Save the dataset's new parse settings and rebuild its documents with them (that dataset
+    only)."""
     change = propose(ctx, name, assignments, preview=False)
     if not change.ok:
         return change

@@ -44,7 +44,8 @@ def events_between(
     kinds: Sequence[str],
     dataset_ids: Sequence[int] | None,
 ) -> list[tuple[JobEvent, Job]]:
-    """Events of these kinds with ``after_id < id <= upto_id``, with their jobs, of these datasets."""
+    """Events of these kinds with ``after_id < id <= upto_id``, with their jobs, of these
+    datasets."""
     stmt = (
         select(JobEvent, Job)
         .join(Job, col(Job.id) == JobEvent.job_id)

@@ -56,8 +56,8 @@ def as_utc(value: datetime | str) -> datetime:
 
 
 class epoch_seconds(FunctionElement):
-    """Whole seconds since 1970 of a stored UTC time, as an SQL expression: for counting rows per time
-    bucket in the database (``GROUP BY``) instead of reading every row."""
+    """Whole seconds since 1970 of a stored UTC time, as an SQL expression: for counting rows per
+    time bucket in the database (``GROUP BY``) instead of reading every row."""
 
     type = BigInteger()
     inherit_cache = True
@@ -70,8 +70,8 @@ def _epoch_default(element, compiler, **kw) -> str:
 
 @compiles(epoch_seconds, "sqlite")
 def _epoch_sqlite(element, compiler, **kw) -> str:
-    # Only the first 19 characters (to the whole second): strftime rounds fractions, and 59.9999995 s
-    # would fall in the next minute.
+    # Only the first 19 characters (to the whole second): strftime rounds fractions, and 59.9999995
+    # s would fall in the next minute.
     return (
         f"CAST(strftime('%s', substr({compiler.process(element.clauses, **kw)}, 1, 19)) AS INTEGER)"
     )

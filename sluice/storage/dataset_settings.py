@@ -2,8 +2,8 @@
 
 A dataset keeps only what it overrides (``Dataset.parse_settings``, JSON); everything else comes
 from the SLUICE_* settings of the process. The effective settings decide the dataset's pipeline
-version (``sluice.pipeline.running.context.pipeline_version``), so a change gives its documents new chunk ids
-and the existing versioned reindex switches them over, one document at a time.
+version (``sluice.pipeline.running.context.pipeline_version``), so a change gives its documents new
+chunk ids and the existing versioned reindex switches them over, one document at a time.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def change(
     settings: Settings, current: dict[str, Any] | None, assignments: dict[str, str | None]
 ) -> dict[str, Any]:
     """The dataset's new overrides after ``assignments`` (KEY -> text; None or "" unsets the key),
-    validated as a whole against the process's settings. Raises SettingsError saying what is wrong."""
+    validated as a whole against the process's settings. Raises SettingsError saying what is
+    wrong."""
     unknown = sorted(set(assignments) - set(KEYS))
     if unknown:
         raise SettingsError(

@@ -13,8 +13,10 @@ the final ones (succeeded, failed, cancelled) their webhook events (``storage.we
        └── retry ────────┘ reaper: heartbeat older than the lease = transient failure
        └──── hand_back (the worker stops in order; attempt not counted) ◀── running
     succeeded ──a newer pipeline version of the document succeeds──▶ superseded ──revive──▶ pending
-    any ──mark_deleted (the document is deleted)──▶ deleted ──the same bytes uploaded again──▶ pending
-    a waiting rebuild of the active job ──its dataset's settings change──▶ succeeded (rebuild dropped)
+    any ──mark_deleted (the document is deleted)──▶ deleted
+        ──the same bytes uploaded again──▶ pending
+    a waiting rebuild of the active job ──its dataset's settings change──▶ succeeded
+        (rebuild dropped)
     running, of a version no worker makes ──follow_version──▶ running (the version in force), or
         succeeded (it was the active job's rebuild), or superseded (that version has its own job)
 """
@@ -122,7 +124,8 @@ def _cas(
     now: datetime | None = None,
     **values: Any,
 ) -> bool:
-    """Update ``job`` only if its version is still the one we read; refresh the object on success."""
+    """Update ``job`` only if its version is still the one we read; refresh the object on
+    success."""
     values.setdefault("updated_at", now or db_now(session))
     stmt = (
         update(Job)
@@ -197,7 +200,8 @@ def get_job(*, session: Session, job_id: int) -> Job | None:
 
 
 def idempotency_key(*, dataset_id: int, sha256: str, pipeline_version: str) -> str:
-    """One job per bytes, dataset and pipeline version: an upload of the same file again finds it."""
+    """One job per bytes, dataset and pipeline version: an upload of the same file again finds
+    it."""
     return f"{dataset_id}:{sha256}:{pipeline_version}"
 
 
@@ -344,7 +348,7 @@ def create_upload(
                 raise
 
 
-# --- the worker's side -----------------------------------------------------------------------------
+# --- the worker's side ----------------------------------------------------------------------------
 
 
 def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float) -> ClaimResult:
@@ -712,7 +716,8 @@ def _supersede(
 
 
 def _make_active(session: Session, document: Document, job: Job, *, serving: int | None) -> bool:
-    """The document's searchable job becomes ``job``, if it is still ``serving`` (compare-and-set)."""
+    """The document's searchable job becomes ``job``, if it is still ``serving``
+    (compare-and-set)."""
     return (
         matched(
             session,
@@ -1274,9 +1279,10 @@ def reap(
             lease=lease,
             kind=ErrorKind.transient,
             code="worker_lost",
-            message=f"worker {worker} stopped answering during {describe_progress(stage, done, total)} "
-            f"(no heartbeat for {silent:.0f}s)",
-            hint="Sluice retries this by itself. If workers keep dying, check their logs and memory.",
+            message=f"worker {worker} stopped answering during "
+            f"{describe_progress(stage, done, total)} (no heartbeat for {silent:.0f}s)",
+            hint="Sluice retries this by itself. If workers keep dying, check their logs and "
+            "memory.",
             detail="",
             worker_id="reaper",
             base_delay=base_delay,
@@ -1288,7 +1294,7 @@ def reap(
     return taken
 
 
-# --- the operator's side -----------------------------------------------------------------------------
+# --- the operator's side --------------------------------------------------------------------------
 
 
 def _load_many(session: Session, job_ids: Iterable[int]) -> list[tuple[int, Job | None]]:
@@ -1334,7 +1340,8 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
                     job,
                     "cancel_requested",
                     actor=actor,
-                    message=f"cancel requested at {describe_progress(job.stage, job.done, job.total)}",
+                    message="cancel requested at "
+                    f"{describe_progress(job.stage, job.done, job.total)}",
                 )
             session.commit()
             results.append(
@@ -1519,7 +1526,8 @@ def _from_status(
     publish: bool,
     **change: Any,
 ) -> list[ActionResult]:
-    """One operator transition out of ``source`` for each job, by compare-and-set; each a result line."""
+    """One operator transition out of ``source`` for each job, by compare-and-set; each a result
+    line."""
     results = []
     for jid, job in _load_many(session, job_ids):
         if job is None or job.status != source:
@@ -1548,7 +1556,8 @@ def _from_status(
 def reindex(
     *, session: Session, job_ids: Iterable[int], actor: str, reason: str = "reindex"
 ) -> list[ActionResult]:
-    """succeeded -> pending: rebuild the same chunks on purpose; search keeps serving the old ones."""
+    """succeeded -> pending: rebuild the same chunks on purpose; search keeps serving the old
+    ones."""
     return _from_status(
         session,
         job_ids,
@@ -1586,7 +1595,7 @@ def dismiss(*, session: Session, job_ids: Iterable[int], actor: str) -> list[Act
     )
 
 
-# --- integrity: pipeline versions and delete ---------------------------------------------------------
+# --- integrity: pipeline versions and delete ------------------------------------------------------
 
 
 def revive(
@@ -1634,7 +1643,8 @@ def mark_deleted(
 
     Jobs and their events stay (the audit trail); search stops answering the document at once. A
     running job loses its fence: its worker's next write fails and it stops. The caller removes the
-    vectors and the blob afterwards. A compare-and-set that loses to a worker's write is tried again.
+    vectors and the blob afterwards. A compare-and-set that loses to a worker's write is tried
+    again.
     """
     for _ in range(attempts):
         document = session.get(Document, document_id, populate_existing=True)
@@ -1689,7 +1699,7 @@ def mark_deleted(
     return [ActionResult(0, False, f"document {document_id}: its jobs kept changing; try again")]
 
 
-# --- versions ----------------------------------------------------------------------------------------
+# --- versions -------------------------------------------------------------------------------------
 
 ACTION_FOR_STATUS = {
     None: "create",

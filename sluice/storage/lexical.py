@@ -130,7 +130,7 @@ class Filters:
     page_to: int | None = None
 
 
-# --- schema ------------------------------------------------------------------------------------------------
+# --- schema ---------------------------------------------------------------------------------------
 
 _TABLE = """CREATE TABLE IF NOT EXISTS lexical_chunk (
     id {id} PRIMARY KEY,
@@ -153,11 +153,13 @@ _SQLITE = [
     # External content: the words live once, in lexical_chunk; triggers keep the index in step,
     # also when someone deletes rows by hand.
     """CREATE VIRTUAL TABLE IF NOT EXISTS lexical_fts USING fts5(
-        terms, content='lexical_chunk', content_rowid='id', tokenize='unicode61 remove_diacritics 0')""",
+        terms, content='lexical_chunk', content_rowid='id',
+        tokenize='unicode61 remove_diacritics 0')""",
     """CREATE TRIGGER IF NOT EXISTS lexical_chunk_ai AFTER INSERT ON lexical_chunk BEGIN
         INSERT INTO lexical_fts(rowid, terms) VALUES (new.id, new.terms); END""",
     """CREATE TRIGGER IF NOT EXISTS lexical_chunk_ad AFTER DELETE ON lexical_chunk BEGIN
-        INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms); END""",
+        INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
+        END""",
     """CREATE TRIGGER IF NOT EXISTS lexical_chunk_au AFTER UPDATE OF terms ON lexical_chunk BEGIN
         INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
         INSERT INTO lexical_fts(rowid, terms) VALUES (new.id, new.terms); END""",
@@ -174,17 +176,19 @@ def _postgres(conn: Connection | Engine) -> bool:
 
 
 def init_schema(engine: Engine) -> None:
-    """Create the lexical tables if missing (``db.init_schema`` calls it, and retries a lost race)."""
+    """Create the lexical tables if missing (``db.init_schema`` calls it, and retries a lost
+    race)."""
     with engine.begin() as conn:
         for stmt in _POSTGRES if _postgres(engine) else _SQLITE:
             conn.execute(text(stmt))
 
 
-# --- writing and removing -------------------------------------------------------------------------------------
+# --- writing and removing -------------------------------------------------------------------------
 
 
 def _tsvector(toks: Sequence[str]) -> str:
-    """A tsvector literal with positions (tokens hold only letters and digits: no quoting needed)."""
+    """A tsvector literal with positions (tokens hold only letters and digits: no quoting
+    needed)."""
     return " ".join(f"'{t}':{min(i + 1, 16383)}" for i, t in enumerate(toks))
 
 
@@ -221,9 +225,9 @@ def write_job(
         )
     column, value = ("tsv", "CAST(:terms AS tsvector)") if pg else ("terms", ":terms")
     insert = text(
-        f"INSERT INTO lexical_chunk (dataset_id, chunk_id, document_id, job_id, position, page, text, "
-        f"{column}) VALUES (:dataset_id, :chunk_id, :document_id, :job_id, :position, :page, :text, "
-        f"{value})"
+        "INSERT INTO lexical_chunk (dataset_id, chunk_id, document_id, job_id, position, page, "
+        f"text, {column}) VALUES (:dataset_id, :chunk_id, :document_id, :job_id, :position, :page, "
+        f":text, {value})"
     )
     with engine.begin() as conn:
         # The delete comes first: on SQLite it takes the write lock, so the check below sees the
@@ -309,7 +313,7 @@ def update_fields(engine: Engine, dataset_id: int, fixes: Sequence[tuple[str, di
             )
 
 
-# --- reading -------------------------------------------------------------------------------------------------
+# --- reading --------------------------------------------------------------------------------------
 
 
 def iter_rows(engine: Engine, dataset_id: int, *, page_size: int = 5000):
@@ -431,7 +435,10 @@ def _run(
     if f.page_to is not None:
         where.append("l.page <= :pt")
         params["pt"] = f.page_to
-    active = "JOIN document d ON d.id = l.document_id AND d.active_job_id = l.job_id AND d.deleted_at IS NULL"
+    active = (
+        "JOIN document d ON d.id = l.document_id AND d.active_job_id = l.job_id AND d.deleted_at "
+        "IS NULL"
+    )
     cols = (
         "l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, d.filename, d.media_type"
     )
@@ -444,10 +451,13 @@ def _run(
     else:
         params["q"] = _fts5_expr(query, loose=loose)
         matches = "FROM lexical_fts WHERE lexical_fts MATCH :q"
-        ranked = f"SELECT rowid AS id, -bm25(lexical_fts) AS score {matches} ORDER BY score DESC LIMIT :m"
-    # Rank in the full-text index alone, then join only the best: carrying every match's text through
-    # the join and the sort cost as much as the ranking. When filters or inactive jobs leave fewer
-    # than asked, rank more, until every match was seen.
+        ranked = (
+            f"SELECT rowid AS id, -bm25(lexical_fts) AS score {matches} ORDER BY score DESC LIMIT "
+            ":m"
+        )
+    # Rank in the full-text index alone, then join only the best: carrying every match's text
+    # through the join and the sort cost as much as the ranking. When filters or inactive jobs leave
+    # fewer than asked, rank more, until every match was seen.
     sql = (
         f"SELECT {cols}, f.score FROM ({ranked}) f JOIN lexical_chunk l ON l.id = f.id {active} "
         f"WHERE {' AND '.join(where)} ORDER BY f.score DESC, l.chunk_id LIMIT :n"
@@ -479,7 +489,7 @@ def _hit(r) -> LexicalHit:
     )
 
 
-# --- highlighting ----------------------------------------------------------------------------------------------
+# --- highlighting ---------------------------------------------------------------------------------
 
 
 def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:

@@ -58,8 +58,9 @@ STAGE_UNITS = {
 
 
 class Instance(SQLModel, table=True):
-    """One row, made with the database: the id of this Sluice instance. Queue messages carry it, so a
-    worker of another instance on the same queue (its own job database) knows a message is not its."""
+    """One row, made with the database: the id of this Sluice instance. Queue messages carry it, so
+    a worker of another instance on the same queue (its own job database) knows a message is not
+    its."""
 
     id: int = Field(default=1, primary_key=True)
     instance_id: str = Field(max_length=40, unique=True)
@@ -81,7 +82,8 @@ class Dataset(SQLModel, table=True):
     priority: int | None = (
         None  # its jobs' priority when they have none of their own (higher first; None = 0)
     )
-    # What this dataset sets for itself instead of the process's settings (sluice.storage.dataset_settings).
+    # What this dataset sets for itself instead of the process's settings
+    # (sluice.storage.dataset_settings).
     parse_settings: dict[str, Any] | None = Field(
         default=None, sa_column=Column(JSON, nullable=True)
     )
@@ -114,10 +116,11 @@ class Job(SQLModel, table=True):
         Index("ix_job_error_kind_status", "error_kind", "status"),
         Index("ix_job_stage_status", "stage", "status"),
         Index("ix_job_finished", "finished_at"),
-        # The overview's throughput and drain rate: jobs finished since a time, with their chunk counts
-        # (covering: a day of jobs is counted from the index alone).
+        # The overview's throughput and drain rate: jobs finished since a time, with their chunk
+        # counts (covering: a day of jobs is counted from the index alone).
         Index("ix_job_status_finished", "status", "finished_at", "chunk_count"),
-        # Sorted pages of the jobs table (ORDER BY created_at/updated_at, id) walk these, even deep ones.
+        # Sorted pages of the jobs table (ORDER BY created_at/updated_at, id) walk these, even deep
+        # ones.
         Index("ix_job_created_id", "created_at", "id"),
         Index("ix_job_updated_id", "updated_at", "id"),
     )
@@ -184,8 +187,8 @@ class JobEvent(SQLModel, table=True):
 
 
 class Pause(SQLModel, table=True):
-    """A pause in force: of one dataset, or of the whole queue (``dataset_id`` None, ``scope`` "all").
-    Its jobs are not claimed or published while the row exists; resuming deletes it."""
+    """A pause in force: of one dataset, or of the whole queue (``dataset_id`` None, ``scope``
+    "all"). Its jobs are not claimed or published while the row exists; resuming deletes it."""
 
     id: int = Field(default=None, primary_key=True)
     scope: str = Field(max_length=40, unique=True)  # "all" or "dataset:<id>": one pause per scope

@@ -34,11 +34,13 @@ class DispatchResult:
 def dispatch(
     *, engine: Engine, publish: Callable[[int], None], limit: int = 1000, window: int = 0
 ) -> DispatchResult:
-    """Publish due outbox rows, the most urgent first; stop at the first publish error (the queue is down).
+    """Publish due outbox rows, the most urgent first; stop at the first publish error (the queue is
+    down).
 
     With a ``window``, only that many messages are kept on the queue (published, not yet claimed):
     the rows chosen are the highest priority, then the dataset with the least work in flight or
-    running, then the oldest (see ``choose``). Without one, every due row goes, by priority then age.
+    running, then the oldest (see ``choose``). Without one, every due row goes, by priority then
+    age.
 
     Rows are first marked sent in one conditional UPDATE, so concurrent dispatchers (every worker
     and console runs one) never publish the same row twice; rows that could not be published are

@@ -1,10 +1,10 @@
 """Pauses: the whole queue or one dataset stops starting jobs until resumed.
 
 A pause is a row of the job database, so every worker and dispatcher sees the same state whatever
-happened to Redis. While a pause covers a job's dataset, the claim refuses the job (a recorded no-op;
-the job keeps waiting with an unsent outbox row), the dispatcher leaves its outbox rows unsent and
-the recovery does not publish it again; resuming lets the dispatcher publish them. Jobs already
-running finish; uploads are still accepted.
+happened to Redis. While a pause covers a job's dataset, the claim refuses the job (a recorded
+no-op; the job keeps waiting with an unsent outbox row), the dispatcher leaves its outbox rows
+unsent and the recovery does not publish it again; resuming lets the dispatcher publish them. Jobs
+already running finish; uploads are still accepted.
 """
 
 from __future__ import annotations

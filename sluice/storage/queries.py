@@ -321,7 +321,7 @@ def job_row(job: Job) -> dict:
     }
 
 
-# --- console read side (additive) -------------------------------------------------------------------
+# --- console read side (additive) -----------------------------------------------------------------
 
 
 def dataset_names(*, session: Session) -> dict[int, str]:
@@ -370,8 +370,8 @@ def unsent_messages(*, session: Session, job_id: int) -> list:
 def recent_attempts(
     *, session: Session, since: datetime, dataset_id: int | None = None
 ) -> list[tuple]:
-    """(last attempt's start, finish, chunks, document bytes) of jobs that succeeded since ``since``:
-    the work the fleet did while it was busy (the drain estimate's rate)."""
+    """(last attempt's start, finish, chunks, document bytes) of jobs that succeeded since
+    ``since``: the work the fleet did while it was busy (the drain estimate's rate)."""
     # The last claim of each of these jobs, looked up by job id (a handful of events per job), not
     # by grouping every claim of a day.
     last_claim = (
@@ -436,7 +436,7 @@ def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dic
     return out
 
 
-# --- metrics -------------------------------------------------------------------------------------------------
+# --- metrics --------------------------------------------------------------------------------------
 
 
 def jobs_by_dataset_and_status(*, session: Session) -> dict[tuple[str, str], int]:
@@ -462,7 +462,8 @@ def embedding_totals(*, session: Session) -> tuple[int, int]:
 def events_after(
     *, session: Session, after_id: int, kinds: tuple[str, ...], limit: int
 ) -> list[JobEvent]:
-    """Events of these kinds with an id above ``after_id``, oldest first (a tail of the audit log)."""
+    """Events of these kinds with an id above ``after_id``, oldest first (a tail of the audit
+    log)."""
     stmt = (
         select(JobEvent)
         .where(col(JobEvent.id) > after_id, col(JobEvent.kind).in_(kinds))

@@ -49,8 +49,8 @@ class PruneReport:
         verb = "would remove" if self.dry_run else "removed"
         return (
             f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
-            f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) and "
-            f"{self.webhooks:,} finished webhook delivery(ies), and {self.idempotency:,} "
+            f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) "
+            f"and {self.webhooks:,} finished webhook delivery(ies), and {self.idempotency:,} "
             "idempotency record(s) past 24 hours; dead letters not dismissed are kept"
         )
 

@@ -225,7 +225,8 @@ class VectorStore:
 
     def _on(self, name: str, call: Callable[[Any], Any]) -> Any:
         """``call(collection)``; when the server no longer knows the handle this process holds (the
-        collection was dropped and made again behind its back), look it up again and try once more."""
+        collection was dropped and made again behind its back), look it up again and try once
+        more."""
         coll = self.collection(name)
         try:
             return call(coll)
@@ -346,8 +347,9 @@ class VectorStore:
         for i, cid in enumerate(res["ids"][0]):
             meta = res["metadatas"][0][i]
             if meta is None:
-                # Chroma finds the id in its vector index, then reads the record: a delete landing in
-                # between leaves an id without metadata or text. That chunk is gone; leave it out.
+                # Chroma finds the id in its vector index, then reads the record: a delete landing
+                # in between leaves an id without metadata or text. That chunk is gone; leave it
+                # out.
                 hits.vanished += 1
                 with self._lock:
                     self.vanished_hits += 1

@@ -2,8 +2,8 @@
 
 A job that succeeds, becomes a dead letter or is cancelled gets one ``webhook_delivery`` row per
 endpoint of ``SLUICE_WEBHOOK_URLS``, in the same transaction as its transition: the event exists
-exactly when the transition does. ``sluice.pipeline.queueing.webhook_delivery`` posts the rows later; nothing here
-touches the network, so a slow or dead endpoint never holds a job.
+exactly when the transition does. ``sluice.pipeline.queueing.webhook_delivery`` posts the rows
+later; nothing here touches the network, so a slow or dead endpoint never holds a job.
 
 Signature scheme (what a receiver checks)::
 

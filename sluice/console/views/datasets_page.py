@@ -67,12 +67,12 @@ if view.changed_at:
 st.caption(caption)
 if view.to_rebuild:
     st.warning(
-        f"{view.to_rebuild} document(s) still serve chunks of another version (a job was running when the "
-        "settings changed, or the SLUICE_* settings changed). Rebuild them on the Integrity page or with "
-        f"`sluice reindex --all --dataset {name}`."
+        f"{view.to_rebuild} document(s) still serve chunks of another version (a job was running "
+        "when the settings changed, or the SLUICE_* settings changed). Rebuild them on the "
+        f"Integrity page or with `sluice reindex --all --dataset {name}`."
     )
 
-# --- the change ----------------------------------------------------------------------------------------------
+# --- the change -----------------------------------------------------------------------------------
 
 current = {r.key: r.value for r in view.rows}
 own = view.overrides
@@ -127,7 +127,9 @@ if asked:
     }
     if defaults:
         assignments = dict.fromkeys(KEYS)
-    else:  # only what differs from what the dataset uses now, so untouched keys keep following the defaults
+    # only what differs from what the dataset uses now, so untouched keys keep following the
+    # defaults
+    else:
         assignments = {k: str(v) for k, v in wanted.items() if str(v) != str(current[k])}
     st.session_state["settings_change"] = (name, assignments)
 

@@ -1,4 +1,5 @@
-"""Dead letters: failed jobs grouped by kind and reason, with the fix; retry one, some or all; dismiss."""
+"""Dead letters: failed jobs grouped by kind and reason, with the fix; retry one, some or all;
+dismiss."""
 
 from functools import partial
 
@@ -25,8 +26,8 @@ if not groups:
 
 total = sum(g["count"] for g in groups)
 st.caption(
-    f"{total:,} failed job(s) in {len(groups)} group(s). A failed job stays here until it is retried "
-    "or dismissed; dismissing hides it and keeps its history."
+    f"{total:,} failed job(s) in {len(groups)} group(s). A failed job stays here until it is "
+    "retried or dismissed; dismissing hides it and keeps its history."
 )
 
 

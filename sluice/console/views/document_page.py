@@ -59,7 +59,8 @@ if who.can_act:
         st.caption(f"The original cannot be downloaded: {exc}")
 else:
     st.caption(
-        "Signed in read-only: you see the document and its chunks; downloading the original is for operators."
+        "Signed in read-only: you see the document and its chunks; downloading the original is "
+        "for operators."
     )
 
 st.markdown("**Jobs and versions**")

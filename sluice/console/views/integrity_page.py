@@ -1,6 +1,6 @@
-"""Integrity: does the index hold what the job database promises? The reconcile report and its repair
-(with a preview of what repair does), deleting a document, and moving documents to the pipeline
-version the settings make now (with a preview of the work)."""
+"""Integrity: does the index hold what the job database promises? The reconcile report and its
+repair (with a preview of what repair does), deleting a document, and moving documents to the
+pipeline version the settings make now (with a preview of the work)."""
 
 import pandas as pd
 import streamlit as st
@@ -51,15 +51,15 @@ def _latest() -> dict | None:
     return max(reports, key=lambda r: r["finished_at"]) if reports else None
 
 
-# --- reconcile -----------------------------------------------------------------------------------------------
+# --- reconcile ------------------------------------------------------------------------------------
 
 st.subheader("Reconcile")
 st.caption(
-    "For every finished job, the chunk ids it must have in Chroma follow from the document's hash, the "
-    "pipeline version and the chunk count. Reconcile walks each collection page by page and reports "
-    "missing chunks, orphans (chunks no serving job owns: leftovers of cancelled, failed, superseded or "
-    "deleted work, or foreign) and chunks whose metadata names the wrong job, document or version. "
-    "Chunks of jobs that are queued or running are left alone."
+    "For every finished job, the chunk ids it must have in Chroma follow from the document's "
+    "hash, the pipeline version and the chunk count. Reconcile walks each collection page by page "
+    "and reports missing chunks, orphans (chunks no serving job owns: leftovers of cancelled, "
+    "failed, superseded or deleted work, or foreign) and chunks whose metadata names the wrong "
+    "job, document or version. Chunks of jobs that are queued or running are left alone."
 )
 left, mid, right = st.columns([1, 1, 3])
 left.button(
@@ -77,7 +77,8 @@ if runs.running:
 
 @st.fragment(run_every=2 if runs.running else None)
 def _progress() -> None:
-    """While a run is under way, look every 2 s; when it has ended, redraw the page with its report."""
+    """While a run is under way, look every 2 s; when it has ended, redraw the page with its
+    report."""
     if runs.running:
         st.info(
             f"A {runs.label} is running (started {ui.duration(runs.seconds_running)} ago); its "
@@ -147,8 +148,8 @@ else:
     in_flight = sum(d["in_flight"] for d in report["datasets"])
     if report["clean"] and in_flight:
         st.success(
-            f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) of jobs "
-            "still queued or running are judged once those jobs finish."
+            f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) "
+            "of jobs still queued or running are judged once those jobs finish."
         )
     elif report["clean"]:
         st.success("Clean: the index holds exactly what the job database promises.")
@@ -196,13 +197,13 @@ else:
     plan = report["repair_plan"]
     if not report["repair"] and not report["clean"]:
         preview = (
-            f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), rewrites "
-            f"the metadata of **{plan['fix_metadata']:,}** chunk(s), and queues a rebuild of "
-            f"**{plan['rebuild_documents']:,}** document(s) with missing chunks ({plan['missing_chunks']:,} "
-            "chunks, taken from the embedding cache where it has them)"
+            f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), "
+            f"rewrites the metadata of **{plan['fix_metadata']:,}** chunk(s), and queues a rebuild "
+            f"of **{plan['rebuild_documents']:,}** document(s) with missing chunks "
+            f"({plan['missing_chunks']:,} chunks, taken from the embedding cache where it has them)"
             + (
-                f"; in the lexical index it deletes **{plan['delete_lexical_orphans']:,}** orphan row(s) and "
-                f"fixes **{plan['fix_lexical_fields']:,}**"
+                f"; in the lexical index it deletes **{plan['delete_lexical_orphans']:,}** orphan "
+                f"row(s) and fixes **{plan['fix_lexical_fields']:,}**"
                 if plan.get("delete_lexical_orphans") or plan.get("fix_lexical_fields")
                 else ""
             )
@@ -232,7 +233,7 @@ else:
         )
 
 
-# --- delete a document -----------------------------------------------------------------------------------------
+# --- delete a document ----------------------------------------------------------------------------
 
 st.subheader("Delete a document")
 st.caption(
@@ -257,8 +258,8 @@ if ref:
     else:
         box = st.container(border=True)
         box.markdown(
-            f"**{ui.plain(info.filename)}** · document {info.document_id} · dataset {ui.plain(info.dataset)} · "
-            f"{info.size:,} bytes"
+            f"**{ui.plain(info.filename)}** · document {info.document_id} · dataset "
+            f"{ui.plain(info.dataset)} · {info.size:,} bytes"
         )
         box.dataframe(pd.DataFrame(info.jobs), hide_index=True)
         blob = (
@@ -269,7 +270,8 @@ if ref:
         box.caption(
             f"{info.vectors:,} chunk(s) in the index. Deleting removes them and {blob}."
             + (
-                f" Job(s) {', '.join(map(str, info.running))} are running and stop at their next batch."
+                f" Job(s) {', '.join(map(str, info.running))} are running and stop at their next "
+                "batch."
                 if info.running
                 else ""
             )
@@ -283,23 +285,22 @@ if ref:
                 "Delete document",
                 key=f"delete_doc:{info.document_id}",
                 disabled=not who.can_act,
-                prompt=f"Delete {ui.plain(info.filename)} (document {info.document_id}) from dataset "
-                f"{ui.plain(info.dataset)}? Search stops answering it at once.",
+                prompt=f"Delete {ui.plain(info.filename)} (document {info.document_id}) from "
+                f"dataset {ui.plain(info.dataset)}? Search stops answering it at once.",
                 on_confirm=lambda: _delete(f"doc:{info.document_id}"),
             )
 
 
-# --- pipeline version ---------------------------------------------------------------------------------------------
+# --- pipeline version -----------------------------------------------------------------------------
 
 st.subheader("Pipeline version")
 pipe = reads.pipeline_of(sc.dataset_id)
 whose = f"Dataset {ui.plain(sc.dataset)}'s own settings make" if pipe.own else "The settings make"
 st.caption(
-    f"{whose} pipeline **{pipe.version}** (chunks of {pipe.chunk_size} characters, "
-    f"overlap {pipe.chunk_overlap}, model {ui.plain(pipe.model)}). "
-    "Reindexing builds each older document again beside its old chunks; search switches a document only "
-    "when its new job has succeeded, then the old chunks are removed. Run the workers with the same "
-    "settings first."
+    f"{whose} pipeline **{pipe.version}** (chunks of {pipe.chunk_size} characters, overlap "
+    f"{pipe.chunk_overlap}, model {ui.plain(pipe.model)}). Reindexing builds each older document "
+    "again beside its old chunks; search switches a document only when its new job has succeeded, "
+    "then the old chunks are removed. Run the workers with the same settings first."
 )
 
 

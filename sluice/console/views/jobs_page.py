@@ -24,7 +24,7 @@ selected = st.query_params.get("job")
 detail = reads.job_detail(int(selected)) if selected and selected.isdigit() else None
 
 
-# --- the detail of one job ----------------------------------------------------------------------------------------
+# --- the detail of one job ------------------------------------------------------------------------
 def _do(action, verb: str, job_id: int) -> None:
     ui.flash_outcome(action(who, [job_id]), verb)
 
@@ -41,7 +41,8 @@ def _close() -> None:
 
 
 def show_detail(d: reads.JobDetail) -> None:
-    """One job: what it is, where it stands, why it waits or failed, what can be done, its history."""
+    """One job: what it is, where it stands, why it waits or failed, what can be done, its
+    history."""
     box = st.container(border=True)
     _detail_head(box, d)
     _detail_facts(box, d)
@@ -99,8 +100,9 @@ def _detail_waiting(box, d: reads.JobDetail) -> None:
     r = d.row
     if d.paused:
         box.warning(
-            f"**Paused**: this job does not start until resumed. {ui.plain(d.paused[0].upper() + d.paused[1:])}."
-            " Resume it on the Overview page or with `sluice resume`.",
+            "**Paused**: this job does not start until resumed. "
+            f"{ui.plain(d.paused[0].upper() + d.paused[1:])}. Resume it on the Overview page or "
+            "with `sluice resume`.",
             icon=":material/pause_circle:",
         )
     elif r["status"] in reads.ACTIVE:
@@ -127,8 +129,8 @@ def _detail_outcome(box, d: reads.JobDetail) -> None:
     if r["status"] == "succeeded":
         done = next((e for e in reversed(d.events) if e["kind"] == "succeeded"), None)
         box.success(
-            f"Indexed: {ui.plain(done['message']) if done else str(r['chunk_count']) + ' chunks'}; finished "
-            f"{ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}."
+            f"Indexed: {ui.plain(done['message']) if done else str(r['chunk_count']) + ' chunks'}; "
+            f"finished {ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}."
         )
     elif r["error_message"]:
         kind = ui.KIND_LABEL.get(r["error_kind"] or "", r["error_kind"] or "")
@@ -153,7 +155,8 @@ def _detail_actions(box, r: dict) -> None:
                 type="password",
                 key=f"password_{job_id}",
                 disabled=not can,
-                help="Used once to decrypt the file; it is not stored, logged or sent to the queue.",
+                help="Used once to decrypt the file; it is not stored, logged or sent to the "
+                "queue.",
             )
             st.form_submit_button(
                 "Unlock and retry",
@@ -290,7 +293,7 @@ if selected:
         show_detail(detail)
 
 
-# --- filters ----------------------------------------------------------------------------------------------
+# --- filters --------------------------------------------------------------------------------------
 c1, c2, c3, c4 = st.columns([2, 2, 2, 3])
 statuses = c1.multiselect("Status", [s.value for s in JobStatus], key="status", bind="query-params")
 stages = c2.multiselect("Stage", [s.value for s in Stage], key="stage", bind="query-params")
@@ -303,7 +306,8 @@ page_size = c7.selectbox("Rows per page", [25, 50, 100], index=1, key="rows")
 paused = c8.toggle(
     "Pause live refresh",
     key="pause_refresh",
-    help=f"While any job on this page is active, the page refreshes every {REFRESH_MS / 1000:.0f} s.",
+    help=f"While any job on this page is active, the page refreshes every {REFRESH_MS / 1000:.0f} "
+    "s.",
 )
 
 f = JobFilter(
@@ -331,9 +335,10 @@ live = (
 st.caption(f"Jobs {shown} of {page.total:,} ({live}). Select a row to open the job.")
 
 
-# --- the table -----------------------------------------------------------------------------------------------
+# --- the table ------------------------------------------------------------------------------------
 def _fraction(r: dict) -> float | None:
-    """A bar only where it means something: the current stage of an active job, or a finished one."""
+    """A bar only where it means something: the current stage of an active job, or a finished
+    one."""
     if r["status"] == "succeeded":
         return 1.0
     if r["status"] in reads.ACTIVE and r["total"]:
@@ -390,8 +395,8 @@ st.dataframe(
             min_value=0.0,
             max_value=1.0,
             format="percent",
-            help="Done of total in the current stage (pages while parsing and chunking, chunks while "
-            "embedding and indexing); empty while queued.",
+            help="Done of total in the current stage (pages while parsing and chunking, chunks "
+            "while embedding and indexing); empty while queued.",
         ),
         "progress": st.column_config.TextColumn(
             "counts",

@@ -1,6 +1,7 @@
 """API keys: make one (its token shown once, in the run that made it), list them, revoke one.
 
-The same functions as ``sluice keys``; only an operator who may act sees the keys or the controls."""
+The same functions as ``sluice keys``; only an operator who may act sees the keys or the
+controls."""
 
 import pandas as pd
 import streamlit as st

@@ -25,13 +25,14 @@ if not any(ov.counts.values()):
 
 if not queue.reachable:
     st.warning(
-        f"The queue Redis is unreachable, so queue depth and workers are unknown. Uploads and retries "
-        f"still work: their jobs are published when the queue is back. ({queue.error})",
+        "The queue Redis is unreachable, so queue depth and workers are unknown. Uploads and "
+        f"retries still work: their jobs are published when the queue is back. ({queue.error})",
         icon=":material/warning:",
     )
 elif not queue.workers and ov.active:
     st.warning(
-        f"No worker is alive, and {ov.active} job(s) are waiting. Start one with `sluice serve worker`.",
+        f"No worker is alive, and {ov.active} job(s) are waiting. Start one with `sluice serve "
+        "worker`.",
         icon=":material/warning:",
     )
 
@@ -67,7 +68,8 @@ if not any(p["dataset_id"] == sc.dataset_id for p in held):
             key="pause_scope",
             disabled=not who.can_act,
             danger=False,
-            prompt=f"Stop starting jobs of {target}? Running jobs finish; uploads are still accepted.",
+            prompt=f"Stop starting jobs of {target}? Running jobs finish; uploads are still "
+            "accepted.",
             on_confirm=lambda: _pause_flash(
                 pausing.pause(
                     who, dataset_id=sc.dataset_id, reason=st.session_state.get("pause_reason", "")
@@ -101,15 +103,16 @@ c2.metric(
 )
 if fleet:
     c2.caption(
-        f"{len(fleet)} process(es), {threads} thread(s); {ov.counts.get('running', 0)} job(s) running"
+        f"{len(fleet)} process(es), {threads} thread(s); {ov.counts.get('running', 0)} job(s) "
+        "running"
     )
 c3.metric("Oldest pending job", ui.ago(ov.oldest_pending) if ov.oldest_pending else "none")
 eta = ov.drain.eta
 c4.metric(
     "Queue drains in",
     "now empty" if ov.active == 0 else ui.eta(eta),
-    help="Chunks left (exact for jobs already embedding, estimated from file sizes for the rest) divided "
-    "by the chunks per second the workers reached while busy over the last hour.",
+    help="Chunks left (exact for jobs already embedding, estimated from file sizes for the rest) "
+    "divided by the chunks per second the workers reached while busy over the last hour.",
 )
 if ov.active:
     c4.caption(ov.drain.describe())

@@ -1,5 +1,6 @@
-"""Search: the best chunks of one dataset; only chunks of each document's succeeded job are answered.
-Hybrid (words and meaning), dense or lexical; "an exact phrase" in quotes; filters by file, pages and type."""
+"""Search: the best chunks of one dataset; only chunks of each document's succeeded job are
+answered. Hybrid (words and meaning), dense or lexical; "an exact phrase" in quotes; filters by
+file, pages and type."""
 
 import streamlit as st
 
@@ -74,13 +75,14 @@ if query.strip():
         where = f"dataset {ui.plain(repr(dataset))}" if dataset else "all datasets"
         if not hits:
             st.info(
-                f"No indexed chunks in {where} match. Only documents whose job succeeded are searchable."
+                f"No indexed chunks in {where} match. Only documents whose job succeeded are "
+                "searchable."
             )
         st.caption(
             f"{len(hits)} chunk(s) from {where}, best first."
             + (
-                f" {len(weak)} weak match(es) (similarity below {MIN_SIMILARITY}, no word in common) "
-                "not shown."
+                f" {len(weak)} weak match(es) (similarity below {MIN_SIMILARITY}, no word in "
+                "common) not shown."
                 if weak
                 else ""
             )
@@ -89,7 +91,8 @@ if query.strip():
             with st.container(border=True):
                 top, score = st.columns([5, 1])
                 top.markdown(
-                    f"**{i}. {ui.plain(h.filename)}** · {ui.plain(h.where) if h.where else f'page {h.page}'}"
+                    f"**{i}. {ui.plain(h.filename)}** · "
+                    f"{ui.plain(h.where) if h.where else f'page {h.page}'}"
                     + (" · text read by OCR" if h.ocr else "")
                     + f" · found by {' and '.join(h.matched)}"
                 )
@@ -111,6 +114,6 @@ if query.strip():
                     st.text(h.text)
 else:
     st.caption(
-        'Searches one dataset. Put "an exact phrase" in quotes. Hybrid and lexical scores rank, nothing '
-        "more; dense scores are cosine similarity (1 is identical)."
+        'Searches one dataset. Put "an exact phrase" in quotes. Hybrid and lexical scores rank, '
+        "nothing more; dense scores are cosine similarity (1 is identical)."
     )

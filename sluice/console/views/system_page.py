@@ -16,7 +16,8 @@ st.subheader("Services")
 probes = health.probes(settings)
 for p in probes:
     (st.success if p.reachable else st.error)(
-        f"**{p.name}** at {ui.plain(p.address)}: {'reachable' if p.reachable else 'unreachable'} — {ui.plain(p.detail)}"
+        f"**{p.name}** at {ui.plain(p.address)}: {'reachable' if p.reachable else 'unreachable'} — "
+        f"{ui.plain(p.detail)}"
     )
 queue = health.queue_state()
 if queue.reachable:
@@ -28,27 +29,30 @@ if queue.reachable:
 reaper = reads.reaper_state()
 if reaper.last_tick_seconds_ago is None:
     st.caption(
-        "Recovery: no worker's recovery round has run yet; stalled jobs are taken back once a worker runs."
+        "Recovery: no worker's recovery round has run yet; stalled jobs are taken back once a "
+        "worker runs."
     )
 elif reaper.last_tick_seconds_ago > recovery.silence_seconds(settings):
     st.warning(
-        f"No worker's recovery round has run for {ui.duration(reaper.last_tick_seconds_ago)}: jobs whose "
-        "worker died are not taken back until a worker runs (or `sluice recover` is run)."
+        f"No worker's recovery round has run for {ui.duration(reaper.last_tick_seconds_ago)}: jobs "
+        "whose worker died are not taken back until a worker runs (or `sluice recover` is run)."
     )
 else:
     st.caption(
-        f"Recovery: the last round of any worker ran {ui.duration(reaper.last_tick_seconds_ago)} ago."
+        f"Recovery: the last round of any worker ran {ui.duration(reaper.last_tick_seconds_ago)} "
+        "ago."
     )
 if reaper.held_for_seconds > 0:
     st.info(
-        f"Taking stalled jobs back is held for {ui.duration(reaper.held_for_seconds)} more: every worker's "
-        "recovery was silent (job database down, or no worker), so no heartbeat could be written meanwhile. "
-        "Live workers beat again within this grace; jobs that stay silent are then retried."
+        f"Taking stalled jobs back is held for {ui.duration(reaper.held_for_seconds)} more: every "
+        "worker's recovery was silent (job database down, or no worker), so no heartbeat could be "
+        "written meanwhile. Live workers beat again within this grace; jobs that stay silent are "
+        "then retried."
     )
 
 st.caption(
-    f"Instance `{context.instance_id}`: made with this job database; every queue message carries it, "
-    "and workers of another instance on the same queue leave this instance's messages alone."
+    f"Instance `{context.instance_id}`: made with this job database; every queue message carries "
+    "it, and workers of another instance on the same queue leave this instance's messages alone."
 )
 
 st.subheader("Pipeline")
@@ -61,13 +65,14 @@ c1.metric(
 c2.metric(
     "Embedder",
     (settings.embedder if settings.embedder == "hash" else settings.embed_model).split("/")[-1],
-    help=f"{settings.embedder}: {settings.embed_model}. It embeds English text; other languages are "
-    "found through the exact words they contain rather than their meaning.",
+    help=f"{settings.embedder}: {settings.embed_model}. It embeds English text; other languages "
+    "are found through the exact words they contain rather than their meaning.",
 )
 c3.metric(
     "Precision in force",
     context.precision,
-    help=f"SLUICE_EMBED_PRECISION={settings.embed_precision}; auto picks bf16 where the CPU has it.",
+    help=f"SLUICE_EMBED_PRECISION={settings.embed_precision}; auto picks bf16 where the CPU has "
+    "it.",
 )
 c4.metric("Batch size", settings.embed_batch_size)
 
@@ -125,8 +130,8 @@ st.subheader("Webhooks")
 hooks = reads.webhook_log(limit=50, full=ui.operator().can_act)
 if not hooks["endpoints"]:
     st.caption(
-        "No endpoints: set SLUICE_WEBHOOK_URLS (and SLUICE_WEBHOOK_SECRET) to have a signed JSON event "
-        "posted when a job succeeds, becomes a dead letter or is cancelled."
+        "No endpoints: set SLUICE_WEBHOOK_URLS (and SLUICE_WEBHOOK_SECRET) to have a signed JSON "
+        "event posted when a job succeeds, becomes a dead letter or is cancelled."
     )
 for e in hooks["endpoints"]:
     note = "" if e["configured"] else " (no longer configured)"

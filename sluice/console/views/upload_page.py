@@ -69,8 +69,8 @@ def _results_section(results: list[dict], following: bool) -> None:
     done = sum(1 for j in live.values() if j["status"] in reads.FINAL)
     st.subheader("Last upload")
     st.caption(
-        f"{len(results)} file(s) chosen: {new} new job(s), {dup} already uploaded, {refused} refused. "
-        f"{done} of {len(live)} job(s) finished"
+        f"{len(results)} file(s) chosen: {new} new job(s), {dup} already uploaded, {refused} "
+        f"refused. {done} of {len(live)} job(s) finished"
         + ("; following them live." if done < len(live) else ".")
     )
     for i, r in enumerate(results):
@@ -91,7 +91,8 @@ def _results_section(results: list[dict], following: bool) -> None:
                 state.caption(job["progress"])
             elif job.get("error_message") and status == "failed":
                 head.caption(
-                    f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: {ui.plain(job['error_message'])}"
+                    f"{ui.KIND_LABEL.get(job['error_kind'] or '', '')}: "
+                    f"{ui.plain(job['error_message'])}"
                 )
             link.page_link(
                 ui.JOBS_PAGE,
@@ -128,7 +129,7 @@ if results:
     st.fragment(_results_section, run_every=LIVE_SECONDS if following else None)(results, following)
 else:
     st.caption(
-        "Files are checked before anything is stored: over the size limit, or bytes that are not PDF "
-        "or text, are refused with the reason. The same file uploaded again into the same dataset "
-        "returns its existing job instead of indexing it twice."
+        "Files are checked before anything is stored: over the size limit, or bytes that are not "
+        "PDF or text, are refused with the reason. The same file uploaded again into the same "
+        "dataset returns its existing job instead of indexing it twice."
     )

@@ -1,28 +1,30 @@
-"""Text extraction, run in a child process: ``python -m sluice.pipeline.parsing.extract '<json request>'``.
+"""Text extraction, run in a child process:
+``python -m sluice.pipeline.parsing.extract '<json request>'``.
 
 A PDF can be built to exhaust memory (a 122 KB file whose one content stream shows 27 million
 characters) or to keep MuPDF busy forever. So extraction runs in its own process, with an
 address-space limit, and the parent (sluice.pipeline.parsing.parse) reads its pages as they come and
 kills it on a deadline or a cancel. The child writes one JSON object per line on stdout:
 
-    {"t": "open", "pages": N, "warnings": [...]}     the file opened; N pages will follow
-    {"t": "ocr", "n": 3}                             page 3 has no usable text layer: OCR starts on it
-    {"t": "page", "n": 3, "text": "...", "ocr": true} one page, in order from 1 ("ocr" when OCR read it)
-    {"t": "warn", "text": "..."}                     something the job should say (page skipped, text cut)
-    {"t": "end", "warnings": [...]}                  every page was sent; warnings about the whole file
+    {"t": "open", "pages": N, "warnings": [...]}       opened; N pages will follow
+    {"t": "ocr", "n": 3}                               page 3 has no usable text layer: OCR reads it
+    {"t": "page", "n": 3, "text": "...", "ocr": true}  one page, in order from 1 (ocr: OCR read it)
+    {"t": "warn", "text": "..."}                       for the job to say (page skipped, text cut)
+    {"t": "end", "warnings": [...]}                    every page was sent; warnings on the file
     {"t": "error", "kind": ..., "code": ..., "message": ..., "hint": ...}   a classified refusal
 
 ``python -m sluice.pipeline.parsing.extract --render`` reads a line ``{"request": ..., "page":
 {...}, "out": OUT}`` and draws one PDF page into OUT (``render``): the console's page images.
-``python -m sluice.pipeline.parsing.extract --decrypt`` reads a line ``{"request": ..., "out": OUT}``
-and then the password on stdin (neither on the command line, which every user of the machine can
-read: not even the file's name), and writes the PDF without its encryption to OUT:
-{"t": "decrypted", "pages": N}, or an error ("wrong_password"). Before it reads the password it
-makes itself undumpable (``keep_private``): no core file, no reading of its memory by another
-process of the same user.
+``python -m sluice.pipeline.parsing.extract --decrypt`` reads a line ``{"request": ..., "out":
+OUT}`` and then the password on stdin (neither on the command line, which every user of the machine
+can read: not even the file's name), and writes the PDF without its encryption to OUT: {"t":
+"decrypted", "pages": N}, or an error ("wrong_password"). Before it reads the password it makes
+itself undumpable (``keep_private``): no core file, no reading of its memory by another process of
+the same user.
 
 This module imports nothing from Sluice but the reading order and the fault points, so the child
-starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the parent.
+starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the
+parent.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ class Request:
     max_document_chars: int = 20_000_000
     max_memory_mb: int = 0  # 0 = no address-space limit
     cpu_seconds: int = 0  # 0 = no CPU limit
-    ocr: str = "auto"  # auto: pages without usable text that show an image (or undecodable fonts); always; off
+    # auto: pages without usable text that show an image (or undecodable fonts); always; off
+    ocr: str = "auto"
     ocr_dpi: int = 200
     ocr_language: str = "eng"
     ocr_cleanup: bool = True  # despeckle and straighten scans before Tesseract (off: as rendered)
@@ -311,7 +314,8 @@ def _is_memory_error(exc: BaseException) -> bool:
 
 def skip_optional_pymupdf_imports() -> None:
     """PyMuPDF imports pymupdf_layout and pymupdf4llm when they are installed: 0.3 s and, with numpy
-    and onnxruntime, about 100 MB. Extraction needs neither; call this before PyMuPDF is imported."""
+    and onnxruntime, about 100 MB. Extraction needs neither; call this before PyMuPDF is
+    imported."""
     for optional in ("pymupdf.layout", "pymupdf4llm"):
         sys.modules.setdefault(optional, None)  # type: ignore[arg-type]  # None blocks an import
 
@@ -394,7 +398,8 @@ class _PdfTally:
 
 
 def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
-    """Every page in order, then the verdict on the file: a refusal, or the end with its warnings."""
+    """Every page in order, then the verdict on the file: a refusal, or the end with its
+    warnings."""
     import pymupdf
 
     flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_IMAGES
@@ -742,7 +747,8 @@ def render(req: Request, spec: dict, out_path: str) -> Iterator[dict]:
             raise Refusal(
                 "user_action_required",
                 "page_too_large",
-                f"page {page} of {req.name} is {width:.0f} x {height:.0f} points, too large to draw",
+                f"page {page} of {req.name} is {width:.0f} x {height:.0f} points, too large to "
+                "draw",
                 "Its text is indexed; open the original to see the page.",
             )
         found = 0
@@ -787,11 +793,12 @@ def main(argv: list[str]) -> int:
 
 
 def forked(request: dict, out, err_path: str, env: dict[str, str]) -> None:
-    """One document, in a process forked from the parse fork server (``sluice.pipeline.parsing.parse``),
-    where this module and PyMuPDF are already imported: a child costs a fork, not an interpreter
-    start and an import of PyMuPDF (about 0.3 s of CPU, more than a small document's encoding).
-    The same as ``main``: the calling process's environment, the same limits, the same messages,
-    written to ``out`` (a pipe's write end), errors to the file ``err_path``."""
+    """One document, in a process forked from the parse fork server
+    (``sluice.pipeline.parsing.parse``), where this module and PyMuPDF are already imported: a child
+    costs a fork, not an interpreter start and an import of PyMuPDF (about 0.3 s of CPU, more than a
+    small document's encoding). The same as ``main``: the calling process's environment, the same
+    limits, the same messages, written to ``out`` (a pipe's write end), errors to the file
+    ``err_path``."""
     from multiprocessing import forkserver
 
     server = os.getppid()
@@ -837,7 +844,8 @@ def _send_all(req: Request, messages: Iterator[dict], out) -> int:
                     "t": "error",
                     "kind": "user_action_required",
                     "code": "parse_memory_limit",
-                    "message": f"reading {req.name} needs more than {req.max_memory_mb} MB of memory",
+                    "message": f"reading {req.name} needs more than {req.max_memory_mb} MB of "
+                    "memory",
                     "hint": MEMORY_HINT,
                 }
             )

@@ -1,5 +1,5 @@
-"""The extraction children's process class (``sluice.pipeline.parsing.parse`` starts one per document),
-their fork server, and the environment every parsing child gets.
+"""The extraction children's process class (``sluice.pipeline.parsing.parse`` starts one per
+document), their fork server, and the environment every parsing child gets.
 
 Kept apart and light (only the standard library): a child unpickles its Process object, which
 imports this module, and the fork server has it imported already (``extract_preload``).
@@ -178,9 +178,9 @@ class ExtractProcess(mp_context.ForkServerProcess):
         return ExtractPopen(process_obj)
 
     def start(self) -> None:
-        """``BaseProcess.start`` without its refusal in a daemonic process: Huey's process workers are
-        daemonic, and an extraction child cannot outlive them (it dies with the fork server, which
-        ends when the worker does)."""
+        """``BaseProcess.start`` without its refusal in a daemonic process: Huey's process workers
+        are daemonic, and an extraction child cannot outlive them (it dies with the fork server,
+        which ends when the worker does)."""
         self._check_closed()
         assert self._popen is None, "cannot start a process twice"
         assert self._parent_pid == os.getpid(), (

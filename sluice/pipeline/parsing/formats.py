@@ -3,10 +3,10 @@
 ``archive_type`` looks inside a ZIP file (its central directory only, nothing is decompressed) to
 tell a Word document, a PowerPoint deck and an EPUB book apart, and refuses archives beyond the
 limits on entry count and uncompressed size (zip bombs). The readers run in the extraction child
-(sluice.pipeline.parsing.extract); each returns "sections": (label, text) pairs, where the label says where
-the text is (``slide 3``, ``section 2: Results``, ``rows 2-201``), and a section is what the job
-reports as a page. The child decompresses with a running count, so an archive whose directory
-lies about its sizes is stopped too.
+(sluice.pipeline.parsing.extract); each returns "sections": (label, text) pairs, where the label
+says where the text is (``slide 3``, ``section 2: Results``, ``rows 2-201``), and a section is what
+the job reports as a page. The child decompresses with a running count, so an archive whose
+directory lies about its sizes is stopped too.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def _bomb(name: str, why: str) -> FormatRefusal:
 
 
 def archive_type(path, *, name: str, max_entries: int, max_bytes: int) -> str:
-    """DOCX, PPTX or EPUB, from the archive's entries; FormatRefusal for a bomb or another archive."""
+    """DOCX, PPTX or EPUB, from the archive's entries; FormatRefusal for a bomb or another
+    archive."""
     try:
         with zipfile.ZipFile(path) as archive:
             infos = archive.infolist()
@@ -110,7 +111,8 @@ class BoundedZip:
         return out.getvalue()
 
     def check_all(self) -> None:
-        """Decompress every entry once, counting: a directory that lies about sizes is caught here."""
+        """Decompress every entry once, counting: a directory that lies about sizes is caught
+        here."""
         for info in self.zip.infolist():
             if not info.is_dir():
                 self.read(info.filename)
@@ -128,7 +130,7 @@ def _cut(label: str, text: str) -> Iterator[tuple[str, str]]:
         yield f"{label}, part {part}", text[start : start + SECTION_CHARS]
 
 
-# --- HTML and EPUB ------------------------------------------------------------------------------------------------
+# --- HTML and EPUB --------------------------------------------------------------------------------
 
 _HIDDEN = "script,style,noscript,template,iframe,object,embed,svg,canvas,head"
 _BLOCKS = (
@@ -284,7 +286,7 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
     return sections
 
 
-# --- Word and PowerPoint ---------------------------------------------------------------------------------------------
+# --- Word and PowerPoint --------------------------------------------------------------------------
 
 
 def docx_sections(path) -> list[tuple[str, str]]:
@@ -338,7 +340,7 @@ def pptx_sections(path) -> list[tuple[str, str]]:
     return out
 
 
-# --- CSV ------------------------------------------------------------------------------------------------------------
+# --- CSV ------------------------------------------------------------------------------------------
 
 
 def looks_like_csv(text: str) -> bool:

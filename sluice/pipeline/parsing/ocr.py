@@ -1,7 +1,7 @@
 """OCR of one page image with Debian's Tesseract (``make ocr`` installs it; never a download).
 
-Runs inside the extraction child (sluice.pipeline.parsing.extract): PyMuPDF renders the page in grey,
-the ``tesseract`` command reads the PNG on stdin and writes its words as TSV with a confidence
+Runs inside the extraction child (sluice.pipeline.parsing.extract): PyMuPDF renders the page in
+grey, the ``tesseract`` command reads the PNG on stdin and writes its words as TSV with a confidence
 each. Words under ``MIN_CONFIDENCE`` are dropped: on a photograph or a cartoon Tesseract finds
 nothing, or a few low-confidence "words" made of edges, and those must not be indexed as text.
 
@@ -71,7 +71,8 @@ MIN_SKEW = 0.3  # a smaller turn is left to Tesseract
 
 def render(page, dpi: int, *, cleanup: bool = True) -> tuple[bytes, int]:
     """The page as a grey PNG and the resolution used (lowered for a page too large to render).
-    ``cleanup``: a scan is read at its own resolution, despeckled and straightened when it needs it."""
+    ``cleanup``: a scan is read at its own resolution, despeckled and straightened when it needs
+    it."""
     import pymupdf
 
     native = scan_dpi(page) if cleanup else None

@@ -1,12 +1,12 @@
 """Parsing: detect the type from the bytes, then read text page by page, in a child process.
 
-Extraction (sluice.pipeline.parsing.extract) runs in a child process with an address-space limit, and its
-pages stream back one at a time (never the whole text in one string): a PDF built to exhaust
-memory kills only the child, a MuPDF call that never returns is stopped by the deadline or a
-cancel, and the calling process (a worker, or the console's previews) never parses a document
-itself. The one exception is a .txt or .md file of at most 256 KiB: the same code decodes it in the
-caller, since decoding can neither crash nor hang and a fork costs more than such a file. Every
-way a file can be unusable ends in a classified error.
+Extraction (sluice.pipeline.parsing.extract) runs in a child process with an address-space limit,
+and its pages stream back one at a time (never the whole text in one string): a PDF built to exhaust
+memory kills only the child, a MuPDF call that never returns is stopped by the deadline or a cancel,
+and the calling process (a worker, or the console's previews) never parses a document itself. The
+one exception is a .txt or .md file of at most 256 KiB: the same code decodes it in the caller,
+since decoding can neither crash nor hang and a fork costs more than such a file. Every way a file
+can be unusable ends in a classified error.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def sniff_type(head: bytes, filename: str = "") -> str:
         raise UserActionError(
             "unsupported_type",
             f"unsupported file type: the bytes are {shown}{said}",
-            f"Sluice indexes {SUPPORTED_NAMES}. Convert the file to one of those and upload it again.",
+            f"Sluice indexes {SUPPORTED_NAMES}. Convert the file to one of those and upload it "
+            "again.",
         )
     if _looks_like_text(head):
         text = decode_text(head)
@@ -198,7 +199,8 @@ def _timeout(name: str, seconds: float) -> PermanentError:
 
 
 class _Forked:
-    """A forked extraction process with the face of the ``subprocess.Popen`` the parser used before."""
+    """A forked extraction process with the face of the ``subprocess.Popen`` the parser used
+    before."""
 
     def __init__(self, request: Request, err_path: str) -> None:
         from sluice.pipeline.parsing import extract
@@ -213,7 +215,8 @@ class _Forked:
         try:
             self.process.start()
         finally:
-            writer.close()  # the child holds the only write end: its exit is the reader's end of file
+            # the child holds the only write end: its exit is the reader's end of file
+            writer.close()
         self.stdout = reader
         self.pid = self.process.pid
 

@@ -3,8 +3,9 @@
 Content-stream order is what a producer happened to write: a form generator writes both columns
 row by row, a Japanese producer writes vertical text one glyph at a time. Here:
 
-- vertical lines (writing mode 1, or a page of upright glyphs stacked one per line) are grouped into columns, read top to bottom, columns right to
-  left, and each column becomes one line of text;
+- vertical lines (writing mode 1, or a page of upright glyphs stacked one per line) are grouped
+  into columns, read top to bottom, columns right to left, and each column becomes one line of
+  text;
 - horizontal lines are cut into columns wherever a vertical gutter runs through a region; lines
   that cross the gutter (a title, a footer, a wide figure caption) cut the region into bands read
   top to bottom, and each band's columns are read left to right (a recursive XY cut);

@@ -86,7 +86,8 @@ _threads_seen: list[float] = [
 
 def dispatch_window() -> int:
     """How many messages the dispatcher keeps on the queue: SLUICE_DISPATCH_PER_THREAD for each
-    worker thread alive (counted from the presence keys, at most every few seconds), 0 for no window."""
+    worker thread alive (counted from the presence keys, at most every few seconds), 0 for no
+    window."""
     per = get_settings().dispatch_per_thread
     if not per:
         return 0
@@ -118,8 +119,8 @@ def queued_job_ids() -> list[int]:
 
 
 def _job_id(huey: RedisHuey, raw: bytes) -> list[int]:
-    """The job id of a message of this instance: data only, never code (a message of another instance
-    on the same queue names a job of another database: it says nothing about ours)."""
+    """The job id of a message of this instance: data only, never code (a message of another
+    instance on the same queue names a job of another database: it says nothing about ours)."""
     from sluice.pipeline.running.context import get_context
 
     try:

@@ -164,9 +164,9 @@ _monotonic = time.monotonic  # a held reap's clock (tests move it on)
 
 
 def silence_seconds(s) -> float:
-    """How long no reaper may tick before the fleet counts it as an outage: half a lease and at least
-    three recovery rounds, but short enough that the heartbeats an unnoticed silence held back are
-    not yet stale (two beats under the lease)."""
+    """How long no reaper may tick before the fleet counts it as an outage: half a lease and at
+    least three recovery rounds, but short enough that the heartbeats an unnoticed silence held back
+    are not yet stale (two beats under the lease)."""
     wanted = max(s.lease_seconds / 2, 3 * s.recovery_interval_seconds)
     return max(min(wanted, s.lease_seconds - 2 * s.heartbeat_seconds), s.heartbeat_seconds)
 

@@ -1,7 +1,7 @@
 """Webhook delivery: post due ``webhook_delivery`` rows, retry failures with backoff, give up late.
 
-Every worker runs ``deliver_due`` in a thread of its own (``sluice.pipeline.queueing.worker``), so a slow
-endpoint delays only other webhooks, never a job nor the recovery loop. Each row is claimed by
+Every worker runs ``deliver_due`` in a thread of its own (``sluice.pipeline.queueing.worker``), so a
+slow endpoint delays only other webhooks, never a job nor the recovery loop. Each row is claimed by
 compare-and-set on its attempt count before it is posted (the claim also moves its due time past
 what one post may take), and its outcome is written only while that claim still holds: two
 dispatchers never post one row at the same time, and a dispatcher that died mid-post leaves the row
@@ -65,7 +65,8 @@ def deliver_due(
     hold_seconds: float | None = None,
 ) -> DeliveryReport:
     """Post the due rows once each (oldest first); returns what happened to them. A claimed row
-    whose dispatcher died is due again after ``hold_seconds`` (by default longer than a post may take)."""
+    whose dispatcher died is due again after ``hold_seconds`` (by default longer than a post may
+    take)."""
     report = DeliveryReport()
     with Session(engine) as session:
         now = db_now(session)
@@ -141,8 +142,9 @@ def _earlier_waiting():
 def _claim(
     engine: Engine, row_id: int, attempts: int, hold: timedelta
 ) -> tuple[WebhookDelivery, datetime] | None:
-    """Take the row for one post if nobody took it since we read it (its attempt count is unchanged);
-    returns it with the database's time of the claim (the timestamp the post is signed with)."""
+    """Take the row for one post if nobody took it since we read it (its attempt count is
+    unchanged); returns it with the database's time of the claim (the timestamp the post is signed
+    with)."""
     with Session(engine, expire_on_commit=False) as session:
         now = db_now(session)
         taken = (
@@ -205,7 +207,8 @@ def _finish(
     cap: float,
     rng: random.Random | None,
 ) -> str:
-    """Record the post's outcome while our claim holds; returns delivered / failed / gave_up / lost."""
+    """Record the post's outcome while our claim holds; returns delivered / failed / gave_up /
+    lost."""
     with Session(engine) as session:
         ours = [
             col(WebhookDelivery.id) == row.id,

@@ -34,7 +34,8 @@ from sluice.settings import get_settings, redact_url
 
 log = logging.getLogger("sluice.tasks")
 
-use_private_umask()  # the consumer is a Sluice process: what it writes into the data dir stays private
+# the consumer is a Sluice process: what it writes into the data dir stays private
+use_private_umask()
 
 huey = get_huey()
 
@@ -67,7 +68,8 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
         except redis.RedisError as exc:  # recovery publishes a job whose message was lost
             log.warning("job %s: not put back on the queue (%s)", job_id, exc)
         return
-    # The claim took this message off the queue's window: publish the next one the dispatcher chooses.
+    # The claim took this message off the queue's window: publish the next one the dispatcher
+    # chooses.
     run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine, via=publish))
 
 
@@ -103,7 +105,8 @@ def periodic_reconcile() -> None:
 
 @huey.periodic_task(crontab(minute="17", hour="3"), name="sluice.prune")
 def periodic_prune() -> None:
-    """Once a day: forget what SLUICE_RETENTION_DAYS allows (idempotent, so every consumer may run it)."""
+    """Once a day: forget what SLUICE_RETENTION_DAYS allows (idempotent, so every consumer may run
+    it)."""
     from datetime import timedelta
 
     from sqlmodel import Session
@@ -130,7 +133,8 @@ _threads = 0  # worker threads of this consumer that have started (huey runs the
 
 @huey.on_startup()
 def start_recovery_loop() -> None:
-    """One loop per consumer process: recovery every few seconds and a presence key for the console."""
+    """One loop per consumer process: recovery every few seconds and a presence key for the
+    console."""
     global _loop_started, _threads
     with _loop_lock:
         _threads += 1
@@ -167,8 +171,8 @@ def start_model_threads() -> list[threading.Thread]:
 
 
 def _load_model() -> None:
-    """Load the model as the worker starts, beside the first job's parsing instead of after it (a job
-    asking for it meanwhile waits for this load, never starts a second one)."""
+    """Load the model as the worker starts, beside the first job's parsing instead of after it (a
+    job asking for it meanwhile waits for this load, never starts a second one)."""
     try:
         get_context().embedder  # noqa: B018 - loads and keeps it
     except Exception as exc:  # the first job meets the same error, classified, on its own

@@ -9,8 +9,9 @@ is, for the job its id names:
   and ``position < chunk_count``. Its metadata must name that job, document, version and position,
   or it is a **metadata mismatch**.
 - **in flight**: the job is pending, running or retrying. A running job's chunks are never touched.
-- an **orphan**: no job of this dataset makes the id (a foreign chunk), the job is cancelled, failed,
-  superseded or deleted, the document was deleted, or the position is beyond the job's chunk count.
+- an **orphan**: no job of this dataset makes the id (a foreign chunk), the job is cancelled,
+  failed, superseded or deleted, the document was deleted, or the position is beyond the job's
+  chunk count.
 
 Positions of an active job that never showed up are **missing**.
 
@@ -68,7 +69,7 @@ GC_EVERY = 5000  # chunks walked between full garbage collections
 SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond this
 
 
-# --- the audit ---------------------------------------------------------------------------------------
+# --- the audit ------------------------------------------------------------------------------------
 
 
 class DatasetAudit:
@@ -92,7 +93,8 @@ class DatasetAudit:
         self.deleted: Counter = Counter()  # document id (None: foreign) -> orphans deleted
         self.fixed: Counter = Counter()  # document id -> chunks whose metadata was rewritten
 
-    # walking ------------------------------------------------------------------------------------------
+    # walking
+    # ------------------------------------------------------------------------------------------
 
     def run(self) -> None:
         with Session(self.ctx.engine) as session:
@@ -165,7 +167,8 @@ class DatasetAudit:
         self.events.setdefault(job_id, []).append(text)
         self.event_data.setdefault(job_id, Counter()).update(counts)
 
-    # orphans and mismatches ---------------------------------------------------------------------------------
+    # orphans and mismatches
+    # ---------------------------------------------------------------------------------
 
     def _confirm_spooled(self, fresh: Snapshot, spool) -> None:
         orphans: list[str] = []
@@ -204,8 +207,8 @@ class DatasetAudit:
             return
         if self.repair:
             faults.hit("reconcile_before_delete", ids=doomed)
-            # Never delete what a job may claim: only ids whose job (or absence of one) is exactly as
-            # confirmed. A job retried, revived or created since then reuses its ids.
+            # Never delete what a job may claim: only ids whose job (or absence of one) is exactly
+            # as confirmed. A job retried, revived or created since then reuses its ids.
             with Session(self.ctx.engine) as session:
                 before = Snapshot(session, self.ds.id)
             doomed = [cid for cid in doomed if unchanged(fresh, before, cid)]
@@ -289,7 +292,8 @@ class DatasetAudit:
                 self.note(jid, f"rewrote the metadata of {n} chunk(s)", metadata_fixed=n)
             self.fixed.update(per_doc)
 
-    # missing ----------------------------------------------------------------------------------------------
+    # missing
+    # ----------------------------------------------------------------------------------------------
 
     def _confirm_missing(self, first: Snapshot, fresh: Snapshot) -> None:
         for prefix, job in first.by_prefix.items():
@@ -319,7 +323,8 @@ class DatasetAudit:
             self.rebuild(f, now, len(missing))
 
     def _really_missing(self, prefix: str, job: PromisedJob) -> list[str]:
-        """Missing positions, asked of the store directly (a walk racing with writes can skip ids)."""
+        """Missing positions, asked of the store directly (a walk racing with writes can skip
+        ids)."""
         out: list[str] = []
         batch: list[str] = []
 
@@ -349,7 +354,10 @@ class DatasetAudit:
         target = self.ctx.version_for(self.ds)
         if job.version == target:
             verb = "reindex" if job.status == JobStatus.succeeded else "retry"
-            plan = f"{verb} job {job.id}: the re-run adds the {missing} missing chunk(s) from the embedding cache"
+            plan = (
+                f"{verb} job {job.id}: the re-run adds the {missing} missing chunk(s) from the "
+                "embedding cache"
+            )
         else:
             plan = (
                 f"queue a job of pipeline {target} (job {job.id} was built by "
@@ -383,7 +391,8 @@ class DatasetAudit:
                 f"[{self.ds.name}] document {job.document_id}: {result.message}"
             )
 
-    # what repair did (or would do) ------------------------------------------------------------------------------
+    # what repair did (or would do)
+    # ------------------------------------------------------------------------------
 
     def _summarise_repairs(self) -> None:
         for doc_id, f in self.findings.items():
@@ -391,7 +400,8 @@ class DatasetAudit:
             if self.repair:
                 if self.deleted[doc_id]:
                     lines.append(
-                        f"deleted {self.deleted[doc_id]} orphan chunk(s): {', '.join(f.orphan_ids[:3])}"
+                        f"deleted {self.deleted[doc_id]} orphan chunk(s): "
+                        f"{', '.join(f.orphan_ids[:3])}"
                         + (" ..." if self.deleted[doc_id] > 3 else "")
                     )
                 if self.fixed[doc_id]:
@@ -401,15 +411,16 @@ class DatasetAudit:
                     lines.append(f"delete {f.orphans} orphan chunk(s)")
                 if f.mismatched:
                     lines.append(
-                        f"rewrite the metadata of {f.mismatched} chunk(s) to name their job, document, "
-                        "pipeline version and position"
+                        f"rewrite the metadata of {f.mismatched} chunk(s) to name their job, "
+                        "document, pipeline version and position"
                     )
             f.repair[:0] = lines
             who = f"document {doc_id}" if doc_id is not None else "foreign chunks"
             if self.repair:
                 self.report.actions.extend(f"[{self.ds.name}] {who}: {line}" for line in lines)
 
-    # events ---------------------------------------------------------------------------------------------------
+    # events
+    # ----------------------------------------------------------------------------------------------
 
     def _write_events(self) -> None:
         if not self.events:
@@ -500,4 +511,4 @@ def reconcile(
     return report
 
 
-# --- the last report, for the console ------------------------------------------------------------------------
+# --- the last report, for the console -------------------------------------------------------------

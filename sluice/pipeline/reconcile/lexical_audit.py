@@ -3,10 +3,10 @@
 A row's chunk id names its job exactly as a vector's does, so ``snapshot.classify`` says whether it
 is present, in flight or an orphan, and ``snapshot.wrong_fields`` whether the row names the right
 job, document and position. Findings go into the same report, counted apart from the vectors'
-(``lexical_missing``, ``lexical_orphans``, ``lexical_mismatched``; a report is clean when both are), and are confirmed against a fresh read of the job
-database before they are reported or repaired. Repair deletes orphan rows, rewrites mismatched
-fields, and has the job of a document with missing rows rebuilt (the re-run rewrites all its rows),
-unless the vectors' audit already queued that job.
+(``lexical_missing``, ``lexical_orphans``, ``lexical_mismatched``; a report is clean when both are),
+and are confirmed against a fresh read of the job database before they are reported or repaired.
+Repair deletes orphan rows, rewrites mismatched fields, and has the job of a document with missing
+rows rebuilt (the re-run rewrites all its rows), unless the vectors' audit already queued that job.
 
 The audit of the vectors (``audit.DatasetAudit``) hands itself in; this module sees it only as the
 ``Audit`` protocol below, so the two do not import each other.

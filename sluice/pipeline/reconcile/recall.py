@@ -203,8 +203,8 @@ class Rebuild:
 
     def describe(self) -> str:
         return (
-            f"rebuilt the vector index: {self.copied + self.late:,} chunk(s) copied from {self.old} "
-            f"into {self.new} (built beside, switched, old one dropped)"
+            f"rebuilt the vector index: {self.copied + self.late:,} chunk(s) copied from "
+            f"{self.old} into {self.new} (built beside, switched, old one dropped)"
         )
 
 

@@ -235,8 +235,8 @@ class ReconcileReport:
         in_flight = sum(d.in_flight for d in self.datasets)
         if self.clean and in_flight:
             lines.append(
-                f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged once "
-                "those jobs finish"
+                f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged "
+                "once those jobs finish"
             )
         elif self.clean:
             lines.append(
@@ -247,7 +247,7 @@ class ReconcileReport:
         return "\n".join(lines)
 
 
-# --- the last report ----------------------------------------------------------------------------------
+# --- the last report ------------------------------------------------------------------------------
 
 
 def report_path(ctx: Context) -> Path:

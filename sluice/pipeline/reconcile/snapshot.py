@@ -23,7 +23,7 @@ SERVING = frozenset(
 CHECKED_FIELDS = ("job_id", "document_id", "pipeline_version", "position")
 
 
-# --- what the job database promises -----------------------------------------------------------------
+# --- what the job database promises ---------------------------------------------------------------
 
 
 @dataclass(slots=True)

@@ -116,7 +116,8 @@ class Deferred:
 
 
 def submit(embedder: Embedder, texts: list[str]) -> Encoding | Deferred:
-    """Start encoding ``texts`` on the embedder's lanes when it has them (else when the result is asked)."""
+    """Start encoding ``texts`` on the embedder's lanes when it has them (else when the result is
+    asked)."""
     start = getattr(embedder, "submit", None)
     return start(texts) if start is not None else Deferred(embedder, texts)
 
@@ -178,8 +179,8 @@ class SentenceTransformerEmbedder:
         return self.submit(texts).result()
 
     def submit(self, texts: list[str]) -> Encoding:
-        """Queue ``texts`` on the lanes and return at once: the caller writes the previous batch while
-        the lanes encode this one (``Encoding.result()`` waits for it)."""
+        """Queue ``texts`` on the lanes and return at once: the caller writes the previous batch
+        while the lanes encode this one (``Encoding.result()`` waits for it)."""
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         parts = [order[i : i + self.PART] for i in range(0, len(order), self.PART)]
         futures = [self._pool.submit(self._encode_part, [texts[i] for i in part]) for part in parts]

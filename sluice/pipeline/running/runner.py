@@ -74,9 +74,10 @@ class Heartbeat(threading.Thread):
     also writes the stage counts the reporter holds back, so a long batch shows its stage.
 
     It is also the attempt's watchdog: while one call (an encode, a request) does not return, only
-    this thread runs. It enforces the stage deadline and carries out a cancel the stuck thread cannot
-    see, each by a write fenced on the lease, so the stuck thread's later writes fail with LeaseLost;
-    and when the lease is lost it tells the reporter, which stops the attempt before its next write.
+    this thread runs. It enforces the stage deadline and carries out a cancel the stuck thread
+    cannot see, each by a write fenced on the lease, so the stuck thread's later writes fail with
+    LeaseLost; and when the lease is lost it tells the reporter, which stops the attempt before its
+    next write.
     """
 
     def __init__(self, ctx: Context, job: Job, reporter: Reporter) -> None:
@@ -152,8 +153,8 @@ class Heartbeat(threading.Thread):
                 lease=self.lease,
                 kind=kind,
                 code="stage_timeout",
-                message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call did not "
-                f"return for {silent:.0f}s)",
+                message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call "
+                f"did not return for {silent:.0f}s)",
                 hint=hint,
                 detail="",
                 worker_id=self.ctx.worker_id,
@@ -274,7 +275,8 @@ class Reporter:
             except DATABASE_DOWN as exc:
                 # Counts are not the attempt's work: a database that does not answer for a moment
                 # must not end it. They are held again and written by the next flush or beat (the
-                # outcome, which must be written, waits for the database: _when_the_database_answers).
+                # outcome, which must be written, waits for the database:
+                # _when_the_database_answers).
                 with self._pending_lock:
                     self.pending = {**values, **(self.pending or {})}
                 log.warning("job %s: progress not written (%s)", self.job_id, str(exc)[:200])
@@ -404,10 +406,10 @@ def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutc
 
 
 def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]) -> T:
-    """Claim the job, or write the attempt's outcome, waiting (up to SLUICE_MAX_OUTAGE_SECONDS) while
-    the job database does not answer: the message or the outcome is not lost, and the job is not left
-    running for the reaper to count as a lost worker. Its heartbeat, beating again once the database
-    is back, keeps the reaper off (which also waits a lease after an outage of its own)."""
+    """Claim the job, or write the attempt's outcome, waiting (up to SLUICE_MAX_OUTAGE_SECONDS)
+    while the job database does not answer: the message or the outcome is not lost, and the job is
+    not left running for the reaper to count as a lost worker. Its heartbeat, beating again once the
+    database is back, keeps the reaper off (which also waits a lease after an outage of its own)."""
     s = ctx.settings
     deadline = time.monotonic() + s.max_outage_seconds
     while True:
@@ -796,7 +798,8 @@ class _Batch:
             ]
             import numpy as np
 
-            report.fence()  # an encode may have outlived the attempt: never write for one that is over
+            # an encode may have outlived the attempt: never write for one that is over
+            report.fence()
             ctx.vectors.add(
                 collection,
                 ids=[cid for cid, _ in self.items],
