@@ -1,4 +1,5 @@
-"""The benchmark (``make bench``). Its processes run offline: no model or tokenizer download, ever."""
+"""The benchmark (``make bench``). Its processes run offline: no model or tokenizer download,
+ever."""
 
 import os
 

@@ -90,8 +90,8 @@ def worker_first_chunk(svc: Services, *, name: str, timeout: float = 300) -> dic
     return {
         "first_chunk_s": first,
         "ready_s": ready if ready is not None else first,
-        "note": "the model starts loading with the worker, beside the first job's parsing; the query "
-        "encoder export a new data directory needs runs at the lowest CPU priority",
+        "note": "the model starts loading with the worker, beside the first job's parsing; the "
+        "query encoder export a new data directory needs runs at the lowest CPU priority",
     }
 
 

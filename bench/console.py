@@ -1,6 +1,6 @@
 """The console at scale: the queries behind the jobs page and the overview, on a database seeded
-with many jobs (bulk inserts through tests/support/seed.py), on SQLite and, when SLUICE_TEST_DATABASE_URL
-is set, on PostgreSQL.
+with many jobs (bulk inserts through tests/support/seed.py), on SQLite and, when
+SLUICE_TEST_DATABASE_URL is set, on PostgreSQL.
 
 Each query group runs as the console runs it (sluice.storage.queries in one fresh session, the same
 calls as console/reads.py); the figure is p50 and p95 over many repetitions.

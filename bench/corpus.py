@@ -1,5 +1,5 @@
-"""The benchmark corpus: generated multi-page report PDFs with known-answer facts, plus the text PDFs
-of the shared sample set.
+"""The benchmark corpus: generated multi-page report PDFs with known-answer facts, plus the text
+PDFs of the shared sample set.
 
 Every generated document carries a few facts about an invented, unique name ("the Varnhold pumping
 station"). The query for a fact asks about that name in other words; a retrieved chunk answers it
@@ -123,9 +123,9 @@ def _fact(rng: random.Random, topic: dict, name: str) -> tuple[str, str]:
         + _name(rng, set())
     )
     text = (
-        f"The {name} {thing} was commissioned in {year} and today {verb} about {amount} {unit} every "
-        f"day. Its site manager, {manager}, reported that the {name} {thing} met its availability "
-        f"target in all but two months of the year."
+        f"The {name} {thing} was commissioned in {year} and today {verb} about {amount} {unit} "
+        f"every day. Its site manager, {manager}, reported that the {name} {thing} met its "
+        "availability target in all but two months of the year."
     )
     query = f"How much does the {name} {thing} handle per day and when did it open?"
     return text, query
@@ -205,7 +205,8 @@ def generate_big(path: Path, *, pages: int, seed: int = 11) -> Path:
 
 
 def generate_small(out_dir: Path, *, documents: int, seed: int = 17) -> list[Path]:
-    """``documents`` short PDFs of 1 to 3 pages (about one chunk a page): a stream of small uploads."""
+    """``documents`` short PDFs of 1 to 3 pages (about one chunk a page): a stream of small
+    uploads."""
     import pymupdf
 
     rng = random.Random(seed)

@@ -2,11 +2,11 @@
 
     python -m bench.cpu [--small N] [--out BENCHMARKS.md]
 
-On a host where the worker, its parsing children, Chroma and Redis share the cores, every CPU
-second that is not encoding is a second the model's lanes do not get. So the share of all CPU that
-went to encoding is the ceiling of "Sluice / raw limit" on such a host, however well the pipeline
-overlaps its stages. This measures that share directly, in CPU seconds (not wall time: the figure
-holds on a busy machine too): the runner runs the jobs of the bench corpus, then of a stream of small
+On a host where the worker, its parsing children, Chroma and Redis share the cores, every CPU second
+that is not encoding is a second the model's lanes do not get. So the share of all CPU that went to
+encoding is the ceiling of "Sluice / raw limit" on such a host, however well the pipeline overlaps
+its stages. This measures that share directly, in CPU seconds (not wall time: the figure holds on a
+busy machine too): the runner runs the jobs of the bench corpus, then of a stream of small
 documents, in this process with the real model, and each part is read from where it is spent:
 
 - encoding: the CPU time of the embedder's lanes (``SentenceEmbedder.cpu_seconds``);
@@ -39,7 +39,8 @@ TITLE = "## Where the CPU goes"
 
 
 def fork_servers() -> list[int]:
-    """This process's children that are multiprocessing fork servers (the extraction children's parent)."""
+    """This process's children that are multiprocessing fork servers (the extraction children's
+    parent)."""
     me, found = os.getpid(), []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -57,7 +58,8 @@ def fork_servers() -> list[int]:
 
 
 def account(svc: Services, paths: list[Path], *, name: str) -> dict:
-    """Run every document's job in this process; return CPU seconds by part, chunks and documents."""
+    """Run every document's job in this process; return CPU seconds by part, chunks and
+    documents."""
     svc.configure(
         name,
         SLUICE_EMBED_BATCH_SIZE="32",
@@ -107,10 +109,10 @@ def table(runs: dict[str, dict], load: tuple[str, str]) -> str:
     lines = [
         TITLE,
         "",
-        "Produced by `bench/cpu.py` (part of `make bench`). CPU milliseconds, not wall time, so the figures "
-        "hold on a busy machine; the jobs run one after another in one process with the real model. "
-        'The encoding share is the ceiling of "Sluice / raw limit" on a host where all of it shares the '
-        "cores.",
+        "Produced by `bench/cpu.py` (part of `make bench`). CPU milliseconds, not wall time, so "
+        "the figures hold on a busy machine; the jobs run one after another in one process with "
+        'the real model. The encoding share is the ceiling of "Sluice / raw limit" on a host '
+        "where all of it shares the cores.",
         "",
         "| CPU ms | " + " | ".join(f"{n}: per chunk | per document" for n in names) + " |",
         "| --- |" + " --- | --- |" * len(names),

@@ -1,4 +1,5 @@
-"""Raw limits and the plain script, run in a process of their own: ``python -m bench.encode SPEC.json``.
+"""Raw limits and the plain script, run in a process of their own: ``python -m bench.encode
+SPEC.json``.
 
 Raw limit: the model encodes exactly the chunks the pipeline produces, in the pipeline's order, in
 one process, batch size as configured, nothing else running in the process; in up to three ways

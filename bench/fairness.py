@@ -1,5 +1,5 @@
-"""Fairness across datasets: N jobs queued in one dataset, then one upload to another; how long until
-the lone job starts, in seconds and in jobs of the big dataset that started before it.
+"""Fairness across datasets: N jobs queued in one dataset, then one upload to another; how long
+until the lone job starts, in seconds and in jobs of the big dataset that started before it.
 
     python -m bench.fairness [--jobs 2000] [--workers 2] [--per-thread 2] [--fifo]
 
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['window']} messages per thread on the queue" if r["window"] else "no window (FIFO)"
         )
         print(
-            f"{r['jobs']} jobs queued in one dataset, {r['workers']} worker threads, {how}: the lone job of "
-            f"another dataset started {r['wait_s']:.2f}s after its upload, after {r['jobs_started_before']} "
-            f"jobs of the big dataset started (a big job takes {r['mean_job_s']:.3f}s; the wait is "
-            f"the time of {r['wait_in_jobs']:.1f} jobs)"
+            f"{r['jobs']} jobs queued in one dataset, {r['workers']} worker threads, {how}: the "
+            f"lone job of another dataset started {r['wait_s']:.2f}s after its upload, after "
+            f"{r['jobs_started_before']} jobs of the big dataset started (a big job takes "
+            f"{r['mean_job_s']:.3f}s; the wait is the time of {r['wait_in_jobs']:.1f} jobs)"
         )
     return 0
 

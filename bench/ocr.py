@@ -4,12 +4,12 @@
 
 Each page of known text (ten-point to twelve-point body text, as in office documents) is typeset
 with PyMuPDF, rendered to a grey image at the scan resolution and kept as an image only, as a
-flatbed scanner writes it. The parser (sluice.pipeline.parsing.parse, in its child process, with Tesseract)
-reads the file back; character accuracy is 1 - the edit distance share of difflib's matcher
-between the known and the read text (spaces collapsed); speed is pages per second of the whole
-parse, child start included. The degraded scan (turned 0.8 degrees, 2% of pixels flipped) is read
-twice: with Sluice's clean-up before Tesseract (despeckle, straighten) and without it, as before.
-With --out, the table replaces the "OCR" section of that file.
+flatbed scanner writes it. The parser (sluice.pipeline.parsing.parse, in its child process, with
+Tesseract) reads the file back; character accuracy is 1 - the edit distance share of difflib's
+matcher between the known and the read text (spaces collapsed); speed is pages per second of the
+whole parse, child start included. The degraded scan (turned 0.8 degrees, 2% of pixels flipped) is
+read twice: with Sluice's clean-up before Tesseract (despeckle, straighten) and without it, as
+before. With --out, the table replaces the "OCR" section of that file.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def page_text(rng: random.Random, sentences: int = 14) -> str:
 
 
 def scan(texts: list[str], dpi: int, fontsize: float, degraded: bool = False) -> bytes:
-    """``degraded``: turned by 0.8 degrees and speckled (2% of pixels flipped), as a cheap scanner."""
+    """``degraded``: turned by 0.8 degrees and speckled (2% of pixels flipped), as a cheap
+    scanner."""
     src = pymupdf.open()
     for text in texts:
         src.new_page().insert_textbox(pymupdf.Rect(72, 72, 540, 760), text, fontsize=fontsize)
@@ -108,19 +109,21 @@ def table(rows: list[dict], load: str = "") -> str:
     lines = [
         "## OCR (Tesseract, scanned pages of known text)",
         "",
-        "| scan and OCR dpi | font pt | scan | clean-up | pages | character accuracy (mean) | worst page | pages/s |",
+        "| scan and OCR dpi | font pt | scan | clean-up | pages | character accuracy (mean) | "
+        "worst page | pages/s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['dpi']} | {r['font']:g} | {r['scan']} | {'on' if r['cleanup'] else 'off (as before)'} "
-            f"| {r['pages']} | {r['accuracy']:.2%} | {r['worst']:.2%} | {r['pages_per_s']:.2f} |"
+            f"| {r['dpi']} | {r['font']:g} | {r['scan']} | "
+            f"{'on' if r['cleanup'] else 'off (as before)'} | {r['pages']} | {r['accuracy']:.2%} | "
+            f"{r['worst']:.2%} | {r['pages_per_s']:.2f} |"
         )
     if load:
         lines += [
             "",
-            f"Load average (1/5/15 min) at the end: {load}; the machine was shared with other work, "
-            "so pages/s is lower than on an idle machine.",
+            f"Load average (1/5/15 min) at the end: {load}; the machine was shared with other "
+            "work, so pages/s is lower than on an idle machine.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -3,7 +3,8 @@
     python -m bench.parse_child [--rounds 3] [--samples DIR]
 
 Three ways to read every page of every sample, each the median of the rounds:
-  plain     PyMuPDF ``get_text()`` in this process (what Sluice did before reading order and the child)
+  plain     PyMuPDF ``get_text()`` in this process (what Sluice did before reading order and the
+            child)
   inproc    Sluice's extraction (reading order, page checks) in this process
   child     the same extraction through ``open_document``: a child process per file
 The difference child - inproc is the price of the process boundary; inproc - plain is the price of

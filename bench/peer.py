@@ -3,12 +3,12 @@
     python -m bench.peer SPEC.json
 
 Documents are built from PyMuPDF page text (LlamaIndex's file readers pin pandas below 3), one
-Document per page with file name and page label as metadata, as its PDF reader does. The pipeline
-is SentenceSplitter -> HuggingFaceEmbedding (the same local model) -> ChromaVectorStore over HTTP.
+Document per page with file name and page label as metadata, as its PDF reader does. The pipeline is
+SentenceSplitter -> HuggingFaceEmbedding (the same local model) -> ChromaVectorStore over HTTP.
 Setups: ``fp32`` (embed batch 32, like Sluice) and ``default`` (HuggingFaceEmbedding's defaults:
-fp32, embed batch 10, torch's default threads). The splitter is sized to make chunks of Sluice's size in both, so chunks/s
-compare like with like. Model loading is outside the timed window; recall is measured afterwards
-through LlamaIndex's own retriever.
+fp32, embed batch 10, torch's default threads). The splitter is sized to make chunks of Sluice's
+size in both, so chunks/s compare like with like. Model loading is outside the timed window; recall
+is measured afterwards through LlamaIndex's own retriever.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Figures to a table: medians with min and max, targets, and the Markdown written to BENCHMARKS.md."""
+"""Figures to a table: medians with min and max, targets, and the Markdown written to
+BENCHMARKS.md."""
 
 from __future__ import annotations
 
@@ -73,7 +74,10 @@ class Table:
         if s["median"] is None:
             text = "n/a"
         elif s["n"] > 1:
-            text = f"{fmt(s['median'], digits)}{unit} [{fmt(s['min'], digits)}-{fmt(s['max'], digits)}]"
+            text = (
+                f"{fmt(s['median'], digits)}{unit} "
+                f"[{fmt(s['min'], digits)}-{fmt(s['max'], digits)}]"
+            )
         else:
             text = f"{fmt(s['median'], digits)}{unit}"
         met = None if ok is None or s["median"] is None else bool(ok(s["median"]))
@@ -168,10 +172,11 @@ def header(
     vers = ", ".join(f"{k} {v}" for k, v in versions().items())
     lines = [
         f"Run: {started} ({'quick' if quick else 'full'} mode, {seconds / 60:.1f} min).",
-        f"Machine: {os.cpu_count()} CPUs, {cpu_model()}; native bf16: {'yes' if cpu_has_bf16() else 'no'}; "
-        f"`auto` precision resolves to **{precision}**.",
-        f"Load average (1/5/15 min) at start {load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f}, "
-        f"at end {load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} (other work shares this machine).",
+        f"Machine: {os.cpu_count()} CPUs, {cpu_model()}; native bf16: "
+        f"{'yes' if cpu_has_bf16() else 'no'}; `auto` precision resolves to **{precision}**.",
+        "Load average (1/5/15 min) at start "
+        f"{load_start[0]:.2f}/{load_start[1]:.2f}/{load_start[2]:.2f}, at end "
+        f"{load_end[0]:.2f}/{load_end[1]:.2f}/{load_end[2]:.2f} (other work shares this machine).",
         f"Versions: {vers}.",
         f"Corpus: {corpus}.",
         *extra,
@@ -180,8 +185,8 @@ def header(
 
 
 def write_markdown(path, generated: str, *, markers: tuple[str, str] = (BEGIN, END)) -> None:
-    """Replace the generated part of ``path`` (between the markers), keeping what is written around it;
-    a part not there yet is added at the end."""
+    """Replace the generated part of ``path`` (between the markers), keeping what is written around
+    it; a part not there yet is added at the end."""
     begin, end = markers
     block = f"{begin}\n{generated}\n{end}"
     if path.exists():

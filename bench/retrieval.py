@@ -1,8 +1,8 @@
 """Retrieval quality and search latency: dense only, lexical only and hybrid, on known answers.
 
-    python -m bench.retrieval            the full run (a few minutes), writes its part of BENCHMARKS.md
-    python -m bench.retrieval --quick    a small version
-    python -m bench.retrieval --out X    write the table to X instead
+    python -m bench.retrieval          the full run (a few minutes), writes its part of BENCHMARKS.md
+    python -m bench.retrieval --quick  a small version
+    python -m bench.retrieval --out X  write the table to X instead
 
 Quality: the generated report PDFs of ``bench/corpus.py`` and the text PDFs of the shared sample set
 go through Sluice's own pipeline (in this process, the real model), then three kinds of query, each
@@ -150,8 +150,8 @@ def quality(
             (str(d), t)
             for d, t in conn.execute(
                 sql(
-                    "SELECT l.document_id, l.text FROM lexical_chunk l JOIN dataset d ON d.id = l.dataset_id "
-                    "WHERE d.name = 'bench'"
+                    "SELECT l.document_id, l.text FROM lexical_chunk l JOIN dataset d ON d.id = "
+                    "l.dataset_id WHERE d.name = 'bench'"
                 )
             )
         ]
@@ -287,9 +287,9 @@ def build_table(qualities: list[dict], lat: list[dict]) -> Table:
     t = Table()
     for q in qualities:
         sec = (
-            f"Retrieval recall@1 ({sum(q['queries'].values())} known-answer queries over {q['chunks']:,} "
-            f"chunks of {q['files']} files; {q['backend']} job database; model in {q['precision']}; "
-            "notes: recall@5)"
+            f"Retrieval recall@1 ({sum(q['queries'].values())} known-answer queries over "
+            f"{q['chunks']:,} chunks of {q['files']} files; {q['backend']} job database; model in "
+            f"{q['precision']}; notes: recall@5)"
         )
         for kind in KINDS:
             for mode in MODES:
@@ -325,8 +325,8 @@ def build_table(qualities: list[dict], lat: list[dict]) -> Table:
         )
     for lt in lat:
         sec = (
-            f"Search latency at {lt['chunks']:,} chunks ({lt['backend']} job database, analysed after the bulk "
-            "load; Chroma server, hash embedder; k=5; p95, notes: p50)"
+            f"Search latency at {lt['chunks']:,} chunks ({lt['backend']} job database, analysed "
+            "after the bulk load; Chroma server, hash embedder; k=5; p95, notes: p50)"
         )
         for mode in MODES:
             v = lt[mode]
@@ -373,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     table = build_table(qualities, lat)
     print(table.text())
     header = (
-        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} ({'quick' if args.quick else 'full'} "
-        f"mode, {(time.monotonic() - started) / 60:.1f} min), `python -m bench.retrieval`."
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        f"({'quick' if args.quick else 'full'} mode, {(time.monotonic() - started) / 60:.1f} min), "
+        "`python -m bench.retrieval`."
     )
     write_markdown(args.out, header + "\n\n" + table.markdown(), markers=MARKERS)
     log(f"wrote {args.out}")

@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# --- measuring ------------------------------------------------------------------------------------------
+# --- measuring ------------------------------------------------------------------------------------
 
 
 def measure(svc: Services, plan: Plan) -> dict:
@@ -233,7 +233,8 @@ def measure(svc: Services, plan: Plan) -> dict:
             1800,
         )
         log(
-            f"round {r + 1}: a stream of {len(small_paths)} small documents, its raw limit, then Sluice ({auto})"
+            f"round {r + 1}: a stream of {len(small_paths)} small documents, its raw limit, then "
+            f"Sluice ({auto})"
         )
         rnd["small_limit"] = subprocess_json(
             "bench.encode",
@@ -367,8 +368,8 @@ def measure(svc: Services, plan: Plan) -> dict:
     out["cold"] = []
     for r in range(plan.cold_starts):
         log(
-            f"cold start {r + 1}: `sluice serve worker` to the first chunk embedded, `sluice serve console` "
-            "to the first page drawn"
+            f"cold start {r + 1}: `sluice serve worker` to the first chunk embedded, `sluice serve "
+            "console` to the first page drawn"
         )
         out["cold"].append(
             {
@@ -404,7 +405,7 @@ def count_chunks(path: Path) -> int:
     return len(corpus_chunks([path], size=800, overlap=100))
 
 
-# --- the table ------------------------------------------------------------------------------------------
+# --- the table ------------------------------------------------------------------------------------
 
 
 def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
@@ -445,7 +446,8 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
     modes = {
         "intraop": f"the model's own encode per batch, torch defaults ({cores} threads)",
         "lanes": f"{cores} single-threaded lanes, a batch each",
-        "packed": f"Sluice's embedder alone ({cores} single-threaded lanes, batches packed by length)",
+        "packed": f"Sluice's embedder alone ({cores} single-threaded lanes, batches packed by "
+        "length)",
     }
     native = raw.get("native_bf16", True)
     for prec in ("fp32", "bf16") if native else ("fp32",):
@@ -557,7 +559,8 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
             f"small documents: Sluice auto ({precision})",
             per_round(lambda d: cps(d["small"])),
             digits=1,
-            note=f"{small} uploads in a row, one worker process, {SMALL_THREADS} threads (the Procfile's)",
+            note=f"{small} uploads in a row, one worker process, {SMALL_THREADS} threads (the "
+            "Procfile's)",
         )
         t.add(
             s1,
@@ -661,7 +664,10 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
             )
         )
 
-    s3 = "3. Orchestration (tiny .txt jobs, hash embedder, real queue, SQLite and Chroma; one worker process)"
+    s3 = (
+        "3. Orchestration (tiny .txt jobs, hash embedder, real queue, SQLite and Chroma; one "
+        "worker process)"
+    )
     orch = raw["orchestration"]
     t.add(
         s3,
@@ -717,10 +723,11 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
         digits=0,
         target=f"<= {BATCH}",
         ok=lambda v: v <= BATCH,
-        note=f"{c0['chunks']} chunks in {c0['batches']} batches, worker killed after batch {c0['crash_batch']} "
+        note=f"{c0['chunks']} chunks in {c0['batches']} batches, worker killed after batch "
+        f"{c0['crash_batch']} "
         f"({100 * min(c0['chunks'], c0['crash_batch'] * BATCH) / c0['chunks']:.0f}% embedded); "
-        f"second attempt embedded {c0['second_embedded']}, {c0['second_cached']} from cache "
-        "(hash embedder)",
+        f"second attempt embedded {c0['second_embedded']}, {c0['second_cached']} from cache (hash "
+        "embedder)",
     )
 
     for key, label in (("console_sqlite", "SQLite"), ("console_postgres", "PostgreSQL")):
@@ -811,10 +818,10 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
 
     corpus = raw["corpus"]
     corpus_text = (
-        f"{corpus['files']} PDFs ({corpus['generated']} generated reports of {corpus['pages']} pages "
-        f"with {corpus['facts']} known-answer facts, plus the text PDFs of the shared sample set); "
-        f"{chunks:,} chunks in Sluice (800 characters, 100 overlap; raw limits encode the same "
-        f"{raw_chunks:,}); all-MiniLM-L6-v2, batch {BATCH}; {plan.rounds} round(s)"
+        f"{corpus['files']} PDFs ({corpus['generated']} generated reports of {corpus['pages']} "
+        f"pages with {corpus['facts']} known-answer facts, plus the text PDFs of the shared sample "
+        f"set); {chunks:,} chunks in Sluice (800 characters, 100 overlap; raw limits encode the "
+        f"same {raw_chunks:,}); all-MiniLM-L6-v2, batch {BATCH}; {plan.rounds} round(s)"
     )
     extra = []
     if no_peer:

@@ -72,7 +72,8 @@ FAST_RECOVERY = {
 
 
 def crash_at_90(svc: Services, path: Path, *, chunks: int, settings: dict[str, str]) -> dict:
-    """Kill the worker after the batch at 90% of ``path`` (``chunks`` chunks), retry, count re-embeds."""
+    """Kill the worker after the batch at 90% of ``path`` (``chunks`` chunks), retry, count
+    re-embeds."""
     batch = int(settings.get("SLUICE_EMBED_BATCH_SIZE", "32"))
     batches = math.ceil(chunks / batch)
     crash_batch = max(1, int(0.9 * batches))  # after batch 9 of 10: 90% of the chunks are embedded

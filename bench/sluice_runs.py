@@ -24,8 +24,9 @@ def ingest_corpus(
     keep=None,
     warm: Path | None = None,
 ) -> dict:
-    """Ingest ``paths`` into dataset ``bench`` of a fresh data directory. ``keep(ctx, publish, job_ids)``
-    runs after the jobs finished, with the worker still up (the dedupe figure and recall use it)."""
+    """Ingest ``paths`` into dataset ``bench`` of a fresh data directory. ``keep(ctx, publish,
+    job_ids)`` runs after the jobs finished, with the worker still up (the dedupe figure and recall
+    use it)."""
     env = svc.configure(name, **settings)
     ctx = svc.context()
     from sluice.ops.ingest import ingest_path

@@ -187,7 +187,8 @@ def wait_final(ctx, job_ids: list[int], *, timeout: float, poll: float = 0.2) ->
 def warm_up(
     ctx, publish, *, timeout: float = 300, data: bytes | None = None, filename: str = "warmup.txt"
 ) -> None:
-    """One small job through the worker before the clock starts: the model is loaded, the kernels warm."""
+    """One small job through the worker before the clock starts: the model is loaded, the kernels
+    warm."""
     from sluice.ops.ingest import ingest_bytes
 
     if data is None:

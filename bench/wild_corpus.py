@@ -12,7 +12,8 @@ PyMuPDF alone puts there, how many Sluice put there at REF (before; default the 
 the issue-18 work) and now (after), and how many of each match the class the file was made to have.
 
 Needs: chromium, soffice (libreoffice-writer-nogui), gs (ghostscript), qpdf, fonts-noto-cjk and
-fonts-dejavu-core (`make wild-tools` installs them from Debian), and reportlab (`pip install reportlab`).
+fonts-dejavu-core (`make wild-tools` installs them from Debian), and reportlab (`pip install
+reportlab`).
 """
 
 from __future__ import annotations
@@ -47,15 +48,18 @@ JA = [
     for i in range(1, 40)
 ]
 KO = [
-    f"제{i}절: 조사단은 하구에서 조수와 퇴적물과 철새의 수를 기록하고 항구 준설이 수로에 미친 영향을 논의했다."
+    f"제{i}절: 조사단은 하구에서 조수와 퇴적물과 철새의 수를 기록하고 "
+    "항구 준설이 수로에 미친 영향을 논의했다."
     for i in range(1, 40)
 ]
 AR = [
-    f"الفقرة {i}: سجل فريق المسح المد والجزر والرواسب وأعداد الطيور المهاجرة في مصب النهر، وناقش أثر تجريف الميناء."
+    f"الفقرة {i}: سجل فريق المسح المد والجزر والرواسب وأعداد الطيور المهاجرة في مصب النهر، وناقش "
+    "أثر تجريف الميناء."
     for i in range(1, 30)
 ]
 HE = [
-    f"פסקה {i}: צוות הסקר רשם את הגאות והשפל, את המשקעים ואת מספר ציפורי הנדידה בשפך הנהר, ודן בהשפעת חפירת הנמל."
+    f"פסקה {i}: צוות הסקר רשם את הגאות והשפל, את המשקעים ואת מספר ציפורי הנדידה בשפך הנהר, ודן "
+    "בהשפעת חפירת הנמל."
     for i in range(1, 30)
 ]
 VERTICAL = [
@@ -86,7 +90,8 @@ def run(cmd: list[str], **kw) -> None:
 def html(body: str, *, lang: str = "en", style: str = "", dir_: str = "ltr") -> str:
     return (
         f'<!doctype html><html lang="{lang}" dir="{dir_}"><head><meta charset="utf-8"><style>'
-        f'body{{font-family:"DejaVu Serif","Noto Serif CJK JP","Noto Sans CJK SC",serif;font-size:12pt}}{style}'
+        'body{font-family:"DejaVu Serif","Noto Serif CJK JP","Noto Sans CJK SC",serif;'
+        f"font-size:12pt}}{style}"
         f"</style></head><body>{body}</body></html>"
     )
 
@@ -95,7 +100,7 @@ def paras(items: list[str]) -> str:
     return "".join(f"<p>{p}</p>" for p in items)
 
 
-# --- producers ---------------------------------------------------------------------------------------
+# --- producers ------------------------------------------------------------------------------------
 
 
 def chromium(out: Path, tmp: Path, made: dict[str, str]) -> None:
@@ -127,7 +132,8 @@ def chromium(out: Path, tmp: Path, made: dict[str, str]) -> None:
             html(
                 "<h1>Permit application</h1>"
                 + "".join(
-                    f'<p><label>Field {i} of the harbour permit <input value="answer {i} for the dredging permit"></label></p>'
+                    f'<p><label>Field {i} of the harbour permit <input value="answer {i} for the '
+                    'dredging permit"></label></p>'
                     for i in range(30)
                 )
             ),
@@ -137,7 +143,8 @@ def chromium(out: Path, tmp: Path, made: dict[str, str]) -> None:
             html(
                 "<table border=1>"
                 + "".join(
-                    f"<tr><td>Station {i}</td><td>{i * 3.5:.1f} metres</td><td>sediment sample {i} was sandy</td></tr>"
+                    f"<tr><td>Station {i}</td><td>{i * 3.5:.1f} metres</td><td>sediment sample {i} "
+                    "was sandy</td></tr>"
                     for i in range(80)
                 )
                 + "</table>"
@@ -215,17 +222,23 @@ def _fodt(paragraphs: list[str], *, columns: int = 1, empty_pages: int = 0) -> s
     )
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <office:document xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0"
- xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0"
- xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0" office:version="1.2" office:mimetype="application/vnd.oasis.opendocument.text">
+ xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0"
+ xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+ xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0" office:version="1.2"
+ office:mimetype="application/vnd.oasis.opendocument.text">
 <office:automatic-styles>
  <style:style style:name="Cols" style:family="section"><style:section-properties>
-  <style:columns fo:column-count="{columns}" fo:column-gap="0.5cm"/></style:section-properties></style:style>
- <style:style style:name="Break" style:family="paragraph"><style:paragraph-properties fo:break-before="page"/></style:style>
- <style:page-layout style:name="PL"><style:page-layout-properties fo:page-width="21cm" fo:page-height="29.7cm"/>
+  <style:columns fo:column-count="{columns}" fo:column-gap="0.5cm"/></style:section-properties>
+ </style:style>
+ <style:style style:name="Break" style:family="paragraph">
+  <style:paragraph-properties fo:break-before="page"/></style:style>
+ <style:page-layout style:name="PL">
+  <style:page-layout-properties fo:page-width="21cm" fo:page-height="29.7cm"/>
   <style:footer-style/></style:page-layout>
 </office:automatic-styles>
 <office:master-styles><style:master-page style:name="Standard" style:page-layout-name="PL">
- <style:footer><text:p><text:page-number text:select-page="current"/></text:p></style:footer></style:master-page>
+ <style:footer><text:p><text:page-number text:select-page="current"/></text:p></style:footer>
+ </style:master-page>
 </office:master-styles>
 <office:body><office:text>{section}</office:text></office:body></office:document>"""
 
@@ -485,7 +498,7 @@ def make_corpus(out: Path) -> dict[str, str]:
     return made
 
 
-# --- classification ------------------------------------------------------------------------------------
+# --- classification -------------------------------------------------------------------------------
 
 
 def pymupdf_says(path: Path) -> str:
@@ -537,9 +550,11 @@ for line in sys.stdin:
         finally:
             parsed.close()
         if chars == 0:
-            out = {"status": "failed", "kind": "user_action_required", "code": "no_text_layer" if media == PDF else "no_text"}
+            code = "no_text_layer" if media == PDF else "no_text"
+            out = {"status": "failed", "kind": "user_action_required", "code": code}
         else:
-            out = {"status": "succeeded", "media": media, "chunks": chunks, "warnings": list(parsed.warnings)}
+            warnings = list(parsed.warnings)
+            out = {"status": "succeeded", "media": media, "chunks": chunks, "warnings": warnings}
     except Exception as exc:
         err = classify(exc)
         out = {"status": "failed", "kind": err.kind.value, "code": err.code, "message": err.message}
@@ -585,7 +600,8 @@ def evaluate(tree: Path, files: list[Path]) -> dict[str, dict]:
 
 # Files whose paragraphs are known in reading order: (file, paragraphs).
 ORDERED = {
-    "pymupdf-two-column-form.pdf": None,  # tests.support.pdfmaker's sentences, left column then right
+    # tests.support.pdfmaker's sentences, left column then right
+    "pymupdf-two-column-form.pdf": None,
     "chromium-two-column.pdf": EN[40:80],
     "reportlab-two-column.pdf": EN[:90],
     "libreoffice-two-column.pdf": EN[200:260],
@@ -669,11 +685,13 @@ def main() -> None:
     }
     print(f"{len(files)} PDFs from real producers; before = {args.before}, after = this tree\n")
     print(
-        "| class | made to be | PyMuPDF alone | Sluice before | Sluice after |\n|---|---|---|---|---|"
+        "| class | made to be | PyMuPDF alone | Sluice before | Sluice after "
+        "|\n|---|---|---|---|---|"
     )
     for c in classes:
         print(
-            f"| {c} | {count['expected'][c]} | {count['pymupdf'][c]} | {count['before'][c]} | {count['after'][c]} |"
+            f"| {c} | {count['expected'][c]} | {count['pymupdf'][c]} | {count['before'][c]} | "
+            f"{count['after'][c]} |"
         )
     for k in ("pymupdf", "before", "after"):
         hits = sum(r[k] == r["expected"] for r in rows.values())
@@ -682,12 +700,13 @@ def main() -> None:
     for name, r in rows.items():
         if r["before"] != r["after"] or r["after"] != r["expected"]:
             print(
-                f"  {name}: made {r['expected']!r}; PyMuPDF {r['pymupdf']!r}; before {r['before']!r}; "
-                f"after {r['after']!r}"
+                f"  {name}: made {r['expected']!r}; PyMuPDF {r['pymupdf']!r}; before "
+                f"{r['before']!r}; after {r['after']!r}"
             )
     print("\nparagraphs read whole and in order:\n")
     print(
-        "| file | paragraphs | PyMuPDF get_text() | get_text(sort=True) | Sluice after |\n|---|---|---|---|---|"
+        "| file | paragraphs | PyMuPDF get_text() | get_text(sort=True) | Sluice after "
+        "|\n|---|---|---|---|---|"
     )
     print("\n".join(reading_order(out)))
     if args.json:

@@ -29,7 +29,8 @@ os.environ.update(
     {
         "SLUICE_ENV_FILE": "",
         # Tests that publish and then look at the queue expect every job published at once; the
-        # dispatch window (priority and fairness) is tested where it is the point (tests/test_fairness.py).
+        # dispatch window (priority and fairness) is tested where it is the point
+        # (tests/test_fairness.py).
         "SLUICE_DISPATCH_PER_THREAD": "0",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -93,7 +94,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def store_env(tmp_path, monkeypatch):
-    """Per-test settings for tests that need no server: their own data directory (and SQLite file)."""
+    """Per-test settings for tests that need no server: their own data directory (and SQLite
+    file)."""
     values = {"SLUICE_DATA_DIR": str(tmp_path / "data"), **FAST_RECOVERY}
     for key, value in values.items():
         monkeypatch.setenv(key, value)

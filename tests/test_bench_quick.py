@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-# The quick bench is about two minutes on an idle machine; a loaded one (CI) may take a few times that.
+# The quick bench is about two minutes on an idle machine; a loaded one (CI) may take a few times
+# that.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,8 @@ PEER = [
     "recall@1 / recall@10, LlamaIndex fp32",
 ]
 NO_PEER = ["Sluice fp32 / plain script fp32"]
-# Where the CPU has native bf16 (auto resolves to bf16); elsewhere the table says bf16 was not measured.
+# Where the CPU has native bf16 (auto resolves to bf16); elsewhere the table says bf16 was not
+# measured.
 BF16 = [
     "raw bf16, Sluice's embedder alone",
     "raw limit bf16 (the fastest way)",

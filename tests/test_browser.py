@@ -1,8 +1,9 @@
-"""End to end in a real browser: Debian's Chromium, driven by Playwright, against the running system.
+"""End to end in a real browser: Debian's Chromium, driven by Playwright, against the running
+system.
 
-The console starts as the Procfile starts it (``sluice serve console``) on a free port; the queue and
-cache Redis and Chroma are the test session's; the worker is a real ``huey_consumer``. Through the
-pages only: upload a text PDF and an encrypted one, see the first succeed and the second land in
+The console starts as the Procfile starts it (``sluice serve console``) on a free port; the queue
+and cache Redis and Chroma are the test session's; the worker is a real ``huey_consumer``. Through
+the pages only: upload a text PDF and an encrypted one, see the first succeed and the second land in
 dead letters with its fix hint, retry it from there (it fails again, as it must), cancel a running
 job, search for a phrase of the first, and open the hit's document with its page image.
 
@@ -144,8 +145,8 @@ def test_upload_watch_dead_letter_retry_cancel_and_search_in_a_browser(
     page.get_by_role("link", name="Upload documents").click()
     page.get_by_role("heading", name="Upload", exact=True).wait_for()
 
-    # Upload a text PDF, an encrypted PDF, three more, and a file Sluice cannot read: the browser lets
-    # every file through, and each one gets a line; the result follows its jobs live.
+    # Upload a text PDF, an encrypted PDF, three more, and a file Sluice cannot read: the browser
+    # lets every file through, and each one gets a line; the result follows its jobs live.
     files = [samples / name for name in (FIRST, LOCKED, *OTHERS)]
     slides = tmp_path / "slides.docx"
     with zipfile.ZipFile(slides, "w") as archive:  # a ZIP archive, but no Word document in it
@@ -313,8 +314,8 @@ def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(
     _text(page, "nightly index rebuild")  # the Overview says what is paused, by whom and why
     _shoot(page, "overview-paused")
 
-    # Uploads are still taken; the paused dataset's job waits (it is not even published), and its page
-    # says why.
+    # Uploads are still taken; the paused dataset's job waits (it is not even published), and its
+    # page says why.
     r = ingest_bytes(
         ctx,
         b"Lock keepers open the gates at high water. " * 40,

@@ -13,7 +13,8 @@ from tests.support.seed import seed_every_state
 
 @pytest.fixture
 def seeded(ctx):
-    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/support/seed.py)."""
+    """Jobs in every state in the default dataset: {label: [job ids]} (see
+    tests/support/seed.py)."""
     return seed_every_state(ctx)
 
 
@@ -237,8 +238,8 @@ def test_bulk_reindex_from_the_jobs_page_acts_on_every_match_not_only_the_page(c
 def test_the_bulk_preview_counts_in_the_database_and_reads_ids_only_for_its_sample(
     ctx, monkeypatch
 ):
-    """The Jobs page previews a bulk action on every refresh: it counts jobs and documents in SQL and
-    reads job ids only for the sample the cost parses, never all of them."""
+    """The Jobs page previews a bulk action on every refresh: it counts jobs and documents in SQL
+    and reads job ids only for the sample the cost parses, never all of them."""
     from sluice.ops import preview, reads
     from sluice.storage.queries import JobFilter
     from tests.support.seed import seed_jobs

@@ -70,7 +70,8 @@ def test_pending_job_deep_in_a_long_queue():
     deep = QueuePosition(True, position=None, length=250_000, scanned=10_000)
     assert _why(_row("pending"), position=deep, workers=3) == (
         "info",
-        "Waiting in the queue behind more than 10,000 other jobs (250,000 queued); 3 worker(s) alive.",
+        "Waiting in the queue behind more than 10,000 other jobs (250,000 queued); 3 worker(s) "
+        "alive.",
     )
 
 
@@ -147,9 +148,9 @@ def test_phases_split_the_event_log_into_waits_and_attempts():
 
 
 def test_drain_estimate_counts_work_left_at_the_busy_rate_not_the_idle_average():
-    # The walkthrough's case: four 150-page jobs (600 chunks each) finished in about 28 s, in a window
-    # that was otherwise idle; four more of the same size are queued. Jobs per minute over the window
-    # said "6.0 min"; the work at the busy rate says about half a minute.
+    # The walkthrough's case: four 150-page jobs (600 chunks each) finished in about 28 s, in a
+    # window that was otherwise idle; four more of the same size are queued. Jobs per minute over
+    # the window said "6.0 min"; the work at the busy rate says about half a minute.
     t0 = datetime(2026, 1, 1, 12, 0, 0)
     finished = [
         (t0 + timedelta(seconds=7 * i), t0 + timedelta(seconds=7 * (i + 1)), 600, 3_000_000)

@@ -1,6 +1,6 @@
 """The document view (AppTest): reached from a search hit and from a job, it shows the document's
-metadata, jobs and versions, its chunks in order with pages, the chosen chunk's page rendered with the
-chunk located on it, and a download of the original for operators only."""
+metadata, jobs and versions, its chunks in order with pages, the chosen chunk's page rendered with
+the chunk located on it, and a download of the original for operators only."""
 
 from urllib.parse import parse_qsl
 

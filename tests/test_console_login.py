@@ -1,4 +1,5 @@
-"""Console sign-in: constant-time password check, lockout kept by the server, read-only operators."""
+"""Console sign-in: constant-time password check, lockout kept by the server, read-only
+operators."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ READONLY = "just looking 5120"
 
 @pytest.fixture
 def seeded(ctx):
-    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/support/seed.py)."""
+    """Jobs in every state in the default dataset: {label: [job ids]} (see
+    tests/support/seed.py)."""
     return seed_every_state(ctx)
 
 
@@ -176,7 +178,8 @@ def test_oidc_people_are_read_only_unless_listed():
 
 
 def test_parallel_sign_ins_from_one_address_get_only_the_allowed_password_checks(monkeypatch):
-    """Twenty attempts at once: the check and the count happen together, so only max_failures are tried."""
+    """Twenty attempts at once: the check and the count happen together, so only max_failures are
+    tried."""
     import threading
 
     settings = load_settings(

@@ -1,4 +1,5 @@
-"""Every console page against a real database seeded with jobs in every state (AppTest, in-process)."""
+"""Every console page against a real database seeded with jobs in every state (AppTest,
+in-process)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tests.support.seed import seed_every_state
 
 @pytest.fixture
 def seeded(ctx):
-    """Jobs in every state in the default dataset: {label: [job ids]} (see tests/support/seed.py)."""
+    """Jobs in every state in the default dataset: {label: [job ids]} (see
+    tests/support/seed.py)."""
     return seed_every_state(ctx)
 
 
@@ -276,7 +278,8 @@ def test_a_new_dataset_is_created_from_the_sidebar_and_selected(ctx):
 
 def test_upload_page_reports_new_duplicate_and_refused_files(ctx, seeded):
     at = open_console("upload")
-    # the browser may not drop any file by its name: every chosen file reaches Sluice and gets a line
+    # the browser may not drop any file by its name: every chosen file reaches Sluice and gets a
+    # line
     assert list(at.get("file_uploader")[0].proto.type) == []
     duplicate = (
         b"Seeded document alpha number 0. "
@@ -341,7 +344,7 @@ def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx,
     assert f"job={seeded['superseded'][0]}" not in " ".join(links)
 
 
-def test_search_keeps_the_query_in_the_url_says_so_when_empty_spans_all_datasets_and_hides_weak_hits(
+def test_search_keeps_the_query_in_the_url_says_when_empty_spans_all_datasets_hides_weak_hits(
     ctx,
 ):
     from sluice.ops.ingest import ingest_bytes

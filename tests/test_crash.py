@@ -1,4 +1,5 @@
-"""Crashes of real huey_consumer processes: the job database brings every job to its end exactly once."""
+"""Crashes of real huey_consumer processes: the job database brings every job to its end exactly
+once."""
 
 import time
 

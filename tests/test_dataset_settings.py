@@ -92,7 +92,8 @@ def test_a_change_shows_its_cost_then_reindexes_that_dataset_and_nothing_else(
     r = ingest_bytes(ctx, text("lantern"), dataset="beta", filename="lantern.txt")
     assert job(ctx, r.job_id).pipeline_version == ctx.pipeline_version
 
-    # Unsetting goes back to the process's settings (and the old version, whose jobs are superseded now).
+    # Unsetting goes back to the process's settings (and the old version, whose jobs are superseded
+    # now).
     back = settings_changes.apply(
         ctx, "alpha", {"chunk_size": None, "chunk_overlap": None}, actor="test"
     )

@@ -1,5 +1,6 @@
-"""Deleting a document: vectors gone, blob gone unless another document shares the bytes, jobs marked
-deleted with their history kept; a running job stops; the same bytes can be uploaded again."""
+"""Deleting a document: vectors gone, blob gone unless another document shares the bytes, jobs
+marked deleted with their history kept; a running job stops; the same bytes can be uploaded
+again."""
 
 import time
 

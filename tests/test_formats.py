@@ -49,11 +49,14 @@ def make_pptx() -> bytes:
     return out.getvalue()
 
 
-HTML_PAGE = b"""<!DOCTYPE html><html><head><title>Mill</title>
+HTML_PAGE = (
+    b"""<!DOCTYPE html><html><head><title>Mill</title>
 <style>.x { color: red } body { font-family: zanzibarfont }</style>
 <script>var trackingpixel = "quokkasecret"; document.write("quokkasecret");</script></head>
-<body><h1>The old mill</h1><p>The <b>water wheel</b> of the old mill ground rye flour until 1952.</p>
+<body><h1>The old mill</h1>"""
+    b"""<p>The <b>water wheel</b> of the old mill ground rye flour until 1952.</p>
 <h2>Repairs</h2><p>Volunteers replaced the oak paddles during the summer of 2019.</p></body></html>"""
+)
 
 
 def make_epub() -> bytes:
@@ -64,7 +67,9 @@ def make_epub() -> bytes:
             "META-INF/container.xml",
             """<?xml version="1.0"?>
 <container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">
-<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/></rootfiles>
+<rootfiles>"""
+            """<rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>"""
+            """</rootfiles>
 </container>""",
         )
         book.writestr(
@@ -142,12 +147,15 @@ def test_each_new_type_is_found_by_a_phrase_and_says_where(ctx, name):
     assert "quokkasecret" not in text and "zanzibarfont" not in text and "<" not in text
 
 
-HIDDEN_PAGE = b"""<html><body><h1>Ferries</h1><p>The morning ferry leaves at seven.</p>
+HIDDEN_PAGE = (
+    b"""<html><body><h1>Ferries</h1><p>The morning ferry leaves at seven.</p>
 <div style="display:none">hiddenstyleword</div><p style="color: red; DISPLAY : None !important">
 cappedstyleword</p><span style="visibility:hidden">invisibleword</span>
-<section hidden><p>hiddenattrword<span aria-hidden="true">nestedword</span></p></section><div aria-hidden="true">ariaword</div>
+<section hidden><p>hiddenattrword<span aria-hidden="true">nestedword</span></p></section>"""
+    b"""<div aria-hidden="true">ariaword</div>
 <input type="hidden" value="inputword"><div aria-hidden="false">The evening ferry is late.</div>
 <p style="display: block">The night ferry runs on Fridays.</p></body></html>"""
+)
 
 
 def test_hidden_html_is_never_indexed():

@@ -68,7 +68,8 @@ def _repeat_range(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes
 
 
 def _damage_near(token: bytes) -> Callable[[random.Random, bytes, list[bytes]], bytes]:
-    """Garble the bytes right after a random occurrence of ``token`` (a stream, xref, trailer...)."""
+    """Garble the bytes right after a random occurrence of ``token`` (a stream, xref,
+    trailer...)."""
 
     def mutate(rng: random.Random, data: bytes, donors: list[bytes]) -> bytes:
         spots, i = [], data.find(token)

@@ -126,7 +126,7 @@ def together(target, args_list: list[tuple]) -> tuple[list, list[BaseException]]
     return results, errors
 
 
-# --- schema -------------------------------------------------------------------------------------------
+# --- schema ---------------------------------------------------------------------------------------
 
 
 def test_schema_on_a_fresh_and_on_an_existing_database(database_url):
@@ -134,7 +134,8 @@ def test_schema_on_a_fresh_and_on_an_existing_database(database_url):
     tables = set(inspect(engine).get_table_names())
     assert {"dataset", "document", "job", "job_event", "outbox"} <= tables
     job_id = new_job(engine, 1)
-    # A second process (a new engine) starts on the existing database: nothing lost, nothing doubled.
+    # A second process (a new engine) starts on the existing database: nothing lost, nothing
+    # doubled.
     dispose_engines()
     again = get_engine(database_url)
     init_schema(again)
@@ -150,7 +151,8 @@ def test_schema_on_a_fresh_and_on_an_existing_database(database_url):
 
 
 def test_an_index_a_newer_version_defines_is_made_on_an_existing_database(database_url):
-    """``create_all`` makes the indexes of new tables only; an upgraded Sluice must add its new ones."""
+    """``create_all`` makes the indexes of new tables only; an upgraded Sluice must add its new
+    ones."""
     from sqlalchemy import text
 
     engine = get_engine(database_url)
@@ -195,7 +197,7 @@ def test_several_processes_create_the_schema_at_once(database_url):
             e.dispose()
 
 
-# --- creation and claims ---------------------------------------------------------------------------------
+# --- creation and claims --------------------------------------------------------------------------
 
 
 def test_create_writes_job_outbox_and_event_and_is_idempotent(engine):
@@ -254,7 +256,7 @@ def test_racing_claims_never_double_claim(engine):
         assert seen.count("claimed") == 1 and seen.count("noop") == racers - 1
 
 
-# --- the worker's side -------------------------------------------------------------------------------------
+# --- the worker's side ----------------------------------------------------------------------------
 
 
 def test_progress_is_fenced_by_the_lease_and_reports_cancel(engine):
@@ -403,7 +405,8 @@ def test_permanent_failure_is_a_dead_letter_at_once_and_a_stale_lease_changes_no
 
 def test_a_failure_is_recorded_although_its_own_heartbeat_wrote_in_between(engine, monkeypatch):
     """The worker's heartbeat thread may write progress between fail's read and its compare-and-set
-    (a long parse reports every quarter second): the same lease's write must not lose the failure."""
+    (a long parse reports every quarter second): the same lease's write must not lose the
+    failure."""
     job_id = new_job(engine, 1)
     lease = claim(engine, job_id).job.lease
     read = jobs.get_job
@@ -521,7 +524,7 @@ def test_reaper_takes_back_only_stale_running_jobs(engine):
         jobs.progress(session=session, job_id=stale, lease=1, stage=Stage.parsing, done=1, total=1)
 
 
-# --- the outbox ------------------------------------------------------------------------------------------
+# --- the outbox -----------------------------------------------------------------------------------
 
 
 def test_outbox_publishes_in_order_and_keeps_rows_when_the_queue_is_down(engine):
@@ -584,7 +587,7 @@ def test_a_stranded_job_is_published_again(engine):
     assert unsent(engine) == 1 and kinds(engine, job_id)[-1] == "republished"
 
 
-# --- end to end ------------------------------------------------------------------------------------------
+# --- end to end -----------------------------------------------------------------------------------
 
 
 def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, samples):
@@ -619,7 +622,7 @@ def test_end_to_end_with_a_real_consumer(database_url, make_ctx, start_worker, s
         assert [e.kind for e in events(ctx, j.id)].count("claimed") == 1
 
 
-# --- what the overview counts ------------------------------------------------------------------------
+# --- what the overview counts ---------------------------------------------------------------------
 
 
 def test_throughput_buckets_are_counted_by_the_database_exactly_as_finish_times_fall(engine):

@@ -4,9 +4,9 @@
         < sluice.ops < sluice.console, sluice.cli, sluice.api < sluice.client
 
 The ground floor's modules may import each other; the other floors that share a level (storage and
-servers, the two front ends) sit side by side and never import each other. Imports are read from the source
-(every ``import`` and ``from ... import``, also those inside functions), so a lazy import cannot
-hide an upward arrow.
+servers, the two front ends) sit side by side and never import each other. Imports are read from the
+source (every ``import`` and ``from ... import``, also those inside functions), so a lazy import
+cannot hide an upward arrow.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ def test_no_generic_top_level_packages_are_installed():
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the sluice modules it imports (a ``from package import name`` that names a module is an
-    edge to that module, not to the package)."""
+    """Module -> the sluice modules it imports (a ``from package import name`` that names a module
+    is an edge to that module, not to the package)."""
     modules = {module: path for path, module in _modules()}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for module, path in modules.items():

@@ -61,7 +61,7 @@ def test_queue_redis_lost_mid_flight_with_jobs_queued(ctx, services, start_worke
         assert "republished" in [e.kind for e in events(ctx, r.job_id)]
 
 
-# --- an outage of a dependency is not the job's failure ----------------------------------------------
+# --- an outage of a dependency is not the job's failure -------------------------------------------
 
 
 def run_rounds(ctx, job_id: int, rounds: int) -> list[str]:
@@ -216,7 +216,8 @@ def test_chroma_stopped_in_the_middle_of_a_run_costs_no_attempt(ctx, services, s
 
 def test_a_claim_while_the_database_does_not_answer_waits_and_runs_the_job(make_ctx, monkeypatch):
     """The message is already off the queue when the worker claims: a job database that does not
-    answer at that moment must not cost the message (recovery would republish it only a minute later)."""
+    answer at that moment must not cost the message (recovery would republish it only a minute
+    later)."""
     from sqlalchemy.exc import OperationalError
 
     from sluice.pipeline.running.runner import run_job

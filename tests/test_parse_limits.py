@@ -265,7 +265,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_never_reruns_the_main_script(
+def test_extraction_children_fork_from_a_server_holding_pymupdf_and_never_rerun_the_main_script(
     tmp_path,
 ):
     """A child per document, without an interpreter start and a PyMuPDF import each time (about
@@ -281,22 +281,17 @@ def test_an_extraction_child_is_forked_from_a_server_that_holds_pymupdf_and_neve
     marker = tmp_path / "main-ran-again"
     script = tmp_path / "caller.py"
     script.write_text(
-        "import os, sys\n"
-        f"if __name__ != '__main__':\n    open({str(marker)!r}, 'a').write(__name__)\n"
-        "from sluice.pipeline.parsing.parse import PDF, open_document\n"
-        "if __name__ == '__main__':\n"
-        "    for _ in range(2):\n"
-        f"        parsed = open_document({str(pdf)!r}, media_type=PDF, max_pages=5)\n"
-        "        pid = parsed._child.proc.pid\n"
-        "        with open(f'/proc/{pid}/stat') as fh:\n"
-        "            parent = int(fh.read().rsplit(')', 1)[1].split()[1])\n"
-        "        with open(f'/proc/{parent}/cmdline', 'rb') as fh:\n"
-        "            server = fh.read()\n"
-        "        with open(f'/proc/{parent}/maps', 'rb') as fh:\n"
-        "            maps = fh.read()\n"
-        "        text = ' '.join(t for _, t in parsed.pages())\n"
-        "        print(parent != os.getpid(), b'forkserver' in server, b'parsing.preload' in server,\n"
-        "              b'onnxruntime' in maps or b'numpy' in maps, text, flush=True)\n"
+        f"import os, sys\nif __name__ != '__main__':\n    open({str(marker)!r}, "
+        "'a').write(__name__)\nfrom sluice.pipeline.parsing.parse import PDF, open_document\nif "
+        "__name__ == '__main__':\n    for _ in range(2):\n        parsed = "
+        f"open_document({str(pdf)!r}, media_type=PDF, max_pages=5)\n        pid = "
+        "parsed._child.proc.pid\n        with open(f'/proc/{pid}/stat') as fh:\n            "
+        "parent = int(fh.read().rsplit(')', 1)[1].split()[1])\n        with "
+        "open(f'/proc/{parent}/cmdline', 'rb') as fh:\n            server = fh.read()\n        "
+        "with open(f'/proc/{parent}/maps', 'rb') as fh:\n            maps = fh.read()\n        "
+        "text = ' '.join(t for _, t in parsed.pages())\n        print(parent != os.getpid(), "
+        "b'forkserver' in server, b'parsing.preload' in server,\n              b'onnxruntime' in "
+        "maps or b'numpy' in maps, text, flush=True)\n"
     )
     done = subprocess.run(
         [sys.executable, str(script)],
@@ -363,7 +358,8 @@ def test_a_small_text_file_is_read_in_the_worker_with_the_answers_a_child_gives(
         "big.txt"
     ]  # a large file is read by a child
 
-    # A failure that is not a refusal says what a child's death says, with the file's name, not its path.
+    # A failure that is not a refusal says what a child's death says, with the file's name, not its
+    # path.
     def broken(_request):
         raise PermissionError(13, "Permission denied", str(tmp_path / "note.txt"))
         yield

@@ -1,7 +1,7 @@
 """Files from the wild: each ends in the right class, with the right text, in the right order.
 
-Every file here is generated on the spot (tests/support/pdfmaker.py) to reproduce one symptom seen on
-real-world PDFs.
+Every file here is generated on the spot (tests/support/pdfmaker.py) to reproduce one symptom seen
+on real-world PDFs.
 """
 
 import re

@@ -85,8 +85,8 @@ def test_pausing_the_whole_queue_stops_every_dataset(database_url):
 
 
 def test_pause_and_resume_a_dataset_with_a_real_consumer(make_ctx, start_worker, capsys):
-    """A message already on the queue for a paused dataset is refused by the worker and waits; another
-    dataset runs meanwhile; `sluice resume` publishes it again and it runs."""
+    """A message already on the queue for a paused dataset is refused by the worker and waits;
+    another dataset runs meanwhile; `sluice resume` publishes it again and it runs."""
     from sluice.cli.main import main as cli
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.queueing.publishing import publish

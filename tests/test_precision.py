@@ -10,39 +10,43 @@ from sluice.pipeline.running.context import pipeline_version
 from sluice.pipeline.running.embed import cpu_has_bf16, resolve_precision
 
 PASSAGES = [
-    "The Harwick pumping station lifts about 42,000 cubic metres of water a day from the river intake to the "
-    "eastern reservoir. Two of its four pumps were rewound in the spring, and the station met its availability "
-    "target in every month but February, when ice blocked the intake screens for three days.",
-    "Ballast cleaning on the northern line moved ahead of plan: the machine worked 61 night possessions and "
-    "treated 38 track kilometres. Speed restrictions after the works were lifted within a week, and track "
-    "geometry readings improved on every section that was cleaned.",
-    "The outpatient clinic saw 18,400 patients last year. Waiting times for a first appointment fell from nine "
-    "weeks to six after the clinic added evening sessions on Tuesdays and Thursdays and moved follow-up calls "
-    "to specialist nurses.",
-    "Our billing service produced 2.3 million invoices without a missed run. The one incident of the year was "
-    "a schema migration that locked the invoice table for eleven minutes; the review added an online "
-    "migration tool and a rehearsal on a copy of production.",
-    "The grain terminal loaded 640,000 tonnes of wheat onto barges during the harvest peak. Moisture content "
-    "stayed under fourteen percent, so no lots needed drying, and the new weighbridge cut the queue of trucks "
-    "at the gate by half.",
-    "Sterilisation turnaround for surgical instrument trays averaged 4.2 hours. The unit replaced two washer "
-    "disinfectors and now tracks every tray with a barcode, which ended the disputes with theatres about "
-    "missing sets.",
-    "The signal box at Ellerby Junction routes about 420 train movements a day. Its relay interlocking dates "
-    "from 1978; the renewal plan replaces it with a computer-based interlocking controlled from the regional "
-    "operating centre in 2027.",
-    "Leakage across the network fell to 17 percent of water put into supply. The utility installed 3,100 "
-    "acoustic loggers on cast iron mains, found 860 hidden leaks, and repaired most of them within five "
-    "working days.",
-    "The search cluster indexes 90 million documents across twelve nodes. After the move to newer disks, the "
-    "95th percentile query latency dropped from 240 to 130 milliseconds, and reindexing the full corpus now "
-    "takes a single night.",
-    "Fumigation of the silo complex is planned around the export calendar. Each cell is sealed for five days; "
-    "phosphine levels are logged every hour, and no cell is opened before two clean readings in a row.",
-    "Bed occupancy on the medical wards averaged 94 percent, above the 85 percent the board considers safe. "
-    "Discharge planning now starts on the day of admission, and a discharge lounge frees beds before noon.",
-    "The deployment pipeline shipped 1,250 releases. Blue-green deploys removed the maintenance window, "
-    "and feature flags let teams switch off a faulty change in seconds instead of rolling back the release.",
+    "The Harwick pumping station lifts about 42,000 cubic metres of water a day from the river "
+    "intake to the eastern reservoir. Two of its four pumps were rewound in the spring, and the "
+    "station met its availability target in every month but February, when ice blocked the intake "
+    "screens for three days.",
+    "Ballast cleaning on the northern line moved ahead of plan: the machine worked 61 night "
+    "possessions and treated 38 track kilometres. Speed restrictions after the works were lifted "
+    "within a week, and track geometry readings improved on every section that was cleaned.",
+    "The outpatient clinic saw 18,400 patients last year. Waiting times for a first appointment "
+    "fell from nine weeks to six after the clinic added evening sessions on Tuesdays and "
+    "Thursdays and moved follow-up calls to specialist nurses.",
+    "Our billing service produced 2.3 million invoices without a missed run. The one incident of "
+    "the year was a schema migration that locked the invoice table for eleven minutes; the review "
+    "added an online migration tool and a rehearsal on a copy of production.",
+    "The grain terminal loaded 640,000 tonnes of wheat onto barges during the harvest peak. "
+    "Moisture content stayed under fourteen percent, so no lots needed drying, and the new "
+    "weighbridge cut the queue of trucks at the gate by half.",
+    "Sterilisation turnaround for surgical instrument trays averaged 4.2 hours. The unit replaced "
+    "two washer disinfectors and now tracks every tray with a barcode, which ended the disputes "
+    "with theatres about missing sets.",
+    "The signal box at Ellerby Junction routes about 420 train movements a day. Its relay "
+    "interlocking dates from 1978; the renewal plan replaces it with a computer-based "
+    "interlocking controlled from the regional operating centre in 2027.",
+    "Leakage across the network fell to 17 percent of water put into supply. The utility "
+    "installed 3,100 acoustic loggers on cast iron mains, found 860 hidden leaks, and repaired "
+    "most of them within five working days.",
+    "The search cluster indexes 90 million documents across twelve nodes. After the move to newer "
+    "disks, the 95th percentile query latency dropped from 240 to 130 milliseconds, and "
+    "reindexing the full corpus now takes a single night.",
+    "Fumigation of the silo complex is planned around the export calendar. Each cell is sealed "
+    "for five days; phosphine levels are logged every hour, and no cell is opened before two "
+    "clean readings in a row.",
+    "Bed occupancy on the medical wards averaged 94 percent, above the 85 percent the board "
+    "considers safe. Discharge planning now starts on the day of admission, and a discharge "
+    "lounge frees beds before noon.",
+    "The deployment pipeline shipped 1,250 releases. Blue-green deploys removed the maintenance "
+    "window, and feature flags let teams switch off a faulty change in seconds instead of rolling "
+    "back the release.",
 ]
 
 QUERIES = [  # (query, index of the passage that answers it)

@@ -50,7 +50,7 @@ def host_clock(monkeypatch):
     return skew
 
 
-# --- 3. one clock: the database's ----------------------------------------------------------------------
+# --- 3. one clock: the database's -----------------------------------------------------------------
 
 
 def test_a_worker_whose_clock_is_behind_is_not_reaped(engine, host_clock):
@@ -90,7 +90,7 @@ def test_a_worker_whose_clock_is_ahead_does_not_reap_live_work(engine, host_cloc
     assert get(engine, job_id).status == JobStatus.running
 
 
-# --- 2. the reaper takes back only what it saw stale ---------------------------------------------------
+# --- 2. the reaper takes back only what it saw stale ----------------------------------------------
 
 
 def make_stale(engine, job_id: int) -> None:
@@ -140,7 +140,7 @@ def test_a_job_reclaimed_between_two_reaper_steps_keeps_its_new_attempt(engine):
     assert (j.status, j.worker_id, j.lease) == (JobStatus.running, "healthy", old_lease + 1)
 
 
-# --- 4. a cancel that arrives before success wins --------------------------------------------------------
+# --- 4. a cancel that arrives before success wins -------------------------------------------------
 
 TEXT = "".join(
     f"Paragraph {i} of the survey describes the lighthouse number {i} in its own words. " * 10
@@ -175,7 +175,7 @@ def test_a_cancel_requested_after_indexing_but_before_success_wins(database_url,
     assert "succeeded" not in kinds(ctx.engine, r.job_id)
 
 
-# --- 5. search never flips back to an older version --------------------------------------------------------
+# --- 5. search never flips back to an older version -----------------------------------------------
 
 
 def version_job(engine, job_id: int, version: str) -> int:
@@ -246,7 +246,7 @@ def test_a_supersede_that_loses_its_compare_and_set_is_not_ignored(engine):
     assert get(engine, old).status == JobStatus.superseded  # not left pending, to win later
 
 
-# --- 6. two recovery loops publish a stranded job once ---------------------------------------------------
+# --- 6. two recovery loops publish a stranded job once --------------------------------------------
 
 
 def test_two_recovery_loops_that_both_find_a_stranded_job_publish_it_once(engine):
@@ -287,7 +287,7 @@ def test_a_job_publishes_through_one_waiting_outbox_row(engine):
     assert sent == [job_id]
 
 
-# --- 7. identical uploads at the same moment -----------------------------------------------------------
+# --- 7. identical uploads at the same moment ------------------------------------------------------
 
 
 def test_three_identical_uploads_at_once_all_get_the_one_job(database_url, make_ctx):
@@ -331,11 +331,12 @@ def test_an_existing_database_gets_the_columns_a_newer_sluice_added(engine):
     assert claim(engine, job_id).claimed
 
 
-# --- 1. repair never deletes what a job may claim; success is judged on the index at the end -----------
+# --- 1. repair never deletes what a job may claim; success is judged on the index at the end ------
 
 
 def half_written(ctx):
-    """A job whose first attempt wrote some of its chunks and failed (a permanent error: a dead letter)."""
+    """A job whose first attempt wrote some of its chunks and failed (a permanent error: a dead
+    letter)."""
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.running.runner import run_job
     from tests.support.helpers import ids_of_job
@@ -418,7 +419,8 @@ def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(databa
     store = ctx.vectors
 
     class SlowDelete:
-        """The delete request is under way while the operator retries and the job runs to success."""
+        """The delete request is under way while the operator retries and the job runs to
+        success."""
 
         def delete(self, name, *, ids=None, where=None):
             if ids is not None and set(written) <= set(ids):
@@ -444,7 +446,7 @@ def test_a_job_that_runs_while_the_repairs_delete_is_in_flight_is_rebuilt(databa
     assert reconcile(ctx).clean
 
 
-# --- 9. hangs that the heartbeat notices -------------------------------------------------------------------
+# --- 9. hangs that the heartbeat notices ----------------------------------------------------------
 
 
 class StuckEmbedder:
@@ -566,7 +568,7 @@ def test_a_lease_lost_during_a_stuck_call_stops_the_attempt_before_it_writes(
     assert len(ids_of_job(ctx, job_id)) == 2  # nothing written after the lease was lost
 
 
-# --- 8. an outage of the job database ----------------------------------------------------------------------
+# --- 8. an outage of the job database -------------------------------------------------------------
 
 
 def test_after_the_database_was_down_the_reaper_waits_for_live_heartbeats_then_takes_dead_jobs(

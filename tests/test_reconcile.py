@@ -342,7 +342,7 @@ def test_crash_leftovers_of_a_job_the_reaper_cancels_are_removed_by_it(ctx, star
     assert reconcile(ctx).clean
 
 
-# --- a large store ----------------------------------------------------------------------------------------
+# --- a large store --------------------------------------------------------------------------------
 
 
 def synthetic_sha(n: int) -> str:
@@ -450,7 +450,7 @@ def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
     ctx.vectors.drop_collection(name)
 
 
-# --- the console panel --------------------------------------------------------------------------------------
+# --- the console panel ----------------------------------------------------------------------------
 
 
 def test_console_integrity_panel_reports_previews_repairs_deletes_and_reindexes(make_ctx):

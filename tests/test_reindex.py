@@ -1,5 +1,5 @@
-"""Pipeline versions: reindex --all builds the new version beside the old one and switches search per
-document when its new job succeeds; searches during the switch see exactly one version of each
+"""Pipeline versions: reindex --all builds the new version beside the old one and switches search
+per document when its new job succeeds; searches during the switch see exactly one version of each
 document and never lose one; previews count documents, chunks and cache hits."""
 
 import json

@@ -1,4 +1,5 @@
-"""Every real sample PDF ends in the state the corpus table says; the worker survives all of them."""
+"""Every real sample PDF ends in the state the corpus table says; the worker survives all of
+them."""
 
 import re
 

@@ -118,9 +118,9 @@ def test_lexical_search_from_a_cold_command_line_does_not_load_the_model(ctx, ca
         k: v for k, v in os.environ.items() if k != "SLUICE_EMBEDDER"
     }  # the real model, were it loaded
     probe = (
-        "import sys, json; from sluice.cli.main import main; code = main(['search', 'HX-2231', '--mode', "
-        "'lexical', '--json']); print(json.dumps([code, sorted(m for m in ('torch', 'sentence_transformers') "
-        "if m in sys.modules)]))"
+        "import sys, json; from sluice.cli.main import main; code = main(['search', 'HX-2231', "
+        "'--mode', 'lexical', '--json']); print(json.dumps([code, sorted(m for m in ('torch', "
+        "'sentence_transformers') if m in sys.modules)]))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60

@@ -16,7 +16,8 @@ from tests.test_reconcile import indexed
 
 
 class Churn(Background):
-    """Adds and deletes chunks of a job that is not active, in the collection search reads, until told."""
+    """Adds and deletes chunks of a job that is not active, in the collection search reads, until
+    told."""
 
     def __init__(self, ctx, name: str) -> None:
         super().__init__(name="churn")

@@ -372,7 +372,8 @@ def test_uploads_still_need_the_xsrf_token(ctx, console):
 
 
 def test_a_sign_in_survives_the_browser_reconnecting_with_a_remasked_cookie(ctx, console):
-    """Streamlit re-masks its XSRF cookie on every response; the sign-in is tied to the token inside."""
+    """Streamlit re-masks its XSRF cookie on every response; the sign-in is tied to the token
+    inside."""
     import httpx
 
     proc = console(launcher="sluice", SLUICE_CONSOLE_PASSWORD=PASSWORD)
@@ -382,7 +383,8 @@ def test_a_sign_in_survives_the_browser_reconnecting_with_a_remasked_cookie(ctx,
     field, button = page.widget_id("text_input", "Password"), page.widget_id("button", "Sign in")
     sock.run(widgets=[text(field, PASSWORD), trigger(button)])
     assert "Overview" in sock.run().text
-    sock.close()  # the network blips; the page polls the health endpoint, which sets the cookie again
+    # the network blips; the page polls the health endpoint, which sets the cookie again
+    sock.close()
     r = httpx.get(
         f"http://127.0.0.1:{proc.port}/_stcore/health",
         headers={"Cookie": f"_streamlit_xsrf={first}"},

@@ -1,4 +1,5 @@
-"""Security of the queue: messages are data, and a queue or cache Redis off loopback needs a password.
+"""Security of the queue: messages are data, and a queue or cache Redis off loopback needs a
+password.
 
 Each test attacks the real process: a pickle pushed with a plain Redis client onto the queue a real
 huey_consumer reads, the queue lookups the console and ``sluice recover`` make, and ``sluice serve``

@@ -55,7 +55,8 @@ def test_a_read_only_operator_sees_no_webhook_secret_nor_the_endpoints_answer(ct
 def test_a_read_only_operator_cannot_make_the_console_parse_for_a_cost_count(make_ctx, monkeypatch):
     """Suspected in issue 26, confirmed: the bulk "count the embedding cost" toggle parsed a sample
     of documents in the console on every refresh, for a read-only operator too. The Jobs page,
-    signed in read-only, with the toggle's value sent anyway (a disabled widget is only drawn so)."""
+    signed in read-only, with the toggle's value sent anyway (a disabled widget is only drawn
+    so)."""
     from sluice.ops import reads
     from tests.support.apptest import assert_ok, open_console
     from tests.support.seed import seed_every_state

@@ -100,7 +100,8 @@ def test_redis_off_loopback_without_a_password_refuses_to_start(base_env, tmp_pa
             except redis.RedisError as exc:
                 answer = f"{type(exc).__name__}: {str(exc)[:60]}"
             pytest.fail(
-                f"the {role} Redis started on {host} with no password (CONFIG GET from there: {answer})"
+                f"the {role} Redis started on {host} with no password (CONFIG GET from there: "
+                f"{answer})"
             )
         assert code == 2
         assert (
@@ -160,7 +161,8 @@ def test_chroma_off_loopback_refuses_to_start(base_env, tmp_path, scheme):
                 timeout=10,
             )
             pytest.fail(
-                f"chroma listens on {host} and answered an anonymous request: {r.status_code} {r.text}"
+                f"chroma listens on {host} and answered an anonymous request: {r.status_code} "
+                f"{r.text}"
             )
         assert code == 2 and "SLUICE_CHROMA_URL" in proc.output()
         assert scheme == "http" or "checks no token" in proc.output()
@@ -508,8 +510,8 @@ def _attacked_as_nobody(role: str, proc: ManagedProcess, url: str, data: Path) -
 def test_another_local_user_gets_nothing_from_either_loopback_redis(
     base_env, services, tmp_path, binary
 ):
-    """`nobody` connects to the queue and cache Redis that `sluice serve` started on loopback with no
-    password in their URLs: every command is refused (NOAUTH, or unknown: renamed away), the
+    """`nobody` connects to the queue and cache Redis that `sluice serve` started on loopback with
+    no password in their URLs: every command is refused (NOAUTH, or unknown: renamed away), the
     generated passwords are unreadable to it, and a real worker that reads them from the data
     directory still runs a job end to end."""
     from tests.support.servers import Consumer

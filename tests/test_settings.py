@@ -1,5 +1,5 @@
-"""Settings: validated at the start of every process, errors name the variable, secrets never logged,
-and .env.example lists exactly the variables the settings object reads."""
+"""Settings: validated at the start of every process, errors name the variable, secrets never
+logged, and .env.example lists exactly the variables the settings object reads."""
 
 from __future__ import annotations
 
@@ -205,7 +205,8 @@ def test_console_refuses_to_start_naming_the_variable(clean_env, capsys):
 
 
 def test_worker_refuses_to_start_naming_the_variable(clean_env, tmp_path):
-    """huey_consumer imports sluice.pipeline.queueing.worker, which validates the settings: a bad value stops it."""
+    """huey_consumer imports sluice.pipeline.queueing.worker, which validates the settings: a bad
+    value stops it."""
     env = {**os.environ, "SLUICE_CHUNK_SIZE": "7", "SLUICE_CONSOLE_PASSWORD": SECRET}
     consumer = Consumer(env, tmp_path / "worker.log", workers=1)
     consumer.start()

@@ -78,7 +78,7 @@ def stored(ctx) -> dict[str, int]:
 NOTHING = {"files": 0, "Document": 0, "Job": 0, "Outbox": 0, "JobEvent": 0}
 
 
-# --- refused at upload -----------------------------------------------------------------------------
+# --- refused at upload ----------------------------------------------------------------------------
 
 
 BAD_TYPES = [
@@ -175,7 +175,7 @@ def test_an_upload_at_the_limit_is_accepted(make_ctx):
     assert ingest_bytes(ctx, data, dataset="default", filename="exact.pdf").accepted
 
 
-# --- names -------------------------------------------------------------------------------------------
+# --- names ----------------------------------------------------------------------------------------
 
 
 NAMES = [
@@ -222,7 +222,7 @@ def test_the_blob_path_comes_from_the_hash_never_from_the_name(ctx):
     assert others == []
 
 
-# --- refused in the worker: page, chunk and time limits ---------------------------------------------
+# --- refused in the worker: page, chunk and time limits -------------------------------------------
 
 
 def _run_refused(ctx, data: bytes, name: str) -> Job:

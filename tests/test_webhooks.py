@@ -35,8 +35,8 @@ SECRET = "test-webhook-secret-9f1c-of-32-bytes-or-more"
 
 class Receiver:
     """A webhook endpoint on loopback: records each request, answers with ``status`` (after holding
-    it until ``release`` is set, when ``hold`` is on); ``stop()`` makes it down, ``start()`` up again
-    on the same port."""
+    it until ``release`` is set, when ``hold`` is on); ``stop()`` makes it down, ``start()`` up
+    again on the same port."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_loopback_port()
@@ -306,7 +306,7 @@ def test_no_endpoint_no_rows(database_url):
     assert deliveries(engine) == []
 
 
-# --- delivery --------------------------------------------------------------------------------------
+# --- delivery -------------------------------------------------------------------------------------
 
 
 def test_delivered_signed_once_and_a_replay_is_refused(hooked, receivers):
@@ -553,7 +553,7 @@ def test_retention_prunes_finished_deliveries_only(hooked, receivers):
     ]  # still being tried
 
 
-# --- settings ---------------------------------------------------------------------------------------
+# --- settings -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -603,7 +603,7 @@ def test_webhook_settings_parse_a_comma_list(store_env, monkeypatch):
     )
 
 
-# --- from a real worker ------------------------------------------------------------------------------
+# --- from a real worker ---------------------------------------------------------------------------
 
 
 def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, receivers):

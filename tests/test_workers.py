@@ -93,7 +93,7 @@ def test_three_process_consumers_run_each_of_30_jobs_once(database_url, make_ctx
     )
 
 
-# --- a queue Redis with a password ----------------------------------------------------------------------
+# --- a queue Redis with a password ----------------------------------------------------------------
 
 
 PASSWORD = "queue-Secret-4711"
@@ -101,7 +101,8 @@ PASSWORD = "queue-Secret-4711"
 
 @pytest.fixture
 def locked_queue(tmp_path):
-    """A queue Redis started by sluice.servers.processes.redis_argv from a URL that carries a password."""
+    """A queue Redis started by sluice.servers.processes.redis_argv from a URL that carries a
+    password."""
     port = free_port()
     url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
     server = ManagedProcess(
