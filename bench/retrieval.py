@@ -1,6 +1,7 @@
 """Retrieval quality and search latency: dense only, lexical only and hybrid, on known answers.
 
-    python -m bench.retrieval          the full run (a few minutes), writes its part of BENCHMARKS.md
+    python -m bench.retrieval          the full run (a few minutes), writes its part of
+                                       BENCHMARKS.md
     python -m bench.retrieval --quick  a small version
     python -m bench.retrieval --out X  write the table to X instead
 

@@ -55,7 +55,8 @@ HTML_PAGE = (
 <script>var trackingpixel = "quokkasecret"; document.write("quokkasecret");</script></head>
 <body><h1>The old mill</h1>"""
     b"""<p>The <b>water wheel</b> of the old mill ground rye flour until 1952.</p>
-<h2>Repairs</h2><p>Volunteers replaced the oak paddles during the summer of 2019.</p></body></html>"""
+<h2>Repairs</h2><p>Volunteers replaced the oak paddles during the summer of 2019.</p>"""
+    b"""</body></html>"""
 )
 
 
@@ -68,7 +69,8 @@ def make_epub() -> bytes:
             """<?xml version="1.0"?>
 <container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">
 <rootfiles>"""
-            """<rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>"""
+            """<rootfile full-path="OEBPS/content.opf" """
+            """media-type="application/oebps-package+xml"/>"""
             """</rootfiles>
 </container>""",
         )
