@@ -1,6 +1,6 @@
 """PDFs from real producers, and the class Sluice gives each against what PyMuPDF alone says.
 
-    python bench/wild_corpus.py [--dir DIR] [--before REF] [--keep]
+    python -m bench.wild_corpus [--dir DIR] [--before REF] [--keep]
 
 Makes about 60 PDFs with the producers people actually use — Chromium's print to PDF, LibreOffice
 in headless mode, Ghostscript (pdfwrite, and pdfimage24 for scan-like files), reportlab, PyMuPDF,
@@ -29,8 +29,6 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 BEFORE = "756a883"  # the main branch before files from the wild were handled
 
 EN = [
