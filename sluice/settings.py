@@ -28,7 +28,8 @@ SECRET_QUERY_KEYS = {"password", "passwd", "token"}
 
 
 def is_loopback(host: str | None) -> bool:
-    """True for localhost and any address of 127.0.0.0/8 or ::1; False for 0.0.0.0 and every other."""
+    """True for localhost and any address of 127.0.0.0/8 or ::1; False for 0.0.0.0 and every
+    other."""
     if not host:
         return False
     host = host.strip("[]").lower()
@@ -41,7 +42,8 @@ def is_loopback(host: str | None) -> bool:
 
 
 def url_password(url: str) -> str | None:
-    """The password of a Redis or database URL, from ``user:password@`` or a ``?password=`` query."""
+    """The password of a Redis or database URL, from ``user:password@`` or a ``?password=``
+    query."""
     parts = urlsplit(url)
     if parts.password:
         return unquote(parts.password)
@@ -139,9 +141,10 @@ class Settings(BaseSettings):
     )
     recovery_interval_seconds: float = Field(5.0, gt=0)
     redeliver_after_seconds: float = Field(60.0, gt=0)
-    # Messages the dispatcher keeps on the queue (published, not yet claimed) per worker thread alive.
-    # What waits beyond stays in the outbox, where priority and fairness across datasets choose what
-    # goes next. 0 = no window: every due job is published at once (first in, first out).
+    # Messages the dispatcher keeps on the queue (published, not yet claimed) per worker thread
+    # alive. What waits beyond stays in the outbox, where priority and fairness across datasets
+    # choose what goes next. 0 = no window: every due job is published at once (first in, first
+    # out).
     dispatch_per_thread: int = Field(2, ge=0, description="0 = publish everything at once")
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
     retention_days: int = Field(30, ge=0, description="0 = keep everything")
@@ -179,12 +182,13 @@ class Settings(BaseSettings):
     metrics_port: int = Field(9464, ge=1, le=65535)
     # A scraper sends it as "Authorization: Bearer <token>"; required beyond loopback.
     metrics_token: SecretStr | None = None
-    # Host names /metrics is reached by besides loopback and SLUICE_METRICS_ADDRESS (comma-separated;
-    # "*" accepts any, and gives up the DNS-rebinding protection).
+    # Host names /metrics is reached by besides loopback and SLUICE_METRICS_ADDRESS
+    # (comma-separated; "*" accepts any, and gives up the DNS-rebinding protection).
     metrics_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
-    # The HTTP API (``sluice serve api``): where it listens, the names it answers at besides loopback
-    # and SLUICE_API_ADDRESS (comma-separated; "*" accepts any), and each key's requests per minute.
+    # The HTTP API (``sluice serve api``): where it listens, the names it answers at besides
+    # loopback and SLUICE_API_ADDRESS (comma-separated; "*" accepts any), and each key's requests
+    # per minute.
     api_address: str = "127.0.0.1"
     api_port: int = Field(8700, ge=1, le=65535)
     api_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -192,7 +196,8 @@ class Settings(BaseSettings):
     # A comment on a quiet event stream this often, so that proxies do not close it.
     api_keepalive_seconds: float = Field(15.0, gt=0, le=3600)
 
-    # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is cancelled.
+    # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is
+    # cancelled.
     webhook_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     webhook_secret: SecretStr | None = None
     webhook_timeout_seconds: float = Field(5.0, gt=0, le=60)
@@ -202,8 +207,8 @@ class Settings(BaseSettings):
     console_readonly_password: SecretStr | None = None
     login_max_failures: int = Field(5, ge=1)
     login_lockout_seconds: float = Field(30.0, ge=0)
-    # Host names the console is reached by besides loopback and SLUICE_CONSOLE_ADDRESS (comma-separated;
-    # "*" accepts any, and gives up the DNS-rebinding protection).
+    # Host names the console is reached by besides loopback and SLUICE_CONSOLE_ADDRESS
+    # (comma-separated; "*" accepts any, and gives up the DNS-rebinding protection).
     console_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Proxies whose X-Forwarded-For is believed (comma-separated addresses or networks).
     console_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -244,7 +249,8 @@ class Settings(BaseSettings):
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(
-                    f"{redact_url(url)!r} is not an http(s):// URL (e.g. https://hooks.example/sluice)"
+                    f"{redact_url(url)!r} is not an http(s):// URL (e.g. "
+                    "https://hooks.example/sluice)"
                 )
         return list(dict.fromkeys(v))
 
@@ -285,20 +291,21 @@ class Settings(BaseSettings):
         if not is_loopback(chroma.hostname):
             if self.chroma_token is None:
                 raise ValueError(
-                    f"SLUICE_CHROMA_URL points at {chroma.hostname}, beyond this machine, but SLUICE_CHROMA_TOKEN "
-                    "is not set: a Chroma server off loopback must require a token (docs/security.md)"
+                    f"SLUICE_CHROMA_URL points at {chroma.hostname}, beyond this machine, but "
+                    "SLUICE_CHROMA_TOKEN is not set: a Chroma server off loopback must require a "
+                    "token (docs/security.md)"
                 )
             if chroma.scheme != "https":
                 raise ValueError(
-                    f"SLUICE_CHROMA_URL is plain http:// to {chroma.hostname}: SLUICE_CHROMA_TOKEN would travel "
-                    "in clear; use https:// (a TLS proxy in front of Chroma)"
+                    f"SLUICE_CHROMA_URL is plain http:// to {chroma.hostname}: SLUICE_CHROMA_TOKEN "
+                    "would travel in clear; use https:// (a TLS proxy in front of Chroma)"
                 )
         if self.blob_store == "s3":
             _check_s3(self)
         if self.webhook_urls and self.webhook_secret is None:
             raise ValueError(
-                "SLUICE_WEBHOOK_URLS is set but SLUICE_WEBHOOK_SECRET is not: every event is signed "
-                "with it (set a long random value and give it to the receivers)"
+                "SLUICE_WEBHOOK_URLS is set but SLUICE_WEBHOOK_SECRET is not: every event is "
+                "signed with it (set a long random value and give it to the receivers)"
             )
         for name in (
             "console_password",
@@ -316,7 +323,8 @@ class Settings(BaseSettings):
         return self
 
     def __repr_args__(self):
-        """repr() and str() show URLs with their passwords masked (SecretStr fields mask themselves)."""
+        """repr() and str() show URLs with their passwords masked (SecretStr fields mask
+        themselves)."""
         for name, value in super().__repr_args__():
             if name and name.endswith("_urls") and isinstance(value, list):
                 value = [redact_url(url) for url in value]
@@ -347,13 +355,15 @@ class Settings(BaseSettings):
 
     @property
     def login_required(self) -> bool:
-        """Whether even a connection straight from this machine signs in (sluice.ops.gate decides)."""
+        """Whether even a connection straight from this machine signs in (sluice.ops.gate
+        decides)."""
         return self.console_sign_in == "always" or (
             self.console_sign_in == "auto" and self.console_password is not None
         )
 
     def redis_password(self, role: RedisRole) -> str:
-        """The password every client of the queue or cache Redis sends (see resolve_redis_password)."""
+        """The password every client of the queue or cache Redis sends (see
+        resolve_redis_password)."""
         url = self.queue_redis_url if role == "queue" else self.cache_redis_url
         return resolve_redis_password(url, self.data_dir, role)
 
@@ -424,7 +434,8 @@ def _check_webhooks(s: Settings) -> None:
     if secret is not None and len(secret.encode("utf-8")) < WEBHOOK_SECRET_MIN_BYTES:
         raise ValueError(
             f"SLUICE_WEBHOOK_SECRET is {len(secret.encode('utf-8'))} bytes; it needs at least "
-            f"{WEBHOOK_SECRET_MIN_BYTES} (e.g. python -c 'import secrets; print(secrets.token_hex(32))')"
+            f"{WEBHOOK_SECRET_MIN_BYTES} (e.g. python -c 'import secrets; "
+            "print(secrets.token_hex(32))')"
         )
     for url in s.webhook_urls:
         parts = urlsplit(url)

@@ -268,7 +268,8 @@ def test_idempotency_key_replays_refuses_another_body(api):
 
 def test_two_requests_with_one_idempotency_key_at_once_make_one_job(database_url, sluice_env):
     """Both requests find no record and stop at the same point before adding theirs (forced by a
-    barrier at the fault point); one adds it, the other is told the first is in flight or replays it."""
+    barrier at the fault point); one adds it, the other is told the first is in flight or replays
+    it."""
     token = make_key("app", datasets=None, scope="ingest")
     meet = threading.Barrier(2, timeout=20)
     answers: list[httpx.Response] = []
@@ -296,14 +297,15 @@ def test_two_requests_with_one_idempotency_key_at_once_make_one_job(database_url
 def _send_chunked_until_refused(
     url: str, path: str, token: str, chunk: bytes, most: int
 ) -> tuple[bytes, int]:
-    """Stream a chunked multipart body chunk by chunk; stop as soon as an answer arrives. Returns the
-    answer and how many bytes had been sent by then."""
+    """Stream a chunked multipart body chunk by chunk; stop as soon as an answer arrives. Returns
+    the answer and how many bytes had been sent by then."""
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
     boundary = "b0undary"
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: multipart/form-data; boundary={boundary}\r\nTransfer-Encoding: chunked\r\n\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer "
+        f"{token}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\nTransfer-Encoding: "
+        "chunked\r\n\r\n"
     )
     sock.sendall(head.encode())
     part = (

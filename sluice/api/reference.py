@@ -15,10 +15,11 @@ The document itself: <a href="/openapi.json">/openapi.json</a>.</p></header>
 <main id="ops"></main><script src="/reference.js"></script></body></html>
 """
 
-STYLE = """body{font:15px/1.5 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:1rem;color:#222}
+STYLE = """body{font:15px/1.5 system-ui,sans-serif;margin:0 auto;max-width:60rem;padding:1rem;
+color:#222}
 code,pre{font-family:ui-monospace,monospace;font-size:13px}pre{background:#f5f5f5;padding:.5rem;
-overflow:auto}section{border-top:1px solid #ddd;padding:.5rem 0}.m{display:inline-block;width:4.5rem;
-font-weight:700}.get{color:#07c}.post{color:#080}.delete{color:#c00}table{border-collapse:collapse}
+overflow:auto}section{border-top:1px solid #ddd;padding:.5rem 0}
+.m{display:inline-block;width:4.5rem;font-weight:700}.get{color:#07c}.post{color:#080}.delete{color:#c00}table{border-collapse:collapse}
 td,th{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 """
 
@@ -36,7 +37,9 @@ SCRIPT = r"""(function () {
   }
   function params(op) {
     var t = el("table"), h = el("tr");
-    ["name", "in", "type", "required", "description"].forEach(function (c) { h.appendChild(el("th", c)); });
+    ["name", "in", "type", "required", "description"].forEach(function (c) {
+      h.appendChild(el("th", c));
+    });
     t.appendChild(h);
     (op.parameters || []).forEach(function (p) {
       var r = el("tr"), s = p.schema || {};

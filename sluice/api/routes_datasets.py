@@ -1,4 +1,5 @@
-"""``/v1/datasets``: the key's datasets with their counts; making one (a manage key of every dataset)."""
+"""``/v1/datasets``: the key's datasets with their counts; making one (a manage key of every
+dataset)."""
 
 from __future__ import annotations
 

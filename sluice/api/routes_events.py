@@ -2,8 +2,8 @@
 
 Each event's ``id`` is its job event id; a client that reconnects with ``Last-Event-ID`` (or
 ``?last_event_id=``) gets every later event once, in order, from whichever API process it reaches.
-``Last-Event-ID: 0`` replays from the oldest event kept; without one the stream starts now. A comment
-every ``SLUICE_API_KEEPALIVE_SECONDS`` (15) keeps proxies from closing a quiet stream.
+``Last-Event-ID: 0`` replays from the oldest event kept; without one the stream starts now. A
+comment every ``SLUICE_API_KEEPALIVE_SECONDS`` (15) keeps proxies from closing a quiet stream.
 """
 
 from __future__ import annotations

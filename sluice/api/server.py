@@ -1,4 +1,5 @@
-"""The FastAPI application, and ``sluice serve api`` (uvicorn on SLUICE_API_ADDRESS:SLUICE_API_PORT)."""
+"""The FastAPI application, and ``sluice serve api`` (uvicorn on
+SLUICE_API_ADDRESS:SLUICE_API_PORT)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""API keys: made here (the secret shown once), checked here (in constant time), and the rule of what
-a key may do: its scope (read < ingest < manage) and its reach (some datasets, or all of them).
+"""API keys: made here (the secret shown once), checked here (in constant time), and the rule of
+what a key may do: its scope (read < ingest < manage) and its reach (some datasets, or all of them).
 
 A token is ``sluice_<lookup>_<secret>``: the lookup id finds the row, the whole token's sha256 is
 compared with the stored one by ``hmac.compare_digest``. A secret has 256 random bits, so a plain
@@ -110,7 +110,8 @@ def create_key(
         raise KeyRefused(str(exc)) from None
     if not KEY_NAME.match(name or ""):
         raise KeyRefused(
-            "A key name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit."
+            "A key name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit."
         )
     if scope not in SCOPES:
         raise KeyRefused(f"scope {scope!r}: one of {', '.join(SCOPES)}")

@@ -1,4 +1,5 @@
-"""Prometheus metrics, read from the job database and the queue at scrape time (``sluice serve metrics``).
+"""Prometheus metrics, read from the job database and the queue at scrape time (``sluice serve
+metrics``).
 
 The job database is the source of truth, so the exporter keeps no state of its own: every scrape
 reads counts (cheap, indexed, grouped in SQL) and turns them into metric families. Counters are
@@ -6,19 +7,21 @@ totals over the jobs the database keeps (``sluice prune`` removing old rows can 
 Prometheus treats as a counter reset). Durations and failures come from the audit log (JobEvent),
 which the exporter follows from where it left off, so a scrape reads only what is new.
 
-    sluice_jobs{dataset,status}                       gauge      jobs by state
-    sluice_queue_messages{state}                      gauge      queued / scheduled messages in the queue Redis
-    sluice_oldest_pending_job_age_seconds             gauge      how long the oldest pending job has waited
-    sluice_job_duration_seconds                       histogram  last attempt of each succeeded job
-    sluice_stage_duration_seconds{stage}              histogram  time per stage of succeeded jobs
-    sluice_chunks_embedded_total                      counter    chunks the model encoded
-    sluice_chunks_from_cache_total                    counter    chunks the embedding cache served
-    sluice_embedding_cache_hit_ratio                  gauge      from cache / (embedded + from cache)
-    sluice_job_failures_total{kind,code}              counter    failed attempts by error kind and code
-    sluice_workers_alive, sluice_worker_threads       gauge      consumer processes and their threads
-    sluice_up{service}                                gauge      1 when queue / database answered this scrape
-    sluice_index_unreachable_chunks{dataset}          gauge      sampled chunks their own vector missed
-    sluice_index_sampled_chunks{dataset}, sluice_index_recall{dataset}  the last reconcile's index audit
+    sluice_jobs{dataset,status}               gauge      jobs by state
+    sluice_queue_messages{state}              gauge      queued / scheduled, in the queue Redis
+    sluice_oldest_pending_job_age_seconds     gauge      how long the oldest pending job has waited
+    sluice_job_duration_seconds               histogram  last attempt of each succeeded job
+    sluice_stage_duration_seconds{stage}      histogram  time per stage of succeeded jobs
+    sluice_chunks_embedded_total              counter    chunks the model encoded
+    sluice_chunks_from_cache_total            counter    chunks the embedding cache served
+    sluice_embedding_cache_hit_ratio          gauge      from cache / (embedded + from cache)
+    sluice_job_failures_total{kind,code}      counter    failed attempts by error kind and code
+    sluice_workers_alive,
+    sluice_worker_threads                     gauge      consumer processes and their threads
+    sluice_up{service}                        gauge      1 when the service answered this scrape
+    sluice_index_unreachable_chunks{dataset}  gauge      sampled chunks their own vector missed
+    sluice_index_sampled_chunks{dataset},
+    sluice_index_recall{dataset}                         the last reconcile's index audit
 
 The server answers only at its own names (the console's Host and Origin rule, with
 SLUICE_METRICS_ADDRESS and SLUICE_METRICS_HOSTS: a page that rebinds its DNS name to this machine is
@@ -235,7 +238,8 @@ def _index_families() -> Iterable[Metric]:
 
 
 def _queue_families(up: GaugeMetricFamily) -> Iterable[Metric]:
-    """Messages, live workers and their threads, from the queue Redis (``up`` says if it answered)."""
+    """Messages, live workers and their threads, from the queue Redis (``up`` says if it
+    answered)."""
     messages = GaugeMetricFamily(
         "sluice_queue_messages", "Messages in the queue Redis", labels=["state"]
     )

@@ -1,4 +1,5 @@
-"""``sluice serve chroma``: the Chroma server behind a small gate that checks the Host and the token.
+"""``sluice serve chroma``: the Chroma server behind a small gate that checks the Host and the
+token.
 
 ``chroma run`` (1.5.9) answers any request: it checks no token and no Host header, so a web page
 that rebinds its DNS name to 127.0.0.1 could read every chunk. The gate listens where
@@ -175,7 +176,8 @@ def serve(settings: Settings) -> int:
             allowed_hosts=LOOPBACK_NAMES | {host.lower()},
         )
         print(
-            f"sluice: Chroma at http://{host}:{port} ({'token required' if token else 'loopback Host only'})",
+            f"sluice: Chroma at http://{host}:{port} "
+            f"({'token required' if token else 'loopback Host only'})",
             file=sys.stderr,
             flush=True,
         )
@@ -198,7 +200,8 @@ def serve(settings: Settings) -> int:
 
 
 def _die_with_parent() -> None:
-    """Linux: the inner Chroma gets SIGTERM if this process dies, even by SIGKILL (no orphan on the data)."""
+    """Linux: the inner Chroma gets SIGTERM if this process dies, even by SIGKILL (no orphan on the
+    data)."""
     try:
         import ctypes
         import signal

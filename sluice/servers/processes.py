@@ -92,9 +92,10 @@ def redis_argv(role: str, *, url: str, data_dir: Path, maxmemory: str = "256mb")
     if not is_loopback(host) and not url_password(url):
         var = f"SLUICE_{role.upper()}_REDIS_URL"
         raise SettingsError(
-            f"{var} makes the {role} Redis listen on {host}, beyond this machine, without a password: anyone "
-            f"who reaches port {port} could read and write it. Put a password in the URL "
-            f"(redis://:PASSWORD@{host}:{port}/0, the same on every host) or listen on 127.0.0.1."
+            f"{var} makes the {role} Redis listen on {host}, beyond this machine, without a "
+            f"password: anyone who reaches port {port} could read and write it. Put a password in "
+            f"the URL (redis://:PASSWORD@{host}:{port}/0, the same on every host) or listen on "
+            "127.0.0.1."
         )
     workdir = private_dir(Path(data_dir) / f"redis-{role}")
     password = resolve_redis_password(url, data_dir, role)
@@ -135,9 +136,10 @@ def chroma_argv(*, url: str, path: Path) -> list[str]:
     host = parts.hostname or "127.0.0.1"
     if not is_loopback(host):
         raise SettingsError(
-            f"SLUICE_CHROMA_URL makes Chroma listen on {host}, beyond this machine, but `chroma run` checks no "
-            "token and would hand every chunk to anyone who reaches it. Serve it on 127.0.0.1 and put a TLS "
-            "proxy that requires SLUICE_CHROMA_TOKEN in front of it for other hosts (docs/security.md)."
+            f"SLUICE_CHROMA_URL makes Chroma listen on {host}, beyond this machine, but `chroma "
+            "run` checks no token and would hand every chunk to anyone who reaches it. Serve it "
+            "on 127.0.0.1 and put a TLS proxy that requires SLUICE_CHROMA_TOKEN in front of it "
+            "for other hosts (docs/security.md)."
         )
     exe = shutil.which("chroma") or str(Path(sys.executable).with_name("chroma"))
     return [

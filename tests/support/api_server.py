@@ -1,6 +1,6 @@
-"""The HTTP API for tests: a real ``sluice serve api`` process (uvicorn) on a free port with the test's
-settings, or the same app under uvicorn in a thread of the test (where ``faults.hook`` must reach
-it); and keys made through sluice.ops.keys, as ``sluice keys create`` makes them."""
+"""The HTTP API for tests: a real ``sluice serve api`` process (uvicorn) on a free port with the
+test's settings, or the same app under uvicorn in a thread of the test (where ``faults.hook`` must
+reach it); and keys made through sluice.ops.keys, as ``sluice keys create`` makes them."""
 
 from __future__ import annotations
 

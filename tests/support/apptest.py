@@ -19,7 +19,8 @@ APP = Path(__file__).resolve().parents[2] / "sluice" / "console" / "app.py"
 def open_console(
     page: str | None = None, *, query: dict | None = None, timeout: float = 60
 ) -> AppTest:
-    """The console on ``page`` (``"jobs"`` = views/jobs_page.py), after a first run of the entry point."""
+    """The console on ``page`` (``"jobs"`` = views/jobs_page.py), after a first run of the entry
+    point."""
     st_config.set_option("client.showErrorDetails", "full")
     at = AppTest.from_file(str(APP), default_timeout=timeout)
     for key, value in (query or {}).items():

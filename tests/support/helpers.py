@@ -38,7 +38,8 @@ def events(ctx, job_id: int, *, progress: bool = False) -> list[JobEvent]:
 
 
 def wait_for(ctx, job_ids, statuses=FINAL, timeout: float = 60.0) -> list[Job]:
-    """Wait until every job is in one of ``statuses``; fail with their states if it takes too long."""
+    """Wait until every job is in one of ``statuses``; fail with their states if it takes too
+    long."""
     statuses = {getattr(s, "value", s) for s in statuses}
     deadline = time.monotonic() + timeout
     while True:
@@ -93,7 +94,8 @@ def ids_of_job(ctx, job_id: int, dataset: str = "default") -> list[str]:
 
 
 def until(predicate, *, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``predicate`` until it returns something truthy; fail saying ``what`` after ``timeout``."""
+    """Poll ``predicate`` until it returns something truthy; fail saying ``what`` after
+    ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -134,8 +134,8 @@ def xfa_form() -> bytes:
     page.insert_textbox(
         pymupdf.Rect(72, 72, 540, 300),
         (
-            "Please wait...\n\nIf this message is not eventually replaced by the proper contents of the document, "
-            "your PDF viewer may not be able to display this type of document."
+            "Please wait...\n\nIf this message is not eventually replaced by the proper contents "
+            "of the document, your PDF viewer may not be able to display this type of document."
         ),
         fontsize=11,
     )

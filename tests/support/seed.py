@@ -35,7 +35,8 @@ FAILURES = [
         ErrorKind.user_action_required,
         "no_text_layer",
         "the file has no extractable text (scanned images only)",
-        "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload again.",
+        "The file has no text layer; it needs OCR. Run it through OCR (e.g. ocrmypdf) and upload "
+        "again.",
     ),
     (
         ErrorKind.permanent,
@@ -94,7 +95,8 @@ def _fail(ctx, job: Job, failure, *, delay: float = 600) -> None:
 
 
 def _fail_for_good(ctx, job_id: int, failure) -> None:
-    """Attempts until the job is failed: one for a final kind, the whole budget for a transient one."""
+    """Attempts until the job is failed: one for a final kind, the whole budget for a transient
+    one."""
     while True:
         job = _claim(ctx, job_id)
         _fail(ctx, job, failure, delay=0.001)
@@ -180,7 +182,7 @@ def seed_every_state(
     return out
 
 
-# --- bulk, for scale ---------------------------------------------------------------------------------------
+# --- bulk, for scale ------------------------------------------------------------------------------
 
 MIX = [  # status, weight
     (JobStatus.succeeded, 80),
