@@ -70,9 +70,11 @@ test-unit: setup
 test-fast: setup ocr
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
-## lint: ruff's checks
+## lint: ruff's checks, ruff's format check and mypy (CI runs it before the tests)
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 ## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness, the HTTP API): about 23 minutes
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
