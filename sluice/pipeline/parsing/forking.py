@@ -2,7 +2,7 @@
 document), their fork server, and the environment every parsing child gets.
 
 Kept apart and light (only the standard library): a child unpickles its Process object, which
-imports this module, and the fork server has it imported already (``extract_preload``).
+imports this module, and the fork server has it imported already (``parsing.preload``).
 
 A child parses hostile bytes, so it gets only what parsing needs (``child_env``): none of Sluice's
 settings or secrets (the console password, the webhook secret, the Chroma token, the database URL
