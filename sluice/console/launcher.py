@@ -6,8 +6,10 @@ The launcher wraps the function that builds Streamlit's Starlette application, s
 outside every route Streamlit has (the page, ``/_stcore/*``, ``/static/*``, ``/media/*``,
 components), and then hands over to Streamlit's command line unchanged:
 
-- ``X-Frame-Options: DENY`` and ``Content-Security-Policy: frame-ancestors 'none'`` on every
-  answer, so no other site can show the console in a frame (clickjacking);
+- ``X-Frame-Options: SAMEORIGIN`` and ``Content-Security-Policy: frame-ancestors 'self'`` on
+  every answer, so no other site can show the console in a frame (clickjacking); the console's
+  own page may, and must: custom components (streamlit-autorefresh, which keeps the live pages
+  live) draw in a frame served by this same server, and ``DENY`` leaves them blank;
 - the console's Host and Origin rule (``sluice.ops.gate``) for every HTTP request, not only for
   the websocket the script runs on: ``/media/...`` (originals, page images) answers only at the
   names the console is served at.
@@ -22,8 +24,8 @@ from sluice.ops import gate
 from sluice.settings import get_settings
 
 FRAME_HEADERS = [
-    (b"x-frame-options", b"DENY"),
-    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"x-frame-options", b"SAMEORIGIN"),
+    (b"content-security-policy", b"frame-ancestors 'self'"),
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"no-referrer"),
 ]
