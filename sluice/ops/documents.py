@@ -17,7 +17,7 @@ from sqlmodel import Session, col, func, select
 from sluice import faults
 from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
-from sluice.storage import jobs, lexical
+from sluice.storage import jobs, lexical, replacements
 from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 
@@ -86,6 +86,17 @@ def resolve(ctx: Context, ref: str | int) -> int:
         if job is None:
             raise UnknownReference(f"no job {number} (write doc:{number} for a document id)")
         return job.document_id
+
+
+def find_by_external_id(ctx: Context, dataset: str, external_id: str) -> int | None:
+    """The id of the live document the application calls ``external_id`` in ``dataset`` (the
+    version that serves, or the first one still being built); None when there is none."""
+    with Session(ctx.engine) as session:
+        ds = session.exec(select(Dataset).where(Dataset.name == dataset)).first()
+        if ds is None:
+            return None
+        doc = replacements.live(session, dataset_id=ds.id, external_id=external_id)
+        return doc.id if doc is not None else None
 
 
 def document_info(ctx: Context, document_id: int) -> DocumentInfo:

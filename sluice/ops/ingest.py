@@ -19,6 +19,7 @@ from typing import BinaryIO
 from sqlmodel import Session, select
 
 from sluice.errors import PipelineError, WaitingError
+from sluice.ops import replacing
 from sluice.ops.documents import remove_blob_if_unused
 from sluice.pipeline.parsing.formats import ZIP
 from sluice.pipeline.parsing.parse import ParseLimits, archive_type, sniff_type
@@ -63,6 +64,9 @@ class IngestResult:
     error_code: str | None = None
     message: str = ""
     fix_hint: str = ""
+    external_id: str | None = None
+    version: int | None = None  # of the document under its external id (1, 2, ...)
+    replaces_document_id: int | None = None  # the version this one replaces once it succeeds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,10 +91,15 @@ def ingest_stream(
     stream: BinaryIO,
     actor: str = "system",
     publish: Callable[[int], None] | None = None,
+    external_id: str | None = None,
 ) -> IngestResult:
+    """Store the bytes and queue their job. New bytes under a known ``external_id`` are a new
+    version of its document (sluice.ops.replacing)."""
     s = ctx.settings
     display = sanitize_filename(filename)
-    refused = _dataset_refusal(ctx, dataset, display)
+    refused = _dataset_refusal(ctx, dataset, display) or _external_id_refusal(
+        external_id, display, dataset
+    )
     if refused is not None:
         return refused
     head = stream.read(SNIFF_BYTES)
@@ -127,7 +136,9 @@ def ingest_stream(
         if media_type == ZIP:  # which archive it is, or a bomb, shows in its directory
             with ctx.blobs.local_copy(key) as path:
                 media_type = archive_type(path, name=display, limits=ParseLimits.from_settings(s))
-        document, job, created = _commit_upload(ctx, dataset, key, size, media_type, display, actor)
+        document, job, created = _commit_upload(
+            ctx, dataset, key, size, media_type, display, actor, external_id
+        )
     except PipelineError as err:  # refused archives are not kept (unless another document has them)
         ctx.blobs.release(got.held)
         remove_blob_if_unused(ctx, key)
@@ -181,8 +192,33 @@ def _refused(display: str, dataset: str, err: PipelineError) -> IngestResult:
     )
 
 
+def _external_id_refusal(
+    external_id: str | None, display: str, dataset: str
+) -> IngestResult | None:
+    try:
+        replacing.check_external_id(external_id)
+    except replacing.BadExternalId as err:
+        return IngestResult(
+            display,
+            False,
+            dataset=dataset,
+            error_kind="user_action_required",
+            error_code=err.code,
+            message=str(err),
+            fix_hint=replacing.EXTERNAL_ID_RULE,
+        )
+    return None
+
+
 def _commit_upload(
-    ctx: Context, dataset: str, key: str, size: int, media_type: str, display: str, actor: str
+    ctx: Context,
+    dataset: str,
+    key: str,
+    size: int,
+    media_type: str,
+    display: str,
+    actor: str,
+    external_id: str | None = None,
 ):
     s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
@@ -197,6 +233,7 @@ def _commit_upload(
             pipeline_version=ctx.version_for(ds),
             max_attempts=s.max_attempts,
             actor=actor,
+            external_id=external_id,
         )
 
 
@@ -217,7 +254,12 @@ def _answer(
         dataset=dataset,
         duplicate=not created,
         status=job.status.value,
+        external_id=document.external_id,
+        version=document.doc_version,
+        replaces_document_id=document.replaces_document_id,
     )
+    if created and document.external_id is not None:
+        replacing.remove_superseded(ctx, document.id)
     if not created:
         result.message = f"already uploaded as job {job.id} ({job.status.value}); not indexed again"
         if job.status == JobStatus.succeeded:
@@ -302,10 +344,17 @@ def ingest_path(
     dataset: str,
     actor: str = "cli",
     publish: Callable[[int], None] | None = None,
+    external_id: str | None = None,
 ) -> IngestResult:
     with open(path, "rb") as fh:
         return ingest_stream(
-            ctx, dataset=dataset, filename=path.name, stream=fh, actor=actor, publish=publish
+            ctx,
+            dataset=dataset,
+            filename=path.name,
+            stream=fh,
+            actor=actor,
+            publish=publish,
+            external_id=external_id,
         )
 
 
@@ -317,6 +366,7 @@ def ingest_bytes(
     filename: str,
     actor: str = "system",
     publish: Callable[[int], None] | None = None,
+    external_id: str | None = None,
 ) -> IngestResult:
     return ingest_stream(
         ctx,
@@ -325,6 +375,7 @@ def ingest_bytes(
         stream=io.BytesIO(data),
         actor=actor,
         publish=publish,
+        external_id=external_id,
     )
 
 

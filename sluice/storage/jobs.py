@@ -36,7 +36,7 @@ from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
-from sluice.storage import models, pauses, webhook_records
+from sluice.storage import models, pauses, replacements, webhook_records
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.db import matched, stored
 from sluice.storage.models import (
@@ -291,9 +291,11 @@ def create_upload(
     max_attempts: int,
     actor: str = "system",
     attempts: int = 5,
+    external_id: str | None = None,
 ) -> tuple[Document, Job, bool]:
     """Document + Job(pending) + Outbox for uploaded bytes, committed in one transaction; or the
-    document and job that already exist for the same bytes, dataset and pipeline version.
+    document and job that already exist for the same bytes, dataset and pipeline version. Under an
+    ``external_id``, new bytes are a new version of that id's document (``storage.replacements``).
 
     Identical uploads at the same moment all look, find nothing, and insert: the unique constraints
     let one win, and the others read again and get its job (``created`` False).
@@ -306,6 +308,7 @@ def create_upload(
             document = session.exec(
                 select(Document).where(Document.dataset_id == dataset_id, Document.sha256 == sha256)
             ).first()
+            new = document is None
             if document is None:
                 faults.hit("before_document_insert", sha256=sha256)
                 document = Document(
@@ -323,6 +326,18 @@ def create_upload(
                 # gone (an unlocked document's decrypted copy, removed by the delete).
                 document.blob_key = sha256
                 session.add(document)
+            earlier = replacements.place(
+                session, document=document, external_id=external_id, new=new
+            )
+            if _retire_versions(session, earlier, by=document, actor=actor) is None:
+                session.rollback()  # an earlier version's job changed meanwhile: read again
+                if attempt >= attempts:
+                    raise TransientError(
+                        "upload_contended",
+                        f"the versions of {external_id!r} kept changing ({attempts} tries)",
+                        "Upload it again.",
+                    )
+                continue
             job, created = create_job(
                 session=session,
                 document=document,
@@ -631,12 +646,42 @@ def _succeed_once(
     for text in warnings:
         add_event(session, job, "warning", actor=worker_id, message=text)
     superseded, lost = _supersede(session, job, others, now=now)
+    older = replacements.others_to_retire(session, document)
+    retired = _retire_versions(session, older, by=document, actor=worker_id, now=now)
     switched = _make_active(session, document, job, serving=serving)
-    if lost or not switched:
+    if lost or retired is None or not switched:
         session.rollback()
         return None
     session.commit()
-    return superseded
+    return superseded + retired
+
+
+def _retire_versions(
+    session: Session,
+    olds: Sequence[Document],
+    *,
+    by: Document,
+    actor: str,
+    now: datetime | None = None,
+) -> list[int] | None:
+    """Other versions of ``by``'s external id -> deleted, replaced by it, with all their jobs, in
+    the caller's transaction: the ids of the jobs whose chunks are to go, or None when a
+    compare-and-set was lost (the caller rolls back and reads again)."""
+    job_ids: list[int] = []
+    for old in olds:
+        now = now or db_now(session)
+        results = delete_jobs_of(
+            session,
+            old,
+            actor=actor,
+            reason=f"replaced by version {by.doc_version} (document {by.id})",
+            now=now,
+            data={"replaced_by": by.id},
+        )
+        if results is None or not replacements.retire(session, old, by=by, now=now):
+            return None
+        job_ids += [r.job_id for r in results]
+    return job_ids
 
 
 def _mark_succeeded(
@@ -1650,45 +1695,9 @@ def mark_deleted(
         document = session.get(Document, document_id, populate_existing=True)
         if document is None:
             return [ActionResult(0, False, f"document {document_id} does not exist")]
-        rows = session.exec(
-            select(Job)
-            .where(Job.document_id == document_id)
-            .order_by(col(Job.id))
-            .execution_options(populate_existing=True)
-        ).all()
         now = db_now(session)
-        results, lost = [], False
-        for job in rows:
-            if job.status == JobStatus.deleted:
-                results.append(ActionResult(job.id, True, f"job {job.id} was already deleted"))
-                continue
-            before = job.status
-            if not _cas(
-                session,
-                job,
-                status=JobStatus.deleted,
-                cancel_requested=False,
-                worker_id=None,
-                next_attempt_at=None,
-                waiting_for=None,
-                waiting_since=None,
-                finished_at=job.finished_at or now,
-                now=now,
-            ):
-                lost = True
-                break
-            add_event(
-                session,
-                job,
-                "deleted",
-                actor=actor,
-                from_status=before,
-                to_status=JobStatus.deleted,
-                message=reason,
-                data={"document_id": document_id, "was_active": document.active_job_id == job.id},
-            )
-            results.append(ActionResult(job.id, True, f"job {job.id} deleted (was {before.value})"))
-        if lost:
+        results = delete_jobs_of(session, document, actor=actor, reason=reason, now=now)
+        if results is None:
             session.rollback()
             continue
         document.deleted_at = document.deleted_at or now
@@ -1697,6 +1706,60 @@ def mark_deleted(
         session.commit()
         return results
     return [ActionResult(0, False, f"document {document_id}: its jobs kept changing; try again")]
+
+
+def delete_jobs_of(
+    session: Session,
+    document: Document,
+    *,
+    actor: str,
+    reason: str,
+    now: datetime,
+    data: dict[str, Any] | None = None,
+) -> list[ActionResult] | None:
+    """Every job of ``document`` -> deleted, by compare-and-set, in the caller's transaction; None
+    when one compare-and-set lost to a worker's write (the caller rolls back and reads again)."""
+    rows = session.exec(
+        select(Job)
+        .where(Job.document_id == document.id)
+        .order_by(col(Job.id))
+        .execution_options(populate_existing=True)
+    ).all()
+    results = []
+    for job in rows:
+        if job.status == JobStatus.deleted:
+            results.append(ActionResult(job.id, True, f"job {job.id} was already deleted"))
+            continue
+        before = job.status
+        if not _cas(
+            session,
+            job,
+            status=JobStatus.deleted,
+            cancel_requested=False,
+            worker_id=None,
+            next_attempt_at=None,
+            waiting_for=None,
+            waiting_since=None,
+            finished_at=job.finished_at or now,
+            now=now,
+        ):
+            return None
+        add_event(
+            session,
+            job,
+            "deleted",
+            actor=actor,
+            from_status=before,
+            to_status=JobStatus.deleted,
+            message=reason,
+            data={
+                "document_id": document.id,
+                "was_active": document.active_job_id == job.id,
+                **(data or {}),
+            },
+        )
+        results.append(ActionResult(job.id, True, f"job {job.id} deleted (was {before.value})"))
+    return results
 
 
 # --- versions -------------------------------------------------------------------------------------

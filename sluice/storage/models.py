@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 from sluice.errors import ErrorKind
@@ -91,8 +91,27 @@ class Dataset(SQLModel, table=True):
     settings_changed_by: str | None = Field(default=None, max_length=120)
 
 
+LIVE_EXTERNAL = (
+    "external_id IS NOT NULL AND deleted_at IS NULL AND replaced_by IS NULL"
+    " AND (replaces_document_id IS NULL OR active_job_id IS NOT NULL)"
+)
+
+
 class Document(SQLModel, table=True):
-    __table_args__ = (UniqueConstraint("dataset_id", "sha256", name="uq_document_dataset_sha"),)
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "sha256", name="uq_document_dataset_sha"),
+        # The versions of one external id in a dataset (sluice.storage.replacements), and at most
+        # one live document per external id, even for uploads at the same moment.
+        Index("ix_document_dataset_external", "dataset_id", "external_id"),
+        Index(
+            "uq_document_live_external",
+            "dataset_id",
+            "external_id",
+            unique=True,
+            sqlite_where=text(LIVE_EXTERNAL),
+            postgresql_where=text(LIVE_EXTERNAL),
+        ),
+    )
 
     id: int = Field(default=None, primary_key=True)
     dataset_id: int = Field(foreign_key="dataset.id", index=True)
@@ -105,6 +124,13 @@ class Document(SQLModel, table=True):
     # The job whose chunks search serves for this document (switches only when a new job succeeds).
     active_job_id: int | None = Field(default=None, index=True)
     deleted_at: datetime | None = None
+    # The application's own id of the document (unique per dataset among live documents). New bytes
+    # under it are a new version (``doc_version`` 1, 2, ...): a candidate that ``replaces`` the one
+    # serving until its job succeeds; then the old one is deleted and names its ``replaced_by``.
+    external_id: str | None = Field(default=None, max_length=512)
+    doc_version: int | None = None
+    replaces_document_id: int | None = None
+    replaced_by: int | None = None
 
 
 class Job(SQLModel, table=True):

@@ -1,0 +1,167 @@
+"""External ids: the check every front end uses, versions of a document, and what a replacement
+leaves behind.
+
+New bytes uploaded under a known external id are a new version of that document
+(``sluice.storage.replacements``): the old version serves until the new one's job succeeds, then
+one transaction switches them, and the runner removes the old chunks. A replacement that fails or
+is cancelled leaves the old version serving; ``version_state`` says so for the document and job
+views and the API.
+"""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from dataclasses import asdict, dataclass
+
+from sqlmodel import Session, col, select
+
+from sluice.ops.documents import DeleteResult, delete_document
+from sluice.pipeline.running.context import Context
+from sluice.storage import lexical, replacements
+from sluice.storage.db import stored
+from sluice.storage.models import Dataset, Document, Job, JobStatus
+
+log = logging.getLogger(__name__)
+
+MAX_EXTERNAL_ID = 512
+EXTERNAL_ID_RULE = "An external id is 1 to 512 characters, none of them a control character."
+
+
+class BadExternalId(ValueError):
+    """An external id Sluice refuses; ``code`` is the stable code front ends show."""
+
+    code = "bad_external_id"
+
+
+def check_external_id(value: str | None) -> str | None:
+    """The external id as given (None: the upload has none); BadExternalId naming what is wrong."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadExternalId(f"external_id must be a string, not {type(value).__name__}")
+    if not value:
+        raise BadExternalId("external_id is empty")
+    if len(value) > MAX_EXTERNAL_ID:
+        raise BadExternalId(f"external_id is {len(value)} characters long, over {MAX_EXTERNAL_ID}")
+    bad = next((ch for ch in value if unicodedata.category(ch) in ("Cc", "Cs")), None)
+    if bad is not None:
+        raise BadExternalId(f"external_id holds the control character U+{ord(bad):04X}")
+    return value
+
+
+@dataclass
+class VersionState:
+    """Where a document stands among the versions of its external id."""
+
+    external_id: str | None
+    version: int | None
+    state: str  # serving | replacing | replacement_failed | replaced | superseded | deleted | ""
+    message: str
+    replaces_document_id: int | None = None
+    replaced_by: int | None = None
+    serving_document_id: int | None = None
+    serving_version: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def version_state(ctx: Context, document_id: int) -> VersionState:
+    """The version a document is and what became of it: the line the document and job views show
+    ("replacement failed; version 1 still serving")."""
+    with Session(ctx.engine) as session:
+        doc = stored(session, Document, document_id)
+        if doc.external_id is None:
+            return VersionState(None, None, "", "")
+        serving = replacements.live(session, dataset_id=doc.dataset_id, external_id=doc.external_id)
+        job = session.exec(
+            select(Job).where(Job.document_id == doc.id).order_by(col(Job.id).desc())
+        ).first()
+        by = session.get(Document, doc.replaced_by) if doc.replaced_by is not None else None
+    state = VersionState(
+        doc.external_id,
+        doc.doc_version,
+        "",
+        "",
+        replaces_document_id=doc.replaces_document_id,
+        replaced_by=doc.replaced_by,
+        serving_document_id=serving.id if serving else None,
+        serving_version=serving.doc_version if serving else None,
+    )
+    still = f"version {serving.doc_version} still serving" if serving else "no version serving"
+    if serving is not None and serving.id == doc.id:
+        state.state, state.message = "serving", f"version {doc.doc_version} (live)"
+    elif by is not None and by.replaces_document_id != doc.id:
+        state.state = "superseded"
+        state.message = f"superseded by a newer upload (document {doc.replaced_by}); {still}"
+    elif doc.replaced_by is not None:
+        state.state = "replaced"
+        state.message = f"replaced by document {doc.replaced_by}; {still}"
+    elif doc.deleted_at is not None:
+        state.state, state.message = "deleted", "deleted"
+    elif job is not None and job.status in (JobStatus.failed, JobStatus.cancelled):
+        state.state = "replacement_failed"
+        state.message = f"replacement {job.status.value}; {still}"
+    else:
+        state.state = "replacing"
+        state.message = f"version {doc.doc_version} is being built; {still}"
+    return state
+
+
+def remove_superseded(ctx: Context, document_id: int) -> int:
+    """After an upload: remove the chunks of the earlier candidates it superseded (their jobs are
+    deleted; a worker still writing stops at its next batch, and reconcile removes what it wrote
+    after this). The number of jobs whose chunks were removed."""
+    with Session(ctx.engine) as session:
+        docs = session.exec(select(Document).where(Document.replaced_by == document_id)).all()
+        if not docs:
+            return 0
+        collection = stored(session, Dataset, docs[0].dataset_id).collection
+        job_ids = list(
+            session.exec(
+                select(col(Job.id)).where(col(Job.document_id).in_([d.id for d in docs]))
+            ).all()
+        )
+    if job_ids:
+        try:
+            ctx.vectors.delete(collection, where={"job_id": {"$in": job_ids}})
+            lexical.delete_jobs(ctx.engine, job_ids)
+        except Exception as exc:  # search already ignores them; reconcile removes them later
+            log.warning("chunks of superseded versions %s not removed: %s", job_ids, exc)
+    return len(job_ids)
+
+
+def alive_versions(ctx: Context, dataset: str, external_id: str) -> list[int]:
+    """The documents of ``external_id`` not deleted yet: the live one and a candidate, if any."""
+    with Session(ctx.engine) as session:
+        ds = session.exec(select(Dataset).where(Dataset.name == dataset)).first()
+        if ds is None:
+            return []
+        return [
+            d.id
+            for d in replacements.versions(session, dataset_id=ds.id, external_id=external_id)
+            if d.deleted_at is None and d.replaced_by is None
+        ]
+
+
+def delete_by_external_id(
+    ctx: Context, dataset: str, external_id: str, *, actor: str
+) -> DeleteResult:
+    """Delete the document ``external_id`` names in ``dataset``: the version serving and a
+    replacement still being built. ``ok`` False and no ``document`` when there is none."""
+    found = alive_versions(ctx, dataset, external_id)
+    if not found:
+        return DeleteResult(False, f"no document with external id {external_id!r} in {dataset!r}")
+    results = [
+        delete_document(ctx, f"doc:{doc_id}", actor=actor, reason="document deleted by external id")
+        for doc_id in found
+    ]
+    first = results[0]
+    for more in results[1:]:
+        first.ok = first.ok and more.ok
+        first.message += "; " + more.message
+        first.vectors_removed += more.vectors_removed
+        first.jobs_deleted += more.jobs_deleted
+        first.blob_removed = first.blob_removed or more.blob_removed
+    return first

@@ -1,0 +1,125 @@
+"""External ids: new bytes under a known id replace the served version without a gap (search never
+answers both versions, nor neither), a failed replacement leaves the old version serving and says
+so, the same bytes again are the same job, delete by external id, uniqueness per dataset."""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from sluice.ops.documents import find_by_external_id
+from sluice.ops.ingest import ingest_bytes
+from sluice.ops.replacing import delete_by_external_id, version_state
+from sluice.ops.search import search
+from sluice.pipeline.reconcile.audit import reconcile
+from sluice.pipeline.running.runner import run_job
+from sluice.storage.models import Document, JobStatus
+from tests.support.helpers import ids_of_job, job
+
+OLD = b"Albatross migration routes cross the southern ocean every winter season. " * 40
+NEW = b"Albatross migration routes now cross the northern ocean every summer season. " * 40
+CORRUPT = b"%PDF-1.7\n1 0 obj <<>> garbage that is no PDF at all\n" * 4
+
+
+def document(ctx, document_id):
+    with Session(ctx.engine) as session:
+        return session.get(Document, document_id)
+
+
+def upload(ctx, data, *, external_id="handbook", dataset="default", filename="handbook.txt"):
+    r = ingest_bytes(ctx, data, dataset=dataset, filename=filename, external_id=external_id)
+    assert r.accepted, r.message
+    return r
+
+
+def upload_and_run(ctx, data, **kw):
+    r = upload(ctx, data, **kw)
+    run_job(r.job_id, ctx=ctx)
+    return r
+
+
+def served(ctx, query="albatross ocean season", dataset="default", mode="hybrid"):
+    """The document ids search answers (each document once)."""
+    return {h.document_id for h in search(ctx, query=query, dataset=dataset, k=10, mode=mode)}
+
+
+def test_new_bytes_under_a_known_external_id_replace_the_served_version(database_url, ctx):
+    v1 = upload_and_run(ctx, OLD)
+    assert v1.version == 1 and find_by_external_id(ctx, "default", "handbook") == v1.document_id
+    v2 = upload(ctx, NEW)
+    assert not v2.duplicate and v2.version == 2 and v2.replaces_document_id == v1.document_id
+    # Until its job succeeds the old version serves, and only it.
+    assert served(ctx) == {v1.document_id}
+    assert version_state(ctx, v2.document_id).state == "replacing"
+    assert find_by_external_id(ctx, "default", "handbook") == v1.document_id
+    run_job(v2.job_id, ctx=ctx)
+    assert job(ctx, v2.job_id).status == JobStatus.succeeded
+    for mode in ("hybrid", "dense", "lexical"):
+        assert served(ctx, mode=mode) == {v2.document_id}
+    old = document(ctx, v1.document_id)
+    assert old.deleted_at is not None and old.replaced_by == v2.document_id
+    assert job(ctx, v1.job_id).status == JobStatus.deleted
+    assert ids_of_job(ctx, v1.job_id) == []  # the old chunks are gone from Chroma
+    assert find_by_external_id(ctx, "default", "handbook") == v2.document_id
+    assert version_state(ctx, v1.document_id).state == "replaced"
+    assert version_state(ctx, v2.document_id).state == "serving"
+    report = reconcile(ctx)
+    assert report.clean, report
+
+
+def test_the_same_bytes_under_the_same_external_id_are_the_existing_job(ctx):
+    v1 = upload_and_run(ctx, OLD)
+    again = upload(ctx, OLD)
+    assert again.duplicate and again.job_id == v1.job_id and again.version == 1
+    v2 = upload(ctx, NEW)
+    assert upload(ctx, NEW).job_id == v2.job_id  # the candidate, too
+
+
+def test_a_failed_replacement_leaves_the_old_version_serving_and_says_so(database_url, ctx):
+    v1 = upload_and_run(ctx, OLD)
+    bad = upload_and_run(ctx, CORRUPT, filename="handbook.pdf")
+    assert job(ctx, bad.job_id).status == JobStatus.failed
+    assert served(ctx) == {v1.document_id}
+    state = version_state(ctx, bad.document_id)
+    assert state.state == "replacement_failed"
+    assert state.message == "replacement failed; version 1 still serving"
+    assert find_by_external_id(ctx, "default", "handbook") == v1.document_id
+    assert reconcile(ctx).clean
+
+
+def test_a_newer_upload_supersedes_a_replacement_still_waiting(ctx):
+    v1 = upload_and_run(ctx, OLD)
+    v2 = upload(ctx, NEW)
+    v3 = upload(ctx, NEW + b" third")
+    assert v3.version == 3 and v3.replaces_document_id == v1.document_id
+    assert job(ctx, v2.job_id).status == JobStatus.deleted  # never runs
+    assert version_state(ctx, v2.document_id).state == "superseded"
+    run_job(v3.job_id, ctx=ctx)
+    assert served(ctx) == {v3.document_id}
+    assert find_by_external_id(ctx, "default", "handbook") == v3.document_id
+    assert reconcile(ctx).clean
+
+
+def test_delete_by_external_id_and_uniqueness_per_dataset(ctx):
+    a = upload_and_run(ctx, OLD)
+    b = upload_and_run(ctx, OLD, dataset="other")  # the same id in another dataset is its own
+    assert a.document_id != b.document_id
+    assert find_by_external_id(ctx, "other", "handbook") == b.document_id
+    # Bytes already a live document under another id are refused, classified.
+    clash = ingest_bytes(ctx, OLD, dataset="default", filename="x.txt", external_id="other-id")
+    assert not clash.accepted and clash.error_code == "external_id_conflict"
+    candidate = upload(ctx, NEW)
+    done = delete_by_external_id(ctx, "default", "handbook", actor="test")
+    assert done.ok, done.message
+    assert find_by_external_id(ctx, "default", "handbook") is None
+    assert document(ctx, candidate.document_id).deleted_at is not None
+    assert served(ctx) == set() and served(ctx, dataset="other") == {b.document_id}
+    missing = delete_by_external_id(ctx, "default", "handbook", actor="test")
+    assert not missing.ok and missing.document is None
+    assert reconcile(ctx).clean
+
+
+def test_bad_external_ids_are_refused_before_anything_is_stored(ctx):
+    for bad, why in (("", "empty"), ("a\x00b", "U+0000"), ("x" * 513, "over 512")):
+        r = ingest_bytes(ctx, OLD, dataset="default", filename="a.txt", external_id=bad)
+        assert not r.accepted and r.error_code == "bad_external_id" and why in r.message
+    assert served(ctx) == set()
