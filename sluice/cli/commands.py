@@ -289,50 +289,6 @@ def dataset_settings(args) -> int:
     return 0
 
 
-def search(args) -> int:
-    from sluice.ops.search import BadQuery, UnknownDataset
-
-    try:
-        hits = reads.search(
-            args.query,
-            args.dataset,
-            args.k,
-            mode=args.mode,
-            filename=args.file,
-            pages=args.pages,
-            media_type=args.media_type,
-        )
-    except (UnknownDataset, BadQuery) as exc:
-        return _fail(str(exc))
-    if args.json:
-        print_json([h.to_dict() for h in hits])
-        return 0
-    searched = [args.dataset] if args.dataset else [d.name for d in reads.datasets()]
-    print(f"searched {len(searched)} dataset(s): {', '.join(searched)}")
-    rows = [
-        {
-            "score": f"{h.score:.3f}",
-            "filename": h.filename,
-            "page": h.page,
-            "matched": "+".join(h.matched),
-            "text": h.snippet[:160],
-        }
-        for h in hits
-    ]
-    table(
-        rows,
-        [
-            ("score", "SCORE"),
-            ("filename", "FILE"),
-            ("page", "PAGE"),
-            ("matched", "BY"),
-            ("text", "TEXT"),
-        ],
-        empty="no matches" + (f" in dataset {args.dataset!r}" if args.dataset else ""),
-    )
-    return 0
-
-
 def dead(args) -> int:
     ds = _dataset_id(args.dataset)
     groups = [g for g in reads.dead_letter_groups(ds) if not args.kind or g["kind"] == args.kind]

@@ -7,11 +7,16 @@ import sys
 from dataclasses import asdict
 
 from sluice.cli.output import print_json, table
-from sluice.ops import keys
-from sluice.ops.access import cli_operator
+
+# sluice.ops.keys.SCOPES, written here so that building the parser imports no operation (a test
+# checks that the two agree)
+SCOPES = ("read", "ingest", "manage")
 
 
 def create(args) -> int:
+    from sluice.ops import keys
+    from sluice.ops.access import cli_operator
+
     if bool(args.dataset) == bool(args.all_datasets):
         print(
             "sluice: name the key's datasets (--dataset D ...) or give it --all-datasets",
@@ -41,6 +46,8 @@ def create(args) -> int:
 
 
 def list_(args) -> int:
+    from sluice.ops import keys
+
     rows = [{**asdict(v), "datasets": ", ".join(v.datasets)} for v in keys.list_keys()]
     if args.json:
         print_json([{**asdict(v)} for v in keys.list_keys()])
@@ -61,6 +68,9 @@ def list_(args) -> int:
 
 
 def revoke(args) -> int:
+    from sluice.ops import keys
+    from sluice.ops.access import cli_operator
+
     ok, message = keys.revoke_key(cli_operator(), args.name)
     print(message if ok else f"sluice: {message}", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
@@ -73,7 +83,7 @@ def add_key_commands(sub) -> None:
     a.add_argument("name")
     a.add_argument("--dataset", action="append", default=[], help="a dataset it reaches (repeat)")
     a.add_argument("--all-datasets", action="store_true", help="every dataset, also later ones")
-    a.add_argument("--scope", choices=list(keys.SCOPES), default="read")
+    a.add_argument("--scope", choices=list(SCOPES), default="read")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=create)
     a = keys_sub.add_parser("list", help="keys with their scope, datasets and last use")

@@ -37,20 +37,40 @@ sluice console-url                                   a one-time link to the cons
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sluice.cli import commands
+from sluice.cli.audit_commands import add_audit_commands
 from sluice.cli.blob_commands import add_blob_commands
 from sluice.cli.key_commands import add_key_commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
-from sluice.cli.serve import console_url, serve
 from sluice.errors import SettingsError
 from sluice.files import use_private_umask
 from sluice.servers import supervisor
+
+
+class _Commands:
+    """The command functions of a module that is imported only when one of them runs: building the
+    parser imports no operation, so a cold ``sluice search`` pays only for what searching uses."""
+
+    def __init__(self, module: str) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Callable[[argparse.Namespace], int | None]:
+        def run(args: argparse.Namespace) -> int | None:
+            return getattr(importlib.import_module(self._module), name)(args)
+
+        run.__name__ = name
+        return run
+
+
+commands = _Commands("sluice.cli.commands")
+search_command = _Commands("sluice.cli.search_command")
+serve_commands = _Commands("sluice.cli.serve")
 
 STATUSES = [
     "pending",
@@ -176,7 +196,7 @@ def add_read_commands(sub) -> None:
     a.add_argument("--pages", help="only these pages: A-B, A-, -B or one page")
     a.add_argument("--media-type", help="only this media type, e.g. application/pdf")
     a.add_argument("--json", action="store_true")
-    a.set_defaults(func=commands.search)
+    a.set_defaults(func=search_command.search)
 
     a = sub.add_parser("dead", help="dead letters grouped by kind and reason")
     a.add_argument("--kind", choices=["transient", "permanent", "user_action_required"])
@@ -267,11 +287,11 @@ def add_serve_command(sub) -> None:
         "than cores keep the lanes busy between one job's writes and the next one's parse)",
     )
     a.add_argument("--kind", choices=["thread", "process", "greenlet"], default="thread")
-    a.set_defaults(func=serve)
+    a.set_defaults(func=serve_commands.serve)
     u = sub.add_parser(
         "console-url", help="a one-time link that opens the console on this machine (no password)"
     )
-    u.set_defaults(func=console_url)
+    u.set_defaults(func=serve_commands.console_url)
     r = sub.add_parser(
         "run", help="every process of the Procfile; Ctrl-C stops them in order (exit 0)"
     )
@@ -292,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pause_commands(sub)
     add_priority_commands(sub)
     add_key_commands(sub)
+    add_audit_commands(sub)
     add_blob_commands(sub)
     return p
 

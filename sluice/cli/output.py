@@ -6,9 +6,10 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sluice.storage.jobs import ActionResult
+if TYPE_CHECKING:  # a cold `sluice search` never imports the job store's code
+    from sluice.storage.jobs import ActionResult
 
 
 def print_json(data: Any) -> None:

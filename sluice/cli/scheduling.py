@@ -6,11 +6,14 @@ from __future__ import annotations
 import sys
 
 from sluice.cli.output import print_json, report
-from sluice.ops import actions, pausing, reads
-from sluice.ops.access import cli_operator
+
+# The operations are imported by the commands that run them: building the parser imports nothing
+# heavy (a cold `sluice search` pays only for what it uses).
 
 
 def _dataset_id(name: str | None) -> int | None:
+    from sluice.ops import reads
+
     try:
         return reads.dataset_id(name)
     except reads.UnknownDatasetName as exc:
@@ -18,6 +21,8 @@ def _dataset_id(name: str | None) -> int | None:
 
 
 def _show(json_out: bool) -> None:
+    from sluice.ops import pausing
+
     now = pausing.active()
     if json_out:
         print_json(now)
@@ -29,6 +34,9 @@ def _show(json_out: bool) -> None:
 
 
 def pause(args) -> int:
+    from sluice.ops import pausing
+    from sluice.ops.access import cli_operator
+
     if args.list:
         _show(args.json)
         return 0
@@ -40,6 +48,9 @@ def pause(args) -> int:
 
 
 def resume(args) -> int:
+    from sluice.ops import pausing
+    from sluice.ops.access import cli_operator
+
     done = pausing.resume(cli_operator(), dataset_id=_dataset_id(args.dataset))
     print(done.message, file=sys.stdout if done.ok else sys.stderr)
     if done.queue_note:
@@ -65,11 +76,17 @@ def add_pause_commands(sub) -> None:
 
 
 def run_next(args) -> int:
+    from sluice.ops import actions
+    from sluice.ops.access import cli_operator
+
     done = actions.run_next(cli_operator(), args.job_ids)
     return report(done.results, note=done.queue_note)
 
 
 def priority(args) -> int:
+    from sluice.ops import actions
+    from sluice.ops.access import cli_operator
+
     value = None if args.priority.lower() == "default" else int(args.priority)
     if args.dataset:
         if args.job_ids:
