@@ -314,3 +314,107 @@ def test_blobs_migrate_killed_halfway_and_run_again(make_ctx, s3, monkeypatch):
     assert report.blobs_missing_count == 1 and not report.clean
     assert report.blobs_missing[0]["blob"] == keys[0]
     assert "no uploaded file in the blob store" in report.describe()
+
+
+KILLED_UPLOAD = """
+import io, os, sys
+from sluice.storage.s3_blobs import S3BlobStore
+
+store = S3BlobStore(bucket=sys.argv[1], prefix=sys.argv[2], endpoint_url=sys.argv[3],
+                    scratch=sys.argv[4], part_size=5 * 1024 * 1024)
+store.receive(io.BytesIO(b"staged, its document never committed"), max_bytes=1 << 20)
+
+
+class DiesInTheSecondPart(io.BytesIO):
+    def read(self, n=-1):
+        if self.tell() >= 5 * 1024 * 1024:
+            os._exit(9)  # killed with one part sent
+        return super().read(n)
+
+
+store.receive(DiesInTheSecondPart(os.urandom(6 * 1024 * 1024)), max_bytes=1 << 30)
+"""
+
+
+def test_the_sweep_removes_what_a_killed_upload_left_and_never_a_younger_one(s3ctx, s3, tmp_path):
+    """A process killed in its uploads leaves a staged object and an unfinished multipart upload
+    under tmp/ (and a removal killed between its moves leaves a retired blob, whose key then has
+    no object); `sluice blobs sweep` removes the ones older than the bound, putting the retired
+    blob back first, and leaves alone the staging object and multipart upload of an upload that
+    is still running."""
+    import json
+    import math
+    import time
+
+    from sluice.ops.access import cli_operator
+    from sluice.ops.blob_migration import sweep_leftovers
+    from tests.support.object_store import s3_client
+
+    operator = cli_operator()
+
+    store = S3BlobStore(
+        bucket=s3.bucket,
+        prefix=PREFIX,
+        endpoint_url=s3.gate.url,
+        scratch=tmp_path / "scratch",
+        part_size=5 * 1024 * 1024,
+    )
+    client = s3_client(s3.url)
+    kept, _ = store.put_bytes(doc(3), max_bytes=1 << 20)
+    assert store.retire(kept) is not None  # and the removal dies here
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_UPLOAD, s3.bucket, PREFIX, s3.gate.url, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert killed.returncode == 9, killed.stderr
+    left = stored(s3)
+    assert len([k for k in left if k.startswith(PREFIX + "tmp/upload-")]) == 1
+    assert [k for k in left if k.startswith(PREFIX + "tmp/retired-")] and PREFIX + kept not in left
+    assert len(client.list_multipart_uploads(Bucket=s3.bucket)["Uploads"]) == 1
+
+    # The store's times are whole seconds: the running upload begins in a later second.
+    later = math.floor(time.time()) + 1.01
+    until(lambda: time.time() >= later, timeout=2, what="the next second")
+    mark = time.time()  # the bound: between the killed upload and the running one
+    assert s3ctx.blobs.client is not None
+    until(lambda: time.time() >= mark + 0.5, timeout=2, what="half a second after the bound")
+    running = store.receive(io.BytesIO(b"an upload still in progress"), max_bytes=1 << 20)
+    part_sent, go_on = threading.Event(), threading.Event()
+
+    class Slow(io.BytesIO):
+        def read(self, n=-1):
+            if self.tell() >= 5 * 1024 * 1024:
+                part_sent.set()
+                assert go_on.wait(30)
+            return super().read(n)
+
+    big = os.urandom(6 * 1024 * 1024)
+    multipart = Background(lambda: store.receive(Slow(big), max_bytes=1 << 30))
+    multipart.start()
+    assert part_sent.wait(30)
+    try:
+        daily = subprocess.run(  # the bound of a day: nothing here is that old
+            [sys.executable, "-m", "sluice.cli", "blobs", "sweep", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        swept = sweep_leftovers(s3ctx, operator, older_than_seconds=time.time() - mark - 0.25)
+        uploads = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    finally:
+        go_on.set()
+    assert daily.returncode == 0, daily.stderr
+    assert json.loads(daily.stdout)["removed"] == 0 and json.loads(daily.stdout)["kept_young"] == 5
+    assert (swept.staged, swept.multipart, swept.retired, swept.restored) == (1, 1, 1, 1)
+    assert swept.kept_young == 2
+    assert len(uploads) == 1  # the running one's, not aborted
+    done = multipart.result()
+    store.keep(running.key, running.held)
+    store.keep(done.key, done.held)
+    orphan = hashlib.sha256(b"staged, its document never committed").hexdigest()
+    # nothing left under tmp/: the blobs, and the killed upload's (its bytes reached their key)
+    assert set(stored(s3)) == {PREFIX + k for k in (kept, running.key, done.key, orphan)}
+    assert store.read(kept) == doc(3) and store.read(done.key) == big
+    assert not client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads")

@@ -1,10 +1,12 @@
-"""``sluice blobs migrate --to s3``: the blob store's commands."""
+"""``sluice blobs migrate --to s3`` and ``sluice blobs sweep``: the blob store's commands."""
 
 from __future__ import annotations
 
 from sluice.cli.output import print_json
 from sluice.ops import actions
 from sluice.ops.access import cli_operator
+from sluice.ops.blob_migration import sweep_leftovers
+from sluice.ops.reads import ctx
 
 
 def migrate(args) -> int:
@@ -14,6 +16,15 @@ def migrate(args) -> int:
     else:
         print(result.describe())
     return 1 if result.failed else 0
+
+
+def sweep(args) -> int:
+    swept = sweep_leftovers(ctx(), cli_operator(), older_than_seconds=args.older_than)
+    if args.json:
+        print_json({"store": swept.store, "removed": swept.removed, **vars(swept)})
+    else:
+        print(swept.describe())
+    return 0
 
 
 def add_blob_commands(sub) -> None:
@@ -29,3 +40,16 @@ def add_blob_commands(sub) -> None:
     )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=migrate)
+    w = inner.add_parser(
+        "sweep",
+        help="remove what dead uploads left in the object store's tmp/ (older than the bound)",
+    )
+    w.add_argument(
+        "--older-than",
+        type=float,
+        default=24 * 3600,
+        metavar="SECONDS",
+        help="leave anything younger alone: an upload may still be running (default: a day)",
+    )
+    w.add_argument("--json", action="store_true")
+    w.set_defaults(func=sweep)

@@ -15,7 +15,7 @@ from sluice import faults
 from sluice.errors import SettingsError
 from sluice.ops.access import Operator, require_operator
 from sluice.pipeline.running.context import Context
-from sluice.storage.blobs import LocalBlobStore
+from sluice.storage.blobs import LocalBlobStore, Swept
 from sluice.storage.s3_blobs import S3BlobStore
 
 log = logging.getLogger(__name__)
@@ -78,3 +78,14 @@ def migrate_to_s3(ctx: Context, who: Operator, *, keep_local: bool = False) -> M
             result.removed_local += 1
     log.info("%s (by %s)", result.describe(), who.actor)
     return result
+
+
+def sweep_leftovers(ctx: Context, who: Operator, *, older_than_seconds: float) -> Swept:
+    """``sluice blobs sweep``: what dead uploads and removals left in the blob store, older than
+    the bound (the workers' recovery does the same with a bound of a day)."""
+    require_operator(who, "sweep the blob store")
+    if older_than_seconds < 0:
+        raise SettingsError("--older-than is a number of seconds, 0 or more")
+    swept = ctx.blobs.sweep(older_than_seconds=older_than_seconds)
+    log.info("%s (by %s)", swept.describe(), who.actor)
+    return swept

@@ -68,6 +68,30 @@ class Received:
     held: object
 
 
+@dataclass
+class Swept:
+    """What ``BlobStore.sweep`` removed: staged uploads, aborted multipart uploads, and retired
+    blobs (put back first when their key had no object: a removal that died in between)."""
+
+    store: str
+    staged: int = 0
+    multipart: int = 0
+    retired: int = 0
+    restored: int = 0
+    kept_young: int = 0  # leftovers younger than the bound (perhaps still in progress)
+
+    @property
+    def removed(self) -> int:
+        return self.staged + self.multipart + self.retired
+
+    def describe(self) -> str:
+        return (
+            f"{self.store}: {self.staged} staged upload(s), {self.multipart} unfinished multipart "
+            f"upload(s) and {self.retired} retired blob(s) removed ({self.restored} put back "
+            f"under their key first); {self.kept_young} younger than the bound left alone"
+        )
+
+
 class BlobStore:
     """What every backend offers. Keys are sha256 hex digests."""
 
@@ -109,6 +133,12 @@ class BlobStore:
 
     def keys(self) -> Iterator[str]:
         raise NotImplementedError
+
+    def sweep(self, *, older_than_seconds: float) -> Swept:
+        """Remove what uploads and removals that died left behind, older than the bound (a
+        younger one may belong to an upload still in progress). The local store has nothing to
+        sweep here: its leftovers are files of this host that the host's own processes remove."""
+        return Swept(self.describe())
 
     @contextmanager
     def local_copy(self, key: str) -> Iterator[Path]:

@@ -4,7 +4,8 @@ An upload streams into a staging object under ``<prefix>tmp/`` (one PUT when it 
 multipart upload of PART_SIZE parts otherwise: no more than one part in memory, the size limit
 counted while the bytes arrive), is copied inside the store to its key when that is not there yet,
 and the staging object is the upload's second name until its document is committed. A removal
-copies the blob aside under ``<prefix>tmp/`` before its last look at the blob's users.
+copies the blob aside under ``<prefix>tmp/`` before its last look at the blob's users. What a
+process that died there leaves under ``tmp/`` is removed by ``sweep`` once older than a bound.
 
 A store that does not answer (connection refused, timeouts, 5xx, throttling) raises
 ``ObjectStoreUnavailable``: an outage, for which jobs wait with attempts unspent.
@@ -17,6 +18,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ from sluice.storage.blobs import (
     BlobTooLarge,
     Readable,
     Received,
+    Swept,
     is_key,
 )
 
@@ -151,7 +154,9 @@ class S3BlobStore(BlobStore):
         return self.prefix + key
 
     def _tmp_key(self, kind: str) -> str:
-        return f"{self.prefix}tmp/{kind}-{uuid.uuid4().hex}"
+        """A name under tmp/ that says when it was made (milliseconds), for ``sweep``: not every
+        S3-compatible store reports a multipart upload's true start."""
+        return f"{self.prefix}tmp/{kind}-{time.time_ns() // 1_000_000}-{uuid.uuid4().hex}"
 
     def _head(self, name: str) -> int | None:
         """The object's size, or None when there is none."""
@@ -285,6 +290,45 @@ class S3BlobStore(BlobStore):
                 if is_key(name):
                     yield name
 
+    def sweep(self, *, older_than_seconds: float) -> Swept:
+        """Leftovers under ``<prefix>tmp/`` older than the bound: the staging objects of uploads
+        that died before their document was committed (or their cleanup found the store down),
+        unfinished multipart uploads (aborted), and blobs a removal that died had moved aside
+        (put back under their key when that has no object, then removed: a sweep never loses
+        bytes a document may still name). Younger ones are left: their upload may be running."""
+        cutoff = time.time() - older_than_seconds
+        swept = Swept(self.describe())
+        tmp = f"{self.prefix}tmp/"
+        paginator = self.client.get_paginator("list_objects_v2")
+        pages = self._call(lambda: list(paginator.paginate(Bucket=self.bucket, Prefix=tmp)))
+        for item in (i for page in pages for i in page.get("Contents", ())):
+            name = item["Key"]
+            if _made(name, item["LastModified"].timestamp()) >= cutoff:
+                swept.kept_young += 1
+            elif name.startswith(f"{tmp}upload-"):
+                self._remove(name)
+                swept.staged += 1
+            elif name.startswith(f"{tmp}retired-"):
+                key = name[len(f"{tmp}retired-") :].split("-")[0]
+                if is_key(key) and self._head(self.object_key(key)) is None:
+                    self._copy(name, self.object_key(key))
+                    swept.restored += 1
+                self._remove(name)
+                swept.retired += 1
+        listed = self._call(self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=tmp)
+        for upload in listed.get("Uploads", ()):
+            if _made(upload["Key"], upload["Initiated"].timestamp()) >= cutoff:
+                swept.kept_young += 1
+                continue
+            self._call(
+                self.client.abort_multipart_upload,
+                Bucket=self.bucket,
+                Key=upload["Key"],
+                UploadId=upload["UploadId"],
+            )
+            swept.multipart += 1
+        return swept
+
     @contextmanager
     def local_copy(self, key: str) -> Iterator[Path]:
         """The blob streamed to a private scratch file of this host (never whole in memory),
@@ -318,6 +362,12 @@ class S3BlobStore(BlobStore):
             reader = _Hashing(fh, digest)
             self._call(self.client.upload_fileobj, reader, self.bucket, self.object_key(key))
         return digest.hexdigest()
+
+
+def _made(name: str, stored: float) -> float:
+    """When a tmp/ object was made: the later of the time in its name and the store's own."""
+    stamps = [p for p in name.rsplit("/", 1)[-1].split("-") if p.isdigit() and len(p) == 13]
+    return max([stored] + [int(p) / 1000 for p in stamps[-1:]])
 
 
 def _alive(pid: int) -> bool:

@@ -88,7 +88,30 @@ def run_once(
     sent = outbox.dispatch(engine=ctx.engine, publish=publish, window=window)
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
+    sweep_blob_leftovers(ctx)
     return report
+
+
+BLOB_LEFTOVER_SECONDS = 24 * 3600  # a staged upload older than this is no upload in progress
+BLOB_SWEEP_EVERY_SECONDS = 600.0
+_last_sweep: dict[str, float] = {}
+
+
+def sweep_blob_leftovers(ctx: Context) -> None:
+    """Every ten minutes at most (per process): what dead uploads and removals left in the blob
+    store's staging area, older than a day (``BlobStore.sweep``). A store that does not answer
+    is swept another time; the recovery round goes on."""
+    now = _monotonic()
+    if now - _last_sweep.get("at", -BLOB_SWEEP_EVERY_SECONDS) < BLOB_SWEEP_EVERY_SECONDS:
+        return
+    _last_sweep["at"] = now
+    try:
+        swept = ctx.blobs.sweep(older_than_seconds=BLOB_LEFTOVER_SECONDS)
+    except Exception as exc:
+        log.warning("blob store: leftovers not swept this time (%s)", exc)
+        return
+    if swept.removed:
+        log.info("blob store: %s", swept.describe())
 
 
 def deliver_webhooks(ctx: Context) -> webhook_delivery.DeliveryReport:
