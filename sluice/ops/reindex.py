@@ -60,10 +60,12 @@ class ReindexPlan:
     old_chunks: int  # chunks search serves for those documents today
     preview: Preview
     candidates: list[Candidate] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)  # each dataset's, when they differ
 
     def to_dict(self) -> dict:
         return {
             "pipeline_version": self.pipeline_version,
+            "versions": self.versions,
             "documents": self.documents,
             "underway": self.underway,
             "old_chunks": self.old_chunks,
@@ -79,12 +81,15 @@ class ReindexPlan:
         )
         if not self.documents:
             text = f"every document is on {target}: nothing to reindex"
+            if self.versions and self.pipeline_version == EACH:
+                text += " (" + ", ".join(f"{n} {v}" for n, v in sorted(self.versions.items())) + ")"
         else:
             p = self.preview
             about = "about " if p.estimated else ""
             text = (
-                f"{self.documents} document(s) to rebuild with {target} ({self.old_chunks:,} "
-                f"chunks today): {about}{p.chunks:,} new chunks, {about}{p.cached:,} in the "
+                f"{self.documents} document(s) to rebuild with {target} "
+                f"({self.old_chunks:,} chunk{'' if self.old_chunks == 1 else 's'} today): "
+                f"{about}{p.chunks:,} new chunks, {about}{p.cached:,} in the "
                 f"embedding cache ({p.cache_hit_rate:.0%}), {about}{p.to_embed:,} to embed"
             )
             if p.unreadable:
@@ -189,8 +194,14 @@ def target_version(ctx: Context, dataset: str | None, found: list[Candidate]) ->
             ds = session.exec(select(Dataset).where(Dataset.name == dataset)).first()
         if ds is not None:
             return ctx.version_for(ds)
-    versions = {c.to_version for c in found}
+    versions = {c.to_version for c in found} or set(dataset_versions(ctx).values())
     return versions.pop() if len(versions) == 1 else ctx.pipeline_version if not versions else EACH
+
+
+def dataset_versions(ctx: Context) -> dict[str, str]:
+    """Each dataset's pipeline version (the process's settings with its own parse settings)."""
+    with Session(ctx.engine) as session:
+        return {ds.name: ctx.version_for(ds) for ds in session.exec(select(Dataset)).all()}
 
 
 def plan(
@@ -243,6 +254,7 @@ def plan(
         old_chunks=old_total,
         preview=preview,
         candidates=found,
+        versions=dataset_versions(ctx) if version == EACH else {},
     )
 
 

@@ -73,10 +73,7 @@ def _detail_facts(box, d: reads.JobDetail) -> None:
     attempts = cells["attempts"] + (
         f" (after {retried} manual retr{'y' if retried == 1 else 'ies'})" if retried else ""
     )
-    pages = r["page_count"] or (
-        r["total"] if r["stage"] in ("parsing", "ocr", "chunking") else None
-    )
-    chunks = r["chunk_count"] or (r["total"] if r["stage"] in ("embedding", "indexing") else None)
+    pages, chunks = _counts(r)
     facts = [
         ("Stage", cells["progress"] or r["stage"]),
         ("Attempts", attempts),
@@ -93,6 +90,25 @@ def _detail_facts(box, d: reads.JobDetail) -> None:
         box.progress(min(1.0, r["done"] / r["total"]), text=r["progress"])
     elif r["status"] in reads.ACTIVE:
         box.caption(r["progress"])
+
+
+def _counts(r: dict) -> tuple[str | int | None, str | int | None]:
+    """Pages and chunks as they are: a stage's running total only while the job runs (a locked
+    file has no page count to tell, a cancelled job's chunks were removed)."""
+    active = r["status"] in reads.ACTIVE
+    pages: str | int | None = r["page_count"] or (
+        r["total"] if active and r["stage"] in ("parsing", "ocr", "chunking") else None
+    )
+    if not pages and r["error_code"] in actions.LOCKED_CODES:
+        pages = "— (locked: no page count without the password)"
+    chunks: str | int | None = r["chunk_count"] or (
+        r["total"] if active and r["stage"] in ("embedding", "indexing") else None
+    )
+    if r["status"] == "cancelled" and (chunks or r["stage"] in ("embedding", "indexing")):
+        chunks = "0 (removed on cancel)"
+    return (f"{pages:,}" if isinstance(pages, int) else pages), (
+        f"{chunks:,}" if isinstance(chunks, int) else chunks
+    )
 
 
 def _detail_waiting(box, d: reads.JobDetail) -> None:

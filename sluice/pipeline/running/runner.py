@@ -584,6 +584,9 @@ def _parse(
             pages.append((number, text))
             chars += len(text.strip())
             report.update(Stage.parsing, number, parsed.page_count)
+        # Written on the job as parsing ends: the Jobs page tells it while chunks are embedded.
+        n = parsed.page_count
+        report.update(Stage.parsing, n, n, force=True, page_count=n)
     finally:
         parsed.close()
     if chars == 0:

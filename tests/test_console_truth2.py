@@ -1,0 +1,108 @@
+"""What the console and the CLI say is true, continued (issue 27, items 5, 7, 12-14 and the pages
+the operator looked for): per-dataset versions, a job's counts as they are, labels, estimates
+from measured rates only, and the hit-testing page."""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from sluice import faults
+from tests.support.apptest import open_console
+from tests.support.helpers import job, run_file
+
+
+def _own_chunking(ctx, name: str, size: int = 400) -> str:
+    """Give dataset ``name`` chunking of its own; its pipeline version."""
+    from sluice.storage.models import Dataset
+
+    with Session(ctx.engine) as session:
+        ds = session.exec(select(Dataset).where(Dataset.name == name)).one()
+        ds.parse_settings = {"chunk_size": size, "chunk_overlap": 40}
+        session.add(ds)
+        session.commit()
+        session.refresh(ds)
+        return ctx.version_for(ds)
+
+
+def _fact(at, label: str) -> str:
+    """A fact of the Jobs page's detail row ("**Pages**  \\nvalue"), as the person reads it."""
+    for md in at.markdown:
+        if str(md.value).startswith(f"**{label}**"):
+            return str(md.value).split("\n", 1)[1].replace("\\", "")
+    raise AssertionError(f"no fact {label!r} on the page")
+
+
+# --- item 5: every dataset judged against its own pipeline version --------------------------------
+
+
+def test_reindex_dry_run_judges_each_dataset_by_its_own_pipeline_version(ctx, capsys):
+    from sluice.cli.main import main
+    from sluice.pipeline.running.runner import run_job
+    from sluice.storage.models import Job, JobStatus
+
+    run_file(ctx, b"Charts of the northern sound. " * 40, "charts.txt", "default")
+    run_file(ctx, b"Rigging of tall ships. " * 30, "ships.txt", "rag-demo")
+    own = _own_chunking(ctx, "rag-demo")
+    assert main(["reindex", "--all", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"1 document(s) to rebuild with pipeline {own}" in out and "(1 chunk today)" in out
+    assert main(["reindex", "--all"]) == 0
+    capsys.readouterr()
+    with Session(ctx.engine) as session:
+        waiting = session.exec(select(Job.id).where(Job.status == JobStatus.pending)).all()
+    assert len(waiting) == 1 and run_job(waiting[0], ctx=ctx).result == "succeeded"
+    assert main(["reindex", "--all", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    # It said "every document is on pipeline <the global version>": rag-demo's is another.
+    assert "every document is on its dataset's pipeline version: nothing to reindex" in out, out
+    assert f"default {ctx.pipeline_version}" in out and f"rag-demo {own}" in out
+    assert main(["reindex", "--all", "--dry-run", "--dataset", "rag-demo"]) == 0
+    assert f"every document is on pipeline {own}" in capsys.readouterr().out
+
+
+# --- item 7: a job's pages and chunks as they are -------------------------------------------------
+
+
+def test_a_job_tells_its_page_count_while_it_embeds(ctx, samples):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.running.runner import run_job
+
+    data = (samples / "004-pdflatex-4-pages.pdf").read_bytes()
+    r = ingest_bytes(ctx, data, dataset="default", filename="four.pdf")
+    seen: list[tuple[int | None, str]] = []
+
+    def look(**_) -> None:
+        if not seen:
+            at = open_console("jobs", query={"job": str(r.job_id)})
+            seen.append((job(ctx, r.job_id).page_count, _fact(at, "Pages")))
+
+    with faults.hook("embed_batch", look):
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    assert seen == [(4, "4")], seen  # it said "Pages —" until the job ended
+
+
+def test_a_cancelled_job_does_not_show_the_chunks_it_removed(ctx):
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.running.runner import run_job
+    from sluice.storage import jobs
+
+    r = ingest_bytes(ctx, b"Soundings off the reef. " * 400, dataset="default", filename="r.txt")
+
+    def cancel(**_) -> None:
+        with Session(ctx.engine) as session:
+            assert jobs.request_cancel(session=session, job_ids=[r.job_id], actor="op")[0].ok
+
+    with faults.hook("after_index", cancel):
+        assert run_job(r.job_id, ctx=ctx).result == "cancelled"
+    assert job(ctx, r.job_id).total > 1  # the chunks it had written, all removed
+    at = open_console("jobs", query={"job": str(r.job_id)})
+    assert _fact(at, "Chunks") == "0 (removed on cancel)"
+
+
+def test_a_locked_pdf_does_not_say_it_has_0_pages(ctx, samples):
+    data = (samples / "005-libreoffice-writer-password.pdf").read_bytes()
+    locked = run_file(ctx, data, "locked.pdf")
+    assert locked.error_code == "password_protected"
+    at = open_console("jobs", query={"job": str(locked.id)})
+    pages = _fact(at, "Pages")
+    assert pages != "0" and "locked" in pages, pages
