@@ -13,6 +13,8 @@ not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, befor
 ``before_document_insert`` (an upload found no document with its bytes, before it adds one),
 ``redeliver_selected`` (recovery picked a stranded job, before it publishes it again),
 ``before_supersede`` (a success read the document's other jobs, before it writes),
+``after_switch`` (a success committed, the chunks of the jobs it superseded or replaced not yet
+removed),
 ``before_fail_write`` (a failure read the job, before it writes), ``before_verify`` (the runner
 wrote its chunks, before it checks the index), ``reconcile_before_delete`` (repair confirmed
 orphans, before it deletes them), ``heartbeat_lost`` (the heartbeat found the lease gone),

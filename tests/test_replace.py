@@ -4,6 +4,10 @@ so, the same bytes again are the same job, delete by external id, uniqueness per
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
+import pytest
 from sqlmodel import Session
 
 from sluice.ops.documents import find_by_external_id
@@ -13,7 +17,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
-from tests.support.helpers import ids_of_job, job
+from tests.support.helpers import Background, ids_of_job, job, until, wait_for
 
 OLD = b"Albatross migration routes cross the southern ocean every winter season. " * 40
 NEW = b"Albatross migration routes now cross the northern ocean every summer season. " * 40
@@ -123,3 +127,72 @@ def test_bad_external_ids_are_refused_before_anything_is_stored(ctx):
         r = ingest_bytes(ctx, OLD, dataset="default", filename="a.txt", external_id=bad)
         assert not r.accepted and r.error_code == "bad_external_id" and why in r.message
     assert served(ctx) == set()
+
+
+class Searcher(Background):
+    """Asks throughout, in every mode, and counts each answer: neither version (a miss), both (a
+    double), or which one it was."""
+
+    def __init__(self, ctx, versions: tuple[int, int], *, limit: int = 5000) -> None:
+        super().__init__(name="searcher")
+        self.ctx, self.versions, self.limit = ctx, set(versions), limit
+        self.stop = threading.Event()
+        self.asked = 0
+        self.misses = self.doubles = 0
+        self.answers: list[int] = []
+
+    def work(self):
+        modes = ("hybrid", "dense", "lexical")
+        while not self.stop.is_set() and self.asked < self.limit:
+            got = served(self.ctx, mode=modes[self.asked % 3]) & self.versions
+            self.asked += 1
+            if not got:
+                self.misses += 1
+            elif len(got) > 1:
+                self.doubles += 1
+            else:
+                self.answers.append(got.pop())
+
+    def ask(self, more: int, what: str) -> None:
+        """Hold until it asked ``more`` times from now (bounded)."""
+        start = self.asked
+        until(lambda: self.check() or self.asked >= start + more, timeout=60, what=what)
+
+
+@pytest.mark.slow
+def test_a_replacement_under_continuous_search_never_answers_both_nor_neither(
+    database_url, ctx, start_worker, tmp_path
+):
+    v1 = upload_and_run(ctx, OLD)
+    built, switched = tmp_path / "built", tmp_path / "switched"
+    # The worker holds the new version twice: chunks written but not yet serving, and serving with
+    # the old chunks not yet removed. Both windows have both chunk sets in both stores.
+    start_worker(env={"SLUICE_FAULTS": f"after_index=wait:{built},after_switch=wait:{switched}"})
+    v2 = upload(ctx, NEW)
+    searcher = Searcher(ctx, (v1.document_id, v2.document_id))
+    searcher.start()
+    try:
+        until(lambda: Path(f"{built}.waiting").exists(), timeout=60, what="new chunks written")
+        assert ids_of_job(ctx, v1.job_id) and ids_of_job(ctx, v2.job_id)
+        searcher.ask(30, "searches while both versions are in the stores, the old one serving")
+        before = len(searcher.answers)
+        built.touch()
+        until(lambda: Path(f"{switched}.waiting").exists(), timeout=60, what="the switch")
+        assert ids_of_job(ctx, v1.job_id) and ids_of_job(ctx, v2.job_id)
+        searcher.ask(30, "searches after the switch, the old chunks still in the stores")
+        switched.touch()
+        wait_for(ctx, [v2.job_id])
+        searcher.ask(9, "searches after the old chunks went")
+    finally:
+        built.touch()
+        switched.touch()
+        searcher.stop.set()
+    searcher.result(timeout=60)
+    assert job(ctx, v2.job_id).status == JobStatus.succeeded
+    assert (searcher.misses, searcher.doubles) == (0, 0), searcher.asked
+    answers = searcher.answers
+    assert set(answers[:before]) == {v1.document_id}  # the old version served until the switch
+    assert answers[-9:] == [v2.document_id] * 9
+    assert answers == sorted(answers, key=lambda d: d == v2.document_id)  # one switch, no way back
+    assert ids_of_job(ctx, v1.job_id) == []
+    assert reconcile(ctx).clean

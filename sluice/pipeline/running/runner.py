@@ -738,6 +738,7 @@ def _finish(
             warnings=parsed.warnings,
             stages=out.report.stage_seconds(),
         )
+    faults.hit("after_switch", job_id=job.id)  # search serves this job; older chunks still there
     for old in superseded:
         try:
             ctx.vectors.delete(out.collection, where={"job_id": old})
