@@ -7,7 +7,7 @@ totals over the jobs the database keeps (``sluice prune`` removing old rows can 
 Prometheus treats as a counter reset). Durations and failures come from the audit log (JobEvent),
 which the exporter follows from where it left off, so a scrape reads only what is new.
 
-    sluice_jobs{dataset,status}               gauge      jobs by state
+    sluice_jobs{dataset,status}               gauge      jobs by state (0 for a status none is in)
     sluice_queue_messages{state}              gauge      queued / scheduled, in the queue Redis
     sluice_oldest_pending_job_age_seconds     gauge      how long the oldest pending job has waited
     sluice_job_duration_seconds               histogram  last attempt of each succeeded job
@@ -19,6 +19,8 @@ which the exporter follows from where it left off, so a scrape reads only what i
     sluice_workers_alive,
     sluice_worker_threads                     gauge      consumer processes and their threads
     sluice_up{service}                        gauge      1 when the service answered this scrape
+                                                         (database, queue, cache, chroma and
+                                                         object_store when uploads live in S3)
     sluice_index_unreachable_chunks{dataset}  gauge      sampled chunks their own vector missed
     sluice_index_sampled_chunks{dataset},
     sluice_index_recall{dataset}                         the last reconcile's index audit
@@ -48,7 +50,7 @@ from prometheus_client.registry import Collector
 
 from sluice.errors import SettingsError
 from sluice.ops.gate import Connection, host_refusal
-from sluice.ops.health import blob_store_probe
+from sluice.ops.health import probes
 from sluice.ops.reads import MetricCounts, ctx, events_after, last_reconcile, metric_counts
 from sluice.pipeline.queueing import broker
 from sluice.settings import Settings, is_loopback
@@ -156,8 +158,11 @@ class SluiceCollector(Collector):
         yield from _index_families()
         yield from _queue_families(up)
         settings = ctx().settings
-        if settings.blob_store == "s3":  # an object store that does not answer holds every job
-            up.add_metric(["object_store"], 1 if blob_store_probe(settings).reachable else 0)
+        for probe in probes(settings):  # the probe's short timeout: within a scrape's deadline
+            if probe.name in ("cache Redis", "chroma"):
+                up.add_metric([probe.name.split()[0]], 1 if probe.reachable else 0)
+            elif probe.name == "object store":  # one that does not answer holds every job
+                up.add_metric(["object_store"], 1 if probe.reachable else 0)
         yield up
 
     def _job_families(self, c: MetricCounts) -> Iterable[Metric]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from sluice.ops import documents, drain, reindex
 from sluice.ops.access import Operator
@@ -548,8 +548,13 @@ def metric_counts() -> MetricCounts:
     with _session() as session:
         oldest = queries.oldest_waiting(session=session)
         embedded, cached = queries.embedding_totals(session=session)
+        found = queries.jobs_by_dataset_and_status(session=session)
+        names = session.exec(select(Dataset.name)).all()
+        # Every dataset with every status, 0 where none: a dashboard's rate() works from the first
+        # scrape instead of from the first job of a status.
+        zeros = {(name, status.value): 0 for name in names for status in JobStatus}
         return MetricCounts(
-            jobs=queries.jobs_by_dataset_and_status(session=session),
+            jobs=zeros | found,
             oldest_pending_seconds=(utcnow() - oldest).total_seconds() if oldest else 0.0,
             embedded=embedded,
             cached=cached,
