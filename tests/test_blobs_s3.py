@@ -418,3 +418,34 @@ def test_the_sweep_removes_what_a_killed_upload_left_and_never_a_younger_one(s3c
     assert set(stored(s3)) == {PREFIX + k for k in (kept, running.key, done.key, orphan)}
     assert store.read(kept) == doc(3) and store.read(done.key) == big
     assert not client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads")
+
+
+def test_an_api_upload_while_the_object_store_is_down_is_a_503_with_retry_after(s3ctx, s3):
+    """Through the HTTP API: 503 problem+json ``blob_store_unavailable`` with Retry-After, nothing
+    stored and no job made; the same request once the store is back is accepted."""
+    import httpx
+
+    from sluice.storage.models import Job
+    from tests.support.api_server import InProcessApi, auth, make_key
+
+    token = make_key("outage", datasets=["default"], scope="ingest")
+    body = {"filename": "during.txt", "text": doc(5).decode()}
+    with InProcessApi() as api:
+        url = f"{api.url}/v1/datasets/default/documents"
+        s3.gate.close()
+        try:
+            refused = httpx.post(url, json=body, headers=auth(token), timeout=60)
+        finally:
+            s3.gate.open()
+        with Session(s3ctx.engine) as session:
+            jobs_made = session.query(Job).count()
+        objects_left = stored(s3)
+        again = httpx.post(url, json=body, headers=auth(token), timeout=60)
+
+    assert refused.status_code == 503
+    assert refused.headers["content-type"].startswith("application/problem+json")
+    assert refused.json()["code"] == "blob_store_unavailable"
+    assert int(refused.headers["Retry-After"]) > 0
+    assert "object store" in refused.json()["detail"]
+    assert jobs_made == 0 and objects_left == {}
+    assert again.status_code == 202 and again.json()["jobs"][0]["job_id"] > 0

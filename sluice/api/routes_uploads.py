@@ -1,5 +1,6 @@
 """``POST /v1/datasets/{dataset}/documents``: store the files and answer 202 with their jobs at once
-(nothing slow happens in the request: the workers parse, chunk, embed and index)."""
+(nothing slow happens in the request: the workers parse, chunk, embed and index); and
+``DELETE /v1/datasets/{dataset}/documents/by-external-id/{external_id}``."""
 
 from __future__ import annotations
 
@@ -12,20 +13,22 @@ from fastapi.responses import JSONResponse, Response
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
-from sluice.api.schemas import UploadAccepted, problems
+from sluice.api.schemas import DeleteOut, UploadAccepted, problems
 from sluice.api.uploads import Part, read_upload
-from sluice.ops import scoped
+from sluice.ops import replacing, scoped
 from sluice.ops.ingest import SNIFF_BYTES, IngestResult
 from sluice.ops.keys import ApiPrincipal
 from sluice.settings import get_settings
 
 router = APIRouter(tags=["documents"])
 RETRY_AFTER_SECONDS = 2
+OUTAGE_RETRY_SECONDS = 15
 REFUSAL_STATUS = {
     "too_large": 413,
     "unsupported_type": 415,
     "blob_store_unavailable": 503,  # the object store does not answer: nothing was stored
     "blob_store_auth_failed": 503,
+    "external_id_conflict": 409,
 }
 
 BODY = {
@@ -35,7 +38,8 @@ BODY = {
             "schema": {
                 "type": "object",
                 "properties": {
-                    "file": {"type": "array", "items": {"type": "string", "format": "binary"}}
+                    "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                    "external_id": {"type": "string", "minLength": 1, "maxLength": 512},
                 },
                 "required": ["file"],
             }
@@ -51,10 +55,25 @@ def _refused(result: IngestResult, accepted: list[dict]) -> Problem:
         f". {result.fix_hint}" if result.fix_hint else ""
     )
     extra: dict[str, Any] = {"jobs": accepted} if accepted else {}
-    return Problem(status, result.error_code or "refused", detail, **extra)
+    # an outage of the object store: nothing was stored; the same request again, after a round
+    headers = {"Retry-After": str(OUTAGE_RETRY_SECONDS)} if status == 503 else None
+    return Problem(status, result.error_code or "refused", detail, headers=headers, **extra)
+
+
+def _check_external_id(parts: list[Part]) -> None:
+    external = parts[0].external_id if parts else None
+    if external is None:
+        return
+    if len(parts) > 1:
+        raise Problem(422, "external_id_needs_one_file", "an external_id names one file: send one")
+    try:
+        replacing.check_external_id(external)
+    except replacing.BadExternalId as err:
+        raise Problem(422, err.code, f"{err}. {replacing.EXTERNAL_ID_RULE}") from None
 
 
 def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
+    _check_external_id(parts)
     for part in parts:  # every file is judged by its bytes before any is stored
         refusal = scoped.type_refusal(part.file.read(SNIFF_BYTES), part.filename)
         part.file.seek(0)
@@ -63,7 +82,13 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
     accepted: list[dict] = []
     for part in parts:
         stream = cast(BinaryIO, part.file)  # a spooled temporary file: binary
-        result = scoped.upload(key, dataset=dataset, filename=part.filename, stream=stream)
+        result = scoped.upload(
+            key,
+            dataset=dataset,
+            filename=part.filename,
+            stream=stream,
+            external_id=part.external_id,
+        )
         if not result.accepted or result.job_id is None or result.document_id is None:
             raise _refused(result, accepted)
         accepted.append(
@@ -73,6 +98,9 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
                 "filename": result.filename,
                 "status": result.status,
                 "existing": result.duplicate,
+                "external_id": result.external_id,
+                "version": result.version,
+                "replaces_document_id": result.replaces_document_id,
             }
         )
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
@@ -85,7 +113,7 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
     "/v1/datasets/{dataset}/documents",
     status_code=202,
     response_model=UploadAccepted,
-    responses=problems(401, 403, 404, 409, 413, 415, 422, 429),
+    responses=problems(401, 403, 404, 409, 413, 415, 422, 429, 503),
     openapi_extra={"requestBody": BODY},
 )
 async def upload(dataset: str, request: Request, key: Key) -> Response:
@@ -93,7 +121,10 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     already in the dataset answer with the existing job (``existing: true``)."""
     await run_in_threadpool(scoped.check_upload, key, dataset)
     parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
-    fingerprint = [dataset, *[[p.filename, p.sha256] for p in parts]]
+    fingerprint = [
+        dataset,
+        *[[p.filename, p.sha256, *([p.external_id] if p.external_id else [])] for p in parts],
+    ]
     try:
         return await run_in_threadpool(
             idempotent, request, key, fingerprint, lambda: _ingest(key, dataset, parts)
@@ -101,3 +132,26 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     finally:
         for part in parts:
             part.file.close()
+
+
+@router.delete(
+    "/v1/datasets/{dataset}/documents/by-external-id/{external_id:path}",
+    response_model=DeleteOut,
+    responses=problems(401, 403, 404, 409, 422, 429),
+)
+def delete_by_external_id(dataset: str, external_id: str, key: Key) -> Response:
+    """Delete the document the application calls ``external_id`` in the dataset: the live version
+    and a replacement still being built. 404 when the dataset has no such document."""
+    _check_external_id([Part("", cast(BinaryIO, None), "", external_id)])
+    done = scoped.delete_by_external_id(key, dataset, external_id)
+    if not done.ok:
+        raise Problem(409, "action_refused", done.message)
+    return JSONResponse(
+        {
+            "ok": True,
+            "message": done.message,
+            "vectors_removed": done.vectors_removed,
+            "blob_removed": done.blob_removed,
+            "jobs_deleted": done.jobs_deleted,
+        }
+    )
