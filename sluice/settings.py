@@ -148,6 +148,10 @@ class Settings(BaseSettings):
     dispatch_per_thread: int = Field(2, ge=0, description="0 = publish everything at once")
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
     retention_days: int = Field(30, ge=0, description="0 = keep everything")
+    # Sources (sluice.ops.sources): a sync that would remove more than this share of a source's
+    # documents removes nothing until confirmed; removed documents stay tombstoned this long.
+    sync_max_remove_fraction: float = Field(0.3, ge=0, le=1)
+    sync_tombstone_hours: float = Field(24.0, ge=0)
     # A dependency outage (Chroma, the database) is not the job's failure: the job waits, looking
     # again every OUTAGE_POLL seconds (jittered), attempts unspent, for at most MAX_OUTAGE seconds.
     outage_poll_seconds: float = Field(15.0, gt=0)

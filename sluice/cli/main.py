@@ -48,6 +48,7 @@ from sluice.cli.audit_commands import add_audit_commands
 from sluice.cli.blob_commands import add_blob_commands
 from sluice.cli.key_commands import add_key_commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
+from sluice.cli.source_commands import add_source_commands
 from sluice.errors import SettingsError
 from sluice.files import use_private_umask
 from sluice.servers import supervisor
@@ -312,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pause_commands(sub)
     add_priority_commands(sub)
     add_key_commands(sub)
+    add_source_commands(sub)
     add_audit_commands(sub)
     add_blob_commands(sub)
     return p

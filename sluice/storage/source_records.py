@@ -1,0 +1,262 @@
+"""Sources in the job database: what each one is, what a sync saw of it, its runs, and its lease.
+
+- ``Source``: a folder or an S3 prefix that a dataset follows (``sluice.ops.sources``).
+- ``SourceEntry``: one file of a source as the last sync saw it: its source-relative path (the
+  document's external id), size, modification time and sha256, and the document it became.
+  ``removed_at`` marks a tombstone: the file left the source, its document left search, its
+  bytes and chunks stay until ``SLUICE_SYNC_TOMBSTONE_HOURS`` have passed.
+- ``SourceRun``: one recorded sync, with its counts.
+- ``SourceLease``: one sync of a source at a time across the fleet: an expiring lease whose token
+  grows with every holder (a fencing token: a write of an older holder is refused).
+
+The tables join the schema when this module is imported, and ``ensure_tables`` makes them in a
+database an older Sluice created.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Column, Text, UniqueConstraint, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from sluice.settings import get_settings
+from sluice.storage.clock import db_now
+from sluice.storage.models import WebhookDelivery
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Source(SQLModel, table=True):
+    id: int = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64, unique=True)
+    dataset_id: int = Field(foreign_key="dataset.id", index=True)
+    kind: str = Field(max_length=10)  # folder | s3
+    location: str = Field(max_length=1000)
+    include: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    exclude: list[str] = Field(default_factory=list, sa_column=Column(JSON))
+    every_seconds: int | None = None  # None: synced only when asked
+    created_at: datetime = Field(default_factory=_now)
+    created_by: str = Field(default="", max_length=120)
+    next_run_at: datetime | None = None
+
+
+class SourceEntry(SQLModel, table=True):
+    __tablename__ = "source_entry"
+    __table_args__ = (UniqueConstraint("source_id", "path", name="uq_source_entry_path"),)
+
+    id: int = Field(default=None, primary_key=True)
+    source_id: int = Field(foreign_key="source.id", index=True)
+    path: str = Field(max_length=1000)
+    size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    mtime_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    sha256: str = Field(max_length=64, index=True)
+    document_id: int | None = Field(default=None, index=True)
+    job_id: int | None = None
+    removed_at: datetime | None = None
+    updated_at: datetime = Field(default_factory=_now)
+
+
+class SourceRun(SQLModel, table=True):
+    __tablename__ = "source_run"
+
+    id: int = Field(default=None, primary_key=True)
+    source_id: int = Field(foreign_key="source.id", index=True)
+    actor: str = Field(default="system", max_length=120)
+    status: str = Field(default="running", max_length=20)  # running done held failed interrupted
+    started_at: datetime = Field(default_factory=_now)
+    finished_at: datetime | None = None
+    listed: int = 0
+    added: int = 0
+    changed: int = 0
+    renamed: int = 0
+    removed: int = 0
+    failed: int = 0
+    unchanged: int = 0
+    held: int = 0  # removals the guard held back
+    message: str = Field(default="", sa_column=Column(Text))
+    counts: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON))
+
+
+class SourceLease(SQLModel, table=True):
+    __tablename__ = "source_lease"
+
+    source_id: int = Field(primary_key=True)
+    holder: str = Field(max_length=120)
+    token: int = 1
+    expires_at: datetime
+
+
+TABLES = [SQLModel.metadata.tables[n] for n in ("source", "source_entry", "source_run")] + [
+    SQLModel.metadata.tables["source_lease"]
+]
+_made: set[int] = set()
+_made_lock = threading.Lock()
+
+
+def ensure_tables(engine: Engine) -> None:
+    """Make the source tables if this database lacks them (once per engine and process)."""
+    if id(engine) in _made:
+        return
+    with _made_lock:
+        try:
+            SQLModel.metadata.create_all(engine, tables=TABLES)
+        except (IntegrityError, OperationalError, ProgrammingError):  # made by another at once
+            SQLModel.metadata.create_all(engine, tables=TABLES)
+        _made.add(id(engine))
+
+
+# -- the lease ------------------------------------------------------------------------------------
+
+
+def take_lease(session: Session, *, source_id: int, holder: str, seconds: float) -> int | None:
+    """The lease of one source for ``seconds`` by the job database's clock: its fencing token, or
+    None while another holder's lease runs."""
+    now = db_now(session)
+    until = now + timedelta(seconds=seconds)
+    if session.get(SourceLease, source_id) is None:
+        try:
+            session.add(SourceLease(source_id=source_id, holder=holder, token=1, expires_at=until))
+            session.commit()
+            return 1
+        except IntegrityError:
+            session.rollback()
+    taken = session.execute(
+        update(SourceLease)
+        .where(col(SourceLease.source_id) == source_id, col(SourceLease.expires_at) < now)
+        .values(holder=holder, token=SourceLease.token + 1, expires_at=until)
+    )
+    session.commit()
+    if getattr(taken, "rowcount", 0) != 1:
+        return None
+    lease = session.get(SourceLease, source_id, populate_existing=True)
+    return lease.token if lease is not None else None
+
+
+def renew_lease(session: Session, *, source_id: int, token: int, seconds: float) -> bool:
+    """In the caller's transaction: extend the lease if ``token`` still holds it (the fence every
+    write of a sync goes through). False: another holder took it; write nothing."""
+    until = db_now(session) + timedelta(seconds=seconds)
+    done = session.execute(
+        update(SourceLease)
+        .where(col(SourceLease.source_id) == source_id, col(SourceLease.token) == token)
+        .values(expires_at=until)
+    )
+    return getattr(done, "rowcount", 0) == 1
+
+
+def release_lease(session: Session, *, source_id: int, token: int) -> None:
+    session.execute(
+        update(SourceLease)
+        .where(col(SourceLease.source_id) == source_id, col(SourceLease.token) == token)
+        .values(expires_at=db_now(session) - timedelta(seconds=1))
+    )
+    session.commit()
+
+
+def lease_of(session: Session, source_id: int) -> SourceLease | None:
+    return session.get(SourceLease, source_id, populate_existing=True)
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+def by_name(session: Session, name: str) -> Source | None:
+    return session.exec(select(Source).where(Source.name == name)).first()
+
+
+def all_sources(session: Session) -> list[Source]:
+    return list(session.exec(select(Source).order_by(col(Source.name))).all())
+
+
+def entries(session: Session, source_id: int) -> list[SourceEntry]:
+    return list(session.exec(select(SourceEntry).where(SourceEntry.source_id == source_id)).all())
+
+
+def last_run(session: Session, source_id: int) -> SourceRun | None:
+    return session.exec(
+        select(SourceRun)
+        .where(SourceRun.source_id == source_id)
+        .order_by(col(SourceRun.id).desc())
+        .limit(1)
+    ).first()
+
+
+def mark_interrupted(session: Session, source_id: int) -> int:
+    """Runs of this source still marked running when a new holder takes the lease: their process
+    died (or lost the lease) halfway."""
+    done = session.execute(
+        update(SourceRun)
+        .where(col(SourceRun.source_id) == source_id, col(SourceRun.status) == "running")
+        .values(status="interrupted", finished_at=db_now(session))
+    )
+    return getattr(done, "rowcount", 0) or 0
+
+
+# -- the source.synced webhook --------------------------------------------------------------------
+
+SYNCED = "source.synced"
+
+
+def record_synced(session: Session, *, source: Source, run: SourceRun, dataset: str) -> int:
+    """A ``source.synced`` event (one delivery row per endpoint of ``SLUICE_WEBHOOK_URLS``) in the
+    caller's transaction, the one that finishes the run. Its deliveries are posted, signed and
+    retried like the job events; their ``job_id`` is the source's id negated (so one source's
+    events reach an endpoint in order, and no job's ordering waits on them)."""
+    endpoints = get_settings().webhook_urls
+    if not endpoints:
+        return 0
+    now = db_now(session)
+    event_id = f"source-run-{run.id}"
+    body = json.dumps(
+        {
+            "id": event_id,
+            "type": SYNCED,
+            "occurred_at": now.isoformat(),
+            "source": {"name": source.name, "kind": source.kind, "dataset": dataset},
+            "run": run_counts(run),
+        },
+        sort_keys=True,
+    )
+    for endpoint in endpoints:
+        session.add(
+            WebhookDelivery(
+                event_id=event_id,
+                endpoint=endpoint,
+                job_id=-source.id,
+                event=SYNCED,
+                body=body,
+                created_at=now,
+                next_attempt_at=now,
+            )
+        )
+    return len(endpoints)
+
+
+def run_counts(run: SourceRun) -> dict[str, Any]:
+    def iso(value: datetime | None) -> str | None:
+        return value.isoformat() if value is not None else None
+
+    return {
+        "id": run.id,
+        "status": run.status,
+        "actor": run.actor,
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "listed": run.listed,
+        "added": run.added,
+        "changed": run.changed,
+        "renamed": run.renamed,
+        "removed": run.removed,
+        "failed": run.failed,
+        "unchanged": run.unchanged,
+        "held": run.held,
+        "message": run.message,
+    }

@@ -1,0 +1,343 @@
+"""Sources that stay in sync (sluice.ops.sources), on a real folder and on the S3-protocol test
+server: additions, changes, renames and removals happen exactly; renames embed nothing; removed
+documents leave search at once and are gone after the tombstone time; an empty or failed listing
+removes nothing; a sync killed halfway converges when run again; two syncs at once run once; a
+file changed while it is read is indexed with its final bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from sluice import faults
+from sluice.ops import sources
+from sluice.ops.search import search
+from sluice.ops.sources_listing import Seen
+from sluice.ops.sources_plan import Known, make_plan
+from sluice.pipeline.running.runner import run_job
+from sluice.storage.models import Document, Job, JobStatus
+from sluice.storage.source_records import SourceEntry, SourceLease, SourceRun
+from tests.support.object_store import CREDENTIALS, MotoServer, TcpGate, new_bucket, s3_client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def body(i: int, v: int = 0) -> bytes:
+    """File ``i`` in version ``v``: its own words (zq<i>v<v>), a size that changes with ``v``."""
+    word = f"zq{i}v{v}"
+    return (f"Source file {i} talks about {word} and nothing else. " * (20 + v) + "\n").encode()
+
+
+def run_pending(ctx) -> int:
+    with Session(ctx.engine) as session:
+        ids = session.exec(
+            select(Job.id).where(col(Job.status).in_([JobStatus.pending, JobStatus.retrying]))
+        ).all()
+    for job_id in ids:
+        run_job(job_id, ctx=ctx)
+    return len(ids)
+
+
+def found(ctx, word: str, dataset: str = "docs") -> set[str]:
+    return {h.filename for h in search(ctx, query=word, dataset=dataset, k=5, mode="lexical")}
+
+
+def job_count(ctx) -> int:
+    with Session(ctx.engine) as session:
+        return len(session.exec(select(Job.id)).all())
+
+
+class FolderSide:
+    kind = "folder"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def put(self, name: str, data: bytes) -> None:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    def rename(self, old: str, new: str) -> None:
+        (self.root / new).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(self.root / old, self.root / new)
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink()
+
+    def add_source(self, ctx, name: str = "src") -> None:
+        sources.add_source(ctx, name=name, dataset="docs", folder=str(self.root))
+
+
+class S3Side:
+    kind = "s3"
+
+    def __init__(self, moto, bucket: str) -> None:
+        self.client = s3_client(moto.server.url)
+        self.bucket = bucket
+
+    def put(self, name: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=f"team/{name}", Body=data)
+
+    def rename(self, old: str, new: str) -> None:
+        src = {"Bucket": self.bucket, "Key": f"team/{old}"}
+        self.client.copy_object(Bucket=self.bucket, Key=f"team/{new}", CopySource=src)
+        self.delete(old)
+
+    def delete(self, name: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=f"team/{name}")
+
+    def add_source(self, ctx, name: str = "src") -> None:
+        sources.add_source(ctx, name=name, dataset="docs", s3=f"s3://{self.bucket}/team")
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    server = MotoServer(tmp_path_factory.mktemp("moto"))
+    server.start()
+    gate = TcpGate(server.port)
+    gate.open()
+    yield SimpleNamespace(server=server, gate=gate)
+    gate.close()
+    server.stop()
+
+
+@pytest.fixture
+def s3side(moto, monkeypatch):
+    for key, value in {**CREDENTIALS, "SLUICE_S3_ENDPOINT_URL": moto.gate.url}.items():
+        monkeypatch.setenv(key, value)
+    yield S3Side(moto, new_bucket(moto.server.url))
+    moto.gate.open()
+
+
+@pytest.fixture(params=["folder", "s3"])
+def side(request, tmp_path):
+    if request.param == "folder":
+        return FolderSide(tmp_path / "share")
+    return request.getfixturevalue("s3side")
+
+
+def test_the_plan_is_a_pure_function_of_the_listing_and_what_is_known():
+    known = {f"f{i}": Known(f"f{i}", 10, 1, f"sha{i}", i) for i in range(10)}
+    files = {f"f{i}": Seen(10, 1) for i in range(10)}
+    files["f1"] = Seen(11, 2)  # changed
+    files["g2"] = files.pop("f2")  # renamed: same bytes
+    del files["f3"]
+    files["new"] = Seen(5, 5)
+    plan = make_plan(files, known, {"f1": "other", "g2": "sha2", "new": "shaN"})
+    assert (plan.add, plan.change, plan.rename, plan.remove) == (
+        ["new"],
+        ["f1"],
+        [("f2", "g2")],
+        ["f3"],
+    )
+    assert plan.unchanged == 7
+    held = make_plan({}, known, {})
+    assert held.remove == [] and len(held.held) == 10 and "empty" in held.held_reason
+    failed = make_plan({}, known, {}, error="ConnectionError", confirmed=True)
+    assert failed.remove == [] and "listing failed" in failed.held_reason
+    many = make_plan({f"f{i}": Seen(10, 1) for i in range(6)}, known, {})
+    assert many.remove == [] and len(many.held) == 4 and "30%" in many.held_reason
+    assert make_plan({}, known, {}, confirmed=True).remove == sorted(known)
+
+
+def test_edits_renames_deletes_and_an_addition_happen_exactly(side, make_ctx):
+    ctx = make_ctx()
+    for i in range(20):
+        side.put(f"d{i // 10}/f{i}.txt", body(i))
+    side.add_source(ctx)
+    first = sources.sync(ctx, "src", actor="test")
+    assert first.status == "done", first.message
+    assert first.counts["added"] == 20 and run_pending(ctx) == 20
+    assert found(ctx, "zq7v0") == {"f7.txt"}
+
+    for i in (0, 1, 2):
+        side.put(f"d0/f{i}.txt", body(i, 1))
+    side.rename("d0/f3.txt", "moved/g3.txt")
+    side.rename("d1/f14.txt", "moved/g14.txt")
+    for i in (5, 6, 15, 16):
+        side.delete(f"d{i // 10}/f{i}.txt")
+    side.put("d1/new.txt", body(99))
+    jobs_before = job_count(ctx)
+    preview = sources.sync(ctx, "src", preview=True)
+    assert preview.ran is False and "to embed" in preview.cost
+    assert job_count(ctx) == jobs_before  # a preview changes nothing
+
+    second = sources.sync(ctx, "src", actor="test")
+    c = second.counts
+    assert (c["added"], c["changed"], c["renamed"], c["removed"]) == (1, 3, 2, 4), second.message
+    assert c["unchanged"] == 20 - 3 - 2 - 4 and c["failed"] == 0
+    assert job_count(ctx) == jobs_before + 4  # the renames made no job: nothing embedded
+    for i in (5, 6, 15, 16):  # out of search at once, before any job runs
+        assert found(ctx, f"zq{i}v0") == set()
+    assert found(ctx, "zq3v0") == {"g3.txt"} and found(ctx, "zq14v0") == {"g14.txt"}
+    run_pending(ctx)
+    assert found(ctx, "zq1v1") == {"f1.txt"} and found(ctx, "zq1v0") == set()
+    assert found(ctx, "zq99v0") == {"new.txt"}
+    third = sources.sync(ctx, "src", actor="test")
+    assert third.counts["unchanged"] == 17 and third.counts["added"] == 0
+
+    with Session(ctx.engine) as session:  # tombstoned: bytes and jobs kept for now
+        gone = session.exec(select(Document).where(col(Document.deleted_at).is_not(None))).all()
+        tomb = [d for d in gone if d.filename in {"f5.txt", "f6.txt", "f15.txt", "f16.txt"}]
+    assert len(tomb) == 4 and all(ctx.blobs.exists(d.sha256) for d in tomb)
+    assert sources.purge_expired(ctx) == 0
+    ctx = make_ctx(SLUICE_SYNC_TOMBSTONE_HOURS="0")  # the tombstone time has passed
+    assert sources.purge_expired(ctx) == 4
+    with Session(ctx.engine) as session:
+        statuses = {
+            session.get(Job, d.active_job_id).status if d.active_job_id else None for d in tomb
+        }
+        for d in tomb:
+            assert session.exec(select(Job).where(Job.document_id == d.id)).all()
+            assert all(
+                j.status == JobStatus.deleted
+                for j in session.exec(select(Job).where(Job.document_id == d.id)).all()
+            )
+    assert statuses <= {None, JobStatus.deleted}
+
+
+def test_an_emptied_folder_and_a_failed_listing_remove_nothing(tmp_path, make_ctx):
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    for i in range(5):
+        share.put(f"f{i}.txt", body(i))
+    share.add_source(ctx)
+    sources.sync(ctx, "src")
+    run_pending(ctx)
+    for i in range(5):
+        share.delete(f"f{i}.txt")
+    empty = sources.sync(ctx, "src")
+    assert empty.status == "held" and empty.counts["removed"] == 0 and empty.counts["held"] == 5
+    assert "empty" in empty.held_reason and found(ctx, "zq2v0") == {"f2.txt"}
+    share.root.rename(tmp_path / "elsewhere")  # the folder is gone: the listing fails
+    failed = sources.sync(ctx, "src", confirm=True)
+    assert failed.status == "failed" and failed.counts["removed"] == 0
+    assert "listing failed" in failed.held_reason and found(ctx, "zq2v0") == {"f2.txt"}
+    (tmp_path / "elsewhere").rename(share.root)
+    confirmed = sources.sync(ctx, "src", confirm=True)  # an operator says the folder is empty
+    assert confirmed.counts["removed"] == 5 and found(ctx, "zq2v0") == set()
+    assert "5 tombstoned" in sources.undo(ctx, "src")
+    jobs_before = job_count(ctx)
+    assert found(ctx, "zq2v0") == {"f2.txt"} and job_count(ctx) == jobs_before  # not embedded
+
+
+def test_a_failed_s3_listing_removes_nothing(s3side, moto, make_ctx):
+    ctx = make_ctx()
+    for i in range(4):
+        s3side.put(f"f{i}.txt", body(i))
+    s3side.add_source(ctx)
+    assert sources.sync(ctx, "src").counts["added"] == 4
+    moto.gate.close()
+    failed = sources.sync(ctx, "src", confirm=True)
+    assert failed.status == "failed" and failed.counts["removed"] == 0
+    with Session(ctx.engine) as session:
+        entries = session.exec(select(SourceEntry)).all()
+    assert len(entries) == 4 and all(e.removed_at is None for e in entries)
+
+
+def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, sluice_env):
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    for i in range(12):
+        share.put(f"f{i:02}.txt", body(i))
+    share.add_source(ctx)
+    killed = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "sync", "src"],
+        env={**os.environ, "SLUICE_FAULTS": "source_applied@5=exit"},
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == 137, killed.stderr.decode()[-2000:]
+    with Session(ctx.engine) as session:
+        assert len(session.exec(select(SourceEntry)).all()) == 5
+    assert sources.sync(ctx, "src").status == "busy"  # the dead holder's lease still runs
+    with Session(ctx.engine) as session:  # ... until it expires
+        session.execute(update(SourceLease).values(expires_at=datetime(2000, 1, 1, tzinfo=UTC)))
+        session.commit()
+    again = sources.sync(ctx, "src")
+    assert again.status == "done" and again.counts["added"] == 7, again.message
+    with Session(ctx.engine) as session:
+        docs = session.exec(select(Document)).all()
+        runs = session.exec(select(SourceRun).order_by(col(SourceRun.id))).all()
+    assert len(docs) == 12 and len({d.sha256 for d in docs}) == 12  # no duplicate
+    assert [r.status for r in runs] == ["interrupted", "done"]
+
+
+def test_two_syncs_of_one_source_at_once_run_once(tmp_path, make_ctx):
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    for i in range(3):
+        share.put(f"f{i}.txt", body(i))
+    share.add_source(ctx)
+    results: dict[str, sources.SyncResult] = {}
+    errors: list[BaseException] = []
+    second_done = threading.Event()
+
+    def hold(**info) -> None:  # the first sync has the lease and listed: the second one comes now
+        if threading.current_thread().name == "first":
+            assert second_done.wait(30), "the second sync never returned"
+
+    def run(name: str) -> None:
+        try:
+            results[name] = sources.sync(ctx, "src", actor=name)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            if name == "second":
+                second_done.set()
+
+    with faults.hook("source_listed", hold):
+        first = threading.Thread(target=run, args=("first",), name="first")
+        first.start()
+        with Session(ctx.engine) as session:  # wait until the first holds the lease (bounded)
+            for _ in range(300):
+                if session.get(SourceLease, 1, populate_existing=True) is not None:
+                    break
+                threading.Event().wait(0.05)
+        second = threading.Thread(target=run, args=("second",), name="second")
+        second.start()
+        second.join(60)
+        first.join(60)
+    assert not errors, errors
+    assert results["second"].status == "busy" and results["first"].counts["added"] == 3
+    with Session(ctx.engine) as session:
+        assert len(session.exec(select(SourceRun)).all()) == 1
+
+
+def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(tmp_path, make_ctx):
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    share.put("f1.txt", body(1))
+    share.add_source(ctx)
+    final = body(1, 5)
+    changed: list[str] = []
+
+    def rewrite(path: str, **info) -> None:  # between the stat and the read
+        if not changed:
+            changed.append(path)
+            share.put(path, final)
+
+    with faults.hook("source_before_read", rewrite):
+        result = sources.sync(ctx, "src")
+    assert changed == ["f1.txt"] and result.counts["added"] == 1
+    with Session(ctx.engine) as session:
+        entry = session.exec(select(SourceEntry)).one()
+    st = (share.root / "f1.txt").stat()
+    assert entry.sha256 == hashlib.sha256(final).hexdigest()
+    assert (entry.size, entry.mtime_ns) == (st.st_size, st.st_mtime_ns)
+    run_pending(ctx)
+    assert found(ctx, "zq1v5") == {"f1.txt"} and found(ctx, "zq1v0") == set()
+    assert sources.sync(ctx, "src").counts["unchanged"] == 1  # nothing read again
