@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 from sqlmodel import Session
 
@@ -17,6 +18,7 @@ from sluice.ops.search import search
 from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
+from tests.support.api_server import InProcessApi, auth, make_key
 from tests.support.helpers import Background, ids_of_job, job, until, wait_for
 
 OLD = b"Albatross migration routes cross the southern ocean every winter season. " * 40
@@ -196,3 +198,77 @@ def test_a_replacement_under_continuous_search_never_answers_both_nor_neither(
     assert answers == sorted(answers, key=lambda d: d == v2.document_id)  # one switch, no way back
     assert ids_of_job(ctx, v1.job_id) == []
     assert reconcile(ctx).clean
+
+
+def test_the_api_routes_of_external_ids(ctx):
+    with InProcessApi() as api:
+        c = httpx.Client(
+            base_url=api.url, headers=auth(make_key("k", datasets=None, scope="manage")), timeout=30
+        )
+        r = c.post(
+            "/v1/datasets/default/documents",
+            json={"filename": "h.txt", "text": OLD.decode(), "external_id": "hb/1"},
+        )
+        assert r.status_code == 202, r.text
+        v1 = r.json()["jobs"][0]
+        assert (v1["external_id"], v1["version"]) == ("hb/1", 1)
+        run_job(v1["job_id"], ctx=ctx)
+        r = c.post(
+            "/v1/datasets/default/documents",
+            files={"file": ("h.txt", NEW)},
+            data={"external_id": "hb/1"},
+        )
+        assert r.status_code == 202, r.text
+        v2 = r.json()["jobs"][0]
+        assert v2["version"] == 2 and v2["replaces_document_id"] == v1["document_id"]
+        [live] = c.get("/v1/documents", params={"external_id": "hb/1"}).json()["documents"]
+        assert live["id"] == v1["document_id"]
+        assert live["version_message"] == "version 1 (live); version 2 (replacement) being built"
+        run_job(v2["job_id"], ctx=ctx)
+        found = c.get("/v1/documents", params={"external_id": "hb/1", "dataset": "default"})
+        [live] = found.json()["documents"]
+        assert (live["id"], live["version_state"]) == (v2["document_id"], "serving")
+        old = c.get(f"/v1/documents/{v1['document_id']}").json()
+        assert old["version_state"] == "replaced" and old["replaced_by"] == v2["document_id"]
+        refusals = {
+            "empty": c.post(
+                "/v1/datasets/default/documents",
+                json={"filename": "a.txt", "text": "x", "external_id": ""},
+            ),
+            "control": c.post(
+                "/v1/datasets/default/documents",
+                files={"file": ("a.txt", b"x")},
+                data={"external_id": "a\x01b"},
+            ),
+            "two files": c.post(
+                "/v1/datasets/default/documents",
+                files=[("file", ("a.txt", b"x")), ("file", ("b.txt", b"y"))],
+                data={"external_id": "two"},
+            ),
+            "conflict": c.post(
+                "/v1/datasets/default/documents",
+                files={"file": ("h.txt", NEW)},
+                data={"external_id": "another"},
+            ),
+            "lookup": c.get("/v1/documents", params={"external_id": "a\x01"}),
+            "unknown": c.delete("/v1/datasets/default/documents/by-external-id/nope"),
+            "no dataset": c.delete("/v1/datasets/nope/documents/by-external-id/hb/1"),
+        }
+        codes = {k: (r.status_code, r.json().get("code")) for k, r in refusals.items()}
+        assert codes == {
+            "empty": (422, "bad_external_id"),
+            "control": (422, "bad_external_id"),
+            "two files": (422, "external_id_needs_one_file"),
+            "conflict": (409, "external_id_conflict"),
+            "lookup": (422, "bad_external_id"),
+            "unknown": (404, codes["unknown"][1]),
+            "no dataset": (404, codes["no dataset"][1]),
+        }
+        assert all(
+            r.headers["content-type"].startswith("application/problem+json")
+            for r in refusals.values()
+        )
+        done = c.delete("/v1/datasets/default/documents/by-external-id/hb/1")
+        assert done.status_code == 200 and done.json()["jobs_deleted"], done.text
+        assert c.get("/v1/documents", params={"external_id": "hb/1"}).json()["documents"] == []
+    assert served(ctx) == set()

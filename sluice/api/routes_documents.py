@@ -10,10 +10,32 @@ from fastapi.responses import JSONResponse, Response
 
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
-from sluice.api.schemas import ChunkPage, DeleteOut, DocumentId, DocumentOut, problems
-from sluice.ops import scoped
+from sluice.api.schemas import (
+    ChunkPage,
+    DeleteOut,
+    DocumentId,
+    DocumentList,
+    DocumentOut,
+    problems,
+)
+from sluice.ops import replacing, scoped
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
+
+
+@router.get("", response_model=DocumentList, responses=problems(401, 404, 422, 429))
+def documents_by_external_id(
+    key: Key,
+    external_id: Annotated[str, Query(min_length=1, max_length=512)],
+    dataset: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict:
+    """The live document the application calls ``external_id``, in each dataset in reach (or in
+    ``dataset``): ``{"documents": [...]}``, empty when there is none."""
+    try:
+        replacing.check_external_id(external_id)
+    except replacing.BadExternalId as err:
+        raise Problem(422, err.code, f"{err}. {replacing.EXTERNAL_ID_RULE}") from None
+    return {"documents": scoped.documents_by_external_id(key, external_id, dataset)}
 
 
 @router.get("/{document_id}", response_model=DocumentOut, responses=problems(401, 404, 429))

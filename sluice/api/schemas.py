@@ -54,6 +54,9 @@ class DatasetCreated(BaseModel):
 class TextUpload(Strict):
     filename: str = Field(min_length=1, max_length=255, examples=["note.txt"])
     text: str = Field(min_length=1)
+    external_id: str | None = Field(
+        None, description="the application's own id: new bytes under it replace the live version"
+    )
 
 
 class UploadedJob(BaseModel):
@@ -62,6 +65,9 @@ class UploadedJob(BaseModel):
     filename: str
     status: str
     existing: bool
+    external_id: str | None = None
+    version: int | None = None
+    replaces_document_id: int | None = None
 
 
 class UploadAccepted(BaseModel):
@@ -143,6 +149,20 @@ class DocumentOut(BaseModel):
     chunk_count: int
     page_count: int | None
     jobs: list[DocumentJob]
+    external_id: str | None = None
+    version: int | None = None
+    version_state: str = Field(
+        "", description="serving, replacing, replacement_failed, replaced, superseded, deleted"
+    )
+    version_message: str = Field("", examples=["replacement failed; version 1 still serving"])
+    replaces_document_id: int | None = None
+    replaced_by: int | None = None
+    serving_document_id: int | None = None
+    serving_version: int | None = None
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentOut]
 
 
 class ChunkOut(BaseModel):

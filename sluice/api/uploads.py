@@ -29,6 +29,7 @@ class Part:
     filename: str
     file: IO[bytes]
     sha256: str
+    external_id: str | None = None  # the request's external_id (form field or JSON member)
 
 
 class _TooLarge(Exception):
@@ -79,7 +80,13 @@ async def _multipart(request: Request) -> list[Part]:
     files = [v for k, v in form.multi_items() if k == "file" and isinstance(v, UploadFile)]
     if not files:
         raise Problem(422, "no_file", "a multipart upload needs one or more parts named 'file'")
-    return [_hashed(f.filename or "unnamed", f.file) for f in files]
+    parts = [_hashed(f.filename or "unnamed", f.file) for f in files]
+    external = form.get("external_id")
+    if external is not None and not isinstance(external, str):
+        raise Problem(422, "bad_external_id", "external_id is a form field, not a file")
+    for part in parts:
+        part.external_id = external
+    return parts
 
 
 async def _text(request: Request) -> list[Part]:
@@ -92,7 +99,9 @@ async def _text(request: Request) -> list[Part]:
         raise Problem(422, "invalid_request", detail) from None
     spool: IO[bytes] = SpooledTemporaryFile(max_size=SPOOL_BYTES)
     spool.write(body.text.encode())
-    return [_hashed(body.filename, spool)]
+    part = _hashed(body.filename, spool)
+    part.external_id = body.external_id
+    return [part]
 
 
 async def read_upload(request: Request, *, max_bytes: int) -> list[Part]:

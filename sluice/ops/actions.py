@@ -192,7 +192,14 @@ def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -
 # --- uploads and datasets -------------------------------------------------------------------------
 
 
-def upload(who: Operator, *, dataset: str, filename: str, stream: BinaryIO) -> IngestResult:
+def upload(
+    who: Operator,
+    *,
+    dataset: str,
+    filename: str,
+    stream: BinaryIO,
+    external_id: str | None = None,
+) -> IngestResult:
     try:
         require_operator(who, "upload files")
     except ReadOnlyOperator as exc:
@@ -205,13 +212,21 @@ def upload(who: Operator, *, dataset: str, filename: str, stream: BinaryIO) -> I
             fix_hint="Sign in with the operator password to upload.",
         )
     return ingest_stream(
-        ctx(), dataset=dataset, filename=filename, stream=stream, actor=who.actor, publish=publish
+        ctx(),
+        dataset=dataset,
+        filename=filename,
+        stream=stream,
+        actor=who.actor,
+        publish=publish,
+        external_id=external_id,
     )
 
 
-def upload_path(who: Operator, path: Path, *, dataset: str) -> IngestResult:
+def upload_path(
+    who: Operator, path: Path, *, dataset: str, external_id: str | None = None
+) -> IngestResult:
     with open(path, "rb") as fh:
-        return upload(who, dataset=dataset, filename=path.name, stream=fh)
+        return upload(who, dataset=dataset, filename=path.name, stream=fh, external_id=external_id)
 
 
 def create_dataset(who: Operator, name: str) -> tuple[bool, str]:

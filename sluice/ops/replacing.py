@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import unicodedata
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
 from sqlmodel import Session, col, select
 
@@ -79,6 +81,7 @@ def version_state(ctx: Context, document_id: int) -> VersionState:
             select(Job).where(Job.document_id == doc.id).order_by(col(Job.id).desc())
         ).first()
         by = session.get(Document, doc.replaced_by) if doc.replaced_by is not None else None
+        pending = _pending(session, doc)
     state = VersionState(
         doc.external_id,
         doc.doc_version,
@@ -92,6 +95,8 @@ def version_state(ctx: Context, document_id: int) -> VersionState:
     still = f"version {serving.doc_version} still serving" if serving else "no version serving"
     if serving is not None and serving.id == doc.id:
         state.state, state.message = "serving", f"version {doc.doc_version} (live)"
+        if pending is not None:
+            state.message += f"; version {pending[0]} {pending[1]}"
     elif by is not None and by.replaces_document_id != doc.id:
         state.state = "superseded"
         state.message = f"superseded by a newer upload (document {doc.replaced_by}); {still}"
@@ -107,6 +112,21 @@ def version_state(ctx: Context, document_id: int) -> VersionState:
         state.state = "replacing"
         state.message = f"version {doc.doc_version} is being built; {still}"
     return state
+
+
+def _pending(session: Session, doc: Document) -> tuple[int | None, str] | None:
+    """The replacement of ``doc`` not serving yet, as (its version, how it stands), or None."""
+    if doc.external_id is None:
+        return None
+    found = replacements.candidate(session, dataset_id=doc.dataset_id, external_id=doc.external_id)
+    if found is None or found.id == doc.id:
+        return None
+    job = session.exec(
+        select(Job).where(Job.document_id == found.id).order_by(col(Job.id).desc())
+    ).first()
+    if job is not None and job.status in (JobStatus.failed, JobStatus.cancelled):
+        return found.doc_version, f"(replacement) {job.status.value}"
+    return found.doc_version, "(replacement) being built"
 
 
 def remove_superseded(ctx: Context, document_id: int) -> int:
@@ -146,16 +166,21 @@ def alive_versions(ctx: Context, dataset: str, external_id: str) -> list[int]:
 
 
 def delete_by_external_id(
-    ctx: Context, dataset: str, external_id: str, *, actor: str
+    ctx: Context,
+    dataset: str,
+    external_id: str,
+    *,
+    actor: str,
+    delete: Callable[[str], DeleteResult] | None = None,
 ) -> DeleteResult:
     """Delete the document ``external_id`` names in ``dataset``: the version serving and a
-    replacement still being built. ``ok`` False and no ``document`` when there is none."""
+    replacement still being built, each by ``delete`` (a reference ``doc:N`` to its result; a front
+    end passes its operator's delete). ``ok`` False and no ``document`` when there is none."""
     found = alive_versions(ctx, dataset, external_id)
     if not found:
         return DeleteResult(False, f"no document with external id {external_id!r} in {dataset!r}")
     results = [
-        delete_document(ctx, f"doc:{doc_id}", actor=actor, reason="document deleted by external id")
-        for doc_id in found
+        (delete or partial(delete_document, ctx, actor=actor))(f"doc:{doc_id}") for doc_id in found
     ]
     first = results[0]
     for more in results[1:]:

@@ -18,9 +18,9 @@ from typing import Any, BinaryIO
 from sqlmodel import Session
 
 from sluice.errors import PipelineError
-from sluice.ops import actions, document_view, drain, reads
+from sluice.ops import actions, document_view, drain, reads, replacing
 from sluice.ops.actions import ActionReport
-from sluice.ops.documents import UnknownReference
+from sluice.ops.documents import UnknownReference, find_by_external_id
 from sluice.ops.drain import WorkLeft
 from sluice.ops.ingest import IngestResult, sanitize_filename
 from sluice.ops.keys import ApiPrincipal, Scope
@@ -108,11 +108,20 @@ def create_dataset(key: ApiPrincipal, name: str) -> tuple[bool, str]:
 # --- uploads --------------------------------------------------------------------------------------
 
 
-def upload(key: ApiPrincipal, *, dataset: str, filename: str, stream: BinaryIO) -> IngestResult:
+def upload(
+    key: ApiPrincipal,
+    *,
+    dataset: str,
+    filename: str,
+    stream: BinaryIO,
+    external_id: str | None = None,
+) -> IngestResult:
     with _session() as session:
         _dataset(session, key, dataset)
     require(key, "ingest", "uploading")
-    return actions.upload(key.operator, dataset=dataset, filename=filename, stream=stream)
+    return actions.upload(
+        key.operator, dataset=dataset, filename=filename, stream=stream, external_id=external_id
+    )
 
 
 def type_refusal(head: bytes, filename: str) -> IngestResult | None:
@@ -292,7 +301,14 @@ def document(key: ApiPrincipal, document_id: int) -> dict[str, Any]:
         "chunk_count": info["chunk_count"],
         "page_count": info["page_count"],
         "jobs": info["jobs"],
+        **_versions(replacing.version_state(reads.ctx(), document_id).to_dict()),
     }
+
+
+def _versions(state: dict[str, Any]) -> dict[str, Any]:
+    """A document's place among the versions of its external id, as the API names it."""
+    state["version_state"], state["version_message"] = state.pop("state"), state.pop("message")
+    return state
 
 
 def chunks(key: ApiPrincipal, document_id: int, *, offset: int, limit: int) -> list[dict]:
@@ -311,6 +327,39 @@ def delete_document(key: ApiPrincipal, document_id: int):
         _document(session, key, document_id)
     require(key, "manage", "deleting documents")
     return actions.delete_document(key.operator, f"doc:{document_id}")
+
+
+def documents_by_external_id(
+    key: ApiPrincipal, external_id: str, dataset: str | None = None
+) -> list[dict[str, Any]]:
+    """The live document of ``external_id`` in each dataset in reach (or in ``dataset``)."""
+    with _session() as session:
+        names = (
+            [_dataset(session, key, dataset).name]
+            if dataset
+            else [d["name"] for d in reads.dataset_summaries() if key.reaches(d["id"])]
+        )
+    ctx = reads.ctx()
+    found = [find_by_external_id(ctx, name, external_id) for name in names]
+    return [document(key, doc_id) for doc_id in found if doc_id is not None]
+
+
+def delete_by_external_id(key: ApiPrincipal, dataset: str, external_id: str):
+    """Every version of ``external_id`` in the dataset still there (the live one, a replacement
+    being built), each by the operator's delete; Missing when there is none."""
+    with _session() as session:
+        _dataset(session, key, dataset)
+    require(key, "manage", "deleting documents")
+    done = replacing.delete_by_external_id(
+        reads.ctx(),
+        dataset,
+        external_id,
+        actor=key.operator.actor,
+        delete=lambda ref: actions.delete_document(key.operator, ref),
+    )
+    if not done.ok and done.document is None:
+        raise Missing(done.message)
+    return done
 
 
 # --- search ---------------------------------------------------------------------------------------
