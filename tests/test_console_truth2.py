@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlmodel import Session, select
 
 from sluice import faults
-from tests.support.apptest import open_console
+from tests.support.apptest import open_console, texts
 from tests.support.helpers import job, run_file
 
 
@@ -139,3 +139,37 @@ def test_metrics_say_whether_chroma_and_the_cache_answer_and_every_job_status_fr
         "pending": 0,
         "deleted": 0,
     }
+
+
+# --- the re-chunk preview's time, from the measured rate only -------------------------------------
+
+
+def test_the_rechunk_preview_says_how_long_at_the_measured_rate_or_that_none_was_measured(ctx):
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from sluice.ops import reads
+    from sluice.storage.models import Job, JobEvent, utcnow
+
+    def preview() -> str:
+        at = open_console("datasets", query={"dataset": "alpha"})
+        at.number_input(key="settings_form:alpha:chunk_size").set_value(400)
+        at.button(key="FormSubmitter:settings_form:alpha-Preview the change").click().run()
+        return texts(at)
+
+    done = run_file(ctx, b"The harbour master logs each arrival. " * 80, "harbour.txt", "alpha")
+    rate = reads.chunk_rate()
+    assert rate and rate > 0
+    page = preview()
+    assert "1 document(s) to rebuild" in page
+    assert "at the last hour's rate (" in page and "chunks/s while busy)" in page, page
+
+    long_ago = utcnow() - timedelta(hours=3)  # the only job finished before the last hour
+    with Session(ctx.engine) as session:
+        session.execute(update(Job).where(Job.id == done.id).values(finished_at=long_ago))
+        session.execute(update(JobEvent).where(JobEvent.job_id == done.id).values(at=long_ago))
+        session.commit()
+    assert reads.chunk_rate() is None
+    page = preview()
+    assert "Time to rebuild: no recent rate measured" in page and "min at" not in page

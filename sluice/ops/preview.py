@@ -52,6 +52,18 @@ class Preview:
     def to_dict(self) -> dict:
         return {**asdict(self), "cache_hit_rate": round(self.cache_hit_rate, 4)}
 
+    def time_at(self, chunks_per_second: float | None) -> str:
+        """How long the work takes at a measured rate (chunks finished per busy second, the
+        Overview's drain rate: cached chunks count in it as they do here), or that none was
+        measured: never a figure of its own."""
+        if not self.chunks:
+            return "nothing to build"
+        if not chunks_per_second:
+            return "no recent rate measured (no job finished in the last hour), so no time estimate"
+        minutes = self.chunks / chunks_per_second / 60
+        said = "under 1 min" if minutes < 1 else f"about {minutes:,.0f} min"
+        return f"{said} at the last hour's rate ({chunks_per_second:,.1f} chunks/s while busy)"
+
     def describe(self) -> str:
         about = "about " if self.estimated else ""
         text = (

@@ -498,6 +498,15 @@ def document_info(ref: str | int):
     return documents.document_info(ctx(), documents.resolve(ctx(), ref))
 
 
+def chunk_rate() -> float | None:
+    """Chunks finished per second of busy time over the last hour, over every dataset (the
+    Overview's drain rate); None when no job finished in that hour."""
+    with _session() as session:
+        since = utcnow() - timedelta(minutes=RATE_WINDOW_MINUTES)
+        finished = queries.recent_attempts(session=session, since=since, dataset_id=None)
+    return drain.estimate(finished=finished, active=drain.WorkLeft()).chunks_per_second
+
+
 def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reindex.ReindexPlan:
     """What moving every document to the pipeline version in force would do, and cost."""
     return reindex.plan(ctx(), dataset=dataset, sample=sample)

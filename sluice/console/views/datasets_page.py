@@ -148,6 +148,8 @@ if pending and pending[0] == name:
                 f"{k} = {v if v is not None else 'default'}" for k, v in assignments.items()
             )
             st.info(ui.plain(f"{described}. {change.message}"))
+            if change.plan is not None and change.plan.documents:
+                st.caption(f"Time to rebuild: {change.plan.preview.time_at(reads.chunk_rate())}.")
 
             def _apply() -> None:
                 done = actions.set_dataset_settings(who, name, assignments)
