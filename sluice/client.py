@@ -132,6 +132,22 @@ class Client:
     def datasets(self) -> list[dict[str, Any]]:
         return self._json("GET", "/v1/datasets")["datasets"]
 
+    def audit(self, *, limit: int = 500, **filters: Any) -> list[dict[str, Any]]:
+        """Audit log rows, newest first, at most ``limit`` (following the cursor); ``filters``:
+        since (2h, 7d or an ISO time), actor, action, dataset, outcome. A manage key of every
+        dataset only."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        found: list[dict[str, Any]] = []
+        while len(found) < limit:
+            page = self._json(
+                "GET", "/v1/audit", params={**params, "limit": min(500, limit - len(found))}
+            )
+            found += page["entries"]
+            if not page["next_cursor"]:
+                break
+            params["cursor"] = page["next_cursor"]
+        return found
+
     def events(
         self,
         *,

@@ -148,6 +148,7 @@ class Settings(BaseSettings):
     dispatch_per_thread: int = Field(2, ge=0, description="0 = publish everything at once")
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
     retention_days: int = Field(30, ge=0, description="0 = keep everything")
+    audit_retention_days: int = Field(365, ge=0, description="0 = keep every audit row")
     # Sources (sluice.ops.sources): a sync that would remove more than this share of a source's
     # documents removes nothing until confirmed; removed documents stay tombstoned this long.
     sync_max_remove_fraction: float = Field(0.3, ge=0, le=1)

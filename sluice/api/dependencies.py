@@ -5,6 +5,7 @@ on the request so the idempotency layer and the event stream can use it."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 from typing import Annotated
 
@@ -12,7 +13,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from sluice.api.problems import Problem
-from sluice.ops.keys import ApiPrincipal, authenticate
+from sluice.ops.keys import ApiPrincipal, authenticate, record_refusal
 from sluice.ops.rate_limit import RateLimiter
 from sluice.settings import get_settings
 
@@ -32,7 +33,10 @@ def current_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
 ) -> ApiPrincipal:
     key = authenticate(credentials.credentials if credentials else None)
+    address = request.client.host if request.client else ""
     if key is None:
+        if credentials:  # a token that is no live key: the audit log says who tried, from where
+            record_refusal(credentials.credentials, address)
         raise Problem(
             401,
             "unauthorized",
@@ -48,6 +52,7 @@ def current_key(
             "(SLUICE_API_RATE_PER_MINUTE)",
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
+    key = replace(key, address=address)
     request.state.key = key
     return key
 

@@ -10,6 +10,7 @@ from fastapi.openapi.utils import get_openapi
 
 from sluice.api import (
     problems,
+    routes_audit,
     routes_datasets,
     routes_documents,
     routes_events,
@@ -42,6 +43,7 @@ def create_app() -> FastAPI:
         routes_documents,
         routes_search,
         routes_events,
+        routes_audit,
     ):
         app.include_router(module.router)
     problems.install(app)

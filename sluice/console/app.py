@@ -87,6 +87,7 @@ def _pages(operator: bool = True) -> list:
             title="Datasets",
             icon=":material/folder_data:",
         ),
+        st.Page("views/audit_page.py", url_path="audit", title="Audit", icon=":material/history:"),
         st.Page(
             "views/keys_page.py",
             url_path="keys",

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn, cast
 
 import streamlit as st
 
 from sluice.console import auth, ui
 from sluice.console.ui import OPERATOR_KEY
-from sluice.ops import gate
+from sluice.ops import audit_trail, gate
 from sluice.ops.access import LOCAL_OPERATOR, Operator
 from sluice.settings import Settings
 
@@ -284,9 +285,16 @@ def _sign_in_page(settings: Settings, conn: gate.Connection) -> None:
         if submitted:
             outcome = auth.attempt_login(settings, password or "", client=client, device=browser)
             if outcome.operator is not None:
-                st.session_state[OPERATOR_KEY] = outcome.operator
+                st.session_state[OPERATOR_KEY] = replace(outcome.operator, address=client)
                 st.session_state[BINDING_KEY] = _binding(conn, settings)
                 st.rerun()
+            audit_trail.refused(  # never the password given: only that it was wrong
+                Operator("unknown", "readonly", address=client),
+                "login.failed",
+                outcome.message,
+                target_kind="console",
+                code="bad_password",
+            )
             st.error(outcome.message)
         else:
             wait = auth.THROTTLE.wait_seconds(

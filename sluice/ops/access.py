@@ -33,6 +33,8 @@ class Operator:
     name: str
     role: Role
     channel: Channel = "console"
+    address: str = ""  # where the request came from, when known (the audit log's source address)
+    key: str = ""  # an API key's public lookup id (the audit log's actor key)
 
     @property
     def can_act(self) -> bool:

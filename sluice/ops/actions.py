@@ -17,9 +17,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
-from sqlmodel import Session
+from sqlmodel import Session, select
 
-from sluice.ops import documents, settings_changes
+from sluice.ops import audit_trail, documents, settings_changes
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.blob_migration import MigrationResult, migrate_to_s3
@@ -33,10 +33,18 @@ from sluice.pipeline.running.cleanup import remove_partial
 from sluice.storage import jobs, retention
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
-from sluice.storage.models import ErrorKind, Job, JobStatus, utcnow
+from sluice.storage.models import Dataset, ErrorKind, Job, JobStatus, utcnow
 from sluice.storage.queries import JobFilter
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
+# The audit log's name of each job action, and the job events that mark its change.
+RETRY = ("job.retry", frozenset({"retried"}))
+CANCEL = ("job.cancel", frozenset({"cancel_requested", "cancelled"}))
+REINDEX = ("job.reindex", frozenset({"reindex_requested"}))
+DISMISS = ("job.dismiss", frozenset({"dismissed"}))
+PRIORITY = ("job.priority", frozenset({"priority"}))
+UPLOADED = frozenset({"created", "reuploaded", "retried"})
+REINDEXED = frozenset({"created", "reindex_requested", "retried", "revived"})
 
 
 @dataclass
@@ -79,15 +87,26 @@ def _transition(
     ids: Iterable[int],
     *,
     queues_work: bool,
+    audit_as: tuple[str, frozenset[str]] = ("", frozenset()),
     **kw,
 ) -> ActionReport:
     ids = [int(i) for i in ids]
+    action, kinds = audit_as
+    params = {k: v for k, v in kw.items() if k in ("reason", "priority")}
     try:
         require_operator(who, verb)
     except ReadOnlyOperator as exc:
+        for i in ids:
+            audit_trail.refused(
+                who, action, str(exc), target_kind="job", target_id=i, params=params
+            )
         return _refused(ids, exc)
-    with Session(ctx().engine) as session:
-        results = fn(session=session, job_ids=ids, actor=who.actor, **kw)
+    with audit_trail.recording(
+        who, action, target_kind="job", kinds=kinds, per_job=True, params=params
+    ) as rec:
+        with Session(ctx().engine) as session:
+            results = fn(session=session, job_ids=ids, actor=who.actor, **kw)
+    rec.settle_jobs(results)
     note = dispatch_outbox() if queues_work and any(r.ok for r in results) else ""
     return ActionReport(results, note)
 
@@ -116,7 +135,9 @@ def retry_outlook(row: dict) -> str:
 def retry(who: Operator, ids: Iterable[int], reason: str = "manual retry") -> ActionReport:
     ids = [int(i) for i in ids]
     outlooks = [retry_outlook(r) for r in job_rows(ids)] if who.can_act else []
-    report = _transition(jobs.retry, who, "retry jobs", ids, queues_work=True, reason=reason)
+    report = _transition(
+        jobs.retry, who, "retry jobs", ids, queues_work=True, reason=reason, audit_as=RETRY
+    )
     report.warnings = [o for o in outlooks if o]
     return report
 
@@ -127,8 +148,13 @@ def retry_with_password(who: Operator, job_id: int, password: str) -> ActionRepo
     try:
         require_operator(who, "unlock files")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(who, "job.unlock", str(exc), target_kind="job", target_id=job_id)
         return _refused([job_id], exc)
-    result = unlock_and_retry(ctx(), int(job_id), password, actor=who.actor)
+    with audit_trail.recording(  # never the password: only that one was given
+        who, "job.unlock", target_kind="job", target_id=job_id, kinds=frozenset({"retried"})
+    ) as rec:
+        result = unlock_and_retry(ctx(), int(job_id), password, actor=who.actor)
+    rec.settle(result.ok, result.message)
     return ActionReport([result], dispatch_outbox() if result.ok else "")
 
 
@@ -148,7 +174,9 @@ def cancel(who: Operator, ids: Iterable[int]) -> ActionReport:
     """Cancel jobs. A running one stops at its next batch and its worker removes what it wrote; one
     waiting (pending, or retrying after a failed attempt that wrote chunks) is cancelled here, so
     what an earlier attempt wrote is removed here too."""
-    report = _transition(jobs.request_cancel, who, "cancel jobs", ids, queues_work=False)
+    report = _transition(
+        jobs.request_cancel, who, "cancel jobs", ids, queues_work=False, audit_as=CANCEL
+    )
     with Session(ctx().engine, expire_on_commit=False) as session:
         ended = [session.get(Job, r.job_id) for r in report.results if r.ok]
     for job in ended:
@@ -158,35 +186,66 @@ def cancel(who: Operator, ids: Iterable[int]) -> ActionReport:
 
 
 def reindex(who: Operator, ids: Iterable[int], reason: str = "reindex") -> ActionReport:
-    return _transition(jobs.reindex, who, "reindex jobs", ids, queues_work=True, reason=reason)
+    return _transition(
+        jobs.reindex, who, "reindex jobs", ids, queues_work=True, reason=reason, audit_as=REINDEX
+    )
 
 
 def dismiss(who: Operator, ids: Iterable[int]) -> ActionReport:
-    return _transition(jobs.dismiss, who, "dismiss dead letters", ids, queues_work=False)
+    return _transition(
+        jobs.dismiss, who, "dismiss dead letters", ids, queues_work=False, audit_as=DISMISS
+    )
 
 
 def run_next(who: Operator, ids: Iterable[int]) -> ActionReport:
     """Move waiting jobs to the front of what the dispatcher publishes next."""
-    return _transition(jobs.run_next, who, "move jobs in the queue", ids, queues_work=True)
+    return _transition(
+        jobs.run_next, who, "move jobs in the queue", ids, queues_work=True, audit_as=PRIORITY
+    )
 
 
 def set_priority(who: Operator, ids: Iterable[int], priority: int | None) -> ActionReport:
     return _transition(
-        jobs.set_priority, who, "move jobs in the queue", ids, queues_work=True, priority=priority
+        jobs.set_priority,
+        who,
+        "move jobs in the queue",
+        ids,
+        queues_work=True,
+        priority=priority,
+        audit_as=PRIORITY,
     )
 
 
 def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -> tuple[bool, str]:
     """The priority of the dataset's jobs that have none of their own (higher goes first; None:
     0)."""
+    params = {"priority": priority}
     try:
         require_operator(who, "set dataset priorities")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(who, "dataset.priority", str(exc), target_id=dataset_id, params=params)
         return False, str(exc)
-    with Session(ctx().engine) as session:
-        if not jobs.set_dataset_priority(session=session, dataset_id=dataset_id, priority=priority):
-            return False, f"no dataset {dataset_id}"
+    exists = _dataset_exists(dataset_id)
+    with audit_trail.recording(
+        who,
+        "dataset.priority",
+        target_kind="dataset",
+        target_id=dataset_id,
+        params=params,
+        check=exists,
+    ) as rec:
+        with Session(ctx().engine) as session:
+            done = jobs.set_dataset_priority(
+                session=session, dataset_id=dataset_id, priority=priority
+            )
+    rec.settle(done, "" if done else f"no dataset {dataset_id}")
+    if not done:
+        return False, f"no dataset {dataset_id}"
     return True, f"dataset priority set to {0 if priority is None else priority}"
+
+
+def _dataset_exists(dataset_id: int) -> Callable[[Session], bool]:
+    return lambda session: session.get(Dataset, dataset_id) is not None
 
 
 # --- uploads and datasets -------------------------------------------------------------------------
@@ -200,9 +259,19 @@ def upload(
     stream: BinaryIO,
     external_id: str | None = None,
 ) -> IngestResult:
+    params = {"filename": filename, **({"external_id": external_id} if external_id else {})}
     try:
         require_operator(who, "upload files")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(
+            who,
+            "document.upload",
+            str(exc),
+            target_kind="document",
+            dataset=dataset,
+            params=params,
+            code="read_only",
+        )
         return IngestResult(
             filename,
             False,
@@ -211,15 +280,31 @@ def upload(
             message=str(exc),
             fix_hint="Sign in with the operator password to upload.",
         )
-    return ingest_stream(
-        ctx(),
+    with audit_trail.recording(
+        who,
+        "document.upload",
+        target_kind="document",
         dataset=dataset,
-        filename=filename,
-        stream=stream,
-        actor=who.actor,
-        publish=publish,
-        external_id=external_id,
+        kinds=UPLOADED,
+        params=params,
+    ) as rec:
+        result = ingest_stream(
+            ctx(),
+            dataset=dataset,
+            filename=filename,
+            stream=stream,
+            actor=who.actor,
+            publish=publish,
+            external_id=external_id,
+        )
+    rec.settle(
+        result.accepted,
+        result.message,
+        code=result.error_code,
+        target=result.document_id,
+        params={**params, "job_id": result.job_id, "duplicate": result.duplicate},
     )
+    return result
 
 
 def upload_path(
@@ -233,6 +318,7 @@ def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
     try:
         require_operator(who, "create datasets")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(who, "dataset.create", str(exc), target_kind="dataset", target_id=name)
         return False, str(exc)
     name = name.strip()
     if not DATASET_NAME.match(name):
@@ -240,8 +326,11 @@ def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
             "A dataset name is 1 to 64 letters, digits, spaces, '.', '_' or '-', "
             "starting with a letter or digit."
         )
-    with Session(ctx().engine) as session:
-        ensure_dataset(session=session, name=name)
+    with audit_trail.recording(
+        who, "dataset.create", target_kind="dataset", target_id=name, dataset=name, model=Dataset
+    ):  # an existing dataset is no change: no row
+        with Session(ctx().engine) as session:
+            ensure_dataset(session=session, name=name)
     return True, f"dataset {name!r} is ready"
 
 
@@ -262,11 +351,49 @@ def set_dataset_settings(
 ) -> settings_changes.SettingsChange:
     """Save the dataset's parse settings (KEY -> value; None unsets) and rebuild that dataset with
     them."""
+    params = {"settings": assignments}
     try:
         require_operator(who, "change dataset settings")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(
+            who,
+            "dataset.settings",
+            str(exc),
+            target_kind="dataset",
+            target_id=name,
+            dataset=name,
+            params=params,
+        )
         return settings_changes.SettingsChange(False, str(exc), dataset=name)
-    return settings_changes.apply(ctx(), name, assignments, actor=who.actor, publish=publish)
+    with audit_trail.recording(
+        who,
+        "dataset.settings",
+        target_kind="dataset",
+        target_id=name,
+        dataset=name,
+        params=params,
+        check=_settings_saved(name, who.actor),
+    ) as rec:
+        change = settings_changes.apply(ctx(), name, assignments, actor=who.actor, publish=publish)
+    rec.settle(change.ok, change.message)
+    return change
+
+
+def _settings_saved(name: str, actor: str) -> Callable[[Session], bool]:
+    """True before the commit that saved the dataset's settings (a change of its last change)."""
+    with Session(ctx().engine) as session:
+        ds = session.exec(select(Dataset).where(Dataset.name == name)).first()
+        before = ds.settings_changed_at if ds is not None else None
+
+    def saved(session: Session) -> bool:
+        row = session.exec(select(Dataset).where(Dataset.name == name)).first()
+        return (
+            row is not None
+            and row.settings_changed_at != before
+            and (row.settings_changed_by == actor)
+        )
+
+    return saved
 
 
 # --- integrity: delete, reconcile, reindex to the version in force --------------------------------
@@ -276,8 +403,30 @@ def delete_document(who: Operator, ref: str | int) -> documents.DeleteResult:
     try:
         require_operator(who, "delete documents")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(
+            who, "document.delete", str(exc), target_kind="document", target_id=str(ref)
+        )
         return documents.DeleteResult(False, str(exc))
-    return documents.delete_document(ctx(), ref, actor=who.actor)
+    return _delete(who, ref, "document deleted")
+
+
+def _delete(who: Operator, ref: str | int, reason: str) -> documents.DeleteResult:
+    with audit_trail.recording(
+        who,
+        "document.delete",
+        target_kind="document",
+        kinds=frozenset({"deleted"}),
+        params={"reference": str(ref), "reason": reason},
+    ) as rec:
+        done = documents.delete_document(ctx(), ref, actor=who.actor, reason=reason)
+    doc = done.document
+    rec.settle(
+        done.ok,
+        done.message,
+        target=doc.document_id if doc else str(ref),
+        dataset=doc.dataset if doc else None,
+    )
+    return done
 
 
 def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> ReconcileReport:
@@ -300,13 +449,32 @@ def migrate_blobs(who: Operator, *, keep_local: bool = False) -> MigrationResult
 
 
 def reindex_all(who: Operator, *, dataset: str | None = None) -> reindexing.ReindexResult:
+    target = dataset or "*"
     try:
         require_operator(who, "reindex documents")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(
+            who,
+            "dataset.reindex",
+            str(exc),
+            target_kind="dataset",
+            target_id=target,
+            dataset=dataset,
+        )
         result = reindexing.ReindexResult(ctx().pipeline_version)
         result.results.append(ActionResult(0, False, str(exc)))
         return result
-    return reindexing.reindex_all(ctx(), actor=who.actor, dataset=dataset, publish=publish)
+    with audit_trail.recording(
+        who,
+        "dataset.reindex",
+        target_kind="dataset",
+        target_id=target,
+        dataset=dataset,
+        kinds=REINDEXED,
+    ) as rec:
+        result = reindexing.reindex_all(ctx(), actor=who.actor, dataset=dataset, publish=publish)
+    rec.settle(True, f"{result.queued} queued, {result.underway} under way")
+    return result
 
 
 # --- bulk: every job a filter matches -------------------------------------------------------------
@@ -331,7 +499,7 @@ def bulk(who: Operator, action: str, f: JobFilter, *, reason: str = "") -> Actio
         return _refused(preview.job_ids, exc)
     results = []
     for doc_id, job_id in document_ids(preview.job_ids).items():
-        done = documents.delete_document(ctx(), f"doc:{doc_id}", actor=who.actor, reason=why)
+        done = _delete(who, f"doc:{doc_id}", why)
         results.append(ActionResult(job_id, done.ok, done.message))
     return ActionReport(results)
 

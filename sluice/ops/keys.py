@@ -18,6 +18,7 @@ from typing import Literal
 
 from sqlmodel import Session
 
+from sluice.ops import audit_trail
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.reads import ctx
 from sluice.storage import api_keys, queries
@@ -44,6 +45,8 @@ class ApiPrincipal:
     scope: Scope
     all_datasets: bool
     dataset_ids: frozenset[int]
+    lookup: str = ""  # the token's public part (never its secret)
+    address: str = ""  # the request's client address
 
     def reaches(self, dataset_id: int | None) -> bool:
         return dataset_id is not None and (self.all_datasets or dataset_id in self.dataset_ids)
@@ -59,7 +62,7 @@ class ApiPrincipal:
     @property
     def operator(self) -> Operator:
         """The key as the actor of what it causes: ``api:<name>`` in every event."""
-        return Operator(self.name, "operator", channel="api")
+        return Operator(self.name, "operator", channel="api", address=self.address, key=self.lookup)
 
 
 @dataclass(frozen=True)
@@ -104,10 +107,25 @@ def create_key(
 ) -> tuple[KeyView, str]:
     """Make a key; returns it and its token (shown once: only its hash is kept).
     ``datasets`` None: every dataset."""
+    params = {"name": name, "scope": scope, "datasets": datasets or ["*"]}
     try:
         require_operator(who, "create API keys")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(who, "key.create", str(exc), target_kind="key", target_id=name)
         raise KeyRefused(str(exc)) from None
+    with audit_trail.recording(
+        who, "key.create", target_kind="key", target_id=name, params=params, model=ApiKey
+    ) as rec:
+        try:
+            return _create_key(who, name, datasets=datasets, scope=scope)
+        except KeyRefused as exc:
+            rec.settle(False, str(exc))
+            raise
+
+
+def _create_key(
+    who: Operator, name: str, *, datasets: list[str] | None, scope: str
+) -> tuple[KeyView, str]:
     if not KEY_NAME.match(name or ""):
         raise KeyRefused(
             "A key name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
@@ -150,12 +168,42 @@ def revoke_key(who: Operator, name: str) -> tuple[bool, str]:
     try:
         require_operator(who, "revoke API keys")
     except ReadOnlyOperator as exc:
+        audit_trail.refused(who, "key.revoke", str(exc), target_kind="key", target_id=name)
         return False, str(exc)
-    with Session(ctx().engine) as session:
+    with (
+        audit_trail.recording(  # revoke commits only when it revokes
+            who, "key.revoke", target_kind="key", target_id=name, check=lambda s: True
+        ) as rec,
+        Session(ctx().engine) as session,
+    ):
         row = api_keys.revoke(session=session, name=name, actor=who.actor)
+    rec.settle(row is not None, "already revoked" if row else f"no key named {name!r}")
     if row is None:
         return False, f"no key named {name!r} (see `sluice keys list`)"
     return True, f"key {name!r} is revoked; requests with it answer 401 from now on"
+
+
+def record_refusal(token: str, address: str) -> None:
+    """A request whose token is no live key, in the audit log: the key it names by its public
+    lookup id (never the secret), and why it was refused."""
+    match = TOKEN.match(token)
+    lookup = match.group(1) if match else ""
+    with Session(ctx().engine) as session:
+        row = api_keys.key_by_lookup(session=session, lookup=lookup) if lookup else None
+        name = row.name if row is not None else "unknown"
+        why = (
+            "malformed token"
+            if not match
+            else "unknown key"
+            if row is None
+            else "revoked key"
+            if row.revoked_at is not None
+            else "wrong secret"
+        )
+    who = Operator(name, "readonly", channel="api", address=address, key=lookup)
+    audit_trail.refused(
+        who, "auth.refused", why, target_kind="key", target_id=name, code="unauthorized"
+    )
 
 
 def authenticate(token: str | None) -> ApiPrincipal | None:
@@ -174,4 +222,5 @@ def authenticate(token: str | None) -> ApiPrincipal | None:
             scope=row.scope if row.scope in SCOPES else "read",
             all_datasets=row.all_datasets,
             dataset_ids=frozenset(row.dataset_ids or []),
+            lookup=row.lookup,
         )

@@ -13,6 +13,7 @@ from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 from sluice.errors import ErrorKind
+from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
 
 
 def utcnow() -> datetime:

@@ -9,6 +9,7 @@
   webhook deliveries delivered or given up before it (the rest are still being tried).
 - The HTTP API's idempotency records go once they are older than their 24 hours
   (``idempotency_records.TTL``), whatever the cutoff: a request never deletes them.
+- Audit log rows go after ``SLUICE_AUDIT_RETENTION_DAYS`` (default 365), not the cutoff.
 - Dead letters stay, with their history, until an operator dismisses them; a dismissed one is then
   treated like a succeeded job: its row and its final ``failed`` event stay.
 - Active, cancelled and deleted jobs are never touched.
@@ -25,7 +26,8 @@ from sqlalchemy import delete, func, true, update
 from sqlmodel import Session, col, select
 
 from sluice import faults
-from sluice.storage import idempotency_records
+from sluice.settings import get_settings
+from sluice.storage import audit_log, idempotency_records
 from sluice.storage.db import matched
 from sluice.storage.models import Job, JobEvent, JobStatus, Outbox, WebhookDelivery
 
@@ -41,6 +43,7 @@ class PruneReport:
     outbox: int = 0  # published outbox rows
     webhooks: int = 0  # webhook deliveries delivered or given up
     idempotency: int = 0  # the API's idempotency records past their 24 hours
+    audit: int = 0  # audit log rows older than SLUICE_AUDIT_RETENTION_DAYS
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -51,7 +54,8 @@ class PruneReport:
             f"older than {self.cutoff[:19]}: {verb} {self.events:,} event(s) of finished jobs, "
             f"{self.superseded_jobs:,} superseded job(s), {self.outbox:,} published outbox row(s) "
             f"and {self.webhooks:,} finished webhook delivery(ies), and {self.idempotency:,} "
-            "idempotency record(s) past 24 hours; dead letters not dismissed are kept"
+            f"idempotency record(s) past 24 hours, and {self.audit:,} audit row(s) past "
+            "SLUICE_AUDIT_RETENTION_DAYS; dead letters not dismissed are kept"
         )
 
 
@@ -98,7 +102,9 @@ def _delete_superseded(session: Session, part: list[int], cutoff: datetime) -> N
     session.commit()
 
 
-def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
+def prune(
+    *, session: Session, cutoff: datetime, dry_run: bool, audit_days: int | None = None
+) -> PruneReport:
     report = PruneReport(cutoff=cutoff.isoformat(), dry_run=dry_run)
     # events of old finished jobs, all but the last one of the kind that says how it ended
     jobs = _kept_history(session, cutoff)
@@ -157,4 +163,6 @@ def prune(*, session: Session, cutoff: datetime, dry_run: bool) -> PruneReport:
         report.webhooks = matched(session, delete(WebhookDelivery).where(over))
         session.commit()
     report.idempotency = idempotency_records.prune(session=session, dry_run=dry_run)
+    days = get_settings().audit_retention_days if audit_days is None else audit_days
+    report.audit = audit_log.prune(session=session, days=days, dry_run=dry_run)
     return report

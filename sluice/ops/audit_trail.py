@@ -1,0 +1,264 @@
+"""Recording who changed what (sluice.storage.audit_log), in the transaction of the change.
+
+An action runs inside ``recording(who, action, ...)``. While it runs, a session listener watches
+every flush and commit of this thread (or task) for the mark of the change: a new job event of the
+action's kinds by this actor (one row per job, or one per action), a new row of a model (a key, a
+pause), or a ``check`` that is true before a commit (an UPDATE or DELETE the session cannot see).
+Where it sees the mark it adds the audit row to that very session, so the row commits with the
+change or rolls back with it; the storage functions that make the change need not know. What the
+action then says it refused (or did without changing anything) gets its row in a transaction of
+its own, by ``settle``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session as OrmSession
+from sqlmodel import Session
+
+from sluice import faults
+from sluice.ops.access import Operator
+from sluice.ops.reads import ctx
+from sluice.storage import audit_log
+from sluice.storage.clock import as_utc
+from sluice.storage.models import Dataset, Job, JobEvent
+
+PAGE = 50
+MAX_PAGE = 500
+SINCE = re.compile(r"^(\d+)\s*([smhdw])$")
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class BadAuditQuery(ValueError):
+    """A filter of the audit log that cannot be read (a ``since`` that is no time)."""
+
+
+@dataclass
+class Watch:
+    """One action being recorded: what it is, and how its change is recognised."""
+
+    who: Operator
+    action: str
+    target_kind: str = ""
+    target_id: str | int | None = None
+    dataset: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    kinds: frozenset[str] = frozenset()  # job events that mark the change
+    model: type | None = None  # a new row of this class marks it
+    check: Callable[[Session], bool] | None = None  # true before a commit that made the change
+    per_job: bool = False  # one row per job (retry of three jobs: three rows)
+    done: set[str] = field(default_factory=set)  # targets whose row committed
+    pending: dict[int, set[str]] = field(default_factory=dict)  # session id -> rows not committed
+
+    @property
+    def recorded(self) -> bool:
+        return bool(self.done) or any(self.pending.values())
+
+    def row(self, target: str | int | None = None, dataset: str | None = None, **kw: Any):
+        who = self.who
+        return audit_log.entry(
+            actor_kind=who.channel,
+            actor_name=who.name,
+            actor_key=who.key or None,
+            address=who.address or None,
+            action=self.action,
+            target_kind=kw.pop("target_kind", self.target_kind),
+            target_id=self.target_id if target is None else target,
+            dataset=dataset or self.dataset,
+            params=kw.pop("params", self.params),
+            **kw,
+        )
+
+    def write(self, target: str | int | None = None, **kw: Any) -> None:
+        """A row of its own (a refusal, or an action that had nothing to change)."""
+        with Session(ctx().engine) as session:
+            audit_log.write(session=session, row=self.row(target, **kw))
+        self.done.add(str(target if target is not None else self.target_id))
+
+    def settle(self, ok: bool, reason: str = "", *, code: str | None = None, **kw: Any) -> None:
+        """After the action: its row, if the change did not already write one."""
+        if self.recorded:
+            return
+        if ok:
+            self.write(reason=reason, **kw)
+        else:
+            self.write(outcome="refused", reason=reason, code=code or "refused", **kw)
+
+    def settle_jobs(self, results: Iterable[Any]) -> None:
+        """After a per-job action: a row for each job the change did not record (refused ones)."""
+        for r in results:
+            if str(r.job_id) in self.done:
+                continue
+            outcome = "done" if r.ok else "refused"
+            self.write(
+                r.job_id or None,
+                outcome=outcome,
+                reason=r.message,
+                code=None if r.ok else "refused",
+            )
+
+
+_current: ContextVar[Watch | None] = ContextVar("sluice_audit_watch", default=None)
+
+
+@contextmanager
+def recording(who: Operator, action: str, **kw: Any) -> Iterator[Watch]:
+    """Record ``action`` by ``who`` while the block runs (see the module's docstring)."""
+    watch = Watch(who, action, **kw)
+    token = _current.set(watch)
+    try:
+        yield watch
+    finally:
+        _current.reset(token)
+
+
+def refused(who: Operator, action: str, reason: str, **kw: Any) -> None:
+    """Record a refusal (a read-only operator, a bad password, a dead key) at once."""
+    code = kw.pop("code", "refused")
+    Watch(who, action, **kw).write(outcome="refused", reason=reason, code=code)
+
+
+# --- the listener ---------------------------------------------------------------------------------
+
+
+def _add(session: OrmSession, watch: Watch, target: str | int | None, dataset: str | None) -> None:
+    session.add(watch.row(target, dataset))
+    watch.pending.setdefault(id(session), set()).add(str(target))
+    # The change and its row are in the session, not yet committed: a fault here rolls both back.
+    faults.hit("audit_recorded", action=watch.action, target=target)
+
+
+def _job_marks(session: OrmSession, watch: Watch) -> list[tuple[str | int | None, str | None]]:
+    marks: list[tuple[str | int | None, str | None]] = []
+    for obj in list(session.new):
+        if not (isinstance(obj, JobEvent) and obj.kind in watch.kinds):
+            continue
+        if obj.actor != watch.who.actor:
+            continue
+        with session.no_autoflush:
+            job = session.get(Job, obj.job_id)
+            ds = session.get(Dataset, job.dataset_id) if job is not None else None
+        name = ds.name if ds is not None else None
+        if watch.per_job:
+            marks.append((obj.job_id, name))
+        else:
+            target = watch.target_id
+            if target is None and watch.target_kind == "document" and job is not None:
+                target = job.document_id
+            marks.append((target, name))
+    return marks
+
+
+@event.listens_for(OrmSession, "before_flush")
+def _before_flush(session: OrmSession, _context: Any, _instances: Any) -> None:
+    watch = _current.get()
+    if watch is None or (watch.recorded and not watch.per_job):
+        return
+    if watch.kinds:
+        seen = watch.done | watch.pending.get(id(session), set())
+        for target, name in _job_marks(session, watch):
+            if str(target) not in seen:
+                _add(session, watch, target, name)
+                seen.add(str(target))
+                if not watch.per_job:
+                    return
+    if watch.model is not None and any(isinstance(o, watch.model) for o in session.new):
+        _add(session, watch, watch.target_id, None)
+
+
+@event.listens_for(OrmSession, "before_commit")
+def _before_commit(session: OrmSession) -> None:
+    watch = _current.get()
+    if watch is None or watch.check is None or watch.recorded:
+        return
+    if watch.check(session):  # type: ignore[arg-type]
+        _add(session, watch, watch.target_id, None)
+
+
+@event.listens_for(OrmSession, "after_commit")
+def _after_commit(session: OrmSession) -> None:
+    watch = _current.get()
+    if watch is not None:
+        watch.done |= watch.pending.pop(id(session), set())
+
+
+@event.listens_for(OrmSession, "after_rollback")
+def _after_rollback(session: OrmSession) -> None:
+    watch = _current.get()
+    if watch is not None:
+        watch.pending.pop(id(session), None)
+
+
+# --- reading the log ------------------------------------------------------------------------------
+
+
+def parse_since(text: str | None, now: datetime | None = None) -> datetime | None:
+    """``2h``, ``30m``, ``7d`` (ago) or an ISO time; None or "" for no limit."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    found = SINCE.match(text.lower())
+    if found:
+        ago = timedelta(**{UNITS[found.group(2)]: int(found.group(1))})
+        return (now or datetime.now(UTC)) - ago
+    try:
+        return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+    except ValueError:
+        raise BadAuditQuery(
+            f"since {text!r}: write a span like 2h, 30m or 7d, or an ISO time like 2026-01-31T12:00"
+        ) from None
+
+
+def as_dict(row: audit_log.AuditEntry) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "at": as_utc(row.at).isoformat(),
+        "actor_kind": row.actor_kind,
+        "actor_name": row.actor_name,
+        "actor_key": row.actor_key,
+        "address": row.address,
+        "action": row.action,
+        "target_kind": row.target_kind,
+        "target_id": row.target_id,
+        "dataset": row.dataset,
+        "params": row.params or {},
+        "outcome": row.outcome,
+        "code": row.code,
+        "reason": row.reason,
+    }
+
+
+def rows(
+    *,
+    since: str | datetime | None = None,
+    actor: str | None = None,
+    action: str | None = None,
+    dataset: str | None = None,
+    outcome: str | None = None,
+    before_id: int | None = None,
+    limit: int = PAGE,
+) -> list[dict[str, Any]]:
+    """Audit rows newest first (anyone who may read the console may read them)."""
+    if outcome and outcome not in audit_log.OUTCOMES:
+        raise BadAuditQuery(f"outcome {outcome!r}: one of {', '.join(audit_log.OUTCOMES)}")
+    start = since if isinstance(since, datetime) else parse_since(since)
+    with Session(ctx().engine) as session:
+        found = audit_log.entries(
+            session=session,
+            since=start,
+            actor=actor or None,
+            action=action or None,
+            dataset=dataset or None,
+            outcome=outcome or None,
+            before_id=before_id,
+            limit=max(1, min(limit, MAX_PAGE)),
+        )
+        return [as_dict(r) for r in found]
