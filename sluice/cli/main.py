@@ -8,6 +8,7 @@ sluice datasets [--create NAME] [--json]             datasets with document and 
 sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
                                                      a dataset's parse settings; a change shows its
                                                      cost, and with --yes reindexes that dataset
+sluice datasets rename OLD NEW | delete NAME [--yes]  rename a dataset; delete it with all it holds
 sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME]
               [--pages A-B] [--media-type TYPE] [--json]
                                                      best chunks ("an exact phrase" in quotes)
@@ -72,6 +73,7 @@ class _Commands:
 commands = _Commands("sluice.cli.commands")
 search_command = _Commands("sluice.cli.search_command")
 serve_commands = _Commands("sluice.cli.serve")
+dataset_commands = _Commands("sluice.cli.dataset_commands")
 
 STATUSES = [
     "pending",
@@ -166,6 +168,13 @@ def add_read_commands(sub) -> None:
     a.add_argument(
         "name", nargs="?", help="one dataset: show (and with --set, change) its parse settings"
     )
+    a.add_argument(
+        "rest",
+        nargs="*",
+        metavar="...",
+        help="rename OLD NEW: a new name (search, jobs and API keys go on working); "
+        "delete NAME: the dataset and everything in it (--yes; without it, what would go)",
+    )
     a.add_argument("--create", metavar="NAME")
     a.add_argument(
         "--set",
@@ -181,7 +190,7 @@ def add_read_commands(sub) -> None:
         "--yes", action="store_true", help="apply the change (without: show what it would cost)"
     )
     a.add_argument("--json", action="store_true")
-    a.set_defaults(func=commands.datasets)
+    a.set_defaults(func=dataset_commands.datasets)
 
     a = sub.add_parser("search", help="search every dataset, or the one named (as the console)")
     a.add_argument("query")

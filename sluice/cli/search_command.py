@@ -21,9 +21,15 @@ from sluice.storage.models import Dataset
 
 
 def dataset_names(ctx: Context) -> list[str]:
-    """Every dataset's name, as the console lists them."""
+    """Every dataset's name, as the console lists them (not those being deleted)."""
     with Session(ctx.engine) as session:
-        return list(session.exec(select(col(Dataset.name)).order_by(col(Dataset.name))).all())
+        return list(
+            session.exec(
+                select(col(Dataset.name))
+                .where(col(Dataset.deleting_at).is_(None))
+                .order_by(col(Dataset.name))
+            ).all()
+        )
 
 
 def search_datasets(ctx: Context, names: list[str], args) -> list[SearchHit]:

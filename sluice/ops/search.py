@@ -41,6 +41,10 @@ class UnknownDataset(LookupError):
     pass
 
 
+class DatasetDeleting(UnknownDataset):
+    """The dataset is being deleted (sluice.ops.dataset_admin): it answers no search."""
+
+
 class BadQuery(ValueError):
     pass
 
@@ -77,6 +81,8 @@ def dataset_named(session: Session, name: str) -> Dataset:
     ds = session.exec(select(Dataset).where(Dataset.name == name)).first()
     if ds is None:
         raise UnknownDataset(f"no dataset named {name!r}")
+    if ds.deleting_at is not None:
+        raise DatasetDeleting(f"dataset {name!r} is being deleted: it answers no search")
     return ds
 
 

@@ -13,6 +13,7 @@ from sqlalchemy.engine import CursorResult, Engine, make_url
 from sqlalchemy.sql import Executable
 from sqlmodel import Session, SQLModel, create_engine, select
 
+from sluice.errors import UserActionError
 from sluice.files import private_dir, private_file
 from sluice.storage import lexical
 from sluice.storage.models import Dataset, Instance
@@ -205,9 +206,21 @@ def add_missing_indexes(engine: Engine) -> list[str]:
     return added
 
 
+def refuse_if_deleting(dataset: Dataset) -> None:
+    """A dataset being deleted (sluice.ops.dataset_admin) takes nothing new and answers nothing."""
+    if dataset.deleting_at is not None:
+        raise UserActionError(
+            "dataset_deleting",
+            f"dataset {dataset.name!r} is being deleted",
+            "Wait for the delete to finish (or run it again: sluice datasets delete NAME), then "
+            "make the dataset again if you want it.",
+        )
+
+
 def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dataset:
     dataset = session.exec(select(Dataset).where(Dataset.name == name)).first()
     if dataset is not None:
+        refuse_if_deleting(dataset)
         return dataset
     dataset = Dataset(
         name=name, description=description, collection=f"sluice-{uuid.uuid4().hex[:16]}"

@@ -90,6 +90,9 @@ class Dataset(SQLModel, table=True):
     )
     settings_changed_at: datetime | None = None
     settings_changed_by: str | None = Field(default=None, max_length=120)
+    # Set when a delete of the dataset began (sluice.ops.dataset_admin): from then on it takes no
+    # upload and answers no search, and a rerun of the delete or recovery finishes it.
+    deleting_at: datetime | None = None
 
 
 LIVE_EXTERNAL = (

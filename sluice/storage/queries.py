@@ -109,7 +109,12 @@ def status_counts(*, session: Session, dataset_id: int | None = None) -> dict[st
 
 
 def datasets(*, session: Session) -> list[Dataset]:
-    return list(session.exec(select(Dataset).order_by(Dataset.name)).all())
+    """The datasets one can upload to and search: not those being deleted."""
+    return list(
+        session.exec(
+            select(Dataset).where(col(Dataset.deleting_at).is_(None)).order_by(Dataset.name)
+        ).all()
+    )
 
 
 def dataset_by_name(*, session: Session, name: str) -> Dataset | None:

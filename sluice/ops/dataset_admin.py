@@ -1,0 +1,309 @@
+"""Rename and delete a dataset: the one place the console, the CLI and the API's manage scope do it.
+
+Rename changes the dataset's row only: its Chroma collection's name is stored on the row and stays,
+jobs and documents name the dataset by id, and so do API keys, so search, running jobs and scoped
+keys go on working under the new name.
+
+Delete goes in steps, each safe to repeat, so a delete that dies halfway is finished by running it
+again (or by recovery, ``finish_deletions``):
+
+1. mark the dataset ``deleting_at``: from then on it takes no upload (``ensure_dataset`` refuses
+   it), answers no search and is left out of every list one picks a dataset from;
+2. cancel its waiting and running jobs by the cancel path (a running job's worker stops at its next
+   batch); the delete waits a bounded time for them, and else stops here, to be run again;
+3. delete its documents by the document delete path (vectors, lexical rows, a blob no other
+   document uses);
+4. drop its Chroma collection and what is left of its lexical rows;
+5. remove its rows (jobs and their events, documents, pauses, ...) and the dataset's row, in one
+   transaction, and take its id out of every API key's datasets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+from sqlalchemy import delete as sql_delete
+from sqlalchemy import func, text
+from sqlmodel import Session, SQLModel, col, select
+
+from sluice import faults
+from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
+from sluice.ops.documents import delete_document
+from sluice.ops.ingest import DATASET_NAME, DATASET_NAME_RULE
+from sluice.pipeline.running.context import Context
+from sluice.storage import jobs, lexical
+from sluice.storage.clock import db_now
+from sluice.storage.models import ApiKey, Dataset, Document, Job, JobStatus
+
+log = logging.getLogger(__name__)
+
+WAITING = (JobStatus.pending, JobStatus.retrying)
+POLL = 0.1
+
+
+@dataclass
+class AdminResult:
+    ok: bool
+    message: str
+    # unknown_dataset, invalid_dataset_name, dataset_name_taken, read_only, jobs_still_running
+    code: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DeletePlan:
+    """What a delete of the dataset removes (shown before one confirms it)."""
+
+    name: str
+    documents: int
+    chunks: int
+    jobs_running: int
+    jobs_waiting: int
+    deleting: bool  # a delete already began
+
+    def describe(self) -> str:
+        text_ = (
+            f"dataset {self.name!r}: {self.documents} document(s) and {self.chunks} chunk(s) "
+            "will be removed, with every job's history"
+        )
+        if self.jobs_running or self.jobs_waiting:
+            text_ += (
+                f"; {self.jobs_running} running and {self.jobs_waiting} waiting job(s) will be "
+                "cancelled"
+            )
+        return text_
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _dataset(session: Session, name: str) -> Dataset | None:
+    return session.exec(select(Dataset).where(Dataset.name == name)).first()
+
+
+def _unknown(name: str) -> AdminResult:
+    return AdminResult(False, f"no dataset named {name!r}", "unknown_dataset")
+
+
+def _refused(who: Operator, action: str) -> AdminResult | None:
+    try:
+        require_operator(who, action)
+    except ReadOnlyOperator as exc:
+        return AdminResult(False, str(exc), "read_only")
+    return None
+
+
+def rename(ctx: Context, who: Operator, old: str, new: str) -> AdminResult:
+    """Give the dataset ``old`` the name ``new`` (a change of its row only)."""
+    refused = _refused(who, "rename datasets")
+    if refused is not None:
+        return refused
+    new = new.strip()
+    if not DATASET_NAME.match(new):
+        return AdminResult(
+            False, f"{new!r} is not a dataset name: {DATASET_NAME_RULE}", "invalid_dataset_name"
+        )
+    with Session(ctx.engine) as session:
+        ds = _dataset(session, old)
+        if ds is None:
+            return _unknown(old)
+        if ds.deleting_at is not None:
+            return AdminResult(False, f"dataset {old!r} is being deleted", "dataset_deleting")
+        if new == old:
+            return AdminResult(True, f"dataset {old!r} already has that name")
+        if _dataset(session, new) is not None:
+            return AdminResult(False, f"a dataset named {new!r} exists", "dataset_name_taken")
+        ds.name = new
+        session.add(ds)
+        try:
+            session.commit()
+        except Exception:  # the unique name: made by another at the same moment
+            session.rollback()
+            if _dataset(session, new) is not None:
+                return AdminResult(False, f"a dataset named {new!r} exists", "dataset_name_taken")
+            raise
+    log.info("dataset %r renamed to %r by %s", old, new, who.actor)
+    return AdminResult(True, f"dataset {old!r} is now called {new!r}")
+
+
+def plan_delete(ctx: Context, name: str) -> DeletePlan | None:
+    """What deleting ``name`` would remove, or None when there is no such dataset."""
+    with Session(ctx.engine) as session:
+        ds = _dataset(session, name)
+        if ds is None:
+            return None
+        documents = session.exec(
+            select(func.count())
+            .select_from(Document)
+            .where(Document.dataset_id == ds.id, col(Document.deleted_at).is_(None))
+        ).one()
+        statuses = dict(
+            session.exec(
+                select(Job.status, func.count())
+                .where(Job.dataset_id == ds.id, col(Job.status).in_([*WAITING, JobStatus.running]))
+                .group_by(Job.status)
+            ).all()
+        )
+        deleting = ds.deleting_at is not None
+    try:
+        chunks = ctx.vectors.count(ds.collection)
+    except Exception:  # Chroma does not answer: the plan says what the job database knows
+        chunks = 0
+    return DeletePlan(
+        name,
+        documents,
+        chunks,
+        statuses.get(JobStatus.running, 0),
+        sum(statuses.get(s, 0) for s in WAITING),
+        deleting,
+    )
+
+
+def delete(ctx: Context, who: Operator, name: str, *, wait: float = 30.0) -> AdminResult:
+    """Delete the dataset ``name`` and everything in it (see the module's steps). Running jobs are
+    waited for up to ``wait`` seconds; when they have not stopped by then the dataset stays marked
+    and the delete is to be run again (recovery does it too)."""
+    refused = _refused(who, "delete datasets")
+    if refused is not None:
+        return refused
+    with Session(ctx.engine) as session:
+        ds = _dataset(session, name)
+        if ds is None:
+            return _unknown(name)
+        if ds.deleting_at is None:
+            ds.deleting_at = db_now(session)
+            session.add(ds)
+            session.commit()
+        dataset_id = ds.id
+    faults.hit("dataset_delete_marked", dataset_id=dataset_id)
+    return finish(ctx, dataset_id, actor=who.actor, wait=wait)
+
+
+def finish(ctx: Context, dataset_id: int, *, actor: str, wait: float = 30.0) -> AdminResult:
+    """Steps 2 to 5 of the delete of a dataset marked ``deleting_at``; safe to repeat."""
+    with Session(ctx.engine, expire_on_commit=False) as session:
+        ds = session.get(Dataset, dataset_id)
+        if ds is None:
+            return AdminResult(True, f"dataset {dataset_id} is already deleted")
+        name, collection = ds.name, ds.collection
+    still = _stop_jobs(ctx, dataset_id, actor=actor, wait=wait)
+    if still:
+        return AdminResult(
+            False,
+            f"dataset {name!r} is being deleted; job(s) {', '.join(map(str, still))} have not "
+            "stopped yet: run the delete again in a moment (recovery also finishes it)",
+            "jobs_still_running",
+        )
+    removed = _delete_documents(ctx, dataset_id, actor=actor)
+    faults.hit("dataset_delete_documents_removed", dataset_id=dataset_id)
+    _drop_collection(ctx, collection)
+    with Session(ctx.engine) as session:
+        job_ids = list(session.exec(select(col(Job.id)).where(Job.dataset_id == dataset_id)).all())
+    lexical.delete_jobs(ctx.engine, job_ids)
+    _remove_rows(ctx, dataset_id)
+    log.info("dataset %r deleted by %s (%d document(s))", name, actor, removed)
+    return AdminResult(True, f"dataset {name!r} deleted: {removed} document(s) removed")
+
+
+def finish_deletions(ctx: Context, *, actor: str = "system:recovery") -> list[AdminResult]:
+    """Finish every delete that began and did not end (a process died halfway): recovery's part."""
+    with Session(ctx.engine) as session:
+        ids = list(
+            session.exec(select(col(Dataset.id)).where(col(Dataset.deleting_at).is_not(None))).all()
+        )
+    return [finish(ctx, dataset_id, actor=actor, wait=0) for dataset_id in ids]
+
+
+def _stop_jobs(ctx: Context, dataset_id: int, *, actor: str, wait: float) -> list[int]:
+    """Cancel the dataset's waiting and running jobs; the ids of those still running after
+    ``wait`` seconds (their workers stop at their next batch)."""
+    from sluice.pipeline.running.cleanup import remove_partial
+
+    with Session(ctx.engine, expire_on_commit=False) as session:
+        live = list(
+            session.exec(
+                select(col(Job.id)).where(
+                    Job.dataset_id == dataset_id,
+                    col(Job.status).in_([*WAITING, JobStatus.running]),
+                )
+            ).all()
+        )
+        if live:
+            jobs.request_cancel(session=session, job_ids=live, actor=actor)
+            for job in session.exec(select(Job).where(col(Job.id).in_(live))).all():
+                if job.status == JobStatus.cancelled:
+                    remove_partial(ctx, job)
+    deadline = time.monotonic() + wait
+    while True:
+        with Session(ctx.engine) as session:
+            running = list(
+                session.exec(
+                    select(col(Job.id)).where(
+                        Job.dataset_id == dataset_id, Job.status == JobStatus.running
+                    )
+                ).all()
+            )
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(POLL)
+
+
+def _delete_documents(ctx: Context, dataset_id: int, *, actor: str) -> int:
+    with Session(ctx.engine) as session:
+        ids = list(
+            session.exec(
+                select(col(Document.id)).where(
+                    Document.dataset_id == dataset_id, col(Document.deleted_at).is_(None)
+                )
+            ).all()
+        )
+    for document_id in ids:
+        done = delete_document(ctx, f"doc:{document_id}", actor=actor, reason="dataset deleted")
+        if not done.ok:
+            raise RuntimeError(f"document {document_id}: {done.message}")
+        faults.hit("dataset_delete_document", dataset_id=dataset_id, document_id=document_id)
+    return len(ids)
+
+
+def _drop_collection(ctx: Context, collection: str) -> None:
+    """Drop the collection and check that it is gone: a failure stops the delete here (the
+    dataset stays marked, a rerun drops it)."""
+    ctx.vectors.drop_collection(collection)  # also forgets this process's handle on it
+    try:
+        ctx.vectors.client.get_collection(collection)
+    except Exception as exc:
+        if type(exc).__name__ == "NotFoundError" or "does not exist" in str(exc).lower():
+            return
+        raise
+    raise RuntimeError(f"the Chroma collection {collection} is still there after its drop")
+
+
+def _remove_rows(ctx: Context, dataset_id: int) -> None:
+    """Every row of the dataset, children first (found by their foreign keys, so a table added
+    later is covered), then the dataset's row; its id leaves every API key's datasets."""
+    tables = SQLModel.metadata.sorted_tables
+    with Session(ctx.engine) as session:
+        doc_ids = select(col(Document.id)).where(Document.dataset_id == dataset_id)
+        job_ids = select(col(Job.id)).where(Job.dataset_id == dataset_id)
+        owners = {"dataset": None, "document": doc_ids, "job": job_ids}
+        for table in reversed(tables):
+            if table.name == "dataset":
+                continue
+            for fk in table.foreign_keys:
+                parent = fk.column.table.name
+                if parent not in owners or fk.column.name != "id":
+                    continue
+                ids = owners[parent]
+                where = fk.parent == dataset_id if ids is None else fk.parent.in_(ids)
+                session.execute(sql_delete(table).where(where))
+        for key in session.exec(select(ApiKey)).all():
+            if dataset_id in (key.dataset_ids or []):
+                key.dataset_ids = [d for d in key.dataset_ids if d != dataset_id]  # a new list
+                session.add(key)
+        session.execute(text("DELETE FROM lexical_chunk WHERE dataset_id = :d"), {"d": dataset_id})
+        session.execute(sql_delete(Dataset).where(col(Dataset.id) == dataset_id))
+        session.commit()
