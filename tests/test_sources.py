@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -341,3 +342,60 @@ def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(tmp_pat
     run_pending(ctx)
     assert found(ctx, "zq1v5") == {"f1.txt"} and found(ctx, "zq1v0") == set()
     assert sources.sync(ctx, "src").counts["unchanged"] == 1  # nothing read again
+
+
+def test_a_sync_is_a_recorded_run_with_a_webhook_and_metrics(tmp_path, make_ctx):
+    import json
+
+    from prometheus_client import generate_latest
+
+    from sluice.ops.metrics import registry
+    from sluice.storage.models import WebhookDelivery
+
+    ctx = make_ctx(
+        SLUICE_WEBHOOK_URLS="https://hooks.example/sluice", SLUICE_WEBHOOK_SECRET="s" * 40
+    )
+    share = FolderSide(tmp_path / "share")
+    for i in range(3):
+        share.put(f"f{i}.txt", body(i))
+    share.add_source(ctx)
+    result = sources.sync(ctx, "src", actor="test")
+    with Session(ctx.engine) as session:
+        run = session.get(SourceRun, result.run_id)
+        [hook] = session.exec(select(WebhookDelivery)).all()
+    assert (run.status, run.added, run.actor) == ("done", 3, "test")
+    sent = json.loads(hook.body)
+    assert hook.event == "source.synced" and sent["run"]["added"] == 3
+    assert sent["source"] == {"name": "src", "kind": "folder", "dataset": "docs"}
+    text = generate_latest(registry()).decode()
+    assert 'sluice_source_last_sync_files{change="added",source="src"} 3.0' in text
+    assert 'sluice_source_documents{dataset="docs",source="src"} 3.0' in text
+
+
+def test_the_workers_follow_a_source_on_schedule_and_as_its_folder_changes(tmp_path, make_ctx):
+    from sluice.ops import sources_follow
+    from sluice.pipeline.queueing import recovery
+    from tests.support.helpers import until
+
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    share.put("f0.txt", body(0))
+    sources.add_source(ctx, name="src", dataset="docs", folder=str(share.root), every="1m")
+    try:
+        assert recovery.run_extra_rounds(ctx) == ["sources: started src"]  # due at once
+        sources_follow._running["src"].join(60)
+        assert sources.get_source(ctx, "src").documents == 1
+        assert recovery.run_extra_rounds(ctx) == []  # the next one is a minute away
+        until(lambda: "src" in sources_follow._watching, timeout=10, what="the folder watch")
+        written: list[float] = []
+
+        def synced() -> bool:  # the watch (debounced) syncs a new file, no round needed
+            if not written or time.monotonic() - written[-1] > 3:  # until the watch is set up
+                share.put(f"f{len(written) + 1}.txt", body(len(written) + 1))
+                written.append(time.monotonic())
+            return sources.get_source(ctx, "src").documents > 1
+
+        until(synced, timeout=30, what="a new file of the watched folder synced")
+    finally:
+        sources_follow.stop_watching()
+    assert not sources_follow.errors

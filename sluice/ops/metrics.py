@@ -24,6 +24,9 @@ which the exporter follows from where it left off, so a scrape reads only what i
     sluice_index_unreachable_chunks{dataset}  gauge      sampled chunks their own vector missed
     sluice_index_sampled_chunks{dataset},
     sluice_index_recall{dataset}                         the last reconcile's index audit
+    sluice_source_documents{source,dataset},
+    sluice_source_last_sync_files{source,change},
+    sluice_source_last_sync_seconds{source}    gauge      each source and what its last sync did
 
 The server answers only at its own names (the console's Host and Origin rule, with
 SLUICE_METRICS_ADDRESS and SLUICE_METRICS_HOSTS: a page that rebinds its DNS name to this machine is
@@ -49,6 +52,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.registry import Collector
 
 from sluice.errors import SettingsError
+from sluice.ops import sources
 from sluice.ops.gate import Connection, host_refusal
 from sluice.ops.health import probes
 from sluice.ops.reads import MetricCounts, ctx, events_after, last_reconcile, metric_counts
@@ -156,6 +160,7 @@ class SluiceCollector(Collector):
         up.add_metric(["database"], 1)
         yield from self._job_families(c)
         yield from _index_families()
+        yield from sources.metric_families(ctx())
         yield from _queue_families(up)
         settings = ctx().settings
         for probe in probes(settings):  # the probe's short timeout: within a scrape's deadline

@@ -574,3 +574,38 @@ def purge_expired(ctx: Context) -> int:
     for doc_id in sorted(doc_ids):
         delete_document(ctx, f"doc:{doc_id}", actor="source tombstone", reason="tombstone expired")
     return len(due)
+
+
+def metric_families(ctx: Context) -> list:
+    """Prometheus families of the sources (``sluice.ops.metrics``): each source's documents and
+    what its last sync did, how long it took and when it ended."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    docs = GaugeMetricFamily(
+        "sluice_source_documents", "Live documents of each source", labels=["source", "dataset"]
+    )
+    files = GaugeMetricFamily(
+        "sluice_source_last_sync_files",
+        "What the last sync of each source did, by kind of change",
+        labels=["source", "change"],
+    )
+    took = GaugeMetricFamily(
+        "sluice_source_last_sync_seconds", "How long the last sync took", labels=["source"]
+    )
+    ended = GaugeMetricFamily(
+        "sluice_source_last_sync_timestamp_seconds",
+        "When the last sync ended (unix time)",
+        labels=["source"],
+    )
+    for v in list_sources(ctx):
+        docs.add_metric([v.name, v.dataset], v.documents)
+        run = v.last_run
+        if not run or not run.get("finished_at"):
+            continue
+        for change in ("added", "changed", "renamed", "removed", "failed", "held", "unchanged"):
+            files.add_metric([v.name, change], run[change])
+        finish = datetime.fromisoformat(run["finished_at"])
+        start = datetime.fromisoformat(run["started_at"])
+        took.add_metric([v.name], (_aware(finish) - _aware(start)).total_seconds())
+        ended.add_metric([v.name], _aware(finish).timestamp())
+    return [docs, files, took, ended]

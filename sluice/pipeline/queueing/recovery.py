@@ -7,6 +7,7 @@ queue or a worker killed mid-job delays jobs but never strands them.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ class RecoveryReport:
         0.0  # the grace after a silence of every reaper, waited before reaping
     )
     reap_held_seconds: float = 0.0  # with a hold: how long the reaping still waits (0: not held)
+    rounds: list[str] = field(default_factory=list)  # what the EXTRA_ROUNDS started
 
     @property
     def anything(self) -> bool:
@@ -89,7 +91,28 @@ def run_once(
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
     sweep_blob_leftovers(ctx)
+    report.rounds = run_extra_rounds(ctx)
     return report
+
+
+# Rounds of the floors above that ride on every recovery round, named, not imported (the pipeline
+# imports nothing of sluice.ops): "module:function", called with the context; each starts its work
+# in threads of its own and returns at once with a note ("" when it did nothing).
+EXTRA_ROUNDS = ("sluice.ops.sources_follow:follow_round",)  # sources added with --every
+
+
+def run_extra_rounds(ctx: Context) -> list[str]:
+    notes = []
+    for name in EXTRA_ROUNDS:
+        module, _, function = name.partition(":")
+        try:
+            note = getattr(importlib.import_module(module), function)(ctx)
+        except Exception as exc:  # never let a round of sources hold the recovery of jobs
+            log.warning("recovery round %s failed: %s: %s", name, type(exc).__name__, exc)
+            continue
+        if note:
+            notes.append(note)
+    return notes
 
 
 BLOB_LEFTOVER_SECONDS = 24 * 3600  # a staged upload older than this is no upload in progress
