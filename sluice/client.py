@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -86,8 +87,10 @@ class Client:
         dataset: str = "default",
         filename: str | None = None,
         idempotency_key: str | None = None,
+        external_id: str | None = None,
     ) -> dict[str, Any]:
-        """Upload one file; returns its job entry (``job_id``, ``document_id``, ``existing``...)."""
+        """Upload one file; returns its job entry (``job_id``, ``document_id``, ``existing``...).
+        New bytes under a known ``external_id`` replace its live version once they are indexed."""
         if isinstance(path_or_bytes, bytes):
             data, name = path_or_bytes, filename or "upload.txt"
         else:
@@ -97,9 +100,23 @@ class Client:
             "POST",
             f"/v1/datasets/{dataset}/documents",
             files=[("file", (name, data, "application/octet-stream"))],
+            data={"external_id": external_id} if external_id is not None else None,
             headers=headers,
         )
         return body["jobs"][0]
+
+    def document(self, document_id: int) -> dict[str, Any]:
+        return self._json("GET", f"/v1/documents/{document_id}")
+
+    def documents(self, *, external_id: str, dataset: str | None = None) -> list[dict[str, Any]]:
+        """The live document ``external_id`` names, in each dataset of the key (or ``dataset``)."""
+        params = {"external_id": external_id, **({"dataset": dataset} if dataset else {})}
+        return self._json("GET", "/v1/documents", params=params)["documents"]
+
+    def delete_by_external_id(self, external_id: str, *, dataset: str = "default") -> dict:
+        """Delete every version of ``external_id`` still there (ApiError 404 when there is none)."""
+        path = f"/v1/datasets/{dataset}/documents/by-external-id/{quote(external_id, safe='')}"
+        return self._json("DELETE", path)
 
     def job(self, job_id: int) -> dict[str, Any]:
         return self._json("GET", f"/v1/jobs/{job_id}")

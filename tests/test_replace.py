@@ -4,6 +4,7 @@ so, the same bytes again are the same job, delete by external id, uniqueness per
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import httpx
 import pytest
 from sqlmodel import Session
 
+from sluice.cli.main import main as cli
+from sluice.client import ApiError, Client
 from sluice.ops.documents import find_by_external_id
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.replacing import delete_by_external_id, version_state
@@ -19,6 +22,7 @@ from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, JobStatus
 from tests.support.api_server import InProcessApi, auth, make_key
+from tests.support.apptest import assert_ok, open_console, texts
 from tests.support.helpers import Background, ids_of_job, job, until, wait_for
 
 OLD = b"Albatross migration routes cross the southern ocean every winter season. " * 40
@@ -272,3 +276,38 @@ def test_the_api_routes_of_external_ids(ctx):
         assert done.status_code == 200 and done.json()["jobs_deleted"], done.text
         assert c.get("/v1/documents", params={"external_id": "hb/1"}).json()["documents"] == []
     assert served(ctx) == set()
+
+
+def test_the_cli_the_client_and_the_upload_page_take_external_ids(ctx, capsys, tmp_path):
+    first, second = tmp_path / "handbook.txt", tmp_path / "other.txt"
+    first.write_bytes(OLD)
+    second.write_bytes(NEW)
+    assert cli(["ingest", str(first), str(second), "--external-id", "hb"]) == 2
+    assert "--external-id names one file" in capsys.readouterr().err
+    assert cli(["ingest", str(first), "--external-id", "hb", "--json"]) == 0
+    [made] = json.loads(capsys.readouterr().out)
+    assert (made["external_id"], made["version"]) == ("hb", 1)
+    run_job(made["job_id"], ctx=ctx)
+    assert cli(["documents", "--external-id", "hb", "--json"]) == 0
+    [shown] = json.loads(capsys.readouterr().out)
+    assert (shown["document_id"], shown["message"]) == (made["document_id"], "version 1 (live)")
+    assert cli(["documents", "--external-id", "a\x07"]) == 2
+    assert cli(["documents", "--external-id", "nope"]) == 1
+    capsys.readouterr()
+    with InProcessApi() as api, Client(api.url, make_key("c", datasets=None, scope="manage")) as c:
+        job = c.upload(NEW, filename="handbook.txt", external_id="hb")
+        assert job["replaces_document_id"] == made["document_id"]
+        [live] = c.documents(external_id="hb")
+        assert live["version_message"] == "version 1 (live); version 2 (replacement) being built"
+        with pytest.raises(ApiError) as missing:
+            c.delete_by_external_id("no/such")
+        assert missing.value.status == 404
+    at = open_console("upload")
+    at.get("file_uploader")[0].set_value([("handbook.txt", NEW + b" three", "text/plain")])
+    at.text_input(key="upload_external_id").set_value("hb")
+    at.button[0].click().run()
+    assert_ok(at)
+    assert "External id hb: version 3 is being built; version 1 still serving" in texts(at)
+    assert cli(["documents", "--external-id", "hb", "--delete"]) == 0
+    assert "deleted document" in capsys.readouterr().out
+    assert find_by_external_id(ctx, "default", "hb") is None

@@ -47,10 +47,12 @@ def ingest(args) -> int:
     files = found.files
     if not files:
         return _fail("nothing to ingest", 2)
+    if args.external_id is not None and len(files) > 1:
+        return _fail(f"--external-id names one file; {len(files)} were given", 2)
     who = cli_operator()
     results = []
     for path in files:
-        r = actions.upload_path(who, path, dataset=args.dataset)
+        r = actions.upload_path(who, path, dataset=args.dataset, external_id=args.external_id)
         results.append(r)
         if not args.json:
             if r.accepted:

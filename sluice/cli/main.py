@@ -1,7 +1,9 @@
 """The ``sluice`` command: the console's operations, for scripts and shells.
 
 sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively;
-                                                     --follow-links)
+                                                     --follow-links; one file: --external-id ID)
+sluice documents --external-id ID [--dataset NAME] [--delete] [--json]
+                                                     the document your own id names; delete it
 sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
 sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
 sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
@@ -72,6 +74,7 @@ class _Commands:
 
 commands = _Commands("sluice.cli.commands")
 search_command = _Commands("sluice.cli.search_command")
+document_commands = _Commands("sluice.cli.document_commands")
 serve_commands = _Commands("sluice.cli.serve")
 dataset_commands = _Commands("sluice.cli.dataset_commands")
 
@@ -142,7 +145,19 @@ def add_ingest_commands(sub) -> None:
         action="store_true",
         help="in folders, also follow symbolic links that point outside them",
     )
+    a.add_argument(
+        "--external-id",
+        help="your own id of the file (one file only): new bytes under it replace the live version",
+    )
     a.set_defaults(func=commands.ingest)
+    a = sub.add_parser("documents", help="the document your external id names (sluice.ops)")
+    a.add_argument("--external-id", required=True, help="your own id of the document")
+    a.add_argument("--dataset", default="default")
+    a.add_argument(
+        "--delete", action="store_true", help="delete it: the live version and a replacement"
+    )
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=document_commands.documents)
 
 
 def add_read_commands(sub) -> None:

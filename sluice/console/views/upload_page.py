@@ -9,7 +9,7 @@ from functools import partial
 import streamlit as st
 
 from sluice.console import ui
-from sluice.ops import actions, reads
+from sluice.ops import actions, reads, replacing
 
 RESULTS_KEY = "upload_results"
 
@@ -35,13 +35,24 @@ with st.form("upload_form", clear_on_submit=True):
         key="upload_files",
         help="Any file may be chosen; each one gets a line below saying what became of it.",
     )
+    external_id = st.text_input(
+        "External id (optional, one file)",
+        key="upload_external_id",
+        disabled=not who.can_act,
+        help="Your own id of this document. New bytes under an id already known become its new "
+        "version: the old one keeps serving until the new one is indexed, then replaces it.",
+    ).strip()
     submitted = st.form_submit_button("Upload and index", type="primary", disabled=not who.can_act)
 
-if submitted and files:
+if submitted and files and external_id and len(files) > 1:
+    st.warning(f"An external id names one file: {len(files)} were picked; upload them one by one.")
+elif submitted and files:
     results = []
     with st.status(f"Uploading {len(files)} file(s)...", expanded=False) as status:
         for f in files:
-            r = actions.upload(who, dataset=target, filename=f.name, stream=f)
+            r = actions.upload(
+                who, dataset=target, filename=f.name, stream=f, external_id=external_id or None
+            )
             results.append(r.to_dict())
             status.write(ui.plain(f"{f.name}: {r.message}"))
         status.update(label=f"Uploaded {len(files)} file(s)", state="complete")
@@ -87,6 +98,9 @@ def _results_section(results: list[dict], following: bool) -> None:
             verb = "already uploaded: " if r["duplicate"] else ""
             head.text(f"{r['filename']} — {verb}{r['message']}")
             ui.status_badge(status, state)
+            if r.get("external_id") and r.get("document_id"):
+                version = replacing.version_state(reads.ctx(), r["document_id"])
+                head.caption(ui.plain(f"External id {r['external_id']}: {version.message}"))
             if status in reads.ACTIVE and job:
                 state.caption(job["progress"])
             elif job.get("error_message") and status == "failed":
