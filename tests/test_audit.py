@@ -181,13 +181,25 @@ def test_retention_prunes_old_rows(db_ctx):
 
 
 def test_the_cli_records_its_os_user_and_lists_the_log(db_ctx, capsys):
+    seeded = seed_every_state(db_ctx)
+    failed, pending = seeded["failed:chroma_unreachable"][0], seeded["pending"][0]
+    assert sluice_main(["retry", str(failed)]) == 0
+    assert sluice_main(["cancel", str(pending)]) == 0
+    assert sluice_main(["cancel", str(pending)]) == 1  # cancelled already: refused
+    assert sluice_main(["keys", "create", "cli-app", "--all-datasets"]) == 0
+    assert sluice_main(["keys", "revoke", "cli-app"]) == 0
     assert sluice_main(["pause", "--reason", "cli pause"]) == 0
-    row = _one(db_ctx, "queue.pause")
-    assert (row.actor_kind, row.actor_name) == ("cli", cli_operator().name)
+    me = cli_operator().name
+    for action in ("job.retry", "key.create", "key.revoke", "queue.pause"):
+        row = _one(db_ctx, action)
+        assert (row.actor_kind, row.actor_name, row.outcome) == ("cli", me, "done"), action
+    assert [r.outcome for r in _rows(db_ctx, action="job.cancel")] == ["done", "refused"]
     capsys.readouterr()
     assert sluice_main(["audit", "--since", "2h", "--action", "queue", "--json"]) == 0
     [shown] = json.loads(capsys.readouterr().out)
     assert shown["action"] == "queue.pause" and shown["actor_kind"] == "cli"
+    assert sluice_main(["audit", "--actor", me, "--outcome", "refused"]) == 0
+    assert "job.cancel" in capsys.readouterr().out
     assert sluice_main(["audit", "--since", "yesterday"]) == 2
     assert "2h, 30m or 7d" in capsys.readouterr().err
 
