@@ -302,3 +302,23 @@ def test_the_console_records_its_operator_and_a_bad_password(make_ctx):
     assert at.dataframe[0].value["Action"].tolist() == ["login.failed"]
     at.text_input(key="audit_since").set_value("tomorrow").run()
     assert "2h, 30m or 7d" in texts(at)
+
+
+def test_dataset_rename_and_delete_are_recorded_and_outlive_the_dataset(db_ctx):
+    from sluice.ops import dataset_admin
+
+    actions.create_dataset(ALICE, "drafts")
+    assert dataset_admin.rename(db_ctx, ALICE, "drafts", "notes").ok
+    assert not dataset_admin.rename(db_ctx, ALICE, "nothing", "other").ok
+    done = dataset_admin.delete(db_ctx, ALICE, "notes")
+    assert done.ok, done.message
+    renamed, unknown = _rows(db_ctx, action="dataset.rename")
+    assert (renamed.outcome, renamed.target_id, renamed.params) == (
+        "done",
+        "drafts",
+        {"name": "notes"},
+    )
+    assert (unknown.outcome, unknown.code) == ("refused", "unknown_dataset")
+    gone = _one(db_ctx, "dataset.delete")
+    assert (gone.actor_name, gone.target_id, gone.outcome) == ("alice", "notes", "done")
+    assert len(_rows(db_ctx)) == 4  # with dataset.create: the rows outlive the dataset

@@ -29,6 +29,7 @@ from sqlalchemy import func, text
 from sqlmodel import Session, SQLModel, col, select
 
 from sluice import faults
+from sluice.ops import audit_trail
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.documents import delete_document
 from sluice.ops.ingest import DATASET_NAME, DATASET_NAME_RULE
@@ -98,7 +99,22 @@ def _refused(who: Operator, action: str) -> AdminResult | None:
 
 
 def rename(ctx: Context, who: Operator, old: str, new: str) -> AdminResult:
-    """Give the dataset ``old`` the name ``new`` (a change of its row only)."""
+    """Give the dataset ``old`` the name ``new`` (a change of its row only); audited."""
+    with audit_trail.recording(  # its one commit is the rename
+        who,
+        "dataset.rename",
+        target_kind="dataset",
+        target_id=old,
+        dataset=old,
+        params={"name": new},
+        check=lambda session: True,
+    ) as rec:
+        result = _rename(ctx, who, old, new)
+    rec.settle(result.ok, result.message, code=result.code or None)
+    return result
+
+
+def _rename(ctx: Context, who: Operator, old: str, new: str) -> AdminResult:
     refused = _refused(who, "rename datasets")
     if refused is not None:
         return refused
@@ -166,7 +182,22 @@ def plan_delete(ctx: Context, name: str) -> DeletePlan | None:
 def delete(ctx: Context, who: Operator, name: str, *, wait: float = 30.0) -> AdminResult:
     """Delete the dataset ``name`` and everything in it (see the module's steps). Running jobs are
     waited for up to ``wait`` seconds; when they have not stopped by then the dataset stays marked
-    and the delete is to be run again (recovery does it too)."""
+    and the delete is to be run again (recovery does it too). Audited with the first commit: the
+    mark."""
+    with audit_trail.recording(
+        who,
+        "dataset.delete",
+        target_kind="dataset",
+        target_id=name,
+        dataset=name,
+        check=lambda session: True,
+    ) as rec:
+        result = _delete(ctx, who, name, wait=wait)
+    rec.settle(result.ok, result.message, code=result.code or None)
+    return result
+
+
+def _delete(ctx: Context, who: Operator, name: str, *, wait: float) -> AdminResult:
     refused = _refused(who, "delete datasets")
     if refused is not None:
         return refused
