@@ -19,6 +19,7 @@ from typing import BinaryIO
 from sqlmodel import Session, select
 
 from sluice.errors import PipelineError, WaitingError
+from sluice.ops import metadata as meta
 from sluice.ops import replacing
 from sluice.ops.documents import remove_blob_if_unused
 from sluice.pipeline.parsing.formats import ZIP
@@ -91,10 +92,12 @@ def ingest_stream(
     stream: BinaryIO,
     actor: str = "system",
     publish: Callable[[int], None] | None = None,
+    metadata: dict | None = None,
     external_id: str | None = None,
 ) -> IngestResult:
-    """Store the bytes and queue their job. New bytes under a known ``external_id`` are a new
-    version of its document (sluice.ops.replacing)."""
+    """Store the bytes and queue their job. ``metadata`` (sluice.ops.metadata) replaces the
+    document's; None leaves what a document with these bytes already has. New bytes under a known
+    ``external_id`` are a new version of its document (sluice.ops.replacing)."""
     s = ctx.settings
     display = sanitize_filename(filename)
     refused = _dataset_refusal(ctx, dataset, display) or _external_id_refusal(
@@ -102,6 +105,18 @@ def ingest_stream(
     )
     if refused is not None:
         return refused
+    try:
+        clean = None if metadata is None else meta.validate(metadata)
+    except meta.MetadataError as err:
+        return IngestResult(
+            display,
+            False,
+            dataset=dataset,
+            error_kind="user_action_required",
+            error_code=err.code,
+            message=str(err),
+            fix_hint="Fix the metadata: see the API reference, Metadata.",
+        )
     head = stream.read(SNIFF_BYTES)
     try:
         media_type = sniff_type(head, display)
@@ -146,6 +161,8 @@ def ingest_stream(
     except BaseException:
         ctx.blobs.release(got.held)
         raise
+    if clean is not None and clean != (document.metadata_ or {}):
+        document.metadata_ = meta.set_document_metadata(ctx, document.id, clean, actor=actor)
     try:
         ctx.blobs.keep(key, got.held)
     except WaitingError as err:  # committed; only the upload's second name may be left over
@@ -344,6 +361,7 @@ def ingest_path(
     dataset: str,
     actor: str = "cli",
     publish: Callable[[int], None] | None = None,
+    metadata: dict | None = None,
     external_id: str | None = None,
 ) -> IngestResult:
     with open(path, "rb") as fh:
@@ -354,6 +372,7 @@ def ingest_path(
             stream=fh,
             actor=actor,
             publish=publish,
+            metadata=metadata,
             external_id=external_id,
         )
 
@@ -366,6 +385,7 @@ def ingest_bytes(
     filename: str,
     actor: str = "system",
     publish: Callable[[int], None] | None = None,
+    metadata: dict | None = None,
     external_id: str | None = None,
 ) -> IngestResult:
     return ingest_stream(
@@ -375,6 +395,7 @@ def ingest_bytes(
         stream=io.BytesIO(data),
         actor=actor,
         publish=publish,
+        metadata=metadata,
         external_id=external_id,
     )
 

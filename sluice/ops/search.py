@@ -7,6 +7,14 @@ a quoted phrase answers only chunks holding the phrase. ``lexical`` never loads 
 A document's chunks of a running, failed, cancelled or superseded run are in the stores for a
 while; filtering on the document's active job keeps them out, so search never shows two pipeline
 versions of one document and never loses a document while its new version is being built.
+
+A metadata filter (``where``, sluice.ops.metadata) is decided on the document rows of the job
+database, never on the chunks' copies: the documents it allows are read at one moment and both
+rankers are restricted to them (lexical: in its SQL; dense: a Chroma ``where`` on ``document_id``),
+and the read that checks the active jobs checks the filter again. A metadata change is one UPDATE of
+one document row, so a search sees all of a document's chunks under the old metadata or all under
+the new, never half. Chunks switched off (sluice.ops.chunks) are left out by every ranker, the
+rankers asking for more until ``k`` enabled ones are found or none are left.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, col, select
 
+from sluice.ops import metadata as meta
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
@@ -66,6 +75,10 @@ class SearchHit:
     )
     ocr: bool = False  # the text was read by OCR from a page image
     similarity: float | None = None  # the model's cosine similarity, when the dense ranker found it
+    # Each ranker's own view (the Hit testing page): its rank (1 = first) and the lexical score.
+    dense_rank: int | None = None
+    lexical_rank: int | None = None
+    lexical_score: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -111,23 +124,31 @@ def search(
     filename: str | None = None,
     pages: str | None = None,
     media_type: str | None = None,
+    where: dict | None = None,
     vector=None,
 ) -> list[SearchHit]:
     """The best ``k`` chunks of ``dataset`` for ``query``; ``vector``: the query already encoded
-    (``query_vector``), else it is encoded here when the mode needs it."""
+    (``query_vector``), else it is encoded here when the mode needs it. ``where``: a metadata
+    filter (sluice.ops.metadata; FilterError when it is malformed)."""
     if mode not in MODES:
         raise BadQuery(f"mode {mode!r}: one of {', '.join(MODES)}")
     page_from, page_to = parse_pages(pages)
+    conditions = meta.parse_where(where)
+    parsed = lexical.parse_query(query)
+    if parsed.empty or k <= 0:
+        return []
+    ds = get_dataset(ctx, dataset)
+    allowed = None
+    if conditions:
+        with Session(ctx.engine) as session:
+            allowed = tuple(meta.matching_documents(session, ds.id, conditions))
     filters = Filters(
         filename=filename or None,
         media_type=media_type or None,
         page_from=page_from,
         page_to=page_to,
+        document_ids=allowed,
     )
-    parsed = lexical.parse_query(query)
-    if parsed.empty or k <= 0:
-        return []
-    ds = get_dataset(ctx, dataset)
     for again in (False, True):
         lexical_hits: list[lexical.LexicalHit] = []
         dense_hits: list[SearchHit] = []
@@ -143,14 +164,16 @@ def search(
             depth = max(DENSE_DEPTH, k * 2) if mode == "hybrid" else k
             if vector is None:
                 vector = query_vector(ctx, query)
-            dense_hits = _dense(ctx, ds, vector, depth, filters)
+            dense_hits = _dense(ctx, ds, vector, depth, filters, conditions)
         if mode != "hybrid":
             break
         # Each ranker read the active jobs at its own moment: a document whose new version became
         # active in between would be answered in both versions. One read decides for both; after a
         # switch the new version is complete in both stores, so one more round finds it there.
         active = _active_jobs(
-            ctx, {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits}
+            ctx,
+            {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits},
+            conditions,
         )
         ranked: list[lexical.LexicalHit | SearchHit] = [*lexical_hits, *dense_hits]
         if all(active.get(h.document_id) == h.job_id for h in ranked):
@@ -161,8 +184,12 @@ def search(
 
     if mode == "dense":
         hits = dense_hits[:k]
+        for rank, h in enumerate(hits, start=1):
+            h.dense_rank = rank
     elif mode == "lexical":
         hits = [_from_lexical(h, ctx) for h in lexical_hits[:k]]
+        for rank, h in enumerate(hits, start=1):
+            h.lexical_rank = rank
     else:
         hits = _fuse(ctx, dense_hits, lexical_hits, required=bool(parsed.quoted))[:k]
     _fill_positions(ctx, ds, [h for h in hits if "dense" not in h.matched])
@@ -199,6 +226,7 @@ def _from_lexical(h: lexical.LexicalHit, ctx: Context, score: float | None = Non
         chunk_id=h.chunk_id,
         pipeline_version=_version(h.chunk_id),
         matched=["lexical"],
+        lexical_score=round(h.score, 4),
     )
 
 
@@ -218,15 +246,18 @@ def _fuse(
     for rank, lh in enumerate(lex, start=1):
         scores[lh.chunk_id] = (STRICT_WEIGHT if lh.strict else 1.0) / (RRF_K + rank)
         hits[lh.chunk_id] = _from_lexical(lh, ctx)
+        hits[lh.chunk_id].lexical_rank = rank
     for rank, h in enumerate(dense, start=1):
         if required and h.chunk_id not in hits:
             continue
         scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+        h.dense_rank = rank
         if h.chunk_id in hits:
             both = hits[h.chunk_id]
-            both.matched, both.similarity, both.where, both.ocr = (
+            both.matched, both.similarity, both.dense_rank, both.where, both.ocr = (
                 ["dense", "lexical"],
                 h.similarity,
+                rank,
                 h.where,
                 h.ocr,
             )
@@ -241,22 +272,26 @@ def _fuse(
     return out
 
 
-def _active_jobs(ctx: Context, document_ids: set[int]) -> dict[int, int | None]:
-    """document id -> the job whose chunks search serves, for the live documents among these."""
+def _active_jobs(
+    ctx: Context, document_ids: set[int], conditions: meta.Where = ()
+) -> dict[int, int | None]:
+    """document id -> the job whose chunks search serves, for the live documents among these that
+    the metadata filter allows (read with the active job, in one statement)."""
     if not document_ids:
         return {}
     with Session(ctx.engine) as session:
-        return dict(
-            session.exec(
-                select(col(Document.id), col(Document.active_job_id)).where(
-                    col(Document.id).in_(document_ids), col(Document.deleted_at).is_(None)
-                )
-            ).all()
-        )
+        rows = session.exec(
+            select(col(Document.id), col(Document.active_job_id), col(Document.metadata_)).where(
+                col(Document.id).in_(document_ids), col(Document.deleted_at).is_(None)
+            )
+        ).all()
+    return {did: job for did, job, m in rows if meta.matches(conditions, m)}
 
 
 def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | None:
-    """Documents the file name and media type filters allow (None: no such filter)."""
+    """Documents the file name, media type and metadata filters allow (None: no such filter)."""
+    if filters.document_ids is not None and not (filters.filename or filters.media_type):
+        return list(filters.document_ids)
     if not (filters.filename or filters.media_type):
         return None
     stmt = select(col(Document.id)).where(
@@ -266,6 +301,8 @@ def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | No
         stmt = stmt.where(col(Document.filename).ilike(f"%{filters.filename}%"))
     if filters.media_type:
         stmt = stmt.where(Document.media_type == filters.media_type)
+    if filters.document_ids is not None:
+        stmt = stmt.where(col(Document.id).in_(filters.document_ids))
     with Session(ctx.engine) as session:
         return list(session.exec(stmt).all())
 
@@ -283,9 +320,12 @@ def _job_of(hit) -> int | None:
     return int(job) if job is not None else None
 
 
-def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[SearchHit]:
+def _dense(
+    ctx: Context, ds: Dataset, vector, k: int, filters: Filters, conditions: meta.Where = ()
+) -> list[SearchHit]:
     if vector is None:
         return []
+    disabled = lexical.disabled_ids(ctx.engine, ds.id)
     clauses: list[dict] = []
     doc_ids = _document_ids(ctx, ds, filters)
     if doc_ids is not None:
@@ -304,8 +344,11 @@ def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[
     requeried = False
     while True:
         answered = ctx.vectors.query(ds.collection, vector, n=n, where=where)
-        hits, vanished = [h for h in answered if _job_of(h) is not None], answered.vanished
-        active = _active_jobs(ctx, {int(h.metadata.get("document_id", -1)) for h in hits})
+        hits = [h for h in answered if _job_of(h) is not None and h.id not in disabled]
+        vanished = answered.vanished
+        active = _active_jobs(
+            ctx, {int(h.metadata.get("document_id", -1)) for h in hits}, conditions
+        )
         kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == _job_of(h)]
         # A document whose active job switched between the query and this read lost all its hits;
         # its new chunks were complete before the switch, so one more query finds them. Chunks
@@ -317,7 +360,7 @@ def _dense(ctx: Context, ds: Dataset, vector, k: int, filters: Filters) -> list[
         if switched and not requeried:
             requeried = True
             continue
-        if len(kept) >= k or n >= total or len(hits) + vanished < n:
+        if len(kept) >= k or n >= total or len(answered) + vanished < n:
             break
         n = min(total, n * 4)
     return [

@@ -122,12 +122,14 @@ class LexicalHit:
 
 @dataclass(frozen=True)
 class Filters:
-    """Narrow a search: file name (case-insensitive substring), media type, page range."""
+    """Narrow a search: file name (case-insensitive substring), media type, page range, and the
+    documents a metadata filter allows (None: no such filter)."""
 
     filename: str | None = None
     media_type: str | None = None
     page_from: int | None = None
     page_to: int | None = None
+    document_ids: tuple[int, ...] | None = None
 
 
 # --- schema ---------------------------------------------------------------------------------------
@@ -364,6 +366,14 @@ class ChunkRow:
     position: int
     page: int
     text: str
+    enabled: bool = True  # False: switched off (kept, left out of search)
+
+
+# A row of lexical_chunk l that is not switched off (the disabled_chunk table, sluice.ops.chunks).
+_ENABLED = (
+    "NOT EXISTS (SELECT 1 FROM disabled_chunk x WHERE x.dataset_id = l.dataset_id "
+    "AND x.chunk_id = l.chunk_id)"
+)
 
 
 def job_chunks(engine: Engine, job_id: int, *, offset: int = 0, limit: int = 50) -> list[ChunkRow]:
@@ -371,12 +381,46 @@ def job_chunks(engine: Engine, job_id: int, *, offset: int = 0, limit: int = 50)
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT chunk_id, position, page, text FROM lexical_chunk WHERE job_id = :j "
-                "ORDER BY position LIMIT :n OFFSET :o"
+                f"SELECT l.chunk_id, l.position, l.page, l.text, {_ENABLED} FROM lexical_chunk l "
+                "WHERE l.job_id = :j ORDER BY l.position LIMIT :n OFFSET :o"
             ),
             {"j": job_id, "n": limit, "o": offset},
         )
-        return [ChunkRow(*r) for r in rows]
+        return [ChunkRow(r[0], r[1], r[2], r[3], bool(r[4])) for r in rows]
+
+
+def chunk_places(engine: Engine, chunk_id: str) -> list[tuple[int, int, int]]:
+    """(dataset id, document id, job id) of every row holding this chunk id."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT dataset_id, document_id, job_id FROM lexical_chunk WHERE chunk_id = :c "
+                "ORDER BY dataset_id"
+            ),
+            {"c": chunk_id},
+        )
+        return [(int(a), int(b), int(c)) for a, b, c in rows]
+
+
+def count_disabled(engine: Engine, dataset_id: int) -> int:
+    """Chunks switched off in a dataset, of its live documents."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT COUNT(*) FROM disabled_chunk x JOIN document d ON d.id = x.document_id "
+                "WHERE x.dataset_id = :d AND d.deleted_at IS NULL"
+            ),
+            {"d": dataset_id},
+        ).scalar_one()
+
+
+def disabled_ids(engine: Engine, dataset_id: int) -> set[str]:
+    """The chunk ids switched off in a dataset."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT chunk_id FROM disabled_chunk WHERE dataset_id = :d"), {"d": dataset_id}
+        )
+        return {r[0] for r in rows}
 
 
 def _fts5_expr(query: Query, *, loose: bool) -> str:
@@ -421,8 +465,16 @@ def _run(
 ) -> list[LexicalHit]:
     pg = _postgres(engine)
     params: dict = {"d": dataset_id, "n": n}
-    where = ["l.dataset_id = :d"]
+    where = ["l.dataset_id = :d", _ENABLED]
     f = filters or Filters()
+    expanding = []
+    if f.document_ids is not None:
+        if not f.document_ids:
+            return []
+        # the documents a metadata filter allowed; the join below re-checks each one's active job
+        where.append("l.document_id IN :docs")
+        params["docs"] = list(f.document_ids)
+        expanding.append(_expanding("docs"))
     if f.filename:
         where.append("LOWER(d.filename) LIKE :fn")
         params["fn"] = f"%{f.filename.lower()}%"
@@ -465,7 +517,7 @@ def _run(
     params["m"] = max(CANDIDATES, 4 * n)
     with engine.connect() as conn:
         while True:
-            rows = conn.execute(text(sql), params).all()
+            rows = conn.execute(text(sql).bindparams(*expanding), params).all()
             if (
                 len(rows) >= n
                 or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one()

@@ -135,6 +135,26 @@ class Document(SQLModel, table=True):
     doc_version: int | None = None
     replaces_document_id: int | None = None
     replaced_by: int | None = None
+    # The application's own fields (sluice.ops.metadata validates them); search filters on these,
+    # read here, so one UPDATE of this row changes what every chunk of the document answers to.
+    metadata_: dict[str, Any] | None = Field(
+        default=None, sa_column=Column("metadata", JSON, nullable=True)
+    )
+
+
+class DisabledChunk(SQLModel, table=True):
+    """A chunk switched off (sluice.ops.chunks): kept in both stores, left out of every search.
+    Its id is the chunk id of the stores, so the switch holds for every job writing that chunk."""
+
+    __tablename__ = "disabled_chunk"
+    __table_args__ = (UniqueConstraint("dataset_id", "chunk_id", name="uq_disabled_chunk"),)
+
+    id: int = Field(default=None, primary_key=True)
+    dataset_id: int = Field(foreign_key="dataset.id", index=True)
+    chunk_id: str = Field(max_length=120)
+    document_id: int = Field(index=True)
+    disabled_at: datetime = Field(default_factory=utcnow)
+    disabled_by: str = Field(default="system", max_length=120)
 
 
 class Job(SQLModel, table=True):

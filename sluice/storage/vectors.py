@@ -63,6 +63,24 @@ def split_chunk_id(cid: str) -> tuple[str, int] | None:
     return prefix + "-", int(pos)
 
 
+META_PREFIX = "meta_"  # a chunk's copy of its document's metadata key: meta_<key>
+
+
+def metadata_fields(metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The copy of a document's metadata each of its chunks carries: ``meta_<key>``; a list as a
+    list (Chroma filters those with ``$contains``), an empty list left out (Chroma refuses one)."""
+    return {
+        f"{META_PREFIX}{k}": (list(v) if isinstance(v, list) else v)
+        for k, v in (metadata or {}).items()
+        if not (isinstance(v, list) and not v)
+    }
+
+
+def stored_metadata_fields(chunk_metadata: dict[str, Any]) -> dict[str, Any]:
+    """The ``meta_`` fields of one chunk's stored metadata (what ``metadata_fields`` wrote)."""
+    return {k: v for k, v in chunk_metadata.items() if k.startswith(META_PREFIX)}
+
+
 @dataclass(eq=False)
 class Rows:
     """One caller's rows for an add, and how it went."""
@@ -325,6 +343,21 @@ class VectorStore:
                 self._on(name, delete_part)
         elif where is not None:
             self._on(name, lambda coll: coll.delete(where=where))
+
+    def set_metadata_fields(self, name: str, ids: Sequence[str], fields: dict[str, Any]) -> int:
+        """Make the ``meta_`` fields of these chunks exactly ``fields`` (their other metadata as it
+        is): the vectors are not written again. Returns how many chunks were there."""
+        got = self.get(name, ids)
+        found = list(got.get("ids") or [])
+        if not found:
+            return 0
+        metas = []
+        for meta in got.get("metadatas") or []:
+            # Chroma's update merges keys; a key set to None is removed
+            stale = {k: None for k in stored_metadata_fields(meta or {}) if k not in fields}
+            metas.append({**stale, **fields})
+        self._on(name, lambda coll: coll.update(ids=found, metadatas=metas))
+        return len(found)
 
     def count(self, name: str) -> int:
         return self._on(name, lambda coll: coll.count())

@@ -57,7 +57,7 @@ from sluice.pipeline.reconcile.snapshot import (
     wrong_fields,
 )
 from sluice.pipeline.running.context import Context
-from sluice.storage import jobs
+from sluice.storage import jobs, lexical
 from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
 from sluice.storage.vectors import split_chunk_id
@@ -142,6 +142,7 @@ class DatasetAudit:
         # The lexical index, judged the same way (its module builds on this one).
 
         audit_lexical(self)
+        self.summary.disabled = lexical.count_disabled(self.ctx.engine, self.ds.id)
         for start in range(0, len(self.late_mismatches), BATCH):
             self._mismatches(fresh, self.late_mismatches[start : start + BATCH])
         self._summarise_repairs()

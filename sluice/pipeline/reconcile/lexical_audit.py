@@ -51,7 +51,9 @@ class Audit(Protocol):
 
 
 def _fields(job: PromisedJob, row: dict) -> dict:
-    return {**row, "pipeline_version": job.version}  # the version is in the id itself
+    # The version is in the id itself; a row's metadata is its document's, read by a join in the
+    # same database (nothing to drift), so the copy the vectors must carry is taken as it is.
+    return {**row, "pipeline_version": job.version, **(job.fields or {})}
 
 
 def _batches(ids: list[str]):

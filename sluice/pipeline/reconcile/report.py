@@ -60,6 +60,7 @@ class DatasetSummary:
     orphans: int = 0
     mismatched: int = 0
     in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
+    disabled: int = 0  # chunks switched off (kept in the index and judged as any other)
     pages: int = 0
     # The lexical index (rows in the job database), judged apart from the vectors above.
     lexical_rows: int = 0
@@ -191,6 +192,7 @@ class ReconcileReport:
                 f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
                 f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
                 f"mismatch(es), {d.in_flight:,} of jobs in flight"
+                + (f", {d.disabled:,} switched off" if d.disabled else "")
             )
             if d.index_text:
                 below = " (below the threshold: repair rebuilds it)" if d.index_unhealthy else ""

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from sqlmodel import Session, select
 
 from sluice.storage.models import Document, Job, JobStatus
-from sluice.storage.vectors import chunk_prefix, split_chunk_id
+from sluice.storage.vectors import (
+    chunk_prefix,
+    metadata_fields,
+    split_chunk_id,
+    stored_metadata_fields,
+)
 
 BATCH = 1000  # ids per confirm / delete / update request
 SAMPLE = 10  # ids kept per document and kind in the report
@@ -37,6 +42,7 @@ class PromisedJob:
     active: bool  # the job whose chunks search serves for its document
     row_version: int = 0  # the job row's compare-and-set version when read
     seen: bytearray | None = None  # positions found in the store, for expected jobs
+    fields: dict | None = None  # the document's metadata as its chunks carry it (meta_<key>)
 
     @property
     def expected(self) -> bool:
@@ -61,6 +67,7 @@ class Snapshot:
                 Document.filename,
                 Document.active_job_id,
                 Document.deleted_at,
+                Document.metadata_,
             )
             .join(Document, Document.id == Job.document_id)
             .where(Job.dataset_id == dataset_id)
@@ -76,6 +83,7 @@ class Snapshot:
             filename,
             active_id,
             deleted_at,
+            doc_metadata,
         ) in session.exec(stmt):
             live = deleted_at is None
             self.documents[doc_id] = (filename, active_id if live else None)
@@ -88,6 +96,7 @@ class Snapshot:
                 live,
                 live and active_id == jid,
                 row_version,
+                fields=metadata_fields(doc_metadata),
             )
 
     def expected_jobs(self) -> Iterator[PromisedJob]:
@@ -141,4 +150,10 @@ def wrong_fields(job: PromisedJob, pos: int, meta: dict | None) -> dict[str, lis
         "pipeline_version": job.version,
         "position": pos,
     }
-    return {k: [meta.get(k), v] for k, v in want.items() if meta.get(k) != v}
+    wrong = {k: [meta.get(k), v] for k, v in want.items() if meta.get(k) != v}
+    # the copy of the document's metadata (None as the wanted value: a key that must go)
+    fields, carried = job.fields or {}, stored_metadata_fields(meta)
+    for k in sorted(set(fields) | set(carried)):
+        if carried.get(k) != fields.get(k):
+            wrong[k] = [carried.get(k), fields.get(k)]
+    return wrong

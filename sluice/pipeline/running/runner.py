@@ -49,7 +49,7 @@ from sluice.storage import jobs, lexical
 from sluice.storage.blobs import BlobMissing
 from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, Stage
-from sluice.storage.vectors import chunk_id
+from sluice.storage.vectors import chunk_id, metadata_fields
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -797,6 +797,7 @@ class _Batch:
                     "sha256": document.sha256,
                     "ocr": c.page in by_ocr,
                     **({"where": where[c.page]} if where and c.page in where else {}),
+                    **metadata_fields(document.metadata_),
                 }
                 for _, c in self.items
             ]

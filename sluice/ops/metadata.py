@@ -1,0 +1,353 @@
+"""Document metadata: the one validator every front end uses, and the ``where`` filters over it.
+
+Metadata is a JSON object of the application's own fields: keys ``^[a-z][a-z0-9_]{0,63}$``
+(keys starting with ``_`` are reserved and refused), values strings, numbers, booleans or lists of
+strings, at most ``MAX_BYTES`` as compact JSON. It is stored on the document row; the chunks carry
+a copy (``vectors.metadata_fields``) that reconcile audits, but search decides on the document row
+alone, read in the same statement (lexical) or the same read (dense) that checks the active job.
+
+A filter (``where``) follows Chroma's style: ``{"lang": "de", "year": {"$gte": 2020}}`` with
+``$eq $ne $in $nin $gt $gte $lt $lte $exists``, keys combined with and (implicitly, or by
+``$and``). On a list value ``$eq`` means "holds", ``$in`` "holds one of"; ``$ne`` and ``$nin`` are
+their negations and match a document without the key. ``$gt``-``$lte`` compare numbers as numbers
+and ISO dates (``2024-05-01``, ``2024-05-01T12:00:00Z``) as dates; a value of another kind does not
+match.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from sluice import faults
+from sluice.pipeline.running.context import Context
+from sluice.storage import vectors
+from sluice.storage.db import stored
+from sluice.storage.models import Dataset, Document
+
+log = logging.getLogger(__name__)
+
+KEY = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+MAX_BYTES = 8192
+OPERATORS = ("$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "$exists")
+COMPARE = ("$gt", "$gte", "$lt", "$lte")
+CLI_RULE = (
+    "write KEY=VALUE, KEY!=VALUE, KEY>=VALUE (also >, <, <=), KEY~A,B (one of), KEY!~A,B "
+    "(none of), KEY? (has the key) or KEY!? (lacks it)"
+)
+
+
+class MetadataError(ValueError):
+    """Metadata refused; ``key`` names the field at fault ("" for the object as a whole)."""
+
+    code = "invalid_metadata"
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"metadata {key!r}: {message}" if key else f"metadata: {message}")
+        self.key = key
+
+
+class FilterError(ValueError):
+    """A ``where`` filter refused; ``key`` names the field or operator at fault."""
+
+    code = "invalid_filter"
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"filter {key!r}: {message}" if key else f"filter: {message}")
+        self.key = key
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def validate(metadata: Any) -> dict[str, Any]:
+    """The metadata as stored (a new dict), or MetadataError naming the first bad key."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise MetadataError("", "must be a JSON object of key: value")
+    out: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key:
+            raise MetadataError(str(key), "a key is a non-empty string")
+        if key.startswith("_"):
+            raise MetadataError(key, "keys starting with '_' are reserved")
+        if not KEY.match(key):
+            raise MetadataError(
+                key, "a key is a lower-case letter, then up to 63 lower-case letters, digits or _"
+            )
+        if isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise MetadataError(key, "a list holds strings only")
+            out[key] = list(value)
+        elif isinstance(value, str | bool) or _is_number(value):
+            if isinstance(value, float) and not math.isfinite(value):
+                raise MetadataError(key, "a number must be finite")
+            out[key] = value
+        else:
+            raise MetadataError(
+                key, "a value is a string, a number, a boolean or a list of strings"
+            )
+    size = len(json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_BYTES:
+        raise MetadataError("", f"{size} bytes as JSON; at most {MAX_BYTES}")
+    return out
+
+
+def parse_json(value: str | None) -> dict[str, Any]:
+    """Metadata sent as JSON text (a multipart form field), validated."""
+    if value is None or not value.strip():
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise MetadataError("", f"not JSON ({exc.msg})") from None
+    return validate(parsed)
+
+
+def _cli_value(raw: str) -> Any:
+    """A value typed on the command line: JSON where it parses (numbers, booleans, lists), else the
+    text itself."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def parse_pairs(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``--meta key=value`` options as metadata, validated (a key given twice: the last wins)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise MetadataError(key.strip(), "write KEY=VALUE")
+        out[key.strip()] = _cli_value(raw)
+    return validate(out)
+
+
+# --- filters --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Condition:
+    key: str
+    op: str
+    operand: Any
+
+
+Where = tuple[Condition, ...]  # every condition must hold
+
+
+def _as_date(v: Any) -> datetime | None:
+    if not isinstance(v, str) or len(v) < 10 or not v[:4].isdigit():
+        return None
+    try:
+        got = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        try:
+            got = datetime.combine(date.fromisoformat(v), datetime.min.time())
+        except ValueError:
+            return None
+    return got.replace(tzinfo=None) if got.tzinfo is None else got
+
+
+def _scalar(key: str, op: str, v: Any) -> Any:
+    if isinstance(v, str | bool) or _is_number(v):
+        return v
+    raise FilterError(key, f"{op} takes a string, a number or a boolean")
+
+
+def _condition(key: str, op: str, operand: Any) -> Condition:
+    if op not in OPERATORS:
+        raise FilterError(op, f"unknown operator; one of {', '.join(OPERATORS)}")
+    if op in ("$in", "$nin"):
+        if not isinstance(operand, list) or not operand:
+            raise FilterError(key, f"{op} takes a non-empty list")
+        return Condition(key, op, tuple(_scalar(key, op, v) for v in operand))
+    if op == "$exists":
+        if not isinstance(operand, bool):
+            raise FilterError(key, "$exists takes true or false")
+        return Condition(key, op, operand)
+    if op in COMPARE:
+        if _is_number(operand):
+            return Condition(key, op, operand)
+        when = _as_date(operand)
+        if when is None:
+            raise FilterError(key, f"{op} takes a number or an ISO date")
+        return Condition(key, op, when)
+    return Condition(key, op, _scalar(key, op, operand))
+
+
+def parse_where(where: Any) -> Where:
+    """A ``where`` object as conditions, or FilterError naming the key or operator at fault."""
+    if where is None:
+        return ()
+    if not isinstance(where, dict):
+        raise FilterError("", "must be a JSON object")
+    out: list[Condition] = []
+    for key, value in where.items():
+        if key == "$and":
+            if not isinstance(value, list):
+                raise FilterError("$and", "takes a list of filters")
+            for part in value:
+                out.extend(parse_where(part))
+            continue
+        if not isinstance(key, str) or not KEY.match(key):
+            raise FilterError(str(key), "not a metadata key (nor $and)")
+        if isinstance(value, dict):
+            if not value:
+                raise FilterError(key, "an empty operator object")
+            out.extend(_condition(key, op, operand) for op, operand in value.items())
+        else:
+            out.append(_condition(key, "$eq", value))
+    return tuple(out)
+
+
+_CLI = re.compile(r"^\s*([a-z][a-z0-9_]{0,63})\s*(>=|<=|!=|!~|!\?|[=<>~?])(.*)$", re.S)
+_CLI_OPS = {"=": "$eq", "!=": "$ne", ">": "$gt", ">=": "$gte", "<": "$lt", "<=": "$lte"}
+
+
+def parse_cli_where(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``--where`` options (see CLI_RULE) as a ``where`` object, checked."""
+    parts: list[dict[str, Any]] = []
+    for item in items:
+        m = _CLI.match(item)
+        if m is None:
+            raise FilterError(item.strip(), CLI_RULE)
+        key, sign, raw = m.group(1), m.group(2), m.group(3).strip()
+        if sign in ("?", "!?"):
+            if raw:
+                raise FilterError(key, f"nothing follows {sign}")
+            parts.append({key: {"$exists": sign == "?"}})
+        elif sign in ("~", "!~"):
+            members = [_cli_value(v.strip()) for v in raw.split(",") if v.strip()]
+            parts.append({key: {"$in" if sign == "~" else "$nin": members}})
+        else:
+            value = _cli_value(raw)
+            if sign in ("=", "!=") and isinstance(value, list | dict):
+                value = raw
+            parts.append({key: {_CLI_OPS[sign]: value}})
+    where = parts[0] if len(parts) == 1 else {"$and": parts} if parts else {}
+    parse_where(where)
+    return where
+
+
+def _compare(op: str, value: Any, operand: Any) -> bool:
+    if isinstance(operand, datetime):
+        value = _as_date(value)
+        if value is None:
+            return False
+        if (value.tzinfo is None) != (operand.tzinfo is None):
+            value, operand = value.replace(tzinfo=None), operand.replace(tzinfo=None)
+    elif not _is_number(value):
+        return False
+    if op == "$gt":
+        return value > operand
+    if op == "$gte":
+        return value >= operand
+    if op == "$lt":
+        return value < operand
+    return value <= operand
+
+
+def _same(value: Any, operand: Any) -> bool:
+    """Equal as JSON values (True is not 1)."""
+    if _is_number(value) and _is_number(operand):
+        return value == operand
+    return type(value) is type(operand) and value == operand
+
+
+def _holds(value: Any, operand: Any) -> bool:
+    if isinstance(value, list):
+        return any(_same(v, operand) for v in value)
+    return _same(value, operand)
+
+
+def _one(c: Condition, metadata: dict[str, Any]) -> bool:
+    present = c.key in metadata
+    value = metadata.get(c.key)
+    if c.op == "$exists":
+        return present == c.operand
+    if c.op == "$eq":
+        return present and _holds(value, c.operand)
+    if c.op == "$ne":
+        return not (present and _holds(value, c.operand))
+    if c.op == "$in":
+        return present and any(_holds(value, v) for v in c.operand)
+    if c.op == "$nin":
+        return not (present and any(_holds(value, v) for v in c.operand))
+    return present and not isinstance(value, list) and _compare(c.op, value, c.operand)
+
+
+def matches(where: Where, metadata: dict[str, Any] | None) -> bool:
+    """Whether a document's metadata passes every condition."""
+    meta = metadata or {}
+    return all(_one(c, meta) for c in where)
+
+
+def matching_documents(session: Session, dataset_id: int | None, where: Where) -> list[int]:
+    """The live documents (of one dataset, or of all) whose metadata pass ``where``, read at one
+    moment."""
+    stmt = select(col(Document.id), col(Document.metadata_)).where(
+        col(Document.deleted_at).is_(None)
+    )
+    if dataset_id is not None:
+        stmt = stmt.where(Document.dataset_id == dataset_id)
+    return [did for did, meta in session.exec(stmt).all() if matches(where, meta)]
+
+
+# --- changing a document's metadata ---------------------------------------------------------------
+
+REWRITE_BATCH = 500  # chunks whose copy one request to the vector store rewrites
+
+
+class UnknownDocument(LookupError):
+    pass
+
+
+def set_document_metadata(
+    ctx: Context, document_id: int, metadata: Any, *, actor: str = "system"
+) -> dict[str, Any]:
+    """Replace a live document's metadata with ``metadata`` (validated; keys left out go). Returns
+    what is stored.
+
+    The document row is the authority search filters on: one UPDATE switches every chunk of the
+    document at once. The chunks' copies in the vector store are rewritten after it (their
+    metadata only, never their vectors), batch by batch; reconcile repairs a copy left behind."""
+    clean = validate(metadata)
+    with Session(ctx.engine) as session:
+        doc = session.get(Document, document_id)
+        if doc is None or doc.deleted_at is not None:
+            raise UnknownDocument(f"no document {document_id}")
+        coll = stored(session, Dataset, doc.dataset_id).collection
+        doc.metadata_ = dict(clean) or None  # a new value: SQLModel saves no in-place change
+        session.add(doc)
+        session.commit()
+    log.info("document %d: metadata set by %s (%d key(s))", document_id, actor, len(clean))
+    faults.hit("metadata_switched", document_id=document_id)
+    rewrite_chunk_copies(ctx, coll, document_id, clean)
+    return clean
+
+
+def rewrite_chunk_copies(
+    ctx: Context, collection: str, document_id: int, metadata: dict[str, Any]
+) -> int:
+    """Make every chunk of the document in the vector store carry ``metadata`` (all its jobs)."""
+    ids = ctx.vectors.ids_where(collection, {"document_id": document_id})
+    fields = vectors.metadata_fields(metadata)
+    done = 0
+    for start in range(0, len(ids), REWRITE_BATCH):
+        if start:
+            faults.hit("metadata_rewrite_batch", document_id=document_id, done=done)
+        done += ctx.vectors.set_metadata_fields(
+            collection, ids[start : start + REWRITE_BATCH], fields
+        )
+    return done
