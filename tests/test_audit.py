@@ -322,3 +322,26 @@ def test_dataset_rename_and_delete_are_recorded_and_outlive_the_dataset(db_ctx):
     gone = _one(db_ctx, "dataset.delete")
     assert (gone.actor_name, gone.target_id, gone.outcome) == ("alice", "notes", "done")
     assert len(_rows(db_ctx)) == 4  # with dataset.create: the rows outlive the dataset
+
+
+def test_a_new_version_under_an_external_id_is_recorded_as_a_replace(db_ctx):
+    import io
+
+    first = actions.upload(
+        ALICE,
+        dataset="default",
+        filename="v.txt",
+        stream=io.BytesIO(b"first " * 80),
+        external_id="doc-7",
+    )
+    second = actions.upload(
+        ALICE,
+        dataset="default",
+        filename="v.txt",
+        stream=io.BytesIO(b"second " * 80),
+        external_id="doc-7",
+    )
+    assert first.accepted and second.accepted and second.replaces_document_id, second
+    up, replace = _one(db_ctx, "document.upload"), _one(db_ctx, "document.replace")
+    assert (up.target_id, up.params["external_id"]) == (str(first.document_id), "doc-7")
+    assert (replace.target_id, replace.actor_name) == (str(second.document_id), "alice")

@@ -15,6 +15,7 @@ from sluice.ops import audit_trail
 from sluice.ops.scoped import ScopeMissing
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
+TEXT = r"^[^\x00-\x1f]*$"  # no control characters (PostgreSQL takes no NUL in a string)
 
 
 class AuditRow(BaseModel):
@@ -43,13 +44,15 @@ class AuditList(BaseModel):
 def list_audit(
     key: Key,
     since: Annotated[
-        str | None, Query(max_length=40, description="a span back (2h, 30m, 7d) or an ISO time")
+        str | None,
+        Query(max_length=40, pattern=TEXT, description="a span back (2h, 30m, 7d) or an ISO time"),
     ] = None,
-    actor: Annotated[str | None, Query(max_length=120)] = None,
+    actor: Annotated[str | None, Query(max_length=120, pattern=TEXT)] = None,
     action: Annotated[
-        str | None, Query(max_length=40, description="an action (job.retry) or a family (job)")
+        str | None,
+        Query(max_length=40, pattern=TEXT, description="an action (job.retry) or a family (job)"),
     ] = None,
-    dataset: Annotated[str | None, Query(max_length=64)] = None,
+    dataset: Annotated[str | None, Query(max_length=64, pattern=TEXT)] = None,
     outcome: Annotated[str | None, Query(pattern=r"^(done|refused)$")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,10}$")] = None,

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from sqlmodel import Session, select
 
-from sluice.ops import audit_trail, documents, settings_changes
+from sluice.ops import audit_trail, chunks, documents, settings_changes
+from sluice.ops import metadata as meta
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.blob_migration import MigrationResult, migrate_to_s3
@@ -33,7 +34,7 @@ from sluice.pipeline.running.cleanup import remove_partial
 from sluice.storage import jobs, retention
 from sluice.storage.db import ensure_dataset
 from sluice.storage.jobs import ActionResult
-from sluice.storage.models import Dataset, ErrorKind, Job, JobStatus, utcnow
+from sluice.storage.models import Dataset, Document, ErrorKind, Job, JobStatus, utcnow
 from sluice.storage.queries import JobFilter
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
@@ -244,6 +245,12 @@ def set_dataset_priority(who: Operator, dataset_id: int, priority: int | None) -
     return True, f"dataset priority set to {0 if priority is None else priority}"
 
 
+def _upload_action(session: Session, job: Job) -> str:
+    """A new version of a document under its external id is a replace; any other, an upload."""
+    doc = session.get(Document, job.document_id)
+    return "document.replace" if doc is not None and doc.replaces_document_id else "document.upload"
+
+
 def _dataset_exists(dataset_id: int) -> Callable[[Session], bool]:
     return lambda session: session.get(Dataset, dataset_id) is not None
 
@@ -258,6 +265,7 @@ def upload(
     filename: str,
     stream: BinaryIO,
     external_id: str | None = None,
+    metadata: dict | None = None,
 ) -> IngestResult:
     params = {"filename": filename, **({"external_id": external_id} if external_id else {})}
     try:
@@ -287,6 +295,7 @@ def upload(
         dataset=dataset,
         kinds=UPLOADED,
         params=params,
+        refine=_upload_action,
     ) as rec:
         result = ingest_stream(
             ctx(),
@@ -296,6 +305,7 @@ def upload(
             actor=who.actor,
             publish=publish,
             external_id=external_id,
+            metadata=metadata,
         )
     rec.settle(
         result.accepted,
@@ -308,10 +318,38 @@ def upload(
 
 
 def upload_path(
-    who: Operator, path: Path, *, dataset: str, external_id: str | None = None
+    who: Operator,
+    path: Path,
+    *,
+    dataset: str,
+    external_id: str | None = None,
+    metadata: dict | None = None,
 ) -> IngestResult:
     with open(path, "rb") as fh:
-        return upload(who, dataset=dataset, filename=path.name, stream=fh, external_id=external_id)
+        return upload(
+            who,
+            dataset=dataset,
+            filename=path.name,
+            stream=fh,
+            external_id=external_id,
+            metadata=metadata,
+        )
+
+
+def set_document_metadata(who: Operator, document_id: int, value: Any) -> dict:
+    """Replace a document's metadata (sluice.ops.metadata; MetadataError names a bad key)."""
+    require_operator(who, "change document metadata")
+    return meta.set_document_metadata(ctx(), document_id, value, actor=who.actor)
+
+
+def set_chunk_enabled(
+    who: Operator, chunk_id: str, enabled: bool, *, dataset_ids: list[int] | None = None
+) -> chunks.ChunkState:
+    """Switch a chunk on or off (sluice.ops.chunks)."""
+    require_operator(who, "switch chunks on or off")
+    return chunks.set_chunk_enabled(
+        ctx(), chunk_id, enabled, actor=who.actor, dataset_ids=dataset_ids
+    )
 
 
 def create_dataset(who: Operator, name: str) -> tuple[bool, str]:

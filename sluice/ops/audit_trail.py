@@ -33,7 +33,8 @@ from sluice.storage.models import Dataset, Job, JobEvent
 
 PAGE = 50
 MAX_PAGE = 500
-SINCE = re.compile(r"^(\d+)\s*([smhdw])$")
+SINCE = re.compile(r"^(\d{1,6})\s*([smhdw])$")
+MAX_ID = 2**31 - 1  # ids are INTEGER columns
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
@@ -55,6 +56,8 @@ class Watch:
     model: type | None = None  # a new row of this class marks it
     check: Callable[[Session], bool] | None = None  # true before a commit that made the change
     per_job: bool = False  # one row per job (retry of three jobs: three rows)
+    # The action's name from what the change made (an upload that is a new version: a replace).
+    refine: Callable[[OrmSession, Job], str] | None = None
     done: set[str] = field(default_factory=set)  # targets whose row committed
     pending: dict[int, set[str]] = field(default_factory=dict)  # session id -> rows not committed
 
@@ -69,7 +72,7 @@ class Watch:
             actor_name=who.name,
             actor_key=who.key or None,
             address=who.address or None,
-            action=self.action,
+            action=kw.pop("action", self.action),
             target_kind=kw.pop("target_kind", self.target_kind),
             target_id=self.target_id if target is None else target,
             dataset=dataset or self.dataset,
@@ -129,15 +132,24 @@ def refused(who: Operator, action: str, reason: str, **kw: Any) -> None:
 # --- the listener ---------------------------------------------------------------------------------
 
 
-def _add(session: OrmSession, watch: Watch, target: str | int | None, dataset: str | None) -> None:
-    session.add(watch.row(target, dataset))
+def _add(
+    session: OrmSession,
+    watch: Watch,
+    target: str | int | None,
+    dataset: str | None,
+    action: str | None = None,
+) -> None:
+    session.add(watch.row(target, dataset, action=action or watch.action))
     watch.pending.setdefault(id(session), set()).add(str(target))
     # The change and its row are in the session, not yet committed: a fault here rolls both back.
     faults.hit("audit_recorded", action=watch.action, target=target)
 
 
-def _job_marks(session: OrmSession, watch: Watch) -> list[tuple[str | int | None, str | None]]:
-    marks: list[tuple[str | int | None, str | None]] = []
+Mark = tuple[str | int | None, str | None, str | None]  # target, dataset, action
+
+
+def _job_marks(session: OrmSession, watch: Watch) -> list[Mark]:
+    marks: list[Mark] = []
     for obj in list(session.new):
         if not (isinstance(obj, JobEvent) and obj.kind in watch.kinds):
             continue
@@ -147,13 +159,15 @@ def _job_marks(session: OrmSession, watch: Watch) -> list[tuple[str | int | None
             job = session.get(Job, obj.job_id)
             ds = session.get(Dataset, job.dataset_id) if job is not None else None
         name = ds.name if ds is not None else None
+        with session.no_autoflush:
+            action = watch.refine(session, job) if watch.refine and job is not None else None
         if watch.per_job:
-            marks.append((obj.job_id, name))
+            marks.append((obj.job_id, name, action))
         else:
             target = watch.target_id
             if target is None and watch.target_kind == "document" and job is not None:
                 target = job.document_id
-            marks.append((target, name))
+            marks.append((target, name, action))
     return marks
 
 
@@ -164,9 +178,9 @@ def _before_flush(session: OrmSession, _context: Any, _instances: Any) -> None:
         return
     if watch.kinds:
         seen = watch.done | watch.pending.get(id(session), set())
-        for target, name in _job_marks(session, watch):
+        for target, name, action in _job_marks(session, watch):
             if str(target) not in seen:
-                _add(session, watch, target, name)
+                _add(session, watch, target, name, action)
                 seen.add(str(target))
                 if not watch.per_job:
                     return
@@ -206,12 +220,12 @@ def parse_since(text: str | None, now: datetime | None = None) -> datetime | Non
     if not text:
         return None
     found = SINCE.match(text.lower())
-    if found:
-        ago = timedelta(**{UNITS[found.group(2)]: int(found.group(1))})
-        return (now or datetime.now(UTC)) - ago
     try:
+        if found:
+            ago = timedelta(**{UNITS[found.group(2)]: int(found.group(1))})
+            return (now or datetime.now(UTC)) - ago
         return as_utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise BadAuditQuery(
             f"since {text!r}: write a span like 2h, 30m or 7d, or an ISO time like 2026-01-31T12:00"
         ) from None
@@ -258,7 +272,7 @@ def rows(
             action=action or None,
             dataset=dataset or None,
             outcome=outcome or None,
-            before_id=before_id,
+            before_id=None if before_id is None else min(before_id, MAX_ID),
             limit=max(1, min(limit, MAX_PAGE)),
         )
         return [as_dict(r) for r in found]
