@@ -64,6 +64,12 @@ def _pages(operator: bool = True) -> list:
             "views/search_page.py", url_path="search", title="Search", icon=":material/search:"
         ),
         st.Page(
+            "views/hit_testing_page.py",
+            url_path="hit_testing",
+            title="Hit testing",
+            icon=":material/target:",
+        ),
+        st.Page(
             "views/document_page.py",
             url_path="document",
             title="Document",

@@ -183,18 +183,21 @@ def search(
             dense_hits = [h for h in dense_hits if active.get(h.document_id) == h.job_id]
 
     if mode == "dense":
-        hits = dense_hits[:k]
-        for rank, h in enumerate(hits, start=1):
-            h.dense_rank = rank
+        hits = _ranked(dense_hits[:k], "dense_rank")
     elif mode == "lexical":
-        hits = [_from_lexical(h, ctx) for h in lexical_hits[:k]]
-        for rank, h in enumerate(hits, start=1):
-            h.lexical_rank = rank
+        hits = _ranked([_from_lexical(h, ctx) for h in lexical_hits[:k]], "lexical_rank")
     else:
         hits = _fuse(ctx, dense_hits, lexical_hits, required=bool(parsed.quoted))[:k]
     _fill_positions(ctx, ds, [h for h in hits if "dense" not in h.matched])
     for h in hits:
         h.snippet = lexical.snippet(h.text, parsed)
+    return hits
+
+
+def _ranked(hits: list[SearchHit], field: str) -> list[SearchHit]:
+    """The hits of one ranker, each told its rank in it (1 = first)."""
+    for rank, h in enumerate(hits, start=1):
+        setattr(h, field, rank)
     return hits
 
 

@@ -14,6 +14,7 @@ from sqlmodel import Field, SQLModel
 
 from sluice.errors import ErrorKind
 from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
+from sluice.storage.hit_tests import HitTestQuery  # noqa: F401  (its table is made with these)
 
 
 def utcnow() -> datetime:

@@ -1,0 +1,82 @@
+"""Hit testing: one query against one dataset, with each ranker's view of every hit (dense rank and
+similarity, lexical rank and score, the fused rank and score), and the operator's last queries,
+kept in the job database, to run again with one click."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from sluice.console import ui
+from sluice.ops import hit_testing, reads
+from sluice.ops.search import MODES, BadQuery, UnknownDataset
+
+who = ui.operator()
+sc = ui.scope()
+st.title("Hit testing")
+st.caption(
+    "What a query retrieves from one dataset, and why: each hit's place and score in the dense "
+    "ranker (cosine similarity; distance is 1 - similarity), in the lexical one, and after fusion "
+    "(hybrid). The ranking is the Search page's own."
+)
+
+REQUEST = "hit_test_request"
+names = [d.name for d in reads.datasets()]
+if not names:
+    st.info("No dataset yet: upload documents first.")
+    st.stop()
+if st.session_state.get("hit_dataset") not in names:
+    st.session_state["hit_dataset"] = sc.dataset if sc.dataset in names else names[0]
+
+
+def _again(dataset: str, query: str, mode: str, k: int) -> None:
+    """A history row's Run again: the form shows that query and it runs now."""
+    st.session_state.update(hit_dataset=dataset, hit_query=query, hit_mode=mode, hit_k=k)
+    st.session_state[REQUEST] = (dataset, query, mode, k)
+
+
+with st.form("hit_test_form"):
+    c1, c2, c3 = st.columns([2, 1, 1])
+    dataset = c1.selectbox("Dataset", names, key="hit_dataset")
+    mode = c2.selectbox("Mode", MODES, key="hit_mode")
+    k = c3.number_input("k", min_value=1, max_value=50, value=10, key="hit_k")
+    query = st.text_area("Query", key="hit_query", placeholder="A question your users would ask")
+    if st.form_submit_button("Test", type="primary"):
+        st.session_state[REQUEST] = (dataset, query, mode, int(k))
+
+request = st.session_state.pop(REQUEST, None)
+if request and not request[1].strip():
+    st.info("Type a query to test.")
+elif request:
+    try:
+        with st.spinner("Searching (the first search loads the embedding model)..."):
+            test = hit_testing.run(
+                who, dataset=request[0], query=request[1], mode=request[2], k=request[3]
+            )
+    except (UnknownDataset, BadQuery) as exc:
+        st.error(ui.plain(exc))
+    except Exception as exc:  # Chroma unreachable, model failed to load
+        st.error(f"Search failed: {ui.plain(f'{type(exc).__name__}: {exc}')}. See the System page.")
+    else:
+        st.subheader(f"{ui.count(len(test.hits), 'hit')} in {test.dataset} ({test.mode})")
+        if test.hits:
+            st.dataframe(pd.DataFrame(test.rows()), hide_index=True, key="hit_test_hits")
+        else:
+            st.info("No chunk answers this query. Only documents whose job succeeded are searched.")
+
+st.subheader("Your last queries")
+past = hit_testing.history(who)
+if not past:
+    st.caption("None yet: each test is kept here (the last 20).")
+for row in past:
+    line, button = st.columns([6, 1])
+    line.markdown(
+        f"`{row.mode}` in **{ui.plain(row.dataset)}**, k {row.k}: {ui.plain(row.query[:200])} "
+        f"· {ui.count(row.hits, 'hit')} · {ui.ago(row.at)}"
+    )
+    button.button(
+        "Run again",
+        key=f"hit_again_{row.id}",
+        on_click=_again,
+        args=(row.dataset, row.query, row.mode, row.k),
+    )
