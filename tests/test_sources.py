@@ -399,3 +399,70 @@ def test_the_workers_follow_a_source_on_schedule_and_as_its_folder_changes(tmp_p
     finally:
         sources_follow.stop_watching()
     assert not sources_follow.errors
+
+
+def test_the_api_manages_s3_sources_for_manage_keys_of_their_dataset(s3side, ctx):
+    import httpx
+
+    from sluice.ops import actions
+    from sluice.ops.access import cli_operator
+    from tests.support.api_server import InProcessApi, auth, make_key
+
+    for name in ("docs", "other"):
+        assert actions.create_dataset(cli_operator(), name)[0]
+    manage = auth(make_key("m", datasets=["docs"], scope="manage"))
+    stranger = auth(make_key("o", datasets=["other"], scope="manage"))
+    reader = auth(make_key("r", datasets=["docs"], scope="read"))
+    for i in range(3):
+        s3side.put(f"f{i}.txt", body(i))
+    new = {"name": "team", "dataset": "docs", "s3": f"s3://{s3side.bucket}/team", "every": "1h"}
+    with InProcessApi() as api, httpx.Client(base_url=api.url, timeout=30) as client:
+        made = client.post("/v1/sources", json=new, headers=manage)
+        assert made.status_code == 201, made.text
+        assert made.json()["every_seconds"] == 3600
+        assert client.post("/v1/sources", json=new, headers=manage).status_code == 409
+        folder = {**new, "name": "f", "s3": "s3://b/p", "folder": "/etc"}
+        assert client.post("/v1/sources", json=folder, headers=manage).status_code == 422
+        bad = client.post("/v1/sources", json={**new, "name": "x", "every": "soon"}, headers=manage)
+        assert bad.status_code == 422 and bad.json()["code"] == "bad_every"
+        assert client.get("/v1/sources/team", headers=stranger).status_code == 404
+        assert client.get("/v1/sources", headers=stranger).json() == {"sources": []}
+        assert client.get("/v1/sources", headers=reader).status_code == 403
+        look = client.post("/v1/sources/team/sync", json={"preview": True}, headers=manage)
+        assert look.status_code == 200 and look.json()["counts"]["added"] == 3
+        assert client.get("/v1/sources/team", headers=manage).json()["documents"] == 0
+        ran = client.post("/v1/sources/team/sync", json={}, headers=manage).json()
+        assert ran["status"] == "done" and ran["counts"]["added"] == 3
+        listed = client.get("/v1/sources", headers=manage).json()["sources"]
+        assert [(s["name"], s["documents"]) for s in listed] == [("team", 3)]
+        gone = client.delete("/v1/sources/team", headers=manage)
+        assert gone.status_code == 200 and "deleted: 3" in gone.json()["message"]
+        assert client.get("/v1/sources/team", headers=manage).status_code == 404
+
+
+def test_the_console_shows_each_source_previews_and_confirms_held_removals(tmp_path, ctx):
+    from tests.support.apptest import assert_ok, open_console, texts
+
+    share = FolderSide(tmp_path / "share")
+    for i in range(4):
+        share.put(f"f{i}.txt", body(i))
+    share.add_source(ctx)
+    at = open_console("sources")
+    assert at.dataframe[0].value["Result"].tolist() == ["never synced"]
+    at.button(key="source_preview").click().run()
+    assert_ok(at)
+    assert "Preview: 4 file(s) listed: 4 to add" in texts(at)
+    assert "to embed" in texts(at) and sources.get_source(ctx, "src").documents == 0
+    at.button(key="source_sync").click().run()
+    assert sources.get_source(ctx, "src").documents == 4
+    assert at.dataframe[0].value["Added"].tolist() == [4]
+    for i in range(4):
+        share.delete(f"f{i}.txt")
+    at.button(key="source_sync").click().run()
+    assert_ok(at)
+    assert "Removals held" in texts(at) and sources.get_source(ctx, "src").documents == 4
+    at.button(key="source_confirm").click().run()
+    at.button(key="source_confirm:yes").click().run()
+    assert_ok(at)
+    view = sources.get_source(ctx, "src")
+    assert (view.documents, view.tombstoned) == (0, 4)

@@ -17,6 +17,7 @@ from sluice.api import (
     routes_jobs,
     routes_meta,
     routes_search,
+    routes_sources,
     routes_uploads,
 )
 from sluice.api.guard import Guard
@@ -44,6 +45,7 @@ def create_app() -> FastAPI:
         routes_search,
         routes_events,
         routes_audit,
+        routes_sources,
     ):
         app.include_router(module.router)
     problems.install(app)

@@ -93,6 +93,9 @@ def _pages(operator: bool = True) -> list:
             title="Datasets",
             icon=":material/folder_data:",
         ),
+        st.Page(
+            "views/sources_page.py", url_path="sources", title="Sources", icon=":material/sync:"
+        ),
         st.Page("views/audit_page.py", url_path="audit", title="Audit", icon=":material/history:"),
         st.Page(
             "views/keys_page.py",

@@ -1,0 +1,143 @@
+"""``/v1/sources``: the S3 prefixes and folders datasets follow (manage keys, within their
+datasets): list, add an S3 source, remove one, and sync one now or preview what a sync would do.
+A folder source is a path on the server's host: it is added there (``sluice sources add``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from sluice.api.dependencies import Key
+from sluice.api.problems import Problem
+from sluice.api.replay import idempotent
+from sluice.api.schemas import Strict, problems
+from sluice.ops import sources_actions
+from sluice.ops.sources import SourceError
+
+# SourceError codes as problem+json statuses
+STATUS = {
+    "unknown_source": 404,
+    "source_exists": 409,
+    "read_only": 403,
+}
+
+router = APIRouter(prefix="/v1/sources", tags=["sources"])
+
+
+class SourceOut(BaseModel):
+    name: str
+    dataset: str
+    kind: str
+    location: str
+    include: list[str]
+    exclude: list[str]
+    every_seconds: int | None
+    next_run_at: str | None
+    documents: int
+    tombstoned: int
+    last_run: dict[str, Any] | None
+
+
+class SourceList(BaseModel):
+    sources: list[SourceOut]
+
+
+class SourceCreate(Strict):
+    name: str = Field(min_length=1, max_length=64, examples=["team-share"])
+    dataset: str = Field(min_length=1, max_length=64, examples=["default"])
+    s3: str = Field(min_length=6, max_length=1000, examples=["s3://bucket/team/"])
+    include: list[str] = Field(default_factory=list, max_length=50)
+    exclude: list[str] = Field(default_factory=list, max_length=50)
+    every: str | None = Field(default=None, max_length=20, examples=["15m"])
+
+
+class SyncRequest(Strict):
+    preview: bool = False
+    confirm: bool = False
+
+
+class SyncOut(BaseModel):
+    source: str
+    ran: bool
+    preview: bool
+    status: str
+    run_id: int | None
+    counts: dict[str, int]
+    failed: list[dict[str, str]]
+    held_reason: str
+    cost: str
+    to_embed: int
+    message: str
+    seconds: float
+
+
+class SourceRemoved(BaseModel):
+    ok: bool
+    message: str
+
+
+def _problem(exc: SourceError) -> Problem:
+    return Problem(STATUS.get(exc.code, 422), exc.code, exc.message)
+
+
+@router.get("", response_model=SourceList, responses=problems(401, 403, 429))
+def list_sources(key: Key) -> dict:
+    return {"sources": [v.to_dict() for v in sources_actions.key_sources(key)]}
+
+
+@router.post(
+    "", status_code=201, response_model=SourceOut, responses=problems(401, 403, 404, 409, 422, 429)
+)
+def create_source(body: SourceCreate, request: Request, key: Key) -> Response:
+    def answer() -> Response:
+        try:
+            view = sources_actions.key_add(
+                key,
+                name=body.name,
+                dataset=body.dataset,
+                s3=body.s3,
+                include=body.include,
+                exclude=body.exclude,
+                every=body.every,
+            )
+        except SourceError as exc:
+            raise _problem(exc) from None
+        return JSONResponse(view.to_dict(), status_code=201)
+
+    return idempotent(request, key, [body.model_dump()], answer)
+
+
+@router.get("/{name}", response_model=SourceOut, responses=problems(401, 403, 404, 429))
+def get_source(name: str, key: Key) -> dict:
+    return sources_actions.key_source(key, name).to_dict()
+
+
+@router.delete("/{name}", response_model=SourceRemoved, responses=problems(401, 403, 404, 429))
+def delete_source(name: str, key: Key, keep_documents: bool = False) -> dict:
+    try:
+        message = sources_actions.key_remove(key, name, keep_documents=keep_documents)
+    except SourceError as exc:
+        raise _problem(exc) from None
+    return {"ok": True, "message": message}
+
+
+@router.post(
+    "/{name}/sync", response_model=SyncOut, responses=problems(401, 403, 404, 409, 422, 429)
+)
+def sync_source(name: str, body: SyncRequest, request: Request, key: Key) -> Response:
+    """Sync now (``confirm`` lets through removals the guard holds), or ``preview`` only: the
+    plan's counts and its cost in chunks to embed. 409 while another sync of it runs."""
+
+    def answer() -> Response:
+        try:
+            result = sources_actions.key_sync(key, name, preview=body.preview, confirm=body.confirm)
+        except SourceError as exc:
+            raise _problem(exc) from None
+        if result.status == "busy":
+            raise Problem(409, "sync_running", result.message)
+        return JSONResponse(result.to_dict())
+
+    return idempotent(request, key, [name, body.model_dump()], answer)
