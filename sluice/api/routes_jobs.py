@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
+from sluice.api.routes_metadata import parse_where_param
 from sluice.api.schemas import ActionOut, JobId, JobList, JobOut, UnlockIn, problems
 from sluice.ops import scoped
 from sluice.ops.actions import ActionReport
@@ -76,13 +77,23 @@ def list_jobs(
     status: Annotated[list[str] | None, Status] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,10}$")] = None,
+    where: Annotated[
+        str | None, Query(max_length=8192, description="jobs of documents this filter allows")
+    ] = None,
 ) -> dict:
     unknown = [s for s in status or [] if s not in STATUSES]
     if unknown:
         raise Problem(
             422, "invalid_request", f"status {unknown[0]!r}: one of {', '.join(STATUSES)}"
         )
-    page = scoped.jobs(key, dataset=dataset, statuses=status or [], limit=limit, cursor=cursor)
+    page = scoped.jobs(
+        key,
+        dataset=dataset,
+        statuses=status or [],
+        limit=limit,
+        cursor=cursor,
+        where=parse_where_param(where),
+    )
     return {"jobs": page.jobs, "next_cursor": page.next_cursor}
 
 

@@ -11,6 +11,7 @@ from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.schemas import SearchIn, SearchOut, problems
 from sluice.ops import scoped
+from sluice.ops.metadata import FilterError
 from sluice.ops.search import BadQuery
 
 router = APIRouter(tags=["search"])
@@ -47,9 +48,12 @@ async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Re
                 filename=body.filename,
                 pages=body.pages,
                 media_type=body.media_type,
+                where=body.where,
             )
         except BadQuery as exc:
             raise Problem(422, "bad_query", str(exc)) from None
+        except FilterError as exc:
+            raise Problem(422, exc.code, str(exc), key=exc.key) from None
         return JSONResponse({"hits": [{f: getattr(h, f) for f in FIELDS} for h in hits]})
 
     return await run_in_threadpool(idempotent, request, key, [dataset, body.model_dump()], answer)

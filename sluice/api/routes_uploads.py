@@ -40,6 +40,10 @@ BODY = {
                 "properties": {
                     "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
                     "external_id": {"type": "string", "minLength": 1, "maxLength": 512},
+                    "metadata": {
+                        "type": "string",
+                        "description": "the documents' metadata, a JSON object (docs/api.md)",
+                    },
                 },
                 "required": ["file"],
             }
@@ -88,6 +92,7 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
             filename=part.filename,
             stream=stream,
             external_id=part.external_id,
+            metadata=part.metadata,
         )
         if not result.accepted or result.job_id is None or result.document_id is None:
             raise _refused(result, accepted)
@@ -124,6 +129,7 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     fingerprint = [
         dataset,
         *[[p.filename, p.sha256, *([p.external_id] if p.external_id else [])] for p in parts],
+        *([{"metadata": parts[0].metadata}] if parts and parts[0].metadata is not None else []),
     ]
     try:
         return await run_in_threadpool(

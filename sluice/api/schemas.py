@@ -57,6 +57,12 @@ class TextUpload(Strict):
     external_id: str | None = Field(
         None, description="the application's own id: new bytes under it replace the live version"
     )
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="the document's own fields: keys ^[a-z][a-z0-9_]{0,63}$, values strings, "
+        "numbers, booleans or lists of strings, at most 8 KB (docs/api.md, Metadata)",
+        examples=[{"lang": "de", "year": 2024}],
+    )
 
 
 class UploadedJob(BaseModel):
@@ -149,6 +155,7 @@ class DocumentOut(BaseModel):
     chunk_count: int
     page_count: int | None
     jobs: list[DocumentJob]
+    metadata: dict[str, Any] = Field(default_factory=dict)
     external_id: str | None = None
     version: int | None = None
     version_state: str = Field(
@@ -170,6 +177,7 @@ class ChunkOut(BaseModel):
     position: int
     page: int
     text: str
+    enabled: bool = True  # false: switched off (kept, left out of every search)
 
 
 class ChunkPage(BaseModel):
@@ -194,6 +202,12 @@ class SearchIn(Strict):
     filename: str | None = Field(None, max_length=255, description="file name contains this")
     pages: str | None = Field(None, max_length=40, description="A-B, A-, -B or one page")
     media_type: str | None = Field(None, max_length=100)
+    where: dict[str, Any] | None = Field(
+        None,
+        description="a metadata filter in Chroma's style: $eq $ne $in $nin $gt $gte $lt $lte "
+        "$exists, keys and $and combined with and (docs/api.md, Filters)",
+        examples=[{"lang": "de", "year": {"$gte": 2020}}],
+    )
 
 
 class HitOut(BaseModel):

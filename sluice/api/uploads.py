@@ -18,6 +18,7 @@ from starlette.types import Message
 
 from sluice.api.problems import Problem
 from sluice.api.schemas import TextUpload
+from sluice.ops import metadata as meta
 
 FRAMING_BYTES = 64 * 1024  # what multipart boundaries and part headers may add to the files
 MAX_FILES = 100
@@ -30,6 +31,7 @@ class Part:
     file: IO[bytes]
     sha256: str
     external_id: str | None = None  # the request's external_id (form field or JSON member)
+    metadata: dict | None = None  # the request's metadata, validated (sluice.ops.metadata)
 
 
 class _TooLarge(Exception):
@@ -84,9 +86,22 @@ async def _multipart(request: Request) -> list[Part]:
     external = form.get("external_id")
     if external is not None and not isinstance(external, str):
         raise Problem(422, "bad_external_id", "external_id is a form field, not a file")
+    raw = form.get("metadata")
+    if raw is not None and not isinstance(raw, str):
+        raise Problem(422, "invalid_metadata", "metadata is a form field of JSON, not a file")
+    metadata = _metadata(lambda: meta.parse_json(raw)) if raw is not None else None
     for part in parts:
         part.external_id = external
+        part.metadata = metadata
     return parts
+
+
+def _metadata(check) -> dict:
+    """``check()`` (one of sluice.ops.metadata's validators), or the 422 naming the key."""
+    try:
+        return check()
+    except meta.MetadataError as err:
+        raise Problem(422, err.code, str(err), key=err.key) from None
 
 
 async def _text(request: Request) -> list[Part]:
@@ -101,6 +116,8 @@ async def _text(request: Request) -> list[Part]:
     spool.write(body.text.encode())
     part = _hashed(body.filename, spool)
     part.external_id = body.external_id
+    if body.metadata is not None:
+        part.metadata = _metadata(lambda: meta.validate(body.metadata))
     return [part]
 
 

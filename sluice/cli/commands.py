@@ -13,10 +13,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.cli.metadata_commands import parse_meta, parse_where
 from sluice.cli.output import plain, print_json, report, table
 from sluice.ops import actions, reads
 from sluice.ops.access import cli_operator
 from sluice.ops.ingest import SUPPORTED_SUFFIXES, collect_files
+from sluice.ops.metadata import CLI_RULE, FilterError, MetadataError
 from sluice.storage.models import JobStatus
 from sluice.storage.queries import JobFilter
 
@@ -49,10 +51,16 @@ def ingest(args) -> int:
         return _fail("nothing to ingest", 2)
     if args.external_id is not None and len(files) > 1:
         return _fail(f"--external-id names one file; {len(files)} were given", 2)
+    try:
+        metadata = parse_meta(args.meta)
+    except MetadataError as err:
+        return _fail(str(err), 2)
     who = cli_operator()
     results = []
     for path in files:
-        r = actions.upload_path(who, path, dataset=args.dataset, external_id=args.external_id)
+        r = actions.upload_path(
+            who, path, dataset=args.dataset, external_id=args.external_id, metadata=metadata
+        )
         results.append(r)
         if not args.json:
             if r.accepted:
@@ -136,6 +144,12 @@ def _totals(rows: list[dict], elapsed: float) -> str:
 
 def jobs(args) -> int:
     f = JobFilter(dataset_id=_dataset_id(args.dataset), statuses=args.status or [])
+    try:
+        where = parse_where(args.where)
+    except FilterError as err:
+        return _fail(f"{err} ({CLI_RULE})", 2)
+    if where:
+        f.document_ids = reads.documents_matching(f.dataset_id, where)
     rows = reads.jobs_page(f, sort="created", descending=True, page=1, page_size=args.limit).rows
     if args.json:
         print_json(rows)

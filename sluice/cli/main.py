@@ -4,7 +4,10 @@ sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recurs
                                                      --follow-links; one file: --external-id ID)
 sluice documents --external-id ID [--dataset NAME] [--delete] [--json]
                                                      the document your own id names; delete it
-sluice jobs [--dataset NAME] [--status S] [--json]  list jobs
+sluice documents ID [--meta KEY=VALUE]... [--clear] [--json]  a document's metadata; replace it
+sluice documents --dataset NAME --where EXPR... [--json]  documents a metadata filter allows
+sluice chunks disable|enable CHUNK_ID [--dataset NAME]  switch a chunk off (kept, not searched)
+sluice jobs [--dataset NAME] [--status S] [--where EXPR]... [--json]  list jobs
 sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
 sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
 sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
@@ -12,7 +15,7 @@ sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
                                                      cost, and with --yes reindexes that dataset
 sluice datasets rename OLD NEW | delete NAME [--yes]  rename a dataset; delete it with all it holds
 sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME]
-              [--pages A-B] [--media-type TYPE] [--json]
+              [--pages A-B] [--media-type TYPE] [--where EXPR]... [--json]
                                                      best chunks ("an exact phrase" in quotes)
 sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
 sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
@@ -75,6 +78,12 @@ class _Commands:
 commands = _Commands("sluice.cli.commands")
 search_command = _Commands("sluice.cli.search_command")
 document_commands = _Commands("sluice.cli.document_commands")
+metadata_commands = _Commands("sluice.cli.metadata_commands")
+WHERE_HELP = (
+    "a metadata filter (repeat: all must hold): KEY=V, KEY!=V, KEY>=V (>, <, <=; numbers and "
+    "ISO dates), KEY~A,B (one of), KEY!~A,B (none of), KEY? (has it), KEY!? (lacks it)"
+)
+META_HELP = "a metadata field (repeat): the value is read as JSON where it parses, else as text"
 serve_commands = _Commands("sluice.cli.serve")
 dataset_commands = _Commands("sluice.cli.dataset_commands")
 
@@ -149,15 +158,30 @@ def add_ingest_commands(sub) -> None:
         "--external-id",
         help="your own id of the file (one file only): new bytes under it replace the live version",
     )
+    a.add_argument("--meta", action="append", metavar="KEY=VALUE", help=META_HELP)
     a.set_defaults(func=commands.ingest)
-    a = sub.add_parser("documents", help="the document your external id names (sluice.ops)")
-    a.add_argument("--external-id", required=True, help="your own id of the document")
+    a = sub.add_parser(
+        "documents",
+        help="a document's metadata; documents a filter allows; the one your external id names",
+    )
+    a.add_argument("document_id", nargs="?", type=int, help="one document: its metadata")
+    a.add_argument("--meta", action="append", metavar="KEY=VALUE", help=META_HELP + "; replaces")
+    a.add_argument("--clear", action="store_true", help="remove the document's metadata")
+    a.add_argument("--where", action="append", metavar="EXPR", help=WHERE_HELP)
+    a.add_argument("--limit", type=int, default=100)
+    a.add_argument("--external-id", help="your own id of the document")
     a.add_argument("--dataset", default="default")
     a.add_argument(
         "--delete", action="store_true", help="delete it: the live version and a replacement"
     )
     a.add_argument("--json", action="store_true")
-    a.set_defaults(func=document_commands.documents)
+    a.set_defaults(func=metadata_commands.documents)
+    a = sub.add_parser("chunks", help="switch a chunk off (kept, left out of search) or on")
+    a.add_argument("action", choices=["disable", "enable"])
+    a.add_argument("chunk_id")
+    a.add_argument("--dataset", help="the dataset, when the chunk id is in several")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=metadata_commands.chunks)
 
 
 def add_read_commands(sub) -> None:
@@ -165,6 +189,7 @@ def add_read_commands(sub) -> None:
     a = sub.add_parser("jobs", help="list jobs")
     a.add_argument("--dataset")
     a.add_argument("--status", action="append", choices=STATUSES)
+    a.add_argument("--where", action="append", metavar="EXPR", help=WHERE_HELP)
     a.add_argument("--limit", type=int, default=100)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.jobs)
@@ -220,6 +245,7 @@ def add_read_commands(sub) -> None:
     a.add_argument("--file", help="only files whose name contains this")
     a.add_argument("--pages", help="only these pages: A-B, A-, -B or one page")
     a.add_argument("--media-type", help="only this media type, e.g. application/pdf")
+    a.add_argument("--where", action="append", metavar="EXPR", help=WHERE_HELP)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=search_command.search)
 

@@ -13,6 +13,7 @@ import sys
 from sqlmodel import Session, col, select
 
 from sluice.cli.output import print_json, table
+from sluice.ops.metadata import CLI_RULE, FilterError, parse_cli_where
 from sluice.ops.search import BadQuery, SearchHit, UnknownDataset, query_vector
 from sluice.ops.search import search as run_search
 from sluice.pipeline.running.context import Context, get_context
@@ -34,6 +35,7 @@ def dataset_names(ctx: Context) -> list[str]:
 
 def search_datasets(ctx: Context, names: list[str], args) -> list[SearchHit]:
     """The best ``args.k`` chunks over ``names``, merged by score; the query is encoded once."""
+    where = parse_cli_where(args.where) if getattr(args, "where", None) else None
     several = len(names) > 1 and args.mode in ("hybrid", "dense")
     vector = (
         query_vector(ctx, args.query) if several and not parse_query(args.query).empty else None
@@ -50,6 +52,7 @@ def search_datasets(ctx: Context, names: list[str], args) -> list[SearchHit]:
             filename=args.file,
             pages=args.pages,
             media_type=args.media_type,
+            where=where,
             vector=vector,
         )
     ]
@@ -64,6 +67,9 @@ def search(args) -> int:
     except (UnknownDataset, BadQuery) as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 1
+    except FilterError as exc:
+        print(f"sluice: {exc} ({CLI_RULE})", file=sys.stderr)
+        return 2
     if args.json:
         print_json([h.to_dict() for h in hits])
         return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session
 
@@ -32,6 +32,7 @@ class DocumentView:
     created_at: str
     chunk_count: int  # chunks of the active job (what search serves)
     page_count: int | None
+    metadata: dict = field(default_factory=dict)  # the application's fields (sluice.ops.metadata)
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +41,7 @@ class DocumentView:
             "created_at": self.created_at,
             "chunk_count": self.chunk_count,
             "page_count": self.page_count,
+            "metadata": dict(self.metadata),
         }
 
 
@@ -56,6 +58,7 @@ def view(ctx: Context, ref: str | int) -> DocumentView:
         doc.created_at.isoformat(timespec="seconds"),
         active.chunk_count or 0 if active else 0,
         active.page_count if active else None,
+        dict(doc.metadata_ or {}),
     )
 
 

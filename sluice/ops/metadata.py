@@ -351,3 +351,25 @@ def rewrite_chunk_copies(
             collection, ids[start : start + REWRITE_BATCH], fields
         )
     return done
+
+
+def filtered_documents(
+    session: Session, dataset_id: int, where: Where, *, offset: int = 0, limit: int = 100
+) -> list[Document]:
+    """A page of a dataset's live documents, oldest first, those ``where`` allows."""
+    stmt = (
+        select(Document)
+        .where(Document.dataset_id == dataset_id, col(Document.deleted_at).is_(None))
+        .order_by(col(Document.id))
+    )
+    if not where:
+        return list(session.exec(stmt.offset(offset).limit(limit)).all())
+    allowed = [d for d in session.exec(stmt).all() if matches(where, d.metadata_)]
+    return allowed[offset : offset + limit]
+
+
+def matching_job_documents(session: Session, dataset_ids: list[int] | None, where: Where):
+    """The live documents of these datasets (None: all) that ``where`` allows, as a list of ids."""
+    if dataset_ids is None:
+        return matching_documents(session, None, where)
+    return [d for ds in dataset_ids for d in matching_documents(session, ds, where)]

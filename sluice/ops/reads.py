@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from sqlmodel import Session, select
 
 from sluice.ops import documents, drain, reindex
+from sluice.ops import metadata as meta
 from sluice.ops.access import Operator
 from sluice.ops.drain import DrainEstimate
 from sluice.ops.preview import SAMPLE, Preview, preview_jobs
@@ -464,9 +465,10 @@ def search(
     filename: str | None = None,
     pages: str | None = None,
     media_type: str | None = None,
+    where: dict | None = None,
 ) -> list:
     """The best chunks of one dataset (``None``: of every dataset, merged by score), from each
-    document's active job only (sluice.ops.search)."""
+    document's active job only (sluice.ops.search); ``where``: a metadata filter."""
     names = [dataset] if dataset else [d.name for d in datasets()]
     # Every dataset's dense search asks with the same vector: encoded once, here.
     several = len(names) > 1 and mode in ("hybrid", "dense") and not parse_query(query).empty
@@ -483,6 +485,7 @@ def search(
             filename=filename,
             pages=pages,
             media_type=media_type,
+            where=where,
             vector=vector,
         )
     ]
@@ -490,6 +493,12 @@ def search(
 
 
 # --- integrity ------------------------------------------------------------------------------------
+
+
+def documents_matching(dataset_id: int | None, where: dict) -> list[int]:
+    """The live documents (of one dataset, or all) a metadata filter allows."""
+    with Session(ctx().engine) as session:
+        return meta.matching_documents(session, dataset_id, meta.parse_where(where))
 
 
 def document_info(ref: str | int):

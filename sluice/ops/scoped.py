@@ -20,10 +20,17 @@ from sqlmodel import Session
 from sluice.errors import PipelineError
 from sluice.ops import actions, document_view, drain, reads, replacing
 from sluice.ops.actions import ActionReport
+from sluice.ops.chunks import ChunkState, UnknownChunk
 from sluice.ops.documents import UnknownReference, find_by_external_id
 from sluice.ops.drain import WorkLeft
 from sluice.ops.ingest import IngestResult, sanitize_filename
 from sluice.ops.keys import ApiPrincipal, Scope
+from sluice.ops.metadata import (
+    UnknownDocument,
+    filtered_documents,
+    matching_job_documents,
+    parse_where,
+)
 from sluice.ops.search import SearchHit
 from sluice.pipeline.parsing.parse import sniff_type
 from sluice.storage import api_queries, outbox, pauses, queries
@@ -115,12 +122,18 @@ def upload(
     filename: str,
     stream: BinaryIO,
     external_id: str | None = None,
+    metadata: dict | None = None,
 ) -> IngestResult:
     with _session() as session:
         _dataset(session, key, dataset)
     require(key, "ingest", "uploading")
     return actions.upload(
-        key.operator, dataset=dataset, filename=filename, stream=stream, external_id=external_id
+        key.operator,
+        dataset=dataset,
+        filename=filename,
+        stream=stream,
+        external_id=external_id,
+        metadata=metadata,
     )
 
 
@@ -242,13 +255,22 @@ def jobs(
     statuses: list[str],
     limit: int,
     cursor: str | None,
+    where: dict | None = None,
 ) -> JobsPage:
-    """Jobs newest first; ``cursor`` is the ``next_cursor`` of the page before."""
+    """Jobs newest first; ``cursor`` is the ``next_cursor`` of the page before. ``where``: only
+    jobs of documents this metadata filter allows."""
     before = min(int(cursor), MAX_ID) if cursor else None
+    conditions = parse_where(where)
     with _session() as session:
         reach = [_dataset(session, key, dataset).id] if dataset else key.reach
+        docs = matching_job_documents(session, reach, conditions) if conditions else None
         found = api_queries.jobs_before(
-            session=session, dataset_ids=reach, statuses=statuses, before_id=before, limit=limit + 1
+            session=session,
+            dataset_ids=reach,
+            statuses=statuses,
+            before_id=before,
+            limit=limit + 1,
+            document_ids=docs,
         )
         rows = [job_state(session, j, key) for j in found[:limit]]
     more = len(found) > limit
@@ -300,6 +322,7 @@ def document(key: ApiPrincipal, document_id: int) -> dict[str, Any]:
         "active_job_id": info["active_job_id"],
         "chunk_count": info["chunk_count"],
         "page_count": info["page_count"],
+        "metadata": info["metadata"],
         "jobs": info["jobs"],
         **_versions(replacing.version_state(reads.ctx(), document_id).to_dict()),
     }
@@ -317,9 +340,60 @@ def chunks(key: ApiPrincipal, document_id: int, *, offset: int, limit: int) -> l
         _document(session, key, document_id)
     rows = document_view.chunks(reads.ctx(), document_id, offset=offset, limit=limit)
     return [
-        {"chunk_id": c.chunk_id, "position": c.position, "page": c.page, "text": c.text}
+        {
+            "chunk_id": c.chunk_id,
+            "position": c.position,
+            "page": c.page,
+            "text": c.text,
+            "enabled": c.enabled,
+        }
         for c in rows
     ]
+
+
+def set_document_metadata(key: ApiPrincipal, document_id: int, metadata: Any) -> dict[str, Any]:
+    """Replace a document's metadata (MetadataError names a bad key); the document after."""
+    with _session() as session:
+        doc = _document(session, key, document_id)
+        if doc.deleted_at is not None:
+            raise Missing(f"no document {document_id}")
+    require(key, "ingest", "changing document metadata")
+    try:
+        actions.set_document_metadata(key.operator, document_id, metadata)
+    except UnknownDocument:
+        raise Missing(f"no document {document_id}") from None
+    return document(key, document_id)
+
+
+def list_documents(
+    key: ApiPrincipal, dataset: str, *, where: dict | None, offset: int, limit: int
+) -> list[dict[str, Any]]:
+    """A dataset's live documents, oldest first, those ``where`` allows (sluice.ops.metadata)."""
+    conditions = parse_where(where)
+    with _session() as session:
+        ds = _dataset(session, key, dataset)
+        docs = filtered_documents(session, ds.id, conditions, offset=offset, limit=limit)
+    return [
+        {
+            "id": d.id,
+            "filename": d.filename,
+            "media_type": d.media_type,
+            "size": d.size,
+            "created_at": as_utc(d.created_at).isoformat(timespec="seconds"),
+            "active_job_id": d.active_job_id,
+            "metadata": dict(d.metadata_ or {}),
+        }
+        for d in docs
+    ]
+
+
+def set_chunk_enabled(key: ApiPrincipal, chunk_id: str, enabled: bool) -> ChunkState:
+    """Switch a chunk of a dataset in reach on or off."""
+    require(key, "ingest", "switching chunks")
+    try:
+        return actions.set_chunk_enabled(key.operator, chunk_id, enabled, dataset_ids=key.reach)
+    except UnknownChunk:
+        raise Missing(f"no chunk {chunk_id!r}") from None
 
 
 def delete_document(key: ApiPrincipal, document_id: int):

@@ -17,9 +17,13 @@ def jobs_before(
     statuses: Sequence[str],
     before_id: int | None,
     limit: int,
+    document_ids: Sequence[int] | None = None,
 ) -> list[Job]:
-    """Jobs newest first, below ``before_id`` (the cursor), of these datasets (None: all)."""
+    """Jobs newest first, below ``before_id`` (the cursor), of these datasets (None: all), of
+    these documents (None: any)."""
     stmt = select(Job).order_by(col(Job.id).desc()).limit(limit)
+    if document_ids is not None:
+        stmt = stmt.where(col(Job.document_id).in_(list(document_ids)))
     if dataset_ids is not None:
         stmt = stmt.where(col(Job.dataset_id).in_(list(dataset_ids)))
     if statuses:

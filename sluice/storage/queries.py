@@ -33,11 +33,14 @@ class JobFilter:
     error_kinds: list[str] = field(default_factory=list)
     name_contains: str = ""
     include_dismissed: bool = True
+    document_ids: list[int] | None = None  # only jobs of these documents (a metadata filter's)
 
 
 def _apply(stmt, f: JobFilter):
     if f.dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == f.dataset_id)
+    if f.document_ids is not None:
+        stmt = stmt.where(col(Job.document_id).in_(f.document_ids))
     if f.statuses:
         stmt = stmt.where(col(Job.status).in_([JobStatus(s) for s in f.statuses]))
     if f.stages:

@@ -1,0 +1,135 @@
+"""``sluice documents ID [--meta KEY=VALUE]...`` (a document's metadata, shown or replaced),
+``sluice documents --dataset NAME --where EXPR...`` (documents a filter allows), and
+``sluice chunks disable|enable CHUNK_ID`` (a chunk switched off and on). Bad metadata or a bad
+filter is a message naming the key, and exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+from sqlmodel import Session
+
+from sluice.cli.output import print_json, table
+from sluice.ops import actions, reads
+from sluice.ops import metadata as meta
+from sluice.ops.access import ReadOnlyOperator, cli_operator
+from sluice.ops.chunks import AmbiguousChunk, UnknownChunk
+from sluice.ops.search import UnknownDataset, get_dataset
+
+USAGE_ERROR = 2
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"sluice: {message}", file=sys.stderr)
+    return code
+
+
+def parse_meta(pairs: list[str] | None) -> dict | None:
+    """``--meta`` options as metadata (None when there are none); MetadataError when bad."""
+    return meta.parse_pairs(pairs) if pairs else None
+
+
+def parse_where(items: list[str] | None) -> dict | None:
+    """``--where`` options as a filter (None when there are none); FilterError when bad."""
+    return meta.parse_cli_where(items) if items else None
+
+
+def documents(args) -> int:
+    """A document's metadata (``--meta`` replaces it), or a dataset's documents (``--where``), or
+    the document an external id names (sluice.cli.document_commands)."""
+    if args.document_id is None and not args.where and not args.meta:
+        if args.external_id is None:
+            return _fail("name a document ID, --where filters or --external-id", USAGE_ERROR)
+        from sluice.cli import document_commands
+
+        return document_commands.documents(args)
+    try:
+        value = parse_meta(args.meta)
+        where = parse_where(args.where)
+    except (meta.MetadataError, meta.FilterError) as err:
+        hint = f" ({meta.CLI_RULE})" if isinstance(err, meta.FilterError) else ""
+        return _fail(f"{err}{hint}", USAGE_ERROR)
+    if args.document_id is None:
+        if value is not None:
+            return _fail("--meta changes one document: name its ID", USAGE_ERROR)
+        return _list(args, where)
+    if value is not None or args.clear:
+        try:
+            actions.set_document_metadata(cli_operator(), args.document_id, value or {})
+        except meta.UnknownDocument as err:
+            return _fail(str(err))
+        except ReadOnlyOperator as err:
+            return _fail(str(err))
+    stored = _stored(args.document_id)
+    if stored is None:
+        return _fail(f"no document {args.document_id}")
+    if args.json:
+        print_json({"document_id": args.document_id, "metadata": stored})
+    else:
+        table(
+            [{"key": k, "value": v} for k, v in stored.items()],
+            [("key", "KEY"), ("value", "VALUE")],
+            empty=f"document {args.document_id} has no metadata",
+        )
+    return 0
+
+
+def _stored(document_id: int) -> dict | None:
+    from sluice.storage.models import Document
+
+    with Session(reads.ctx().engine) as session:
+        doc = session.get(Document, document_id)
+        return None if doc is None or doc.deleted_at is not None else dict(doc.metadata_ or {})
+
+
+def _list(args, where: dict | None) -> int:
+    ctx = reads.ctx()
+    try:
+        ds = get_dataset(ctx, args.dataset)
+    except UnknownDataset as err:
+        return _fail(str(err))
+    with Session(ctx.engine) as session:
+        docs = meta.filtered_documents(
+            session, ds.id, meta.parse_where(where), offset=0, limit=args.limit
+        )
+    rows = [
+        {
+            "document_id": d.id,
+            "filename": d.filename,
+            "active_job_id": d.active_job_id,
+            "metadata": dict(d.metadata_ or {}),
+        }
+        for d in docs
+    ]
+    if args.json:
+        print_json(rows)
+        return 0
+    table(
+        rows,
+        [("document_id", "ID"), ("filename", "FILE"), ("metadata", "METADATA")],
+        empty=f"no documents in {args.dataset!r} match",
+    )
+    return 0
+
+
+def chunks(args) -> int:
+    """``sluice chunks disable|enable CHUNK_ID [--dataset NAME]``."""
+    ctx = reads.ctx()
+    reach = None
+    if args.dataset:
+        try:
+            reach = [get_dataset(ctx, args.dataset).id]
+        except UnknownDataset as err:
+            return _fail(str(err))
+    try:
+        state = actions.set_chunk_enabled(
+            cli_operator(), args.chunk_id, args.action == "enable", dataset_ids=reach
+        )
+    except (UnknownChunk, AmbiguousChunk, ReadOnlyOperator) as err:
+        return _fail(str(err), USAGE_ERROR if isinstance(err, AmbiguousChunk) else 1)
+    if args.json:
+        print_json(state.to_dict())
+    else:
+        word = "enabled" if state.enabled else "disabled (kept in the index, left out of search)"
+        print(f"chunk {state.chunk_id} of document {state.document_id}: {word}")
+    return 0
