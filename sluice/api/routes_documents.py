@@ -19,6 +19,7 @@ from sluice.api.schemas import (
     problems,
 )
 from sluice.ops import replacing, scoped
+from sluice.ops.documents import DeleteResult
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
@@ -64,7 +65,11 @@ def get_chunks(
     "/{document_id}", response_model=DeleteOut, responses=problems(401, 403, 404, 409, 429)
 )
 def delete_document(document_id: DocumentId, key: Key) -> Response:
-    done = scoped.delete_document(key, document_id)
+    return deleted(scoped.delete_document(key, document_id))
+
+
+def deleted(done: DeleteResult) -> Response:
+    """A delete's answer: what it removed, or 409 with the refusal in the console's words."""
     if not done.ok:
         raise Problem(409, "action_refused", done.message)
     return JSONResponse(

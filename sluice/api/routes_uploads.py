@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
+from sluice.api.routes_documents import deleted
 from sluice.api.schemas import DeleteOut, UploadAccepted, problems
 from sluice.api.uploads import Part, read_upload
 from sluice.ops import replacing, scoped
@@ -149,15 +150,4 @@ def delete_by_external_id(dataset: str, external_id: str, key: Key) -> Response:
     """Delete the document the application calls ``external_id`` in the dataset: the live version
     and a replacement still being built. 404 when the dataset has no such document."""
     _check_external_id([Part("", cast(BinaryIO, None), "", external_id)])
-    done = scoped.delete_by_external_id(key, dataset, external_id)
-    if not done.ok:
-        raise Problem(409, "action_refused", done.message)
-    return JSONResponse(
-        {
-            "ok": True,
-            "message": done.message,
-            "vectors_removed": done.vectors_removed,
-            "blob_removed": done.blob_removed,
-            "jobs_deleted": done.jobs_deleted,
-        }
-    )
+    return deleted(scoped.delete_by_external_id(key, dataset, external_id))

@@ -96,13 +96,10 @@ def ingest_stream(
     external_id: str | None = None,
 ) -> IngestResult:
     """Store the bytes and queue their job. ``metadata`` (sluice.ops.metadata) replaces the
-    document's; None leaves what a document with these bytes already has. New bytes under a known
-    ``external_id`` are a new version of its document (sluice.ops.replacing)."""
+    document's (None keeps it); new bytes under a known ``external_id`` are a new version."""
     s = ctx.settings
     display = sanitize_filename(filename)
-    refused = _dataset_refusal(ctx, dataset, display) or _external_id_refusal(
-        external_id, display, dataset
-    )
+    refused = _refusal(ctx, dataset, display, external_id)
     if refused is not None:
         return refused
     try:
@@ -151,9 +148,8 @@ def ingest_stream(
         if media_type == ZIP:  # which archive it is, or a bomb, shows in its directory
             with ctx.blobs.local_copy(key) as path:
                 media_type = archive_type(path, name=display, limits=ParseLimits.from_settings(s))
-        document, job, created = _commit_upload(
-            ctx, dataset, key, size, media_type, display, actor, external_id
-        )
+        made = _commit_upload(ctx, dataset, key, size, media_type, display, actor, external_id)
+        document, job, created = made
     except PipelineError as err:  # refused archives are not kept (unless another document has them)
         ctx.blobs.release(got.held)
         remove_blob_if_unused(ctx, key)
@@ -206,6 +202,13 @@ def _refused(display: str, dataset: str, err: PipelineError) -> IngestResult:
         error_code=err.code,
         message=err.message,
         fix_hint=err.hint,
+    )
+
+
+def _refusal(ctx: Context, dataset: str, display: str, external_id: str | None):
+    """Why an upload is refused before its bytes are read (the dataset's name, the external id)."""
+    return _dataset_refusal(ctx, dataset, display) or _external_id_refusal(
+        external_id, display, dataset
     )
 
 

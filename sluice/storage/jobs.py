@@ -326,17 +326,9 @@ def create_upload(
                 # gone (an unlocked document's decrypted copy, removed by the delete).
                 document.blob_key = sha256
                 session.add(document)
-            earlier = replacements.place(
-                session, document=document, external_id=external_id, new=new
-            )
-            if _retire_versions(session, earlier, by=document, actor=actor) is None:
+            if not _placed(session, document, external_id=external_id, new=new, actor=actor):
                 session.rollback()  # an earlier version's job changed meanwhile: read again
-                if attempt >= attempts:
-                    raise TransientError(
-                        "upload_contended",
-                        f"the versions of {external_id!r} kept changing ({attempts} tries)",
-                        "Upload it again.",
-                    )
+                _contended(external_id, attempt, attempts)
                 continue
             job, created = create_job(
                 session=session,
@@ -361,6 +353,24 @@ def create_upload(
             session.rollback()  # another upload of the same bytes won the insert; read its rows
             if attempt >= attempts:
                 raise
+
+
+def _placed(
+    session: Session, document: Document, *, external_id: str | None, new: bool, actor: str
+) -> bool:
+    """The upload's document placed among the versions of its external id, the earlier candidates
+    it supersedes deleted (False: a compare-and-set was lost; roll back and read again)."""
+    earlier = replacements.place(session, document=document, external_id=external_id, new=new)
+    return _retire_versions(session, earlier, by=document, actor=actor) is not None
+
+
+def _contended(external_id: str | None, attempt: int, attempts: int) -> None:
+    if attempt >= attempts:
+        raise TransientError(
+            "upload_contended",
+            f"the versions of {external_id!r} kept changing ({attempts} tries)",
+            "Upload it again.",
+        )
 
 
 # --- the worker's side ----------------------------------------------------------------------------

@@ -134,9 +134,10 @@ def _conflict(document: Document, external_id: str) -> UserActionError:
 
 
 def others_to_retire(session: Session, document: Document) -> list[Document]:
-    """At the success of ``document``'s job: the other versions of its external id that are still
-    there (the one serving, and any candidate), which the same transaction deletes."""
-    if document.external_id is None:
+    """At the success of ``document``'s job: the older versions of its external id still there
+    (the one serving, and any earlier candidate), which the same transaction deletes. A newer
+    candidate stays: a rebuild of the live version (a reindex) does not cancel its replacement."""
+    if document.external_id is None or document.doc_version is None:
         return []
     return list(
         session.exec(
@@ -145,6 +146,7 @@ def others_to_retire(session: Session, document: Document) -> list[Document]:
                 Document.dataset_id == document.dataset_id,
                 Document.external_id == document.external_id,
                 Document.id != document.id,
+                col(Document.doc_version) < document.doc_version,
                 col(Document.deleted_at).is_(None),
                 col(Document.replaced_by).is_(None),
             )

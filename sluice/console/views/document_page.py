@@ -1,10 +1,13 @@
 """One document: metadata, jobs and versions, the chunks search serves (in order, with pages), the
 source page rendered with the chosen chunk located on it, and the original file for operators."""
 
+import json
+
 import streamlit as st
 
 from sluice.console import ui
-from sluice.ops import document_view, reads
+from sluice.ops import actions, document_view, reads, replacing
+from sluice.ops import metadata as meta
 from sluice.ops.access import ReadOnlyOperator
 from sluice.ops.documents import UnknownReference
 
@@ -44,10 +47,42 @@ facts = [
 for col, (label, value) in zip(st.columns(len(facts)), facts, strict=True):
     col.markdown(f"**{label}**  \n{ui.plain(value) if value not in (None, '') else '—'}")
 st.caption(f"sha256 {info.sha256}")
+version = replacing.version_state(reads.ctx(), info.document_id)
+if version.external_id is not None:  # "replacement failed; version 1 still serving"
+    shown = st.warning if version.state == "replacement_failed" else st.info
+    shown(ui.plain(f"External id {version.external_id}: {version.message}"))
 if info.deleted:
     st.warning(
         "This document was deleted: its jobs and their history stay, nothing of it is searchable."
     )
+
+
+def _metadata_section() -> None:
+    """The document's metadata; operators replace it (search sees the change at once)."""
+    st.markdown("**Metadata**")
+    if doc.metadata:
+        st.json(doc.metadata, expanded=True)
+    else:
+        st.caption("No metadata.")
+    if not who.can_act or info.deleted:
+        return
+    with st.form("document_metadata_form"):
+        typed = st.text_area(
+            "Replace the metadata (a JSON object; {} removes it all)",
+            value=json.dumps(doc.metadata, ensure_ascii=False),
+            key="document_metadata",
+            height=68,
+        )
+        if st.form_submit_button("Save metadata"):
+            try:
+                actions.set_document_metadata(who, info.document_id, meta.parse_json(typed))
+            except (meta.MetadataError, ReadOnlyOperator, meta.UnknownDocument) as exc:
+                st.error(f"Not saved: {ui.plain(exc)}.")
+            else:
+                st.rerun()
+
+
+_metadata_section()
 
 if who.can_act:
     try:
@@ -111,11 +146,37 @@ picked = st.radio(
     horizontal=True,
     key="document_chunk",
 )
+
+
+def _switch(chunk_id: str) -> None:
+    on = bool(st.session_state.get(f"document_chunk_on_{chunk_id}"))
+    ds = reads.dataset_id(info.dataset)
+    try:
+        actions.set_chunk_enabled(who, chunk_id, on, dataset_ids=[ds] if ds is not None else None)
+    except Exception as exc:  # read-only, or the chunk went with a new version meanwhile
+        st.session_state["document_chunk_error"] = f"Chunk {chunk_id}: {exc}"
+
+
+if error := st.session_state.pop("document_chunk_error", None):
+    st.error(ui.plain(error))
 left, right = st.columns([1, 1])
 with left:
     for c in rows:
         with st.container(border=True):
-            st.caption(f"chunk {c.position} · page {c.page}")
+            head, switch = st.columns([3, 1])
+            head.caption(
+                f"chunk {c.position} · page {c.page}"
+                + ("" if c.enabled else " · **disabled**: left out of search")
+            )
+            switch.toggle(
+                "Searchable",
+                value=c.enabled,
+                key=f"document_chunk_on_{c.chunk_id}",
+                disabled=not who.can_act,
+                on_change=_switch,
+                args=(c.chunk_id,),
+                help="Off: the chunk stays in the index but no search answers it.",
+            )
             st.text(c.text)
 with right:
     chosen = rows[picked]
