@@ -238,3 +238,27 @@ def test_the_hit_test_history_keeps_the_last_20_of_each_operator(ctx):
         kept = hit_tests.recent(session=session, operator="ana")
         assert [r.query for r in kept] == [f"q{i}" for i in range(24, 4, -1)]
         assert [r.query for r in hit_tests.recent(session=session, operator="ben")] == ["b"]
+
+
+# --- item 14: the New-dataset popover, and what the pages say ------------------------------------
+
+
+def test_the_new_dataset_popover_closes_after_create(ctx):
+    from sluice.ops import reads
+
+    at = open_console()
+    at.session_state["new_dataset_popover"] = True  # the operator opened it
+    at.run()
+    at.text_input(key="new_dataset_name").set_value("contracts-2024")
+    at.button(key="create_dataset").click().run()
+    assert not at.exception
+    assert "contracts-2024" in [d.name for d in reads.datasets()]
+    assert at.session_state["new_dataset_popover"] is False  # closed (it stayed open)
+
+
+def test_a_job_of_one_chunk_from_one_page_says_so_in_words(ctx):
+    small = run_file(ctx, b"A short note on the tide tables.", "note.txt")
+    assert (small.chunk_count, small.page_count) == (1, 1)
+    page = texts(open_console("jobs", query={"job": str(small.id)}))
+    assert "Indexed: 1 chunk from 1 page (1 embedded, 0 from cache)" in page, page
+    assert "1 chunks" not in page and "1 pages" not in page

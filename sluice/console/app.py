@@ -107,12 +107,16 @@ def _pages(operator: bool = True) -> list:
     ]
 
 
+NEW_DATASET = "new_dataset_popover"  # its open state: tracked, so a Create can close it
+
+
 def _create_dataset(who: Operator) -> None:
     ok, message = actions.create_dataset(who, st.session_state.get("new_dataset_name", ""))
     ui.flash("success" if ok else "error", message)
     if ok:
         st.session_state[ui.DATASET_KEY] = st.session_state["new_dataset_name"].strip()
         st.session_state["new_dataset_name"] = ""
+        st.session_state[NEW_DATASET] = False  # the popover closes on the rerun that follows
 
 
 connection = login.admit(settings)  # a Host or Origin the console is not served at stops here
@@ -138,7 +142,7 @@ with st.sidebar:
         bind="query-params",
         help="Every page shows only this dataset; uploads go into it.",
     )
-    with st.popover("New dataset", disabled=not who.can_act):
+    with st.popover("New dataset", disabled=not who.can_act, key=NEW_DATASET, on_change="rerun"):
         st.text_input("Name", key="new_dataset_name", placeholder="e.g. contracts-2024")
         st.button("Create", key="create_dataset", on_click=_create_dataset, args=(who,))
 

@@ -200,7 +200,8 @@ else:
             f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), "
             f"rewrites the metadata of **{plan['fix_metadata']:,}** chunk(s), and queues a rebuild "
             f"of **{plan['rebuild_documents']:,}** document(s) with missing chunks "
-            f"({plan['missing_chunks']:,} chunks, taken from the embedding cache where it has them)"
+            f"({ui.count(plan['missing_chunks'], 'chunk')}, taken from the embedding cache where "
+            "it has them)"
             + (
                 f"; in the lexical index it deletes **{plan['delete_lexical_orphans']:,}** orphan "
                 f"row(s) and fixes **{plan['fix_lexical_fields']:,}**"
@@ -347,7 +348,7 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
         cols[1].metric(
             "New chunks",
             f"{about}{p['chunks']:,}",
-            help=f"{plan['old_chunks']:,} chunks serve them today.",
+            help=f"{ui.count(plan['old_chunks'], 'chunk')} serve them today.",
         )
         cols[2].metric(
             "From the embedding cache",
@@ -364,7 +365,7 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
             danger=False,
             disabled=not who.can_act,
             prompt=f"Queue a job of pipeline {plan['pipeline_version']} for {plan['documents']:,} "
-            f"document(s) ({about}{p['to_embed']:,} chunks to embed)? Search keeps serving "
-            "the old version of each until its new job succeeds.",
+            f"document(s) ({about}{ui.count(p['to_embed'], 'chunk')} to embed)? Search keeps "
+            "serving the old version of each until its new job succeeds.",
             on_confirm=_reindex_all,
         )

@@ -111,6 +111,17 @@ def _counts(r: dict) -> tuple[str | int | None, str | int | None]:
     )
 
 
+def _made(done: dict | None, r: dict) -> str:
+    """What a success made, from its event's figures ("1 chunk from 1 page", not "1 chunks")."""
+    data = (done or {}).get("data") or {}
+    if "chunks" not in data:
+        return ui.plain(done["message"]) if done else ui.count(r["chunk_count"] or 0, "chunk")
+    made = ui.count(data["chunks"], "chunk")
+    if data.get("pages") is not None:
+        made += f" from {ui.count(data['pages'], 'page')}"
+    return made + f" ({data.get('embedded', 0):,} embedded, {data.get('cached', 0):,} from cache)"
+
+
 def _detail_waiting(box, d: reads.JobDetail) -> None:
     """Why a paused or active job has not finished yet, when there is something to say."""
     r = d.row
@@ -145,7 +156,7 @@ def _detail_outcome(box, d: reads.JobDetail) -> None:
     if r["status"] == "succeeded":
         done = next((e for e in reversed(d.events) if e["kind"] == "succeeded"), None)
         box.success(
-            f"Indexed: {ui.plain(done['message']) if done else str(r['chunk_count']) + ' chunks'}; "
+            f"Indexed: {_made(done, r)}; "
             f"finished {ui.ago(r['finished_at'])}. Pipeline {r['pipeline_version']}."
         )
     elif r["error_message"]:
