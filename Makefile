@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness bench-api browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
+.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness bench-api bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -89,6 +89,10 @@ bench: setup ocr browser
 ## bench-api: the HTTP API under load: 500 uploads by 8 clients, GET of a job at 100,000 jobs, events on 50 streams
 bench-api: setup
 	$(BIN)/python -m bench.api
+
+## bench-cluster: the cluster run with 60 documents per throughput run (one and two worker hosts, one core each); its row in BENCHMARKS.md; as root
+bench-cluster: setup cluster-tools
+	$(BIN)/python -m bench.cluster_throughput
 
 ## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
 bench-retrieval: setup

@@ -12,7 +12,8 @@ worker2's link is cut for longer than a lease while it holds a job (worker1 take
 finishes it; what worker2 writes after the cut is refused by the lease); the queue Redis restarts;
 worker1 is killed (every process, SIGKILL) while it holds a job (worker2 takes it back). At the
 end: 60 of 60 succeeded, reconcile clean, no chunk twice, every blob in the object store and none
-on any host's disk.
+on any host's disk. Then the throughput with one worker host and with two, each on one core, the
+real model (tests/cluster/throughput.py): the ratio in the closing lines.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import recipe
+from tests.cluster import recipe, throughput
 from tests.cluster.netns import Host, Network
 from tests.cluster.recipe import Secrets, sluice, wait_until
 
@@ -37,7 +38,7 @@ pytestmark = [
         os.environ.get("RUN_CLUSTER_TEST") != "1" or os.geteuid() != 0,
         reason="the cluster run needs root and runs by `make cluster-test`",
     ),
-    pytest.mark.timeout(420),
+    pytest.mark.timeout(900),
 ]
 
 N = 60
@@ -100,6 +101,7 @@ def _run(base: Path, services: Host, worker1: Host, worker2: Host, entry: Host) 
         worker1.start("worker-again", sluice("serve", "worker"), envs["worker1"])
         _settle(story["engine"], entry, ca, token)
         _no_blob_on_any_disk(services, worker1, worker2, entry)
+        _throughput(story["engine"], entry, [worker1, worker2], envs, ca, token)
     finally:
         recipe.stop_postgres(services, pgdata)
 
@@ -373,6 +375,29 @@ def _settle(engine, entry: Host, ca: Path, token: str) -> None:
         job = api.upload(b"one more document " * 300, filename="one-more.txt")["job_id"]
     wait_until(lambda: _all_final(engine, [job]), timeout=120, what="one more document")
     assert _claimed_by_job(engine, job).startswith("worker1")
+
+
+def _throughput(engine, entry: Host, workers: list[Host], envs, ca: Path, token: str) -> None:
+    """One worker host, then two, each on one core, the real model: the ratio in the closing
+    lines (a measurement, not asserted: the machine is shared). CLUSTER_THROUGHPUT_DOCS
+    sets the corpus (``python -m bench.cluster_throughput`` runs a larger one) and
+    CLUSTER_RESULT a file for the figures."""
+    from sluice.client import Client
+
+    docs = int(os.environ.get("CLUSTER_THROUGHPUT_DOCS", "12"))
+    with Client(f"https://{entry.ip}:8443", token, verify=str(ca)) as api:
+        result = throughput.measure(
+            engine=engine,
+            entry=entry,
+            entry_env=envs["entry"],
+            workers=workers,
+            envs=envs,
+            upload=lambda data, name: api.upload(data, filename=name)["job_id"],
+            documents=docs,
+        )
+    if os.environ.get("CLUSTER_RESULT"):
+        throughput.write_result(result, Path(os.environ["CLUSTER_RESULT"]))
+    print("\n".join(result.lines()))
 
 
 def _nginx(host: Host, conf: Path, env: dict[str, str]) -> None:
