@@ -254,3 +254,30 @@ def test_the_api_renames_and_deletes_with_the_manage_scope(database_url, sluice_
         assert gone.status_code == 200, gone.text
         problem(httpx.delete(f"{url}/birds", headers=auth(manage), timeout=30), 404, "not_found")
     assert dataset_row(ctx, "birds") is None and dataset_row(ctx, "beta") is not None
+
+
+def test_the_datasets_page_renames_and_deletes_after_the_name_is_typed(ctx):
+    from tests.support.apptest import assert_ok, open_console, texts
+
+    indexed(ctx, ALPHA, "alpha", "albatross.txt")
+    indexed(ctx, BETA, "beta", "bees.txt")
+    at = open_console("datasets", query={"dataset": "alpha"})
+    assert "dataset 'alpha': 1 document(s) and" in texts(at)  # what a delete removes, before it is asked
+    at.text_input(key="rename_to:alpha").set_value("beta")
+    at.button(key="FormSubmitter:rename:alpha-Rename").click().run()
+    assert_ok(at)
+    assert "a dataset named 'beta' exists" in texts(at)
+    at.text_input(key="rename_to:alpha").set_value("birds")
+    at.button(key="FormSubmitter:rename:alpha-Rename").click().run()
+    assert_ok(at)
+    assert dataset_row(ctx, "birds") is not None and "now called 'birds'" in texts(at)
+
+    at.text_input(key="delete_name:birds").set_value("bird")  # not the name: nothing happens
+    at.button(key="FormSubmitter:delete:birds-Delete the dataset").click().run()
+    assert_ok(at)
+    assert "nothing was deleted" in texts(at) and dataset_row(ctx, "birds") is not None
+    at.text_input(key="delete_name:birds").set_value("birds")
+    at.button(key="FormSubmitter:delete:birds-Delete the dataset").click().run()
+    assert_ok(at)
+    assert dataset_row(ctx, "birds") is None and "dataset 'birds' deleted" in texts(at)
+    assert dataset_row(ctx, "beta") is not None

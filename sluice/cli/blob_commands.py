@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from sluice.cli.output import print_json
-from sluice.ops import actions
-from sluice.ops.access import cli_operator
-from sluice.ops.blob_migration import sweep_leftovers
-from sluice.ops.reads import ctx
+
+# The operations are imported by the commands that run them: building the parser imports nothing
+# heavy (a cold `sluice search` pays only for what it uses).
 
 
 def migrate(args) -> int:
+    from sluice.ops import actions
+    from sluice.ops.access import cli_operator
+
     result = actions.migrate_blobs(cli_operator(), keep_local=args.keep_local)
     if args.json:
         print_json(result.to_dict())
@@ -19,6 +21,10 @@ def migrate(args) -> int:
 
 
 def sweep(args) -> int:
+    from sluice.ops.access import cli_operator
+    from sluice.ops.blob_migration import sweep_leftovers
+    from sluice.ops.reads import ctx
+
     swept = sweep_leftovers(ctx(), cli_operator(), older_than_seconds=args.older_than)
     if args.json:
         print_json({"store": swept.store, "removed": swept.removed, **vars(swept)})

@@ -55,8 +55,6 @@ from sluice.cli.blob_commands import add_blob_commands
 from sluice.cli.key_commands import add_key_commands
 from sluice.cli.scheduling import add_pause_commands, add_priority_commands
 from sluice.cli.source_commands import add_source_commands
-from sluice.errors import SettingsError
-from sluice.files import use_private_umask
 from sluice.servers import supervisor
 
 
@@ -370,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # here, not at the top: sluice.errors imports the clients whose errors it classifies, which
+    # building the parser (`sluice --help`) does not need
+    from sluice.errors import SettingsError
+    from sluice.files import use_private_umask
+
     use_private_umask()  # also for the servers `sluice serve` execs: their files are private too
     logging.basicConfig(
         level=os.getenv("SLUICE_LOG_LEVEL", "WARNING"), format="%(levelname)s %(name)s: %(message)s"

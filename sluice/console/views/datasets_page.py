@@ -165,3 +165,58 @@ if pending and pending[0] == name:
                 prompt=f"Save the settings of {name} and queue a rebuild of its documents? Search "
                 "keeps serving each document's current chunks until its new job succeeds.",
             )
+
+
+# --- rename and delete ----------------------------------------------------------------------------
+
+
+def manage_section(who, name: str) -> None:
+    """Rename the dataset, or delete it after typing its name (sluice.ops.dataset_admin)."""
+    from sluice.ops import dataset_admin
+
+    st.subheader(f"Rename or delete {ui.plain(name)}")
+    plan = dataset_admin.plan_delete(reads.ctx(), name)
+    if plan is None:  # deleted between two reruns
+        st.warning(ui.plain(f"no dataset named {name!r}"))
+        return
+    if plan.deleting:
+        st.warning(
+            ui.plain(
+                f"{name} is being deleted: it takes no upload and answers no search. A delete "
+                "that stopped halfway is finished here (or by `sluice datasets delete`)."
+            )
+        )
+    left, right = st.columns(2)
+
+    def _rename() -> None:  # a callback: it runs before the dataset picker is drawn again
+        new = st.session_state.get(f"rename_to:{name}", "")
+        done = dataset_admin.rename(reads.ctx(), who, name, new)
+        ui.flash("success" if done.ok else "error", done.message)
+        if done.ok:
+            st.session_state["settings_dataset"] = new.strip()
+
+    def _delete() -> None:
+        if st.session_state.get(f"delete_name:{name}", "").strip() != name:
+            ui.flash("error", f"Type {name} exactly to delete it; nothing was deleted.")
+            return
+        done = dataset_admin.delete(reads.ctx(), who, name)
+        ui.flash("success" if done.ok else "error", done.message)
+
+    with left.form(f"rename:{name}", border=True):
+        st.text_input("New name", value=name, key=f"rename_to:{name}")
+        st.caption("Search, jobs and API keys go on working: they name the dataset by its id.")
+        st.form_submit_button("Rename", on_click=_rename, disabled=not who.can_act or plan.deleting)
+    with right.form(f"delete:{name}", border=True):
+        st.markdown(ui.plain(plan.describe() + "."))
+        st.text_input(
+            "Type the dataset's name to delete it", key=f"delete_name:{name}", placeholder=name
+        )
+        st.form_submit_button(
+            "Finish the delete" if plan.deleting else "Delete the dataset",
+            type="primary",
+            on_click=_delete,
+            disabled=not who.can_act,
+        )
+
+
+manage_section(who, name)
