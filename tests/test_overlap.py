@@ -3,7 +3,6 @@ batch before it (cache, Chroma) and looks up the next. Progress stays honest: a 
 embedded once its vector is in the store."""
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from sluice import faults
 from sluice.ops.ingest import ingest_bytes
@@ -14,7 +13,7 @@ from tests.test_reconcile import text
 
 
 class Lanes:
-    """The hash embedder behind a lane pool, like the real model's: ``submit`` returns at once."""
+    """The hash embedder behind the real model's lanes: ``submit`` returns at once."""
 
     def __init__(self) -> None:
         self.inner = embed.HashEmbedder()
@@ -23,7 +22,7 @@ class Lanes:
             self.inner.dim,
             self.inner.precision,
         )
-        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.lanes = embed.Lanes(self.inner.encode, 2, 4)
         self.log: list[tuple[str, int]] = []
         self.lock = threading.Lock()
         self.submitted = 0
@@ -35,8 +34,7 @@ class Lanes:
         with self.lock:
             self.submitted += 1
             self.log.append(("submit", self.submitted))
-        future = self.pool.submit(self.inner.encode, texts)
-        return embed.Encoding(len(texts), self.dim, [list(range(len(texts)))], [future])
+        return self.lanes.submit(texts, self.dim)
 
 
 def test_the_next_batch_is_encoding_while_the_one_before_is_written(make_ctx):

@@ -13,11 +13,15 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import CancelledError
 from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
+
+from sluice import faults
 
 log = logging.getLogger(__name__)
 
@@ -84,21 +88,97 @@ def available_cores() -> int:
 
 
 class Encoding:
-    """A batch on the lanes: its parts, encoding or queued."""
+    """A batch on the lanes: its own rows, whichever parts they are encoded in (a part may hold the
+    texts of several batches, of several jobs); ``result`` waits for its rows only."""
 
-    def __init__(self, n: int, dim: int, parts: list[list[int]], futures: list) -> None:
-        self.n, self.dim, self.parts, self.futures = n, dim, parts, futures
+    def __init__(self, lanes: Lanes, n: int, dim: int) -> None:
+        self.lanes, self.n = lanes, n
+        self.out = np.empty((n, dim), dtype=np.float32)
+        self.left = n
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        if n == 0:
+            self.done.set()
 
     def result(self) -> np.ndarray:
-        out = np.empty((self.n, self.dim), dtype=np.float32)
-        for part, future in zip(self.parts, self.futures, strict=True):
-            out[part] = future.result()
-        return out
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.out
 
     def cancel(self) -> None:
-        """Drop the parts not started yet (the attempt ended before it needed them)."""
-        for future in self.futures:
-            future.cancel()
+        """Take back the texts no lane has taken yet (the attempt ended before it needed them);
+        those a lane took are encoded with their part, for nobody."""
+        self.lanes.withdraw(self)
+        if not self.done.is_set():
+            self.error = CancelledError()
+            self.done.set()
+
+    def put(self, row: int, vector: np.ndarray) -> None:  # by the lane, under its lock
+        self.out[row] = vector
+        self.left -= 1
+        if self.left == 0:
+            self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done.set()
+
+
+class Lanes:
+    """The encoding threads of a process, one per core, fed from one queue by every worker thread:
+    a lane takes up to ``part`` texts from the head of the queue, whichever batches and jobs they
+    come from, and never waits for more (a small job's one chunk shares a part with the next
+    job's instead of being a part of its own, and nobody's texts wait for another's to arrive).
+    A batch's texts are queued shortest first, so a big batch still makes parts of like length.
+    Every part passes the fault point ``lane_part`` (``texts=...``), where a test sees what shared
+    a part and holds a lane."""
+
+    def __init__(self, encode: Callable[[list[str]], np.ndarray], lanes: int, part: int) -> None:
+        self.encode, self.part = encode, part
+        self._queue: deque[tuple[Encoding, int, str]] = deque()
+        self._cond = threading.Condition()
+        self.threads = [
+            threading.Thread(target=self._run, name=f"embed-lane-{i}", daemon=True)
+            for i in range(lanes)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, texts: list[str], dim: int) -> Encoding:
+        encoding = Encoding(self, len(texts), dim)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        with self._cond:
+            self._queue.extend((encoding, i, texts[i]) for i in order)
+            self._cond.notify(len(order))
+        return encoding
+
+    def queued(self) -> int:
+        """Texts waiting for a lane."""
+        with self._cond:
+            return len(self._queue)
+
+    def withdraw(self, encoding: Encoding) -> None:
+        with self._cond:
+            self._queue = deque(item for item in self._queue if item[0] is not encoding)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                take = [self._queue.popleft() for _ in range(min(self.part, len(self._queue)))]
+            texts = [text for _, _, text in take]
+            try:
+                faults.hit("lane_part", texts=texts)
+                vectors = self.encode(texts)
+            except BaseException as exc:  # every batch in the part meets it, nobody waits on
+                for encoding, _, _ in take:
+                    encoding.fail(exc)
+                continue
+            with self._cond:
+                for (encoding, row, _), vector in zip(take, vectors, strict=True):
+                    encoding.put(row, vector)
 
 
 class Deferred:
@@ -126,13 +206,14 @@ class SentenceTransformerEmbedder:
     """The real model, loaded once per process and shared by all worker threads.
 
     Every encode runs single-threaded in torch; the parallelism comes from lanes, one per core
-    (``threads``, 0 = one per core). A batch is sorted by length and cut into parts of ``PART``
-    texts that the lanes take in turn; the batches of several worker threads share the lanes, so
-    there are never more busy torch threads than lanes. Two reasons, both measured on 2 cores:
-    torch's intra-op threads wait for each other at every operator, so they lost up to half their
-    speed whenever another thread or process took a core, where lanes kept theirs; and a batch of
-    32 padded to its longest text spends 22% of its work on padding (benchmark corpus), parts of 4
-    texts of similar length 4.5%. In all, 10-20% more chunks per second than torch's own threads.
+    (``threads``, 0 = one per core). A batch is sorted by length and queued; the lanes take parts
+    of ``PART`` texts in turn from the batches of every worker thread (``Lanes``), so there are
+    never more busy torch threads than lanes, and one-chunk documents share parts. Two reasons,
+    both measured on 2 cores: torch's intra-op threads wait for each other at every operator, so
+    they lost up to half their speed whenever another thread or process took a core, where lanes
+    kept theirs; and a batch of 32 padded to its longest text spends 22% of its work on padding
+    (benchmark corpus), parts of 4 texts of similar length 4.5%. In all, 10-20% more chunks per
+    second than torch's own threads.
     """
 
     PART = 4
@@ -162,7 +243,7 @@ class SentenceTransformerEmbedder:
         if dim is None:
             raise RuntimeError(f"the model {name} does not say the size of its embeddings")
         self.dim = int(dim)
-        self._pool = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="embed-lane")
+        self._lanes = Lanes(self._encode_part, self.lanes, self.PART)
         self.cpu_seconds = (
             0.0  # CPU time the lanes spent encoding (what the rest of a pipeline is set against)
         )
@@ -181,10 +262,7 @@ class SentenceTransformerEmbedder:
     def submit(self, texts: list[str]) -> Encoding:
         """Queue ``texts`` on the lanes and return at once: the caller writes the previous batch
         while the lanes encode this one (``Encoding.result()`` waits for it)."""
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        parts = [order[i : i + self.PART] for i in range(0, len(order), self.PART)]
-        futures = [self._pool.submit(self._encode_part, [texts[i] for i in part]) for part in parts]
-        return Encoding(len(texts), self.dim, parts, futures)
+        return self._lanes.submit(texts, self.dim)
 
     def _encode_part(self, texts: list[str]) -> np.ndarray:
         import torch
