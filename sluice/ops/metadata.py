@@ -373,3 +373,19 @@ def matching_job_documents(session: Session, dataset_ids: list[int] | None, wher
     if dataset_ids is None:
         return matching_documents(session, None, where)
     return [d for ds in dataset_ids for d in matching_documents(session, ds, where)]
+
+
+def parse_filter_text(value: str | None) -> dict | None:
+    """A filter typed into one field (the console's): a JSON object, or the command line's forms
+    separated by ``;`` (``lang=de; year>=2020``). None when empty; FilterError when bad."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if value.startswith("{"):
+        try:
+            where = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise FilterError("", f"not JSON ({exc.msg})") from None
+        parse_where(where)
+        return where
+    return parse_cli_where([p for p in value.split(";") if p.strip()]) or None

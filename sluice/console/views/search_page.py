@@ -1,11 +1,11 @@
 """Search: the best chunks of one dataset; only chunks of each document's succeeded job are
 answered. Hybrid (words and meaning), dense or lexical; "an exact phrase" in quotes; filters by
-file, pages and type."""
+file, pages, type and the documents' metadata."""
 
 import streamlit as st
 
 from sluice.console import ui
-from sluice.ops import reads
+from sluice.ops import metadata, reads
 from sluice.ops.search import MODES, BadQuery, UnknownDataset
 
 sc = ui.scope()
@@ -42,6 +42,13 @@ with st.form("search_form"):
     media_type = f4.selectbox(
         "Type", list(type_names), key="search_media_type", format_func=lambda t: type_names[t]
     )
+    where_text = st.text_input(
+        "Metadata filter",
+        key="search_where",
+        placeholder="e.g. lang=de; year>=2020; team~a,b; reviewed?",
+        help="Every condition must hold. " + metadata.CLI_RULE + "; or a JSON object in Chroma's "
+        'style, {"year": {"$gte": 2020}}. Numbers compare as numbers, ISO dates as dates.',
+    )
     submitted = st.form_submit_button("Search", type="primary")
 
 if submitted and not query.strip():
@@ -51,6 +58,7 @@ if submitted and not query.strip():
 if query.strip():
     hits: list | None
     try:
+        where_filter = metadata.parse_filter_text(where_text)
         with st.spinner("Searching (the first search loads the embedding model)..."):
             hits = reads.search(
                 query,
@@ -60,8 +68,9 @@ if query.strip():
                 filename=file_filter or None,
                 pages=pages or None,
                 media_type=None if media_type == "any" else media_type,
+                where=where_filter,
             )
-    except (UnknownDataset, BadQuery) as exc:
+    except (UnknownDataset, BadQuery, metadata.FilterError) as exc:
         st.error(ui.plain(exc))
         hits = None
     except Exception as exc:  # Chroma unreachable, model failed to load

@@ -10,6 +10,7 @@ import streamlit as st
 
 from sluice.console import ui
 from sluice.ops import actions, reads, replacing
+from sluice.ops import metadata as meta
 
 RESULTS_KEY = "upload_results"
 
@@ -42,16 +43,41 @@ with st.form("upload_form", clear_on_submit=True):
         help="Your own id of this document. New bytes under an id already known become its new "
         "version: the old one keeps serving until the new one is indexed, then replaces it.",
     ).strip()
+    metadata_text = st.text_area(
+        "Metadata (optional, every file)",
+        key="upload_metadata",
+        disabled=not who.can_act,
+        height=68,
+        placeholder='{"lang": "de", "year": 2024, "team": ["a", "b"]}',
+        help="A JSON object of your own fields, searchable with a metadata filter. Keys: a "
+        "lower-case letter, then lower-case letters, digits or _ (up to 64); values: text, "
+        "numbers, true/false or lists of text; at most 8 KB.",
+    )
     submitted = st.form_submit_button("Upload and index", type="primary", disabled=not who.can_act)
 
-if submitted and files and external_id and len(files) > 1:
+metadata_value: dict | None = None
+metadata_error = ""
+if submitted and metadata_text.strip():
+    try:
+        metadata_value = meta.parse_json(metadata_text)
+    except meta.MetadataError as exc:
+        metadata_error = str(exc)
+
+if submitted and metadata_error:
+    st.error(f"Nothing was uploaded: {ui.plain(metadata_error)}.")
+elif submitted and files and external_id and len(files) > 1:
     st.warning(f"An external id names one file: {len(files)} were picked; upload them one by one.")
 elif submitted and files:
     results = []
     with st.status(f"Uploading {len(files)} file(s)...", expanded=False) as status:
         for f in files:
             r = actions.upload(
-                who, dataset=target, filename=f.name, stream=f, external_id=external_id or None
+                who,
+                dataset=target,
+                filename=f.name,
+                stream=f,
+                external_id=external_id or None,
+                metadata=metadata_value,
             )
             results.append(r.to_dict())
             status.write(ui.plain(f"{f.name}: {r.message}"))
