@@ -262,3 +262,17 @@ def test_a_job_of_one_chunk_from_one_page_says_so_in_words(ctx):
     page = texts(open_console("jobs", query={"job": str(small.id)}))
     assert "Indexed: 1 chunk from 1 page (1 embedded, 0 from cache)" in page, page
     assert "1 chunks" not in page and "1 pages" not in page
+
+
+# --- item 13: the Document view says where a chunk is as search does ------------------------------
+
+
+def test_the_document_view_labels_office_chunks_by_section_as_search_does(ctx):
+    from tests.test_formats import make_docx
+
+    done = run_file(ctx, make_docx(), "report.docx")
+    at = open_console("document", query={"doc": f"doc:{done.document_id}"})
+    options = at.radio(key="document_chunk").options
+    assert any("section 2: Tariffs" in o for o in options), options
+    assert not any("page 1" in o or "page 2" in o for o in options)
+    assert "section 2: Tariffs" in texts(at)

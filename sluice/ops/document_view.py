@@ -5,6 +5,7 @@ original bytes (operators only: a read-only user sees everything but takes no co
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -19,7 +20,9 @@ from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.blobs import BlobMissing
 from sluice.storage.db import stored
-from sluice.storage.models import Document, Job
+from sluice.storage.models import Dataset, Document, Job
+
+log = logging.getLogger(__name__)
 
 PDF = "application/pdf"
 CHUNKS_PER_PAGE = 20
@@ -74,6 +77,24 @@ def chunks(
     if doc.active_job_id is None or doc.deleted_at is not None:
         return []
     return lexical.job_chunks(ctx.engine, doc.active_job_id, offset=offset, limit=limit)
+
+
+def positions(ctx: Context, document_id: int, chunk_ids: list[str]) -> dict[str, tuple[str, bool]]:
+    """chunk id -> where in its file it sits ("section 2: Findings", "slide 3"; "" for a page of
+    a PDF or text) and whether OCR read it: what search tells of a hit, kept with the vectors (one
+    read of these few chunks; {} when the store does not answer, the page numbers stand)."""
+    with Session(ctx.engine) as session:
+        doc = session.get(Document, document_id)
+        ds = session.get(Dataset, doc.dataset_id) if doc is not None else None
+    if ds is None or not chunk_ids:
+        return {}
+    try:
+        got = ctx.vectors.get(ds.collection, chunk_ids)
+    except Exception as exc:
+        log.warning("document view: positions of %d chunk(s) unavailable: %s", len(chunk_ids), exc)
+        return {}
+    found = zip(got.get("ids") or [], got.get("metadatas") or [], strict=False)
+    return {cid: (str(m.get("where", "")), bool(m.get("ocr", False))) for cid, m in found if m}
 
 
 PageNotDrawn = PipelineError  # what page_image raises for a page it cannot draw (message, hint)

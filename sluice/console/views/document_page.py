@@ -134,7 +134,10 @@ page_no = st.number_input(
     key="document_chunk_page",
 )
 rows = document_view.chunks(reads.ctx(), info.document_id, offset=(page_no - 1) * per, limit=per)
-labels = [f"#{c.position} · page {c.page}" for c in rows]
+# Where each chunk sits as search says it ("section 2: Findings", "slide 3"), else its page.
+places = document_view.positions(reads.ctx(), info.document_id, [c.chunk_id for c in rows])
+where = {c.chunk_id: places.get(c.chunk_id, ("", False))[0] or f"page {c.page}" for c in rows}
+labels = [f"#{c.position} · {where[c.chunk_id]}" for c in rows]
 default = next(
     (i for i, c in enumerate(rows) if wanted and wanted.isdigit() and c.position == int(wanted)), 0
 )
@@ -164,8 +167,11 @@ with left:
     for c in rows:
         with st.container(border=True):
             head, switch = st.columns([3, 1])
+            if c is rows[picked]:  # the chosen chunk is scrolled into view (below)
+                st.html(f'<div id="chunk-{c.position}"></div>')
             head.caption(
-                f"chunk {c.position} · page {c.page}"
+                f"chunk {c.position} · {ui.plain(where[c.chunk_id])}"
+                + (" · text read by OCR" if places.get(c.chunk_id, ("", False))[1] else "")
                 + ("" if c.enabled else " · **disabled**: left out of search")
             )
             switch.toggle(
@@ -178,6 +184,12 @@ with left:
                 help="Off: the chunk stays in the index but no search answers it.",
             )
             st.text(c.text)
+st.html(  # to the chosen chunk, once the list is drawn (an anchor the page itself wrote)
+    "<script>(() => { let n = 0; const go = () => { const el = document.getElementById("
+    f"'chunk-{rows[picked].position}'); if (el) el.scrollIntoView({{block: 'center'}}); "
+    "else if (n++ < 50) setTimeout(go, 100); }; go(); })();</script>",
+    unsafe_allow_javascript=True,
+)
 with right:
     chosen = rows[picked]
     try:
@@ -203,6 +215,9 @@ with right:
             + (
                 ", the chunk highlighted"
                 if image.found
+                else ", the chunk was recognised by OCR; the page image has no text layer to "
+                "compare with"
+                if places.get(chosen.chunk_id, ("", False))[1]
                 else ", the chunk's words were not found on it as written"
             )
             + reduced,
