@@ -345,3 +345,27 @@ def test_a_new_version_under_an_external_id_is_recorded_as_a_replace(db_ctx):
     up, replace = _one(db_ctx, "document.upload"), _one(db_ctx, "document.replace")
     assert (up.target_id, up.params["external_id"]) == (str(first.document_id), "doc-7")
     assert (replace.target_id, replace.actor_name) == (str(second.document_id), "alice")
+
+
+def test_metadata_and_chunk_switches_are_recorded(db_ctx):
+    from sluice.ops import chunks, metadata
+    from tests.support.helpers import ids_of_job
+
+    seeded = seed_every_state(db_ctx)
+    with Session(db_ctx.engine) as session:
+        job = session.get(Job, seeded["succeeded"][0])
+    chunk_id = ids_of_job(db_ctx, job.id)[0]
+    actions.set_document_metadata(ALICE, job.document_id, {"lang": "de", "api_key": "k-1"})
+    with pytest.raises(metadata.MetadataError):
+        actions.set_document_metadata(ALICE, job.document_id, {"_reserved": 1})
+    actions.set_chunk_enabled(ALICE, chunk_id, False)
+    actions.set_chunk_enabled(ALICE, chunk_id, True)
+    with pytest.raises(chunks.UnknownChunk):
+        actions.set_chunk_enabled(ALICE, "no-such-chunk", False)
+    done, bad = _rows(db_ctx, action="document.metadata")
+    assert (done.outcome, done.target_id, bad.outcome) == ("done", str(job.document_id), "refused")
+    assert done.params == {"metadata": {"lang": "de", "api_key": "[redacted]"}}
+    off = _one(db_ctx, "chunk.disable", outcome="done")
+    assert (off.target_id, off.actor_name) == (chunk_id, "alice")
+    assert _one(db_ctx, "chunk.enable").outcome == "done"
+    assert _one(db_ctx, "chunk.disable", outcome="refused").target_id == "no-such-chunk"

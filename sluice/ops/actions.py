@@ -338,18 +338,41 @@ def upload_path(
 
 def set_document_metadata(who: Operator, document_id: int, value: Any) -> dict:
     """Replace a document's metadata (sluice.ops.metadata; MetadataError names a bad key)."""
-    require_operator(who, "change document metadata")
-    return meta.set_document_metadata(ctx(), document_id, value, actor=who.actor)
+    with audit_trail.recording(  # its first commit is the change of the document's row
+        who,
+        "document.metadata",
+        target_kind="document",
+        target_id=document_id,
+        params={"metadata": value},
+        check=lambda session: True,
+    ) as rec:
+        try:
+            require_operator(who, "change document metadata")
+            return meta.set_document_metadata(ctx(), document_id, value, actor=who.actor)
+        except (ReadOnlyOperator, meta.MetadataError, meta.UnknownDocument) as exc:
+            rec.settle(False, str(exc), code=type(exc).__name__)
+            raise
 
 
 def set_chunk_enabled(
     who: Operator, chunk_id: str, enabled: bool, *, dataset_ids: list[int] | None = None
 ) -> chunks.ChunkState:
     """Switch a chunk on or off (sluice.ops.chunks)."""
-    require_operator(who, "switch chunks on or off")
-    return chunks.set_chunk_enabled(
-        ctx(), chunk_id, enabled, actor=who.actor, dataset_ids=dataset_ids
-    )
+    with audit_trail.recording(  # its one commit is the switch
+        who,
+        "chunk.enable" if enabled else "chunk.disable",
+        target_kind="chunk",
+        target_id=chunk_id,
+        check=lambda session: True,
+    ) as rec:
+        try:
+            require_operator(who, "switch chunks on or off")
+            return chunks.set_chunk_enabled(
+                ctx(), chunk_id, enabled, actor=who.actor, dataset_ids=dataset_ids
+            )
+        except (ReadOnlyOperator, chunks.UnknownChunk, chunks.AmbiguousChunk) as exc:
+            rec.settle(False, str(exc), code=type(exc).__name__)
+            raise
 
 
 def create_dataset(who: Operator, name: str) -> tuple[bool, str]:

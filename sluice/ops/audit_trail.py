@@ -35,6 +35,7 @@ PAGE = 50
 MAX_PAGE = 500
 SINCE = re.compile(r"^(\d{1,6})\s*([smhdw])$")
 MAX_ID = 2**31 - 1  # ids are INTEGER columns
+OWN = "sluice_audit_own_row"
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
@@ -83,6 +84,7 @@ class Watch:
     def write(self, target: str | int | None = None, **kw: Any) -> None:
         """A row of its own (a refusal, or an action that had nothing to change)."""
         with Session(ctx().engine) as session:
+            session.info[OWN] = True  # not a change of the action: the listener leaves it alone
             audit_log.write(session=session, row=self.row(target, **kw))
         self.done.add(str(target if target is not None else self.target_id))
 
@@ -174,7 +176,7 @@ def _job_marks(session: OrmSession, watch: Watch) -> list[Mark]:
 @event.listens_for(OrmSession, "before_flush")
 def _before_flush(session: OrmSession, _context: Any, _instances: Any) -> None:
     watch = _current.get()
-    if watch is None or (watch.recorded and not watch.per_job):
+    if watch is None or session.info.get(OWN) or (watch.recorded and not watch.per_job):
         return
     if watch.kinds:
         seen = watch.done | watch.pending.get(id(session), set())
@@ -191,7 +193,7 @@ def _before_flush(session: OrmSession, _context: Any, _instances: Any) -> None:
 @event.listens_for(OrmSession, "before_commit")
 def _before_commit(session: OrmSession) -> None:
     watch = _current.get()
-    if watch is None or watch.check is None or watch.recorded:
+    if watch is None or session.info.get(OWN) or watch.check is None or watch.recorded:
         return
     if watch.check(session):  # type: ignore[arg-type]
         _add(session, watch, watch.target_id, None)
