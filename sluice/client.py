@@ -88,9 +88,12 @@ class Client:
         filename: str | None = None,
         idempotency_key: str | None = None,
         external_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Upload one file; returns its job entry (``job_id``, ``document_id``, ``existing``...).
-        New bytes under a known ``external_id`` replace its live version once they are indexed."""
+        New bytes under a known ``external_id`` replace its live version once they are indexed.
+        ``metadata``: the document's own fields (ApiError 422 ``invalid_metadata`` names a bad
+        key)."""
         if isinstance(path_or_bytes, bytes):
             data, name = path_or_bytes, filename or "upload.txt"
         else:
@@ -100,10 +103,37 @@ class Client:
             "POST",
             f"/v1/datasets/{dataset}/documents",
             files=[("file", (name, data, "application/octet-stream"))],
-            data={"external_id": external_id} if external_id is not None else None,
+            data={
+                **({"external_id": external_id} if external_id is not None else {}),
+                **({"metadata": json.dumps(metadata)} if metadata is not None else {}),
+            }
+            or None,
             headers=headers,
         )
         return body["jobs"][0]
+
+    def set_metadata(self, document_id: int, metadata: dict[str, Any]) -> dict[str, Any]:
+        """Replace a document's metadata (keys left out are removed); returns the document."""
+        return self._json("PATCH", f"/v1/documents/{document_id}", json={"metadata": metadata})
+
+    def list_documents(
+        self,
+        *,
+        dataset: str = "default",
+        where: dict[str, Any] | None = None,
+        offset: int = 0,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """One page of a dataset's documents (``documents``, ``next_offset``) ``where`` allows."""
+        params: dict[str, Any] = {"offset": offset, "limit": limit}
+        if where is not None:
+            params["where"] = json.dumps(where)
+        return self._json("GET", f"/v1/datasets/{dataset}/documents", params=params)
+
+    def set_chunk_enabled(self, chunk_id: str, enabled: bool) -> dict[str, Any]:
+        """Switch a chunk off (kept, left out of every search) or on again."""
+        path = f"/v1/chunks/{quote(chunk_id, safe='')}"
+        return self._json("PATCH", path, json={"enabled": enabled})
 
     def document(self, document_id: int) -> dict[str, Any]:
         return self._json("GET", f"/v1/documents/{document_id}")
@@ -141,9 +171,20 @@ class Client:
             time.sleep(min(pause, left, 5.0))
 
     def search(
-        self, query: str, *, dataset: str = "default", k: int = 5, mode: str = "hybrid", **filters
+        self,
+        query: str,
+        *,
+        dataset: str = "default",
+        k: int = 5,
+        mode: str = "hybrid",
+        where: dict[str, Any] | None = None,
+        **filters,
     ) -> list[dict[str, Any]]:
+        """The best ``k`` chunks; ``where``: a metadata filter (``{"lang": "de", "year":
+        {"$gte": 2020}}``), applied before ranking; ``filters``: filename, pages, media_type."""
         body = {"query": query, "k": k, "mode": mode, **filters}
+        if where is not None:
+            body["where"] = where
         return self._json("POST", f"/v1/datasets/{dataset}/search", json=body)["hits"]
 
     def datasets(self) -> list[dict[str, Any]]:

@@ -219,3 +219,24 @@ def test_the_command_line_sets_filters_and_switches(database_url, make_ctx, caps
     code, out, _ = run(capsys, "search", "orchard section", "--k", "100", "--json")
     assert cid in {h["chunk_id"] for h in json.loads(out)}
     assert run(capsys, "chunks", "disable", "no-such-000001")[0] == 1
+
+
+def test_the_python_client_carries_metadata_and_where(api):
+    from sluice.client import ApiError, Client
+
+    server, ctx, token = api
+    with Client(server.url, token) as client:
+        made = client.upload(text("harbour"), filename="c.txt", metadata={"lang": "de", "n": 3})
+        assert run_job(made["job_id"], ctx=ctx).result == "succeeded"
+        other = client.upload(text("orchard"), filename="d.txt", metadata={"lang": "en"})
+        assert run_job(other["job_id"], ctx=ctx).result == "succeeded"
+        hits = client.search("section", k=50, where={"n": {"$gt": 2}})
+        assert hits and {h["document_id"] for h in hits} == {made["document_id"]}
+        doc = client.set_metadata(made["document_id"], {"lang": "en"})
+        assert doc["metadata"] == {"lang": "en"}
+        page = client.list_documents(where={"lang": "en"})
+        assert {d["id"] for d in page["documents"]} == {made["document_id"], other["document_id"]}
+        assert client.set_chunk_enabled(hits[0]["chunk_id"], False)["enabled"] is False
+        with pytest.raises(ApiError) as err:
+            client.upload(b"words", filename="e.txt", metadata={"_x": 1})
+        assert err.value.code == "invalid_metadata"
