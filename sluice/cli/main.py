@@ -34,6 +34,8 @@ sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its
 sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
 sluice keys create NAME --dataset D... | --all-datasets --scope read|ingest|manage  an API key
 sluice keys list [--json] | sluice keys revoke NAME  API keys (secrets are never shown again)
+sluice audit [--since 2h|ISO] [--actor NAME] [--action A] [--outcome done|refused] [--json]
+                                                     who changed what, when, from where
 sluice blobs migrate --to s3 [--keep-local] [--json]  move the local blob store to the object store
 sluice serve queue|cache|chroma|worker|console|metrics|api  run one of the Procfile's processes
 sluice run [--procfile Procfile]                     all of them; Ctrl-C stops them in order
