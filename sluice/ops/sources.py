@@ -31,7 +31,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from sluice import faults
-from sluice.ops import ingest
+from sluice.ops import documents, ingest
 from sluice.ops.documents import delete_document
 from sluice.ops.sources_listing import Listing, Seen, SourceReader, parse_s3, reader_for
 from sluice.ops.sources_plan import Known, Plan, SyncResult, classify, gone, guard, to_read
@@ -422,6 +422,9 @@ class _Sync:
     def _tombstone(self, paths: list[str]) -> None:
         if not paths:
             return
+        # The version serving under each path too (a replacement that failed leaves it serving
+        # while the entry names the failed one).
+        serving = [documents.find_by_external_id(self.ctx, self.ds.name, p) for p in paths]
         with Session(self.ctx.engine) as session:
             self._fence(session)
             now = db_now(session)
@@ -434,6 +437,7 @@ class _Sync:
                 session.add(row)
                 if row.document_id is not None:
                     hide.add(row.document_id)
+            hide.update(d for d in serving if d is not None and TAKES_EXTERNAL_ID)
             session.flush()
             _hide(session, [d for d in hide if not _live_refs(session, d)], now)
             session.commit()
