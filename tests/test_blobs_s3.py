@@ -336,6 +336,16 @@ store.receive(DiesInTheSecondPart(os.urandom(6 * 1024 * 1024)), max_bytes=1 << 3
 """
 
 
+def killed_upload(s3, tmp_path) -> None:
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_UPLOAD, s3.bucket, PREFIX, s3.gate.url, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert killed.returncode == 9, killed.stderr
+
+
 def test_the_sweep_removes_what_a_killed_upload_left_and_never_a_younger_one(s3ctx, s3, tmp_path):
     """A process killed in its uploads leaves a staged object and an unfinished multipart upload
     under tmp/ (and a removal killed between its moves leaves a retired blob, whose key then has
@@ -362,13 +372,7 @@ def test_the_sweep_removes_what_a_killed_upload_left_and_never_a_younger_one(s3c
     client = s3_client(s3.url)
     kept, _ = store.put_bytes(doc(3), max_bytes=1 << 20)
     assert store.retire(kept) is not None  # and the removal dies here
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_UPLOAD, s3.bucket, PREFIX, s3.gate.url, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert killed.returncode == 9, killed.stderr
+    killed_upload(s3, tmp_path)
     left = stored(s3)
     assert len([k for k in left if k.startswith(PREFIX + "tmp/upload-")]) == 1
     assert [k for k in left if k.startswith(PREFIX + "tmp/retired-")] and PREFIX + kept not in left
