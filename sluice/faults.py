@@ -25,7 +25,10 @@ opened the file with it, before it writes the copy), ``idempotency_before_insert
 found no record of its Idempotency-Key, before it adds one), ``blob_unused`` (a blob removal
 found no document using the bytes, before it moves them aside), ``blob_retired`` (it moved them
 aside, before it looks at the users again), ``blob_migrated`` (``sluice blobs migrate`` sent a
-blob, before it removes the local file).
+blob, before it removes the local file), ``dataset_delete_marked`` (a dataset delete marked the
+dataset deleting, before it cancels its jobs), ``dataset_delete_document`` (it removed one of the
+dataset's documents, before the next), ``dataset_delete_documents_removed`` (every document went,
+before it drops the collection and the rows).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the
