@@ -69,6 +69,8 @@ def test_new_bytes_under_a_known_external_id_replace_the_served_version(database
     assert old.deleted_at is not None and old.replaced_by == v2.document_id
     assert job(ctx, v1.job_id).status == JobStatus.deleted
     assert ids_of_job(ctx, v1.job_id) == []  # the old chunks are gone from Chroma
+    assert not ctx.blobs.exists(old.blob_key)  # and the old bytes (no other document has them)
+    assert ctx.blobs.exists(document(ctx, v2.document_id).blob_key)
     assert find_by_external_id(ctx, "default", "handbook") == v2.document_id
     assert version_state(ctx, v1.document_id).state == "replaced"
     assert version_state(ctx, v2.document_id).state == "serving"
@@ -120,6 +122,7 @@ def test_a_newer_upload_supersedes_a_replacement_still_waiting(ctx):
     v3 = upload(ctx, NEW + b" third")
     assert v3.version == 3 and v3.replaces_document_id == v1.document_id
     assert job(ctx, v2.job_id).status == JobStatus.deleted  # never runs
+    assert not ctx.blobs.exists(document(ctx, v2.document_id).blob_key)
     assert version_state(ctx, v2.document_id).state == "superseded"
     run_job(v3.job_id, ctx=ctx)
     assert served(ctx) == {v3.document_id}

@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, col, func, select
 
-from sluice import faults
-from sluice.errors import WaitingError
+from sluice.pipeline.running.cleanup import remove_blob_if_unused
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical, replacements
 from sluice.storage.db import stored
@@ -197,36 +196,6 @@ def delete_document(
         blob_removed=blob_removed,
         jobs_deleted=newly,
     )
-
-
-def remove_blob_if_unused(ctx: Context, key: str) -> bool:
-    """Remove a blob that no live document names, safe against an upload of the same bytes at the
-    same moment (see ``BlobStore.retire``). True if it was removed."""
-    if _live_users(ctx, key):
-        return False
-    faults.hit("blob_unused", key=key)
-    try:
-        aside = ctx.blobs.retire(key)
-        if aside is None:
-            return False
-        faults.hit("blob_retired", key=key)
-        if _live_users(ctx, key):  # an upload committed a document of these bytes meanwhile
-            ctx.blobs.unretire(key, aside)
-            return False
-        ctx.blobs.drop(aside)
-    except WaitingError as err:  # the object store does not answer: the blob stays (or aside)
-        log.warning("blob %s not removed: %s", key[:12], err.message)
-        return False
-    return True
-
-
-def _live_users(ctx: Context, key: str) -> int:
-    with Session(ctx.engine) as session:
-        return session.exec(
-            select(func.count())
-            .select_from(Document)
-            .where(Document.blob_key == key, col(Document.deleted_at).is_(None))
-        ).one()
 
 
 def blob_users(session: Session, doc: Document) -> int:

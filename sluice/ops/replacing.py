@@ -19,6 +19,7 @@ from functools import partial
 from sqlmodel import Session, col, select
 
 from sluice.ops.documents import DeleteResult, delete_document
+from sluice.pipeline.running.cleanup import remove_replaced_blobs
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical, replacements
 from sluice.storage.db import stored
@@ -130,11 +131,15 @@ def _pending(session: Session, doc: Document) -> tuple[int | None, str] | None:
 
 
 def remove_superseded(ctx: Context, document_id: int) -> int:
-    """After an upload: remove the chunks of the earlier candidates it superseded (their jobs are
-    deleted; a worker still writing stops at its next batch, and reconcile removes what it wrote
-    after this). The number of jobs whose chunks were removed."""
+    """After an upload: remove the chunks and blobs of the earlier candidates it superseded (their
+    jobs are deleted; a worker still writing stops at its next batch, and reconcile removes what it
+    wrote after this). The number of jobs whose chunks were removed."""
     with Session(ctx.engine) as session:
-        docs = session.exec(select(Document).where(Document.replaced_by == document_id)).all()
+        docs = session.exec(
+            select(Document).where(
+                Document.replaced_by == document_id, col(Document.deleted_at).is_not(None)
+            )
+        ).all()
         if not docs:
             return 0
         collection = stored(session, Dataset, docs[0].dataset_id).collection
@@ -149,6 +154,7 @@ def remove_superseded(ctx: Context, document_id: int) -> int:
             lexical.delete_jobs(ctx.engine, job_ids)
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("chunks of superseded versions %s not removed: %s", job_ids, exc)
+    remove_replaced_blobs(ctx, document_id)
     return len(job_ids)
 
 

@@ -1,12 +1,15 @@
 """Removing what an attempt wrote to the index when it ends without success (cancelled,
-superseded), by whoever ends it: its own worker, the heartbeat's watchdog, or the reaper."""
+superseded), by whoever ends it: its own worker, the heartbeat's watchdog, or the reaper; and the
+blobs no live document names any more (a deleted or replaced document's)."""
 
 from __future__ import annotations
 
 import logging
 
-from sqlmodel import Session
+from sqlmodel import Session, col, func, select
 
+from sluice import faults
+from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.db import stored
@@ -28,3 +31,45 @@ def remove_partial(ctx: Context, job: Job) -> None:
         lexical.delete_job(ctx.engine, job.id)
     except Exception as exc:  # reconcile finds and removes such orphans later
         log.warning("job %s: could not remove partial vectors: %s", job.id, exc)
+
+
+def remove_blob_if_unused(ctx: Context, key: str) -> bool:
+    """Remove a blob that no live document names, safe against an upload of the same bytes at the
+    same moment (see ``BlobStore.retire``). True if it was removed."""
+    if _live_users(ctx, key):
+        return False
+    faults.hit("blob_unused", key=key)
+    try:
+        aside = ctx.blobs.retire(key)
+        if aside is None:
+            return False
+        faults.hit("blob_retired", key=key)
+        if _live_users(ctx, key):  # an upload committed a document of these bytes meanwhile
+            ctx.blobs.unretire(key, aside)
+            return False
+        ctx.blobs.drop(aside)
+    except WaitingError as err:  # the object store does not answer: the blob stays (or aside)
+        log.warning("blob %s not removed: %s", key[:12], err.message)
+        return False
+    return True
+
+
+def _live_users(ctx: Context, key: str) -> int:
+    with Session(ctx.engine) as session:
+        return session.exec(
+            select(func.count())
+            .select_from(Document)
+            .where(Document.blob_key == key, col(Document.deleted_at).is_(None))
+        ).one()
+
+
+def remove_replaced_blobs(ctx: Context, document_id: int) -> int:
+    """After a new version of an external id went live: the blobs of the versions it replaced,
+    unless another live document has the same bytes. The number removed."""
+    with Session(ctx.engine) as session:
+        keys = session.exec(
+            select(col(Document.blob_key)).where(
+                Document.replaced_by == document_id, col(Document.deleted_at).is_not(None)
+            )
+        ).all()
+    return sum(remove_blob_if_unused(ctx, key) for key in set(keys))

@@ -42,7 +42,7 @@ from sluice.pipeline.parsing.parse import (
 )
 from sluice.pipeline.running import embed, stopping, timeouts, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
-from sluice.pipeline.running.cleanup import remove_partial
+from sluice.pipeline.running.cleanup import remove_partial, remove_replaced_blobs
 from sluice.pipeline.running.context import Context
 from sluice.settings import Settings
 from sluice.storage import jobs, lexical
@@ -745,6 +745,10 @@ def _finish(
             lexical.delete_job(ctx.engine, old)
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("could not remove chunks of superseded job %s: %s", old, exc)
+    try:  # the versions of its external id this document replaced: their bytes, unless shared
+        remove_replaced_blobs(ctx, job.document_id)
+    except Exception as exc:  # kept for now; nothing serves them
+        log.warning("could not remove the blobs replaced by document %s: %s", job.document_id, exc)
     return RunOutcome(job.id, "succeeded", f"{total} chunks")
 
 
