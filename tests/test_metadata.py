@@ -191,6 +191,11 @@ def test_a_filter_selects_before_ranking_in_every_mode(database_url, make_ctx):
         assert search(ctx, query="harbour", dataset="default", k=5, mode=mode, where={"x": 1}) == []
     with pytest.raises(meta.FilterError):
         search(ctx, query="harbour", dataset="default", where={"year": {"$gt": "soon"}})
+    refused = ingest_bytes(
+        ctx, b"a few words", dataset="default", filename="x.txt", metadata={"_x": 1}
+    )
+    assert (refused.accepted, refused.error_code) == (False, "invalid_metadata")
+    assert "'_x'" in refused.message
 
 
 def test_a_metadata_change_is_atomic_for_a_concurrent_searcher(database_url, make_ctx, monkeypatch):

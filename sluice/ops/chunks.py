@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from sluice.pipeline.running.context import Context
@@ -75,6 +76,9 @@ def set_chunk_enabled(
                     disabled_by=actor[:120],
                 )
             )
-        session.commit()
+        try:
+            session.commit()
+        except IntegrityError:  # switched off at the same moment by someone else: so it is
+            session.rollback()
     log.info("chunk %s %s by %s", chunk_id, "enabled" if enabled else "disabled", actor)
     return ChunkState(chunk_id, dataset_id, document_id, enabled)

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from sqlmodel import Session, select
 
-from sluice.errors import PipelineError, WaitingError
+from sluice.errors import PipelineError, UserActionError, WaitingError
 from sluice.ops import metadata as meta
 from sluice.ops import replacing
 from sluice.ops.documents import remove_blob_if_unused
@@ -105,15 +105,8 @@ def ingest_stream(
     try:
         clean = None if metadata is None else meta.validate(metadata)
     except meta.MetadataError as err:
-        return IngestResult(
-            display,
-            False,
-            dataset=dataset,
-            error_kind="user_action_required",
-            error_code=err.code,
-            message=str(err),
-            fix_hint="Fix the metadata: see the API reference, Metadata.",
-        )
+        hint = "Fix the metadata: see the API reference, Metadata and filters."
+        return _refused(display, dataset, UserActionError(err.code, str(err), hint))
     head = stream.read(SNIFF_BYTES)
     try:
         media_type = sniff_type(head, display)
