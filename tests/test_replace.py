@@ -12,6 +12,7 @@ import httpx
 import pytest
 from sqlmodel import Session
 
+from sluice import faults
 from sluice.cli.main import main as cli
 from sluice.client import ApiError, Client
 from sluice.ops.documents import find_by_external_id
@@ -127,6 +128,25 @@ def test_a_newer_upload_supersedes_a_replacement_still_waiting(ctx):
     run_job(v3.job_id, ctx=ctx)
     assert served(ctx) == {v3.document_id}
     assert find_by_external_id(ctx, "default", "handbook") == v3.document_id
+    assert reconcile(ctx).clean
+
+
+def test_a_newer_upload_stops_a_replacement_that_is_running(database_url, ctx):
+    v1 = upload_and_run(ctx, OLD)
+    v2 = upload(ctx, NEW)
+    newer = []
+
+    def upload_meanwhile(**_):  # v2's chunks are written, its success not yet recorded
+        if not newer:
+            newer.append(upload(ctx, NEW + b" third"))
+
+    with faults.hook("after_index", upload_meanwhile):
+        outcome = run_job(v2.job_id, ctx=ctx)
+    assert outcome.result == "lost" and job(ctx, v2.job_id).status == JobStatus.deleted
+    assert ids_of_job(ctx, v2.job_id) == []  # its chunks went with it
+    assert served(ctx) == {v1.document_id}
+    run_job(newer[0].job_id, ctx=ctx)
+    assert served(ctx) == {newer[0].document_id}
     assert reconcile(ctx).clean
 
 
