@@ -275,6 +275,10 @@ def test_the_api_routes_of_external_ids(ctx):
         assert (live["id"], live["version_state"]) == (v2["document_id"], "serving")
         old = c.get(f"/v1/documents/{v1['document_id']}").json()
         assert old["version_state"] == "replaced" and old["replaced_by"] == v2["document_id"]
+        old_job = c.get(f"/v1/jobs/{v1['job_id']}").json()
+        assert old_job["version_message"] == (
+            f"replaced by document {v2['document_id']}; version 2 still serving"
+        )
         refusals = {
             "empty": c.post(
                 "/v1/datasets/default/documents",

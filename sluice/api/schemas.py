@@ -116,6 +116,11 @@ class JobOut(BaseModel):
     finished_at: str | None
     next_attempt_at: str | None
     heartbeat_at: str | None
+    version_message: str | None = Field(
+        None,
+        description="under an external id: how its document's version stands",
+        examples=["replacement failed; version 1 still serving"],
+    )
 
 
 class JobList(BaseModel):

@@ -239,7 +239,10 @@ def job_state(session: Session, job: Job, key: ApiPrincipal | None = None) -> di
 
 def job(key: ApiPrincipal, job_id: int) -> dict[str, Any]:
     with _session() as session:
-        return job_state(session, _job(session, key, job_id), key)
+        found = _job(session, key, job_id)
+        state = job_state(session, found, key)
+    version = replacing.version_state(reads.ctx(), found.document_id)
+    return {**state, "version_message": version.message or None}
 
 
 @dataclass
