@@ -151,7 +151,8 @@ class DisabledChunk(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("dataset_id", "chunk_id", name="uq_disabled_chunk"),)
 
     id: int = Field(default=None, primary_key=True)
-    dataset_id: int = Field(foreign_key="dataset.id", index=True)
+    # no foreign key: a dataset's delete removes its rows in steps, and this row must not block it
+    dataset_id: int = Field(index=True)
     chunk_id: str = Field(max_length=120)
     document_id: int = Field(index=True)
     disabled_at: datetime = Field(default_factory=utcnow)
