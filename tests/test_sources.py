@@ -466,3 +466,34 @@ def test_the_console_shows_each_source_previews_and_confirms_held_removals(tmp_p
     assert_ok(at)
     view = sources.get_source(ctx, "src")
     assert (view.documents, view.tombstoned) == (0, 4)
+
+
+def test_the_cli_adds_lists_previews_syncs_and_removes_a_source(tmp_path, ctx, capsys):
+    import json
+
+    from sluice.cli.main import main
+
+    share = FolderSide(tmp_path / "share")
+    for i in range(3):
+        share.put(f"f{i}.txt", body(i))
+    share.put("notes.bin", b"\x00\x01")  # not a type Sluice reads: not listed
+    folder = str(share.root)
+    assert main(["sources", "add", "s", "--dataset", "docs", "--folder", folder]) == 0
+    assert main(["sources", "add", "s", "--dataset", "docs", "--folder", folder]) == 1
+    assert main(["sources", "add", "t", "--dataset", "docs", "--s3", "http://x"]) == 1
+    assert "exists already" in capsys.readouterr().err
+    assert main(["sync", "s", "--preview"]) == 0
+    assert "3 to add" in capsys.readouterr().out
+    assert main(["sync", "s"]) == 0 and "3 to add" in capsys.readouterr().out
+    assert main(["sources", "list", "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert (listed["name"], listed["documents"], listed["last_run"]["added"]) == ("s", 3, 3)
+    for i in range(3):
+        share.delete(f"f{i}.txt")
+    assert main(["sync", "s"]) == 3  # held: the folder came back empty
+    assert "removals held" in capsys.readouterr().out
+    assert main(["sync", "s", "--yes"]) == 0 and sources.get_source(ctx, "s").tombstoned == 3
+    assert main(["sources", "undo", "s"]) == 0 and sources.get_source(ctx, "s").documents == 3
+    assert main(["sources", "remove", "s", "--keep-documents"]) == 0
+    assert "3 document(s) kept" in capsys.readouterr().out
+    assert main(["sources", "list"]) == 0 and "no sources" in capsys.readouterr().out
