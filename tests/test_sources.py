@@ -248,6 +248,7 @@ def test_a_failed_s3_listing_removes_nothing(s3side, moto, make_ctx):
     assert len(entries) == 4 and all(e.removed_at is None for e in entries)
 
 
+@pytest.mark.slow  # a killed process
 def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, sluice_env):
     ctx = make_ctx()
     share = FolderSide(tmp_path / "share")
