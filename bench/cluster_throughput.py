@@ -49,7 +49,8 @@ def row(figures: dict, when: str) -> str:
         [
             BEGIN,
             f"Run: {when}; load average (1/5/15 min) before it {load}: the machine is shared "
-            "(not idle), so the ratio is a lower bound of what two idle hosts give.",
+            "(not idle), the hosts' pinned cores were shared with other work, so the rates are "
+            "far below an idle core's and the ratio is what that load allowed.",
             "",
             "| figure | value | notes |",
             "| --- | --- | --- |",
