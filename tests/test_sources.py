@@ -278,7 +278,7 @@ def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, slui
     assert [r.status for r in runs] == ["interrupted", "done"]
 
 
-def test_two_syncs_of_one_source_at_once_run_once(tmp_path, make_ctx):
+def test_two_syncs_of_one_source_at_once_run_once(database_url, tmp_path, make_ctx):
     ctx = make_ctx()
     share = FolderSide(tmp_path / "share")
     for i in range(3):
@@ -319,7 +319,9 @@ def test_two_syncs_of_one_source_at_once_run_once(tmp_path, make_ctx):
         assert len(session.exec(select(SourceRun)).all()) == 1
 
 
-def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(tmp_path, make_ctx):
+def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(
+    database_url, tmp_path, make_ctx
+):
     ctx = make_ctx()
     share = FolderSide(tmp_path / "share")
     share.put("f1.txt", body(1))
