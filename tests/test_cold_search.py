@@ -16,7 +16,7 @@ from sluice.pipeline.running import query_encoder
 from sluice.pipeline.running.embed import model_path
 
 # What the search path must never import: the model's own stack (the export replaces it), the
-# console, the API, the object store's client, the queue, parsing.
+# console, the API, the object store's client, the queue, Chroma's client, parsing.
 NOT_ON_THE_SEARCH_PATH = [
     "torch",
     "sentence_transformers",
@@ -25,6 +25,7 @@ NOT_ON_THE_SEARCH_PATH = [
     "fastapi",
     "boto3",
     "huey",
+    "chromadb",  # the search reads Chroma over its HTTP API (sluice.storage.vectors)
     "sluice.pipeline.parsing",
     "sluice.pipeline.queueing",
     "sluice.console",

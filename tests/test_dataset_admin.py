@@ -5,6 +5,7 @@ again."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -155,7 +156,7 @@ def test_a_delete_while_its_job_runs_on_a_real_worker(ctx, start_worker, tmp_pat
 
 
 def test_a_delete_killed_halfway_refuses_uploads_and_search_and_a_rerun_finishes_it(
-    ctx, sluice_env
+    ctx, sluice_env, capsys
 ):
     indexed(ctx, ALPHA, "alpha", "albatross.txt")
     indexed(ctx, BETA, "alpha", "bees.txt")
@@ -184,7 +185,9 @@ def test_a_delete_killed_halfway_refuses_uploads_and_search_and_a_rerun_finishes
     assert cli(["search", "hive"]) == 0  # over all datasets: the one being deleted is left out
 
     # recovery finishes it (a rerun of the delete does the same steps)
-    assert [r.ok for r in dataset_admin.finish_deletions(ctx)] == [True]
+    capsys.readouterr()
+    assert cli(["recover"]) == 0
+    assert json.loads(capsys.readouterr().out)["datasets_deleted"] == 1
     for blob in blobs:
         assert_gone(ctx, "alpha", ds.id, ds.collection, blob)
     assert dataset_admin.finish_deletions(ctx) == []
@@ -262,7 +265,9 @@ def test_the_datasets_page_renames_and_deletes_after_the_name_is_typed(ctx):
     indexed(ctx, ALPHA, "alpha", "albatross.txt")
     indexed(ctx, BETA, "beta", "bees.txt")
     at = open_console("datasets", query={"dataset": "alpha"})
-    assert "dataset 'alpha': 1 document(s) and" in texts(at)  # what a delete removes, before it is asked
+    assert "dataset 'alpha': 1 document(s) and" in texts(
+        at
+    )  # what a delete removes, before it is asked
     at.text_input(key="rename_to:alpha").set_value("beta")
     at.button(key="FormSubmitter:rename:alpha-Rename").click().run()
     assert_ok(at)

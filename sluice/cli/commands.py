@@ -391,9 +391,11 @@ def cancel(args) -> int:
 
 
 def recover(args) -> int:
+    from sluice.ops.dataset_admin import finish_deletions
     from sluice.pipeline.queueing.worker import recover_once
 
     result = recover_once()
+    finished = finish_deletions(reads.ctx())  # dataset deletes that stopped halfway
     print_json(
         {
             "reaped": result.reaped,
@@ -401,6 +403,8 @@ def recover(args) -> int:
             "republished": result.republished,
             "publish_error": result.publish_error,
             "reap_waited_seconds": round(result.reap_waited_seconds, 1),
+            "datasets_deleted": sum(r.ok for r in finished),
+            "datasets_still_deleting": [r.message for r in finished if not r.ok],
         }
     )
     return 0

@@ -183,6 +183,13 @@ class VectorStore:
             0  # query results deleted while a query ran (left out), in all queries so far
         )
 
+    def _headers(self) -> dict[str, str]:
+        if not self._token:
+            return {}
+        if self._auth_header.lower() != "authorization":
+            return {self._auth_header: self._token}
+        return {self._auth_header: f"Bearer {self._token}"}
+
     @property
     def client(self):
         if self._client is None:
@@ -190,14 +197,7 @@ class VectorStore:
             from chromadb.config import Settings as ChromaSettings
 
             parts = urlsplit(self.url)
-            headers = {}
-            if self._token:
-                value = (
-                    self._token
-                    if self._auth_header.lower() != "authorization"
-                    else f"Bearer {self._token}"
-                )
-                headers[self._auth_header] = value
+            headers = self._headers()
             # chromadb's own HTTP session has no timeout, and creating the client already talks to
             # the server: a server that accepts but never answers would hang the worker (its
             # heartbeat thread beating on). Ask once with a timeout, then bound the session too.
@@ -359,7 +359,36 @@ class VectorStore:
         self._on(name, lambda coll: coll.update(ids=found, metadatas=metas))
         return len(found)
 
+    def _read(self, name: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """A read of collection ``name`` over Chroma's HTTP API itself (``path``: ``count`` or
+        ``query``), None when there is no such collection. A process that has not made the chromadb
+        client yet reads this way: importing chromadb and making its client cost a cold ``sluice
+        search`` most of its second; the answers are the same JSON the client returns."""
+        parts = urlsplit(self.url)
+        base = f"{parts.scheme}://{parts.netloc}/api/v2/tenants/default_tenant/databases/"
+        base += "default_database/collections"
+        timeout = httpx.Timeout(self._timeout, connect=min(10.0, self._timeout))
+        with httpx.Client(headers=self._headers(), timeout=timeout) as http:
+            found = http.get(f"{base}/{name}")
+            if found.status_code == 404:
+                return None
+            if found.status_code in (401, 403):
+                raise ChromaAuthError(
+                    f"the Chroma server at {self.url} refused the credentials "
+                    f"(HTTP {found.status_code})"
+                )
+            found.raise_for_status()
+            url = f"{base}/{found.json()['id']}/{path}"
+            answer = http.get(url) if body is None else http.post(url, json=body)
+            if answer.status_code == 404:  # dropped in between
+                return None
+            answer.raise_for_status()
+            return answer.json()
+
     def count(self, name: str) -> int:
+        if self._client is None:
+            got = self._read(name, "count")
+            return int(got or 0)
         return self._on(name, lambda coll: coll.count())
 
     def query(
@@ -367,15 +396,28 @@ class VectorStore:
     ) -> QueryHits:
         if n <= 0:
             return QueryHits()
-        res = self._on(
-            name,
-            lambda coll: coll.query(
-                query_embeddings=[np.asarray(embedding, dtype=np.float32)],
-                n_results=n,
-                where=where,
-                include=["documents", "metadatas", "distances"],
-            ),
-        )
+        include = ["documents", "metadatas", "distances"]
+        if self._client is None:
+            vector = [float(x) for x in np.asarray(embedding, dtype=np.float32)]
+            body = {"query_embeddings": [vector], "n_results": n, "include": include}
+            if where is not None:
+                body["where"] = where
+            res = self._read(name, "query", body) or {
+                "ids": [[]],
+                "metadatas": [[]],
+                "documents": [[]],
+                "distances": [[]],
+            }
+        else:
+            res = self._on(
+                name,
+                lambda coll: coll.query(
+                    query_embeddings=[np.asarray(embedding, dtype=np.float32)],
+                    n_results=n,
+                    where=where,
+                    include=include,
+                ),
+            )
         hits = QueryHits()
         for i, cid in enumerate(res["ids"][0]):
             meta = res["metadatas"][0][i]
