@@ -5,11 +5,14 @@ stops when Chroma holds the job's first chunk (its first batch embedded and stor
 ``sluice serve console`` starts; the clock stops when its health endpoint answers, and when the
 Overview page has been drawn in Chromium (launched before the clock starts; Debian's package, as
 the browser test uses it). Without Chromium the second figure is left out, and the table says why.
+Search: ``sluice search QUERY`` in a new process, with the query encoder the worker exports; the
+clock stops when the process has printed its first hit and exited.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import urllib.request
@@ -145,6 +148,41 @@ def console_first_page(svc: Services, *, name: str, timeout: float = 120) -> dic
     return out
 
 
+def cold_search(svc: Services, *, name: str, runs: int = 5, timeout: float = 120) -> dict:
+    """Seconds of ``runs`` cold ``sluice search`` processes, each to its first hit (real model,
+    the query encoder exported as a worker exports it at its start)."""
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.running import query_encoder
+    from sluice.pipeline.running.embed import model_path
+    from sluice.pipeline.running.runner import run_job
+
+    env = svc.configure(f"{name}-search", SLUICE_EMBEDDER="sentence-transformers")
+    ctx = svc.context()
+    text = b"The lighthouse keeper logs every passing ship in a leather book. " * 20
+    r = ingest_bytes(ctx, text, dataset="default", filename="keeper.txt")
+    if run_job(r.job_id, ctx=ctx).result != "succeeded":
+        raise RuntimeError("the cold-search document was not indexed")
+    if (
+        query_encoder.export(Path(model_path(ctx.settings.embed_model)), ctx.settings.data_dir)
+        is None
+    ):
+        raise RuntimeError("the query encoder could not be exported")
+    seconds = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        done = subprocess.run(
+            _sluice("search", "who records the ships"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        seconds.append(time.perf_counter() - t0)
+        if done.returncode != 0 or "keeper.txt" not in done.stdout:
+            raise RuntimeError(f"the cold search found nothing:\n{done.stdout}{done.stderr}")
+    return {"seconds": seconds, "load": os.getloadavg()}
+
+
 if __name__ == "__main__":  # a quick look: python -m bench.coldstart
     from bench.system import clean_environment
 
@@ -152,4 +190,5 @@ if __name__ == "__main__":  # a quick look: python -m bench.coldstart
     with Services() as services:
         print(worker_first_chunk(services, name="look"))
         print(console_first_page(services, name="look"))
+        print(cold_search(services, name="look"))
     os._exit(0)
