@@ -498,16 +498,11 @@ def _run(
         params["q"] = _tsquery_expr(query, loose=loose)
         matches = (
             "FROM lexical_chunk, CAST(:q AS tsquery) AS q(q) WHERE tsv @@ q.q AND dataset_id = :d"
-        ) + (" AND document_id IN :docs" if f.document_ids is not None else "")
+        )
         ranked = f"SELECT id, ts_rank(tsv, q.q, 1) AS score {matches} ORDER BY score DESC LIMIT :m"
     else:
         params["q"] = _fts5_expr(query, loose=loose)
         matches = "FROM lexical_fts WHERE lexical_fts MATCH :q"
-        if f.document_ids is not None:  # rank only the allowed documents' rows (one round)
-            matches += (
-                " AND rowid IN (SELECT id FROM lexical_chunk WHERE dataset_id = :d "
-                "AND document_id IN :docs)"
-            )
         ranked = (
             f"SELECT rowid AS id, -bm25(lexical_fts) AS score {matches} ORDER BY score DESC LIMIT "
             ":m"
@@ -525,9 +520,7 @@ def _run(
             rows = conn.execute(text(sql).bindparams(*expanding), params).all()
             if (
                 len(rows) >= n
-                or conn.execute(
-                    text(f"SELECT COUNT(*) {matches}").bindparams(*expanding), params
-                ).scalar_one()
+                or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one()
                 <= params["m"]
             ):
                 return [_hit(r) for r in rows]
