@@ -4,6 +4,9 @@ from measured rates only, and the hit-testing page."""
 
 from __future__ import annotations
 
+import shutil
+
+import pytest
 from sqlmodel import Session, select
 
 from sluice import faults
@@ -276,3 +279,17 @@ def test_the_document_view_labels_office_chunks_by_section_as_search_does(ctx):
     assert any("section 2: Tariffs" in o for o in options), options
     assert not any("page 1" in o or "page 2" in o for o in options)
     assert "section 2: Tariffs" in texts(at)
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="needs Debian's tesseract-ocr")
+def test_an_ocr_page_is_not_said_to_lack_the_chunks_words_as_if_in_error(ctx):
+    from tests.support import pdfmaker
+
+    done = run_file(ctx, pdfmaker.scanned(), "scan.pdf")
+    at = open_console("document", query={"doc": f"doc:{done.document_id}"})
+    assert "chunk 0 · page 1 · text read by OCR" in texts(at)
+    [caption] = [img.caption for e in at.get("image") for img in e.proto.imgs]
+    # It said "the chunk's words were not found on it as written", which reads as an error.
+    assert caption == (
+        "page 1, the chunk was recognised by OCR; the page image has no text layer to compare with"
+    )
