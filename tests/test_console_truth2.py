@@ -63,6 +63,27 @@ def test_reindex_dry_run_judges_each_dataset_by_its_own_pipeline_version(ctx, ca
     assert f"every document is on pipeline {own}" in capsys.readouterr().out
 
 
+def test_integrity_over_all_datasets_names_each_datasets_own_version(ctx):
+    from sqlalchemy import update
+
+    from sluice.storage.models import Job
+
+    run_file(ctx, b"Charts of the northern sound. " * 40, "charts.txt", "default")
+    ships = run_file(ctx, b"Rigging of tall ships. " * 30, "ships.txt", "rag-demo")
+    own = _own_chunking(ctx, "rag-demo")
+    with Session(ctx.engine) as session:  # as if built under its own settings
+        session.execute(update(Job).where(Job.id == ships.id).values(pipeline_version=own))
+        session.commit()
+    at = open_console("integrity")
+    at.toggle(key="reindex_preview").set_value(True).run()
+    page = texts(at)
+    assert (
+        "Every document is on its dataset's pipeline version "
+        f"(default {ctx.pipeline_version}, rag-demo {own})"
+    ) in page, page
+    assert "pipeline of each dataset" not in page
+
+
 # --- item 7: a job's pages and chunks as they are -------------------------------------------------
 
 

@@ -516,6 +516,9 @@ def chunk_rate() -> float | None:
     return drain.estimate(finished=finished, active=drain.WorkLeft()).chunks_per_second
 
 
+EACH_DATASET = reindex.EACH  # a plan's version when datasets with their own settings differ
+
+
 def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reindex.ReindexPlan:
     """What moving every document to the pipeline version in force would do, and cost."""
     return reindex.plan(ctx(), dataset=dataset, sample=sample)

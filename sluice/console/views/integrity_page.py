@@ -310,12 +310,20 @@ def _plan(dataset: str | None, version: str) -> dict:
     return reads.reindex_plan(dataset, sample=PREVIEW_SAMPLE).to_dict()
 
 
+def _target(version: str, versions: dict | None = None) -> str:
+    """The version a reindex builds, in words: one, or each dataset's own (they differ)."""
+    if version != reads.EACH_DATASET:
+        return f"pipeline {version}"
+    named = ", ".join(f"{n} {v}" for n, v in sorted((versions or {}).items()))
+    return "its dataset's pipeline version" + (f" ({named})" if named else "")
+
+
 def _reindex_all() -> None:
     result = actions.reindex_all(who, dataset=sc.dataset)
     if result.queued:
         ui.flash(
             "success",
-            f"{result.queued} job(s) queued for pipeline {result.pipeline_version}"
+            f"{result.queued} job(s) queued for {_target(result.pipeline_version)}"
             + (f"; {result.underway} already under way" if result.underway else ""),
         )
     for r in [r for r in result.results if not r.ok][:10]:
@@ -331,7 +339,7 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
     about = "≈ " if p["estimated"] else ""
     if not plan["documents"]:
         st.success(
-            f"Every document is on pipeline {plan['pipeline_version']}"
+            f"Every document is on {_target(plan['pipeline_version'], plan.get('versions'))}"
             + (
                 f" or has a job of it under way ({plan['underway']:,})."
                 if plan["underway"]
@@ -364,7 +372,7 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
             key="reindex_all",
             danger=False,
             disabled=not who.can_act,
-            prompt=f"Queue a job of pipeline {plan['pipeline_version']} for {plan['documents']:,} "
+            prompt=f"Queue a job of {_target(plan['pipeline_version'])} for {plan['documents']:,} "
             f"document(s) ({about}{ui.count(p['to_embed'], 'chunk')} to embed)? Search keeps "
             "serving the old version of each until its new job succeeds.",
             on_confirm=_reindex_all,
