@@ -229,6 +229,9 @@ def test_a_replacement_under_continuous_search_never_answers_both_nor_neither(
         searcher.ask(12, "searches after the switch, the old chunks still in the stores")
         switched.touch()
         wait_for(ctx, [v2.job_id])
+        # The runner's last step after the switch: the old chunks went first, then the old bytes.
+        old_blob = document(ctx, v1.document_id).blob_key
+        until(lambda: not ctx.blobs.exists(old_blob), timeout=60, what="the old version removed")
         searcher.ask(6, "searches after the old chunks went")
     finally:
         built.touch()
