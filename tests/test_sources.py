@@ -500,3 +500,61 @@ def test_the_cli_adds_lists_previews_syncs_and_removes_a_source(tmp_path, ctx, c
     assert main(["sources", "remove", "s", "--keep-documents"]) == 0
     assert "3 document(s) kept" in capsys.readouterr().out
     assert main(["sources", "list"]) == 0 and "no sources" in capsys.readouterr().out
+
+
+def test_reconcile_repair_keeps_the_chunks_of_tombstoned_documents_for_undo(tmp_path, make_ctx):
+    from sluice.pipeline.reconcile.audit import reconcile
+
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    for i in range(4):
+        share.put(f"f{i}.txt", body(i))
+    share.add_source(ctx)
+    sources.sync(ctx, "src")
+    run_pending(ctx)
+    share.delete("f1.txt")
+    assert sources.sync(ctx, "src").counts["removed"] == 1 and found(ctx, "zq1v0") == set()
+    repaired = reconcile(ctx, repair=True, save=False)
+    # kept for undo: neither orphans (vectors or lexical rows) nor served
+    assert repaired.orphans == 0 and repaired.lexical_problems["orphans"] == 0, repaired.describe()
+    [docs] = [d for d in repaired.datasets if d.name == "docs"]
+    assert docs.kept == 2 and docs.lexical_kept == 2 and "2 kept for undo" in repaired.describe()
+    assert found(ctx, "zq1v0") == set()
+    jobs_before = job_count(ctx)
+    assert "1 tombstoned" in sources.undo(ctx, "src")
+    assert found(ctx, "zq1v0") == {"f1.txt"} and job_count(ctx) == jobs_before
+    after = reconcile(ctx, save=False)  # its chunks all came back with it: nothing missing
+    assert after.clean and sum(d.kept for d in after.datasets) == 0, after.describe()
+
+
+def test_a_late_success_does_not_bring_back_a_file_removed_while_its_job_ran(
+    database_url, tmp_path, make_ctx
+):
+    ctx = make_ctx()
+    share = FolderSide(tmp_path / "share")
+    for i in range(4):
+        share.put(f"f{i}.txt", body(i))
+    share.add_source(ctx)
+    sources.sync(ctx, "src")
+    removed: list[int] = []
+
+    def remove(job_id: int, **info) -> None:  # the job has read its document, before it writes
+        with Session(ctx.engine) as session:
+            job = session.get(Job, job_id)
+            if removed or job is None or job.filename != "f1.txt":
+                return
+        removed.append(job_id)
+        share.delete("f1.txt")
+        assert sources.sync(ctx, "src").counts["removed"] == 1
+
+    with faults.hook("before_supersede", remove):
+        run_pending(ctx)
+    assert removed and found(ctx, "zq1v0") == set() and found(ctx, "zq2v0") == {"f2.txt"}
+    with Session(ctx.engine) as session:
+        job = session.get(Job, removed[0])
+        doc = session.get(Document, job.document_id)
+    assert job.status == JobStatus.succeeded and doc.deleted_at is not None
+    assert sources.get_source(ctx, "src").tombstoned == 1
+    jobs_before = job_count(ctx)
+    assert "1 tombstoned" in sources.undo(ctx, "src")  # its chunks were kept: back, not embedded
+    assert found(ctx, "zq1v0") == {"f1.txt"} and job_count(ctx) == jobs_before

@@ -36,7 +36,7 @@ from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
-from sluice.storage import models, pauses, replacements, webhook_records
+from sluice.storage import models, pauses, replacements, source_records, webhook_records
 from sluice.storage.clock import current_time, db_now
 from sluice.storage.db import matched, stored
 from sluice.storage.models import (
@@ -612,6 +612,9 @@ def _succeed_once(
         raise JobCancelled()
     document = stored(session, Document, job.document_id, populate_existing=True)
     serving = document.active_job_id
+    # A document a source's sync removed while this job ran stays removed (kept for an undo).
+    hidden = document.deleted_at is not None
+    keep_hidden = hidden and source_records.is_tombstoned(session, document.id)
     others = session.exec(
         select(Job)
         .where(
@@ -658,7 +661,9 @@ def _succeed_once(
     superseded, lost = _supersede(session, job, others, now=now)
     older = replacements.others_to_retire(session, document)
     retired = _retire_versions(session, older, by=document, actor=worker_id, now=now)
-    switched = _make_active(session, document, job, serving=serving)
+    switched = _make_active(
+        session, document, job, serving=serving, hidden=hidden, keep_hidden=keep_hidden
+    )
     if lost or retired is None or not switched:
         session.rollback()
         return None
@@ -770,20 +775,37 @@ def _supersede(
     return superseded, False
 
 
-def _make_active(session: Session, document: Document, job: Job, *, serving: int | None) -> bool:
-    """The document's searchable job becomes ``job``, if it is still ``serving``
-    (compare-and-set)."""
+def _make_active(
+    session: Session,
+    document: Document,
+    job: Job,
+    *,
+    serving: int | None,
+    hidden: bool = False,
+    keep_hidden: bool = False,
+) -> bool:
+    """The document's searchable job becomes ``job``, if it is still ``serving`` and still as
+    ``hidden`` as when read (compare-and-set). A deleted document uploaded again comes back; one
+    a source's sync tombstoned (``keep_hidden``) stays out of search: the removal wins, and the
+    job's chunks wait for ``sluice sources undo`` like its other kept chunks."""
+    where = [
+        col(Document.id) == document.id,
+        col(Document.active_job_id) == serving
+        if serving is not None
+        else col(Document.active_job_id).is_(None),
+    ]
+    if not hidden or keep_hidden:  # a removal landing since the read: read again, decide again
+        deleted = col(Document.deleted_at)
+        where.append(deleted.is_not(None) if hidden else deleted.is_(None))
+    values: dict[str, Any] = {"active_job_id": job.id}
+    if not keep_hidden:
+        values["deleted_at"] = None
     return (
         matched(
             session,
             update(Document)
-            .where(
-                col(Document.id) == document.id,
-                col(Document.active_job_id) == serving
-                if serving is not None
-                else col(Document.active_job_id).is_(None),
-            )
-            .values(active_job_id=job.id, deleted_at=None)
+            .where(*where)
+            .values(**values)
             .execution_options(synchronize_session=False),
         )
         == 1

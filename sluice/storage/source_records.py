@@ -180,6 +180,36 @@ def entries(session: Session, source_id: int) -> list[SourceEntry]:
     return list(session.exec(select(SourceEntry).where(SourceEntry.source_id == source_id)).all())
 
 
+def _ensure_bound(session: Session) -> None:
+    bind = session.get_bind()
+    if isinstance(bind, Engine):
+        ensure_tables(bind)
+
+
+def tombstoned_documents(session: Session, dataset_id: int) -> set[int]:
+    """The dataset's documents a sync tombstoned: out of search, their chunks and bytes kept
+    until ``SLUICE_SYNC_TOMBSTONE_HOURS`` pass so that ``sources undo`` serves them again
+    (reconcile keeps their chunks). A document an entry still names as a live file is not one."""
+    _ensure_bound(session)
+    rows = session.exec(
+        select(SourceEntry.document_id, SourceEntry.removed_at)
+        .join(Source, col(Source.id) == col(SourceEntry.source_id))
+        .where(Source.dataset_id == dataset_id, col(SourceEntry.document_id).is_not(None))
+    ).all()
+    removed = {doc for doc, at in rows if at is not None and doc is not None}
+    return removed - {doc for doc, at in rows if at is None}
+
+
+def is_tombstoned(session: Session, document_id: int) -> bool:
+    """A sync tombstoned this document (an entry of a source names it as removed, none as live):
+    its removal must win over a job of it that succeeds late (``storage.jobs``)."""
+    _ensure_bound(session)
+    removed = session.exec(
+        select(SourceEntry.removed_at).where(SourceEntry.document_id == document_id)
+    ).all()
+    return bool(removed) and all(at is not None for at in removed)
+
+
 def last_run(session: Session, source_id: int) -> SourceRun | None:
     return session.exec(
         select(SourceRun)

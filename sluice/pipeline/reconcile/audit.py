@@ -9,6 +9,8 @@ is, for the job its id names:
   and ``position < chunk_count``. Its metadata must name that job, document, version and position,
   or it is a **metadata mismatch**.
 - **in flight**: the job is pending, running or retrying. A running job's chunks are never touched.
+- **kept**: the job is the active one of a document a source's sync tombstoned: out of search, its
+  chunks wait for ``sluice sources undo`` until the tombstone time is over. Never touched.
 - an **orphan**: no job of this dataset makes the id (a foreign chunk), the job is cancelled,
   failed, superseded or deleted, the document was deleted, or the position is beyond the job's
   chunk count.
@@ -118,6 +120,8 @@ class DatasetAudit:
                     kind, owner, pos, _ = classify(first, cid)
                     if kind == "in_flight":
                         self.summary.in_flight += 1
+                    elif kind == "kept":
+                        self.summary.kept += 1
                     elif kind == "orphan":
                         spool.write(f"o\t{cid}\n")
                     else:

@@ -75,6 +75,8 @@ def audit_lexical(audit: Audit) -> None:
             kind, job, p, _ = classify(first, cid)
             if kind == "orphan":
                 orphans.append(cid)
+            elif kind == "kept":
+                audit.summary.lexical_kept += 1
             elif kind == "present" and job is not None:
                 seen[job.id][p] = 1
                 if wrong_fields(

@@ -60,6 +60,7 @@ class DatasetSummary:
     orphans: int = 0
     mismatched: int = 0
     in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
+    kept: int = 0  # chunks of documents a source tombstoned, kept for an undo (not served)
     disabled: int = 0  # chunks switched off (kept in the index and judged as any other)
     pages: int = 0
     # The lexical index (rows in the job database), judged apart from the vectors above.
@@ -67,6 +68,7 @@ class DatasetSummary:
     lexical_missing: int = 0
     lexical_orphans: int = 0
     lexical_mismatched: int = 0
+    lexical_kept: int = 0  # rows of tombstoned documents, kept for an undo
     # What the vector index returns (recall.RecallAudit.to_dict), and the same in words.
     index: dict = field(default_factory=dict)
     index_text: str = ""
@@ -193,6 +195,7 @@ class ReconcileReport:
                 f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
                 f"mismatch(es), {d.in_flight:,} of jobs in flight"
                 + (f", {d.disabled:,} switched off" if d.disabled else "")
+                + (f", {d.kept:,} kept for undo (tombstoned by a source)" if d.kept else "")
             )
             if d.index_text:
                 below = " (below the threshold: repair rebuilds it)" if d.index_unhealthy else ""

@@ -1,5 +1,9 @@
 """What the job database promises one dataset's index: its jobs, found by the prefix of the chunk
-ids they make, and how a chunk id is judged against them (present, in flight or an orphan).
+ids they make, and how a chunk id is judged against them (present, in flight, kept or an orphan).
+
+A document a source's sync tombstoned is out of search but keeps its chunks for
+``SLUICE_SYNC_TOMBSTONE_HOURS`` (``sluice sources undo`` serves them again, embedding nothing): the
+chunks of its active job are **kept**, neither served nor orphans.
 
 Shared by the audit of the vectors (``audit``) and of the lexical index (``lexical_audit``).
 """
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from sqlmodel import Session, select
 
 from sluice.storage.models import Document, Job, JobStatus
+from sluice.storage.source_records import tombstoned_documents
 from sluice.storage.vectors import (
     chunk_prefix,
     metadata_fields,
@@ -43,6 +48,7 @@ class PromisedJob:
     row_version: int = 0  # the job row's compare-and-set version when read
     seen: bytearray | None = None  # positions found in the store, for expected jobs
     fields: dict | None = None  # the document's metadata as its chunks carry it (meta_<key>)
+    kept: bool = False  # the active job of a tombstoned document: its chunks wait for an undo
 
     @property
     def expected(self) -> bool:
@@ -55,6 +61,7 @@ class Snapshot:
     def __init__(self, session: Session, dataset_id: int) -> None:
         self.by_prefix: dict[str, PromisedJob] = {}
         self.documents: dict[int, tuple[str, int | None]] = {}  # id -> (filename, active job)
+        tombstoned = tombstoned_documents(session, dataset_id)
         stmt = (
             select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
                 Job.id,
@@ -97,6 +104,7 @@ class Snapshot:
                 live and active_id == jid,
                 row_version,
                 fields=metadata_fields(doc_metadata),
+                kept=not live and doc_id in tombstoned and active_id == jid,
             )
 
     def expected_jobs(self) -> Iterator[PromisedJob]:
@@ -104,7 +112,7 @@ class Snapshot:
 
 
 def classify(snap: Snapshot, cid: str) -> tuple[str, PromisedJob | None, int, str]:
-    """(kind, job, position, why) with kind present | in_flight | orphan."""
+    """(kind, job, position, why) with kind present | in_flight | kept | orphan."""
     parts = split_chunk_id(cid)
     job = snap.by_prefix.get(parts[0]) if parts else None
     if parts is None or job is None:
@@ -112,6 +120,8 @@ def classify(snap: Snapshot, cid: str) -> tuple[str, PromisedJob | None, int, st
     pos = parts[1]
     if job.status in IN_FLIGHT:
         return "in_flight", job, pos, ""
+    if job.kept and job.status in SERVING and pos < (job.chunk_count or 0):
+        return "kept", job, pos, ""  # a tombstoned document's, for an undo
     if not job.live:
         return "orphan", job, pos, f"of deleted document {job.document_id}"
     if not job.active:
@@ -139,7 +149,13 @@ def unchanged(first: Snapshot, then: Snapshot, cid: str) -> bool:
     a, b = first.by_prefix.get(parts[0]), then.by_prefix.get(parts[0])
     if a is None or b is None:
         return a is b
-    return (a.id, a.row_version, a.active, a.live) == (b.id, b.row_version, b.active, b.live)
+    return (a.id, a.row_version, a.active, a.live, a.kept) == (
+        b.id,
+        b.row_version,
+        b.active,
+        b.live,
+        b.kept,
+    )
 
 
 def wrong_fields(job: PromisedJob, pos: int, meta: dict | None) -> dict[str, list]:
