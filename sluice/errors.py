@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import traceback
 from enum import Enum
 
@@ -91,30 +92,23 @@ AUTH_HINT = (
 )
 
 
+# The clients' errors that mean "the service did not answer", by the module that defines them. They
+# are looked up only in modules already imported: an exception of a client's class means its module
+# is loaded, so classifying needs no import (a cold `sluice search` never loads redis for this).
+_CLIENT_TRANSIENT = (
+    ("redis.exceptions", ("ConnectionError", "TimeoutError", "BusyLoadingError")),
+    ("httpx", ("TransportError",)),
+    ("sqlalchemy.exc", ("OperationalError", "DisconnectionError")),
+)
+
+
 def _transient_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [TimeoutError, ConnectionError, socket.timeout]
-    try:
-        import redis.exceptions as rex
-
-        types += [rex.ConnectionError, rex.TimeoutError, rex.BusyLoadingError]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        import httpx
-
-        types += [httpx.TransportError]
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        import sqlalchemy.exc as saexc
-
-        types += [saexc.OperationalError, saexc.DisconnectionError]
-    except ImportError:  # pragma: no cover
-        pass
+    for module_name, names in _CLIENT_TRANSIENT:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            types += [getattr(module, n) for n in names if hasattr(module, n)]
     return tuple(types)
-
-
-_TRANSIENT = _transient_types()
 
 
 def classify(exc: BaseException) -> PipelineError:
@@ -133,7 +127,7 @@ def classify(exc: BaseException) -> PipelineError:
             AUTH_HINT,
             detail,
         )
-    if isinstance(exc, _TRANSIENT) or _looks_like_connection_error(exc):
+    if isinstance(exc, _transient_types()) or _looks_like_connection_error(exc):
         return TransientError(
             "service_unavailable",
             f"a service did not answer: {type(exc).__name__}: {str(exc)[:200]}",

@@ -26,6 +26,14 @@ NOT_ON_THE_SEARCH_PATH = [
     "boto3",
     "huey",
     "chromadb",  # the search reads Chroma over its HTTP API (sluice.storage.vectors)
+    # The embeddings' cache and its client: a query is encoded, never cached. redis (its
+    # observability module) would bring opentelemetry and psutil; sluice.errors classifies the
+    # clients' errors without importing them.
+    "redis",
+    "opentelemetry",
+    "psutil",
+    "sluice.storage.cache",
+    "sluice.storage.s3_blobs",
     "sluice.pipeline.parsing",
     "sluice.pipeline.queueing",
     "sluice.console",
@@ -41,9 +49,15 @@ print(json.dumps({"code": code, "imported": [n for n in names if n in sys.module
 """
 
 
-def _probe(argv: list[str], env: dict) -> tuple[list[str], dict]:
+# A lexical search encodes nothing: neither the encoder's runtime nor numpy.
+NOT_ON_THE_LEXICAL_PATH = [*NOT_ON_THE_SEARCH_PATH, "numpy", "onnxruntime", "tokenizers"]
+
+
+def _probe(
+    argv: list[str], env: dict, names: list[str] = NOT_ON_THE_SEARCH_PATH
+) -> tuple[list[str], dict]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(NOT_ON_THE_SEARCH_PATH), *argv],
+        [sys.executable, "-c", PROBE, json.dumps(names), *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -109,3 +123,7 @@ def test_a_cold_search_imports_only_what_searching_uses(make_ctx, sluice_env, ex
     assert state == {"code": 0, "imported": []}
     assert out[0] == "searched 2 dataset(s): default, harbour"
     assert "default.txt" in out[2]  # the first hit, under the header
+    lexical_argv = ["search", "--mode", "lexical", "lighthouse keeper"]
+    out, state = _probe(lexical_argv, env, NOT_ON_THE_LEXICAL_PATH)
+    assert state == {"code": 0, "imported": []}
+    assert "default.txt" in out[2]

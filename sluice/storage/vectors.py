@@ -8,11 +8,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
-import numpy as np
+
+if TYPE_CHECKING:  # numpy is imported where vectors are handled, not by a lexical search
+    import numpy as np
 
 PAGE = 1000
 HTTP_TIMEOUT = (
@@ -269,6 +271,8 @@ class VectorStore:
         the same collection at the same moment travel in one request (see ``GroupCommit``)."""
         if not ids:
             return
+        import numpy as np
+
         rows = Rows(
             list(ids), np.asarray(embeddings, dtype=np.float32), list(documents), list(metadatas)
         )
@@ -326,9 +330,11 @@ class VectorStore:
     def get(
         self, name: str, ids: Sequence[str], include: list[str] | None = None
     ) -> dict[str, Any]:
-        return self._on(
-            name, lambda coll: coll.get(ids=list(ids), include=include or ["metadatas"])
-        )
+        include = include or ["metadatas"]
+        if self._client is None:  # a search's few chunks: over HTTP, as count and query
+            got = self._read(name, "get", {"ids": list(ids), "include": include})
+            return got or {"ids": [], **{key: [] for key in include}}
+        return self._on(name, lambda coll: coll.get(ids=list(ids), include=include))
 
     def delete(
         self, name: str, *, ids: Sequence[str] | None = None, where: dict[str, Any] | None = None
@@ -360,10 +366,11 @@ class VectorStore:
         return len(found)
 
     def _read(self, name: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """A read of collection ``name`` over Chroma's HTTP API itself (``path``: ``count`` or
-        ``query``), None when there is no such collection. A process that has not made the chromadb
-        client yet reads this way: importing chromadb and making its client cost a cold ``sluice
-        search`` most of its second; the answers are the same JSON the client returns."""
+        """A read of collection ``name`` over Chroma's HTTP API itself (``path``: ``count``,
+        ``query`` or ``get``), None when there is no such collection. A process that has not made
+        the chromadb client yet reads this way: importing chromadb and making its client cost a
+        cold ``sluice search`` most of its second; the answers are the same JSON the client
+        returns."""
         parts = urlsplit(self.url)
         base = f"{parts.scheme}://{parts.netloc}/api/v2/tenants/default_tenant/databases/"
         base += "default_database/collections"
@@ -399,6 +406,8 @@ class VectorStore:
     ) -> QueryHits:
         if n <= 0:
             return QueryHits()
+        import numpy as np
+
         include = ["documents", "metadatas", "distances"]
         if self._client is None:
             vector = [float(x) for x in np.asarray(embedding, dtype=np.float32)]
@@ -449,6 +458,8 @@ class VectorStore:
         filter."""
         if not len(embeddings) or n <= 0:
             return [[] for _ in range(len(embeddings))]
+        import numpy as np
+
         res = self._on(
             name,
             lambda coll: coll.query(

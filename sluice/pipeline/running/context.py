@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
@@ -29,11 +30,12 @@ from sluice.pipeline.running.embed import (
 from sluice.settings import Settings, get_settings
 from sluice.storage import dataset_settings
 from sluice.storage.blobs import BlobStore, LocalBlobStore
-from sluice.storage.cache import EmbeddingCache
 from sluice.storage.db import get_engine, instance_id
 from sluice.storage.models import Dataset
-from sluice.storage.s3_blobs import S3BlobStore
 from sluice.storage.vectors import VectorStore
+
+if TYPE_CHECKING:  # imported where used: a search needs neither the cache nor the object store
+    from sluice.storage.cache import EmbeddingCache
 
 
 def pipeline_version(settings: Settings, precision: str | None = None) -> str:
@@ -83,6 +85,8 @@ class Context:
     def blobs(self) -> BlobStore:
         """The blob store of SLUICE_BLOB_STORE: this host's directory, or the object store."""
         if self.settings.blob_store == "s3":
+            from sluice.storage.s3_blobs import S3BlobStore
+
             return S3BlobStore.from_settings(self.settings)
         return LocalBlobStore(self.settings.blob_dir)
 
@@ -145,6 +149,9 @@ class Context:
 
     @cached_property
     def cache(self) -> EmbeddingCache:
+        """The embeddings' cache (redis, numpy): imported here, as only embedding uses it."""
+        from sluice.storage.cache import EmbeddingCache
+
         model_id, dim = model_identity(self.settings.embedder, self.settings.embed_model)
         if self.embedder_override is not None:
             model_id, dim = self.embedder_override.model_id, self.embedder_override.dim

@@ -17,11 +17,12 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from functools import lru_cache
-from typing import Protocol
-
-import numpy as np
+from typing import TYPE_CHECKING, Protocol
 
 from sluice import faults
+
+if TYPE_CHECKING:  # imported where vectors are made: a cold search imports it with its encoder
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class Encoding:
     texts of several batches, of several jobs); ``result`` waits for its rows only."""
 
     def __init__(self, lanes: Lanes, n: int, dim: int) -> None:
+        import numpy as np
+
         self.lanes, self.n = lanes, n
         self.out = np.empty((n, dim), dtype=np.float32)
         self.left = n
@@ -292,6 +295,8 @@ class HashEmbedder:
     dim = DIM
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
+
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
             for word in _WORD.findall(text.lower()):

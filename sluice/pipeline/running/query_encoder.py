@@ -18,10 +18,12 @@ import logging
 import os
 import threading
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from sluice.pipeline.running.embed import import_lock
+
+if TYPE_CHECKING:  # imported by the encoder when it runs (onnxruntime needs it then anyway)
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +147,23 @@ class OnnxQueryEncoder:
             limit = 256
         self.tokenizer.enable_truncation(max_length=int(limit))
         self.tokenizer.enable_padding()
+        # A session for a few short texts: building it is most of the encoder's cold start. The
+        # basic graph rewrites (constant folding, redundant nodes) keep the same operators; the
+        # fusions of the higher levels and the pre-packing of the weights for the GEMM kernels
+        # cost more at start than they save on one query (measured: 0.51 s against 0.20 s to the
+        # session, the vectors equal to 2e-6, see tests/test_query_encoder.py).
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.add_session_config_entry("session.disable_prepacking", "1")
         self.session = onnxruntime.InferenceSession(
             str(onnx_file), options, providers=["CPUExecutionProvider"]
         )
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        import numpy as np
+
         batch = self.tokenizer.encode_batch(list(texts))
         ids = np.array([e.ids for e in batch], dtype=np.int64)
         mask = np.array([e.attention_mask for e in batch], dtype=np.int64)
