@@ -612,8 +612,7 @@ def _succeed_once(
         raise JobCancelled()
     document = stored(session, Document, job.document_id, populate_existing=True)
     serving = document.active_job_id
-    # A document a source's sync removed while this job ran stays removed (kept for an undo).
-    hidden = document.deleted_at is not None
+    hidden = document.deleted_at is not None  # a source's removal stays: see _make_active
     keep_hidden = hidden and source_records.is_tombstoned(session, document.id)
     others = session.exec(
         select(Job)
