@@ -150,8 +150,9 @@ class OnnxQueryEncoder:
         # A session for a few short texts: building it is most of the encoder's cold start. The
         # basic graph rewrites (constant folding, redundant nodes) keep the same operators; the
         # fusions of the higher levels and the pre-packing of the weights for the GEMM kernels
-        # cost more at start than they save on one query (measured: 0.51 s against 0.20 s to the
-        # session, the vectors equal to 2e-6, see tests/test_query_encoder.py).
+        # cost more at start than they save on one query (measured at load 4: a median of 0.37 s
+        # against 0.20 s to the session; the hidden states equal to 2e-6, and
+        # tests/test_query_encoder.py holds the vectors to the model's own).
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
