@@ -370,8 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # here, not at the top: sluice.errors imports the clients whose errors it classifies, which
-    # building the parser (`sluice --help`) does not need
+    # here, not at the top: building the parser (`sluice --help`) imports nothing beyond the CLI
+    # (sluice.errors no longer imports the clients whose errors it classifies, see there)
     from sluice.errors import SettingsError
     from sluice.files import use_private_umask
 
