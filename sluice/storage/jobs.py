@@ -1177,7 +1177,7 @@ def _cancelled(session: Session, job: Job, *, actor: str, **extra: Any) -> Job |
 
 
 def acknowledge_cancel(*, session: Session, job_id: int, lease: int, worker_id: str) -> Job | None:
-    """The worker stopped a running job after cancel was requested (its chunks kept for a retry)."""
+    """The worker stopped a running job after cancel was requested (vectors already removed)."""
 
     def once() -> Job | None:
         job = get_job(session=session, job_id=job_id)
@@ -1424,8 +1424,7 @@ def request_cancel(*, session: Session, job_ids: Iterable[int], actor: str) -> l
                 ActionResult(
                     jid,
                     ok,
-                    f"job {jid} is running; it stops at its next batch (what it wrote stays out "
-                    "of search, kept for a retry)"
+                    f"job {jid} is running; it stops at its next batch and its vectors are removed"
                     if ok
                     else f"job {jid} changed meanwhile; try again",
                 )
