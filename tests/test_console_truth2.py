@@ -105,7 +105,7 @@ def test_a_job_tells_its_page_count_while_it_embeds(ctx, samples):
     assert seen == [(4, "4")], seen  # it said "Pages —" until the job ended
 
 
-def test_a_cancelled_job_does_not_show_its_chunks_as_searched(ctx):
+def test_a_cancelled_job_does_not_show_the_chunks_it_removed(ctx):
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.running.runner import run_job
     from sluice.storage import jobs
@@ -118,9 +118,9 @@ def test_a_cancelled_job_does_not_show_its_chunks_as_searched(ctx):
 
     with faults.hook("after_index", cancel):
         assert run_job(r.job_id, ctx=ctx).result == "cancelled"
-    assert job(ctx, r.job_id).total > 1  # the chunks it had written: kept, out of search
+    assert job(ctx, r.job_id).total > 1  # the chunks it had written, all removed
     at = open_console("jobs", query={"job": str(r.job_id)})
-    assert _fact(at, "Chunks") == "none searched (what it wrote is kept until a retry or a delete)"
+    assert _fact(at, "Chunks") == "0 (removed on cancel)"
 
 
 def test_a_locked_pdf_does_not_say_it_has_0_pages(ctx, samples):

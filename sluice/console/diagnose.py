@@ -57,8 +57,7 @@ def _running(row: dict, *, now: datetime, lease_seconds: float) -> tuple[str, st
     if row.get("cancel_requested"):
         return (
             "info",
-            "Cancel requested: the worker stops at its next batch; what it wrote stays out of "
-            "search, kept until a retry or a delete.",
+            "Cancel requested: the worker stops at its next batch and removes what it wrote.",
         )
     if silent is not None and silent > lease_seconds:
         return "warning", (

@@ -172,10 +172,9 @@ def retry_dead(
 
 
 def cancel(who: Operator, ids: Iterable[int]) -> ActionReport:
-    """Cancel jobs. A running one stops at its next batch; one waiting (pending, or retrying after
-    a failed attempt that wrote chunks) is cancelled here. What an attempt wrote is kept, out of
-    search, for a retry (which writes only what is missing) or a delete of the document
-    (``remove_partial``: no id deleted and added again, chroma-core/chroma#7758)."""
+    """Cancel jobs. A running one stops at its next batch and its worker removes what it wrote; one
+    waiting (pending, or retrying after a failed attempt that wrote chunks) is cancelled here, so
+    what an earlier attempt wrote is removed here too."""
     report = _transition(
         jobs.request_cancel, who, "cancel jobs", ids, queues_work=False, audit_as=CANCEL
     )

@@ -94,8 +94,7 @@ def _detail_facts(box, d: reads.JobDetail) -> None:
 
 def _counts(r: dict) -> tuple[str | int | None, str | int | None]:
     """Pages and chunks as they are: a stage's running total only while the job runs (a locked
-    file has no page count to tell; a cancelled job's chunks are out of search, kept for a
-    retry)."""
+    file has no page count to tell, a cancelled job's chunks were removed)."""
     active = r["status"] in reads.ACTIVE
     pages: str | int | None = r["page_count"] or (
         r["total"] if active and r["stage"] in ("parsing", "ocr", "chunking") else None
@@ -106,7 +105,7 @@ def _counts(r: dict) -> tuple[str | int | None, str | int | None]:
         r["total"] if active and r["stage"] in ("embedding", "indexing") else None
     )
     if r["status"] == "cancelled" and (chunks or r["stage"] in ("embedding", "indexing")):
-        chunks = "none searched (what it wrote is kept until a retry or a delete)"
+        chunks = "0 (removed on cancel)"
     return (f"{pages:,}" if isinstance(pages, int) else pages), (
         f"{chunks:,}" if isinstance(chunks, int) else chunks
     )

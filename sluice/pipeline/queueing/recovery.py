@@ -194,8 +194,8 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
             base_delay=s.retry_base_seconds,
             max_delay=s.retry_max_seconds,
         )
-        # A job whose cancel was requested is cancelled by the reaper, as its own worker would have
-        # (remove_partial: a cancelled attempt's chunks stay, out of search, for its retry).
+        # A job whose cancel was requested is cancelled by the reaper: what its attempt wrote goes,
+        # as its own worker would have removed it.
         ended = [session.get(Job, job_id) for job_id in taken]
     for job in ended:
         if job is not None and job.status == JobStatus.cancelled:

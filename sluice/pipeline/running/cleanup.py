@@ -1,7 +1,6 @@
-"""Removing what an attempt wrote to the index when it ends without success (superseded; a
-cancelled one keeps it for its retry, see ``remove_partial``), by whoever ends it: its own worker,
-the heartbeat's watchdog, or the reaper; and the blobs no live document names any more (a deleted
-or replaced document's)."""
+"""Removing what an attempt wrote to the index when it ends without success (cancelled,
+superseded), by whoever ends it: its own worker, the heartbeat's watchdog, or the reaper; and the
+blobs no live document names any more (a deleted or replaced document's)."""
 
 from __future__ import annotations
 
@@ -14,27 +13,18 @@ from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.db import stored
-from sluice.storage.models import Dataset, Document, Job, JobStatus
+from sluice.storage.models import Dataset, Document, Job
 
 log = logging.getLogger(__name__)
 
 
 def remove_partial(ctx: Context, job: Job) -> None:
     """Delete what this job wrote (vectors and lexical rows), unless those chunks are the ones
-    search serves (a reindex of the active job rewrites the same ids), or the job is cancelled.
-
-    A cancelled attempt (or one whose cancel is requested) keeps what it wrote: its retry makes
-    the very same ids, and deletes and re-adds of the same ids can leave live records unreachable
-    by Chroma's query() (chroma-core/chroma#7758). Search never answers them (it serves only each
-    document's active, succeeded job); the retry writes only the ids that are not there and
-    removes only those it will not write; a delete of the document removes them for good."""
+    search serves (a reindex of the active job rewrites the same ids)."""
     with Session(ctx.engine, expire_on_commit=False) as session:
         document = stored(session, Document, job.document_id)
         dataset = stored(session, Dataset, job.dataset_id)
-        now = stored(session, Job, job.id)
     if document.active_job_id == job.id:
-        return
-    if now.status == JobStatus.cancelled or now.cancel_requested:
         return
     try:
         ctx.vectors.delete(dataset.collection, where={"job_id": job.id})

@@ -349,8 +349,7 @@ def _handed_back(ctx: Context, job: Job, exc: Exception) -> RunOutcome:
 
 
 def _cancelled(ctx: Context, job: Job) -> RunOutcome:
-    """The operator's cancel, seen by the job's own thread: acknowledge it (what the attempt wrote
-    stays for its retry, see ``remove_partial``)."""
+    """The operator's cancel, seen by the job's own thread: remove what it wrote, acknowledge."""
     job_id = job.id
     remove_partial(ctx, job)
 
