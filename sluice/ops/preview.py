@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from sqlmodel import Session
 
@@ -87,22 +88,28 @@ def document_texts(ctx: Context, document: Document, settings: Settings | None =
             settings = ctx.settings_for(stored(session, Dataset, document.dataset_id))
     s = settings
     with ctx.blobs.local_copy(document.blob_key) as path:
-        parsed = open_document(
-            path,
-            media_type=document.media_type,
-            max_pages=s.max_pages,
-            limits=ParseLimits.from_settings(s),
-            name=document.filename,
-            ocr=OcrOptions.from_settings(s),
-        )
-        try:
-            return [
-                piece
-                for _, text in parsed.pages()
-                for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)
-            ]
-        finally:
-            parsed.close()
+        return file_texts(path, media_type=document.media_type, name=document.filename, settings=s)
+
+
+def file_texts(path: Path, *, media_type: str, name: str, settings: Settings) -> list[str]:
+    """The chunk texts of one file under ``settings``, parsed in a child, the workers' limits."""
+    s = settings
+    parsed = open_document(
+        path,
+        media_type=media_type,
+        max_pages=s.max_pages,
+        limits=ParseLimits.from_settings(s),
+        name=name,
+        ocr=OcrOptions.from_settings(s),
+    )
+    try:
+        return [
+            piece
+            for _, text in parsed.pages()
+            for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)
+        ]
+    finally:
+        parsed.close()
 
 
 @dataclass

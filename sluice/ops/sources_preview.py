@@ -17,11 +17,10 @@ from pathlib import Path
 from sqlmodel import Session
 
 from sluice.errors import PipelineError
-from sluice.ops.preview import BUDGET_SECONDS, SAMPLE, Preview
+from sluice.ops.preview import BUDGET_SECONDS, SAMPLE, Preview, file_texts
 from sluice.ops.sources_listing import reader_for
 from sluice.ops.sources_plan import Known, SyncResult, make_plan, to_read
-from sluice.pipeline.parsing.parse import OcrOptions, ParseLimits, open_document, sniff_type
-from sluice.pipeline.running.chunk import split_text
+from sluice.pipeline.parsing.parse import sniff_type
 from sluice.pipeline.running.context import Context
 from sluice.storage import source_records as records
 from sluice.storage.models import Dataset
@@ -109,19 +108,4 @@ def _texts(tmp: Path, path: str, data: bytes, s) -> list[str]:
     media_type = sniff_type(data[:8192], name)
     local = tmp / "candidate"
     local.write_bytes(data)
-    parsed = open_document(
-        local,
-        media_type=media_type,
-        max_pages=s.max_pages,
-        limits=ParseLimits.from_settings(s),
-        name=name,
-        ocr=OcrOptions.from_settings(s),
-    )
-    try:
-        return [
-            piece
-            for _, text in parsed.pages()
-            for piece in split_text(text, size=s.chunk_size, overlap=s.chunk_overlap)
-        ]
-    finally:
-        parsed.close()
+    return file_texts(local, media_type=media_type, name=name, settings=s)
