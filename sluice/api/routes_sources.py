@@ -4,18 +4,17 @@ A folder source is a path on the server's host: it is added there (``sluice sour
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.dataclasses import dataclass
 
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.schemas import Strict, problems
 from sluice.ops import sources_actions
-from sluice.ops.sources import SourceError
+from sluice.ops.sources import SourceError, SourceView
 
 # SourceError codes as problem+json statuses
 STATUS = {
@@ -27,18 +26,9 @@ STATUS = {
 router = APIRouter(prefix="/v1/sources", tags=["sources"])
 
 
-class SourceOut(BaseModel):
-    name: str
-    dataset: str
-    kind: str
-    location: str
-    include: list[str]
-    exclude: list[str]
-    every_seconds: int | None
-    next_run_at: str | None
-    documents: int
-    tombstoned: int
-    last_run: dict[str, Any] | None
+@dataclass(config=ConfigDict(json_schema_serialization_defaults_required=True))
+class SourceOut(SourceView):  # the fields of a SourceView, in the schema of the answers
+    pass
 
 
 class SourceList(BaseModel):
@@ -94,15 +84,7 @@ def list_sources(key: Key) -> dict:
 def create_source(body: SourceCreate, request: Request, key: Key) -> Response:
     def answer() -> Response:
         try:
-            view = sources_actions.key_add(
-                key,
-                name=body.name,
-                dataset=body.dataset,
-                s3=body.s3,
-                include=body.include,
-                exclude=body.exclude,
-                every=body.every,
-            )
+            view = sources_actions.key_add(key, **body.model_dump())
         except SourceError as exc:
             raise _problem(exc) from None
         return JSONResponse(view.to_dict(), status_code=201)
