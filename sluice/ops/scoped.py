@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, BinaryIO
+from typing import Any
 
 from sqlmodel import Session
 
@@ -115,26 +115,11 @@ def create_dataset(key: ApiPrincipal, name: str) -> tuple[bool, str]:
 # --- uploads --------------------------------------------------------------------------------------
 
 
-def upload(
-    key: ApiPrincipal,
-    *,
-    dataset: str,
-    filename: str,
-    stream: BinaryIO,
-    external_id: str | None = None,
-    metadata: dict | None = None,
-) -> IngestResult:
-    with _session() as session:
-        _dataset(session, key, dataset)
-    require(key, "ingest", "uploading")
-    return actions.upload(
-        key.operator,
-        dataset=dataset,
-        filename=filename,
-        stream=stream,
-        external_id=external_id,
-        metadata=metadata,
-    )
+def upload(key: ApiPrincipal, *, dataset: str, **upload: Any) -> IngestResult:
+    """``actions.upload`` (its ``filename``, ``stream``, ``external_id``, ``metadata``) by the
+    key's operator, once ``check_upload`` lets it through."""
+    check_upload(key, dataset)
+    return actions.upload(key.operator, dataset=dataset, **upload)
 
 
 def type_refusal(head: bytes, filename: str) -> IngestResult | None:

@@ -4,6 +4,8 @@ with a stable code, whichever front end asked."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sluice.ops import sources
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.keys import ApiPrincipal
@@ -29,29 +31,11 @@ def get_source(name: str) -> SourceView:
     return sources.get_source(ctx(), name)
 
 
-def add(
-    who: Operator,
-    *,
-    name: str,
-    dataset: str,
-    folder: str | None = None,
-    s3: str | None = None,
-    include: list[str] | None = None,
-    exclude: list[str] | None = None,
-    every: str | None = None,
-) -> SourceView:
+def add(who: Operator, **source: Any) -> SourceView:
+    """``sources.add_source`` (its ``name``, ``dataset``, ``folder`` or ``s3``, ``include``,
+    ``exclude``, ``every``) by ``who``, an operator."""
     _may(who, "add a source")
-    return sources.add_source(
-        ctx(),
-        name=name,
-        dataset=dataset,
-        folder=folder,
-        s3=s3,
-        include=include,
-        exclude=exclude,
-        every=every,
-        actor=who.actor,
-    )
+    return sources.add_source(ctx(), actor=who.actor, **source)
 
 
 def remove(who: Operator, name: str, *, keep_documents: bool = False) -> str:
@@ -106,7 +90,7 @@ def key_source(key: ApiPrincipal, name: str) -> SourceView:
         raise Missing(exc.message) from None
 
 
-def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where) -> SourceView:
+def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> SourceView:
     """An S3 source only: a folder is a path on the server's host, added there (``sluice sources
     add``), never by a client (it would index whatever the server may read)."""
     require(key, "manage", "adding a source")
