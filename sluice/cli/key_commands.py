@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
-from sluice.cli.output import print_json, table
+from sluice.cli.output import listing, print_json
 
 # sluice.ops.keys.SCOPES, written here so that building the parser imports no operation (a test
 # checks that the two agree)
@@ -48,23 +48,14 @@ def create(args) -> int:
 def list_(args) -> int:
     from sluice.ops import keys
 
-    rows = [{**asdict(v), "datasets": ", ".join(v.datasets)} for v in keys.list_keys()]
-    if args.json:
-        print_json([{**asdict(v)} for v in keys.list_keys()])
-        return 0
-    table(
-        rows,
-        [
-            ("name", "NAME"),
-            ("scope", "SCOPE"),
-            ("datasets", "DATASETS"),
-            ("created_at", "CREATED"),
-            ("last_used_at", "LAST USED"),
-            ("revoked_at", "REVOKED"),
-        ],
+    views = [asdict(v) for v in keys.list_keys()]
+    return listing(
+        [{**v, "datasets": ", ".join(v["datasets"])} for v in views],
+        "name scope datasets created_at:CREATED last_used_at:LAST_USED revoked_at:REVOKED",
         empty="no API keys (make one: sluice keys create NAME --dataset D --scope read)",
+        as_json=args.json,
+        json_rows=views,
     )
-    return 0
 
 
 def revoke(args) -> int:

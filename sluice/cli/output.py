@@ -37,18 +37,43 @@ def plain(value: Any) -> str:
 
 
 def table(
-    rows: Sequence[dict], columns: Sequence[tuple[str, str]], *, empty: str, out=None
+    rows: Sequence[dict], columns: str | Sequence[tuple[str, str]], *, empty: str, out=None
 ) -> None:
-    """Rows under a header, columns padded to their widest cell; ``empty`` when there are none."""
+    """Rows under a header, columns padded to their widest cell; ``empty`` when there are none.
+    ``columns`` is (key, HEADER) pairs, or their short form ``"name created_at:CREATED"``: a key
+    alone is headed by itself in capitals, an underscore of a header is a space."""
     out = out or sys.stdout
     if not rows:
         print(empty, file=out)
         return
+    if isinstance(columns, str):
+        columns = [_column(word) for word in columns.split()]
     cells = [[header for _, header in columns]]
     cells += [[" ".join(plain(row.get(key)).split()) for key, _ in columns] for row in rows]
     widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     for line in cells:
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(), file=out)
+
+
+def _column(word: str) -> tuple[str, str]:
+    key, _, header = word.partition(":")
+    return key, (header or key).upper().replace("_", " ")
+
+
+def listing(
+    rows: Sequence[dict],
+    columns: str | Sequence[tuple[str, str]],
+    *,
+    empty: str,
+    as_json: bool,
+    json_rows: Any = None,
+) -> int:
+    """A list command's answer: ``json_rows`` (else ``rows``) as JSON, or ``rows`` as a table."""
+    if as_json:
+        print_json(rows if json_rows is None else json_rows)
+    else:
+        table(rows, columns, empty=empty)
+    return 0
 
 
 def report(results: Iterable[ActionResult], *, note: str = "") -> int:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from sluice.cli.output import print_json, table
+from sluice.cli.output import listing, print_json
+
+# what ``sources add`` hands to sluice.ops.sources.add_source
+ADD_OPTIONS = ("name", "dataset", "folder", "s3", "include", "exclude", "every")
 
 
 def _fail(exc) -> int:
@@ -19,16 +22,7 @@ def add(args) -> int:
     from sluice.ops.sources import SourceError
 
     try:
-        view = sources_actions.add(
-            cli_operator(),
-            name=args.name,
-            dataset=args.dataset,
-            folder=args.folder,
-            s3=args.s3,
-            include=args.include,
-            exclude=args.exclude,
-            every=args.every,
-        )
+        view = sources_actions.add(cli_operator(), **{k: getattr(args, k) for k in ADD_OPTIONS})
     except SourceError as exc:
         return _fail(exc)
     every = f", every {view.every_seconds}s" if view.every_seconds else ""
@@ -41,37 +35,25 @@ def list_(args) -> int:
     from sluice.ops import sources_actions
 
     views = sources_actions.list_sources()
-    if args.json:
-        print_json([v.to_dict() for v in views])
-        return 0
-    rows = []
-    for v in views:
-        run = v.last_run or {}
-        rows.append(
-            {
-                "name": v.name,
-                "dataset": v.dataset,
-                "where": f"{v.kind} {v.location}",
-                "docs": v.documents,
-                "last": (run.get("finished_at") or run.get("started_at") or "never")[:19],
-                "result": _counts(run) if run else "",
-                "next": (v.next_run_at or "when asked")[:19],
-            }
-        )
-    table(
-        rows,
-        [
-            ("name", "NAME"),
-            ("dataset", "DATASET"),
-            ("where", "SOURCE"),
-            ("docs", "DOCS"),
-            ("last", "LAST SYNC"),
-            ("result", "RESULT"),
-            ("next", "NEXT"),
-        ],
+    return listing(
+        [_row(v.to_dict()) for v in views],
+        "name dataset where:SOURCE docs last:LAST_SYNC result next",
         empty="no sources (add one: sluice sources add NAME --dataset D --folder PATH)",
+        as_json=args.json,
+        json_rows=[v.to_dict() for v in views],
     )
-    return 0
+
+
+def _row(v: dict) -> dict:
+    run = v["last_run"] or {}
+    return {
+        **v,
+        "where": f"{v['kind']} {v['location']}",
+        "docs": v["documents"],
+        "last": (run.get("finished_at") or run.get("started_at") or "never")[:19],
+        "result": _counts(run) if run else "",
+        "next": (v["next_run_at"] or "when asked")[:19],
+    }
 
 
 def _counts(run: dict) -> str:
