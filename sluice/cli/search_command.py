@@ -9,31 +9,85 @@ other commands run (queues, parsing, the console's reads) are never imported on 
 from __future__ import annotations
 
 import sys
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sqlmodel import Session, col, select
+from sqlalchemy import text
 
 from sluice.cli.output import print_json, table
 from sluice.ops.metadata import CLI_RULE, FilterError, parse_cli_where
-from sluice.ops.search import BadQuery, SearchHit, UnknownDataset, query_vector
+from sluice.ops.search import BadQuery, Reader, SearchHit, UnknownDataset, query_vector
 from sluice.ops.search import search as run_search
-from sluice.pipeline.running.context import Context, get_context
+from sluice.settings import Settings, get_settings
+from sluice.storage.db import SchemaOutOfDate, open_engine, reading
 from sluice.storage.lexical import parse_query
-from sluice.storage.models import Dataset
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from sluice.pipeline.running.embed import Embedder
+    from sluice.storage.vectors import VectorStore
 
 
-def dataset_names(ctx: Context) -> list[str]:
+class ColdContext:
+    """What a search reads through in a process that has no Context (sluice.pipeline.running
+    .context, which imports the ORM with every table): the job database opened without the schema
+    check (``reading`` makes it when a statement finds something missing), Chroma over HTTP and the
+    query encoder's ONNX export."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def engine(self) -> Engine:
+        return open_engine(self.settings.resolved_database_url)
+
+    @cached_property
+    def vectors(self) -> VectorStore:
+        from sluice.storage.vectors import VectorStore
+
+        s = self.settings
+        token = s.chroma_token.get_secret_value() if s.chroma_token else None
+        return VectorStore(s.chroma_url, token=token, auth_header=s.chroma_auth_header)
+
+    @cached_property
+    def query_encoder(self) -> Embedder:
+        """The export when the worker has made it, else what a Context encodes with."""
+        from sluice.pipeline.running import query_encoder
+        from sluice.pipeline.running.embed import model_identity, model_path
+
+        s = self.settings
+        if s.embedder == "sentence-transformers":
+            model_id, dim = model_identity(s.embedder, s.embed_model)
+            fast = query_encoder.load(
+                Path(model_path(s.embed_model)), s.data_dir, model_id=model_id, dim=dim
+            )
+            if fast is not None:
+                return fast
+        from sluice.pipeline.running.context import get_context
+
+        return get_context().query_encoder
+
+
+def search_context() -> Reader:
+    """The process's Context when it has one (tests, a console or API process), else a ColdContext:
+    importing sluice.pipeline.running.context only to learn there is none would cost the ORM."""
+    module = sys.modules.get("sluice.pipeline.running.context")
+    installed = getattr(module, "_context", None) if module is not None else None
+    return installed if installed is not None else ColdContext(get_settings())
+
+
+_NAMES = text("SELECT name FROM dataset WHERE deleting_at IS NULL ORDER BY name")
+
+
+def dataset_names(ctx: Reader) -> list[str]:
     """Every dataset's name, as the console lists them (not those being deleted)."""
-    with Session(ctx.engine) as session:
-        return list(
-            session.exec(
-                select(col(Dataset.name))
-                .where(col(Dataset.deleting_at).is_(None))
-                .order_by(col(Dataset.name))
-            ).all()
-        )
+    with ctx.engine.connect() as conn:
+        return [row[0] for row in conn.execute(_NAMES)]
 
 
-def search_datasets(ctx: Context, names: list[str], args) -> list[SearchHit]:
+def search_datasets(ctx: Reader, names: list[str], args) -> list[SearchHit]:
     """The best ``args.k`` chunks over ``names``, merged by score; the query is encoded once."""
     where = parse_cli_where(args.where) if getattr(args, "where", None) else None
     several = len(names) > 1 and args.mode in ("hybrid", "dense")
@@ -60,12 +114,19 @@ def search_datasets(ctx: Context, names: list[str], args) -> list[SearchHit]:
 
 
 def search(args) -> int:
-    ctx = get_context()
-    names = [args.dataset] if args.dataset else dataset_names(ctx)
+    ctx = search_context()
+
+    def answer() -> tuple[list[str], list[SearchHit]]:
+        names = [args.dataset] if args.dataset else dataset_names(ctx)
+        return names, search_datasets(ctx, names, args)
+
     try:
-        hits = search_datasets(ctx, names, args)
+        names, hits = reading(ctx.engine, answer)
     except (UnknownDataset, BadQuery) as exc:
         print(f"sluice: {exc}", file=sys.stderr)
+        return 1
+    except SchemaOutOfDate as exc:
+        print(f"sluice: {exc.message}\n{exc.hint}", file=sys.stderr)
         return 1
     except FilterError as exc:
         print(f"sluice: {exc} ({CLI_RULE})", file=sys.stderr)

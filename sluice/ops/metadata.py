@@ -22,15 +22,15 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
-
-from sqlmodel import Session, col, select
+from typing import TYPE_CHECKING, Any
 
 from sluice import faults
-from sluice.pipeline.running.context import Context
-from sluice.storage import vectors
-from sluice.storage.db import stored
-from sluice.storage.models import Dataset, Document
+
+if TYPE_CHECKING:  # the ORM, imported where used: a cold `sluice search` parses filters without it
+    from sqlmodel import Session
+
+    from sluice.pipeline.running.context import Context
+    from sluice.storage.models import Document
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +296,10 @@ def matches(where: Where, metadata: dict[str, Any] | None) -> bool:
 def matching_documents(session: Session, dataset_id: int | None, where: Where) -> list[int]:
     """The live documents (of one dataset, or of all) whose metadata pass ``where``, read at one
     moment."""
+    from sqlmodel import col, select
+
+    from sluice.storage.models import Document
+
     stmt = select(col(Document.id), col(Document.metadata_)).where(
         col(Document.deleted_at).is_(None)
     )
@@ -322,6 +326,11 @@ def set_document_metadata(
     The document row is the authority search filters on: one UPDATE switches every chunk of the
     document at once. The chunks' copies in the vector store are rewritten after it (their
     metadata only, never their vectors), batch by batch; reconcile repairs a copy left behind."""
+    from sqlmodel import Session
+
+    from sluice.storage.db import stored
+    from sluice.storage.models import Dataset, Document
+
     clean = validate(metadata)
     with Session(ctx.engine) as session:
         doc = session.get(Document, document_id)
@@ -341,6 +350,8 @@ def rewrite_chunk_copies(
     ctx: Context, collection: str, document_id: int, metadata: dict[str, Any]
 ) -> int:
     """Make every chunk of the document in the vector store carry ``metadata`` (all its jobs)."""
+    from sluice.storage import vectors
+
     ids = ctx.vectors.ids_where(collection, {"document_id": document_id})
     fields = vectors.metadata_fields(metadata)
     done = 0
@@ -357,6 +368,10 @@ def filtered_documents(
     session: Session, dataset_id: int, where: Where, *, offset: int = 0, limit: int = 100
 ) -> list[Document]:
     """A page of a dataset's live documents, oldest first, those ``where`` allows."""
+    from sqlmodel import col, select
+
+    from sluice.storage.models import Document
+
     stmt = (
         select(Document)
         .where(Document.dataset_id == dataset_id, col(Document.deleted_at).is_(None))

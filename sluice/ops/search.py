@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlmodel import Session, col, select
+from sqlalchemy import JSON, bindparam, column, text
+from sqlalchemy.engine import Engine
 
 from sluice.ops import metadata as meta
-from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
-from sluice.storage.models import Dataset, Document
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
+
+    from sluice.pipeline.running.embed import Embedder
+    from sluice.storage.models import Dataset
+    from sluice.storage.vectors import VectorStore
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,20 @@ LEXICAL_DEPTH = (
 DENSE_DEPTH = (
     20  # candidates the dense ranker gives it, at least (Chroma returns texts and metadata)
 )
+
+
+class Reader(Protocol):
+    """What a search reads through: a process's Context (sluice.pipeline.running.context), or the
+    lighter one of a cold ``sluice search`` (sluice.cli.search_command)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def vectors(self) -> VectorStore: ...
+
+    @property
+    def query_encoder(self) -> Embedder: ...
 
 
 class UnknownDataset(LookupError):
@@ -84,19 +105,51 @@ class SearchHit:
         return asdict(self)
 
 
-def get_dataset(ctx: Context, name: str) -> Dataset:
+@dataclass(frozen=True)
+class Searched:
+    """What a search reads of its dataset (one plain SQL read: no ORM on a cold search's path)."""
+
+    id: int
+    name: str
+    collection: str
+
+
+def get_dataset(ctx: Reader, name: str) -> Dataset:
+    from sqlmodel import Session
+
     with Session(ctx.engine) as session:
         return dataset_named(session, name)
 
 
 def dataset_named(session: Session, name: str) -> Dataset:
     """The dataset called ``name``, read in ``session``; UnknownDataset when there is none."""
+    from sqlmodel import select
+
+    from sluice.storage.models import Dataset
+
     ds = session.exec(select(Dataset).where(Dataset.name == name)).first()
     if ds is None:
         raise UnknownDataset(f"no dataset named {name!r}")
-    if ds.deleting_at is not None:
-        raise DatasetDeleting(f"dataset {name!r} is being deleted: it answers no search")
+    _refuse_deleting(name, ds.deleting_at)
     return ds
+
+
+def _refuse_deleting(name: str, deleting_at) -> None:
+    if deleting_at is not None:
+        raise DatasetDeleting(f"dataset {name!r} is being deleted: it answers no search")
+
+
+_DATASET = text("SELECT id, collection, deleting_at FROM dataset WHERE name = :name")
+
+
+def searched_dataset(ctx: Reader, name: str) -> Searched:
+    """The dataset called ``name`` as a search reads it; UnknownDataset when there is none."""
+    with ctx.engine.connect() as conn:
+        row = conn.execute(_DATASET, {"name": name}).first()
+    if row is None:
+        raise UnknownDataset(f"no dataset named {name!r}")
+    _refuse_deleting(name, row.deleting_at)
+    return Searched(id=row.id, name=name, collection=row.collection)
 
 
 def parse_pages(value: str | None) -> tuple[int | None, int | None]:
@@ -115,7 +168,7 @@ def parse_pages(value: str | None) -> tuple[int | None, int | None]:
 
 
 def search(
-    ctx: Context,
+    ctx: Reader,
     *,
     query: str,
     dataset: str,
@@ -137,9 +190,11 @@ def search(
     parsed = lexical.parse_query(query)
     if parsed.empty or k <= 0:
         return []
-    ds = get_dataset(ctx, dataset)
+    ds = searched_dataset(ctx, dataset)
     allowed = None
     if conditions:
+        from sqlmodel import Session
+
         with Session(ctx.engine) as session:
             allowed = tuple(meta.matching_documents(session, ds.id, conditions))
     filters = Filters(
@@ -201,7 +256,7 @@ def _ranked(hits: list[SearchHit], field: str) -> list[SearchHit]:
     return hits
 
 
-def _fill_positions(ctx: Context, ds: Dataset, hits: list[SearchHit]) -> None:
+def _fill_positions(ctx: Reader, ds: Searched, hits: list[SearchHit]) -> None:
     """Where in its file a hit only the word index found sits (slide, section, rows) and whether OCR
     read it: that is kept with the vectors, so ask the store for those few chunks (no model
     needed)."""
@@ -218,7 +273,7 @@ def _fill_positions(ctx: Context, ds: Dataset, hits: list[SearchHit]) -> None:
         h.where, h.ocr = str(m.get("where", "")), bool(m.get("ocr", False))
 
 
-def _from_lexical(h: lexical.LexicalHit, ctx: Context, score: float | None = None) -> SearchHit:
+def _from_lexical(h: lexical.LexicalHit, ctx: Reader, score: float | None = None) -> SearchHit:
     return SearchHit(
         filename=h.filename,
         page=h.page,
@@ -239,7 +294,7 @@ def _version(cid: str) -> str:
 
 
 def _fuse(
-    ctx: Context, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool
+    ctx: Reader, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool
 ) -> list[SearchHit]:
     """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare
     token is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it
@@ -276,41 +331,47 @@ def _fuse(
 
 
 def _active_jobs(
-    ctx: Context, document_ids: set[int], conditions: meta.Where = ()
+    ctx: Reader, document_ids: set[int], conditions: meta.Where = ()
 ) -> dict[int, int | None]:
     """document id -> the job whose chunks search serves, for the live documents among these that
     the metadata filter allows (read with the active job, in one statement)."""
     if not document_ids:
         return {}
-    with Session(ctx.engine) as session:
-        rows = session.exec(
-            select(col(Document.id), col(Document.active_job_id), col(Document.metadata_)).where(
-                col(Document.id).in_(document_ids), col(Document.deleted_at).is_(None)
-            )
-        ).all()
+    with ctx.engine.connect() as conn:
+        rows = conn.execute(_ACTIVE_JOBS, {"ids": sorted(document_ids)}).all()
     return {did: job for did, job, m in rows if meta.matches(conditions, m)}
 
 
-def _document_ids(ctx: Context, ds: Dataset, filters: Filters) -> list[int] | None:
+_ACTIVE_JOBS = (
+    text("SELECT id, active_job_id, metadata FROM document WHERE id IN :ids AND deleted_at IS NULL")
+    .bindparams(bindparam("ids", expanding=True))
+    .columns(column("id"), column("active_job_id"), column("metadata", JSON))
+)
+
+
+def _document_ids(ctx: Reader, ds: Searched, filters: Filters) -> list[int] | None:
     """Documents the file name, media type and metadata filters allow (None: no such filter)."""
     if filters.document_ids is not None and not (filters.filename or filters.media_type):
         return list(filters.document_ids)
     if not (filters.filename or filters.media_type):
         return None
-    stmt = select(col(Document.id)).where(
-        Document.dataset_id == ds.id, col(Document.deleted_at).is_(None)
-    )
-    if filters.filename:
-        stmt = stmt.where(col(Document.filename).ilike(f"%{filters.filename}%"))
+    sql = "SELECT id FROM document WHERE dataset_id = :d AND deleted_at IS NULL"
+    params: dict[str, Any] = {"d": ds.id}
+    if filters.filename:  # as ILIKE: the same lower-case match on both databases
+        sql += " AND LOWER(filename) LIKE :fn"
+        params["fn"] = f"%{filters.filename.lower()}%"
     if filters.media_type:
-        stmt = stmt.where(Document.media_type == filters.media_type)
+        sql += " AND media_type = :mt"
+        params["mt"] = filters.media_type
+    stmt = text(sql)
     if filters.document_ids is not None:
-        stmt = stmt.where(col(Document.id).in_(filters.document_ids))
-    with Session(ctx.engine) as session:
-        return list(session.exec(stmt).all())
+        stmt = text(sql + " AND id IN :ids").bindparams(bindparam("ids", expanding=True))
+        params["ids"] = list(filters.document_ids)
+    with ctx.engine.connect() as conn:
+        return [row[0] for row in conn.execute(stmt, params)]
 
 
-def query_vector(ctx: Context, query: str):
+def query_vector(ctx: Reader, query: str):
     """The query as dense search encodes it (None when nothing is left to encode): a search of
     several datasets encodes it once and passes it to each (``search(..., vector=)``)."""
     text = query.replace('"', " ").strip()
@@ -324,7 +385,7 @@ def _job_of(hit) -> int | None:
 
 
 def _dense(
-    ctx: Context, ds: Dataset, vector, k: int, filters: Filters, conditions: meta.Where = ()
+    ctx: Reader, ds: Searched, vector, k: int, filters: Filters, conditions: meta.Where = ()
 ) -> list[SearchHit]:
     if vector is None:
         return []

@@ -1,30 +1,44 @@
-"""Engine and sessions for the job database (SQLite in WAL mode, or PostgreSQL via psycopg 3)."""
+"""Engine and sessions for the job database (SQLite in WAL mode, or PostgreSQL via psycopg 3).
+
+SQLModel and the tables (sluice.storage.models) are imported where they are used, not here: a cold
+``sluice search`` opens its engine with ``open_engine`` and reads with plain SQL, and importing the
+ORM with every table was half of its imports.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import event
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import CursorResult, Engine, make_url
 from sqlalchemy.sql import Executable
-from sqlmodel import Session, SQLModel, create_engine, select
 
 from sluice.errors import UserActionError
 from sluice.files import private_dir, private_file
 from sluice.storage import lexical
-from sluice.storage.models import Dataset, Instance
+
+if TYPE_CHECKING:
+    from sqlmodel import Session, SQLModel
+
+    from sluice.storage.models import Dataset
 
 DEFAULT_DATASET = "default"
 
-_engines: dict[str, Engine] = {}
+_engines: dict[str, Engine] = {}  # schema checked (get_engine, or bring_up_to_date)
+_unchecked: dict[str, Engine] = {}  # opened by open_engine, its schema not checked yet
 _lock = threading.Lock()
+# A statement that failed for a table or column the database lacks: PostgreSQL's SQLSTATEs
+# (undefined_table, undefined_column), SQLite's messages.
+_MISSING_SQLSTATES = ("42P01", "42703")
+_MISSING_SQLITE = ("no such table", "no such column")
 
-
-M = TypeVar("M", bound=SQLModel)
+M = TypeVar("M", bound="SQLModel")
+T = TypeVar("T")
 
 
 def stored(session: Session, model: type[M], ident: Any, **options: Any) -> M:
@@ -84,17 +98,86 @@ def get_engine(url: str) -> Engine:
     with _lock:
         engine = _engines.get(url)
         if engine is None:
-            engine = make_engine(url)
+            engine = _unchecked.pop(url, None) or make_engine(url)
             init_schema(engine)
             _engines[url] = engine
         return engine
 
 
+def open_engine(url: str) -> Engine:
+    """The engine of ``url`` without the schema check ``get_engine`` makes (creating, inspecting and
+    altering every table costs a cold process a quarter of a second): for a command that only
+    reads, through ``reading``, which checks the schema when a statement finds a table or column
+    missing."""
+    url = normalise_url(url)
+    with _lock:
+        engine = _engines.get(url) or _unchecked.get(url)
+        if engine is None:
+            engine = _unchecked[url] = make_engine(url)
+        return engine
+
+
+class SchemaOutOfDate(UserActionError):
+    """The job database lacks what this Sluice reads, and the schema check could not add it."""
+
+
+def schema_missing(exc: BaseException) -> bool:
+    """Whether a statement failed because the database lacks a table or a column."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    if getattr(exc.orig, "sqlstate", None) in _MISSING_SQLSTATES:
+        return True
+    return str(exc.orig).lower().startswith(_MISSING_SQLITE)
+
+
+def _out_of_date(engine: Engine, exc: BaseException) -> SchemaOutOfDate:
+    first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    return SchemaOutOfDate(
+        "schema_out_of_date",
+        f"the job database ({engine.url.render_as_string(hide_password=True)}) lacks what this "
+        f"version of Sluice reads, and bringing it up to date failed: {first}",
+        "It was made by a Sluice too old to upgrade in place (or this process may not alter it): "
+        "start a worker of this version with a user that may alter the database, or point "
+        "SLUICE_DATABASE_URL at a new one.",
+    )
+
+
+def reading(engine: Engine, read: Callable[[], T]) -> T:
+    """``read()`` on an engine from ``open_engine``. When one of its statements finds a table or a
+    column missing (a database made by an older Sluice, or one never set up), the schema is brought
+    up to date as ``get_engine`` does and ``read()`` runs again; SchemaOutOfDate when that cannot
+    mend it. Only for reads: ``read`` may run twice."""
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        return read()
+    except DBAPIError as exc:
+        if not schema_missing(exc):
+            raise
+        try:
+            bring_up_to_date(engine)
+            return read()
+        except DBAPIError as again:
+            raise _out_of_date(engine, again) from again
+
+
+def bring_up_to_date(engine: Engine) -> None:
+    """The schema check of ``get_engine``, on an engine from ``open_engine``."""
+    init_schema(engine)
+    with _lock:
+        for url, unchecked in list(_unchecked.items()):
+            if unchecked is engine:
+                _engines.setdefault(url, _unchecked.pop(url))
+
+
 def dispose_engines() -> None:
     with _lock:
-        for engine in _engines.values():
+        for engine in [*_engines.values(), *_unchecked.values()]:
             engine.dispose()
         _engines.clear()
+        _unchecked.clear()
 
 
 def init_schema(engine: Engine) -> None:
@@ -104,6 +187,9 @@ def init_schema(engine: Engine) -> None:
     "already exists" (or, on SQLite switching to WAL, "database is locked") and checks again.
     """
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+    from sqlmodel import Session, SQLModel
+
+    import sluice.storage.models  # noqa: F401  (every table, in SQLModel.metadata)
 
     for attempt in range(10):
         try:
@@ -124,6 +210,8 @@ def init_schema(engine: Engine) -> None:
 
 def ensure_instance(*, session: Session) -> str:
     """The instance id of this job database, made the first time the database is set up."""
+    from sluice.storage.models import Instance
+
     row = session.get(Instance, 1)
     if row is None:
         session.add(Instance(id=1, instance_id=uuid.uuid4().hex))
@@ -136,6 +224,8 @@ def ensure_instance(*, session: Session) -> str:
 
 
 def instance_id(engine: Engine) -> str:
+    from sqlmodel import Session
+
     with Session(engine) as session:
         return ensure_instance(session=session)
 
@@ -143,6 +233,7 @@ def instance_id(engine: Engine) -> str:
 def _present_tables(engine: Engine):
     """An inspector, and the tables of the model that the database already has."""
     from sqlalchemy import inspect
+    from sqlmodel import SQLModel
 
     inspector = inspect(engine)
     return inspector, [t for t in SQLModel.metadata.sorted_tables if inspector.has_table(t.name)]
@@ -218,6 +309,10 @@ def refuse_if_deleting(dataset: Dataset) -> None:
 
 
 def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dataset:
+    from sqlmodel import select
+
+    from sluice.storage.models import Dataset
+
     dataset = session.exec(select(Dataset).where(Dataset.name == name)).first()
     if dataset is not None:
         refuse_if_deleting(dataset)
