@@ -13,6 +13,7 @@ its own, by ``settle``.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -22,13 +23,14 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session as OrmSession
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.ops.access import Operator
 from sluice.ops.reads import ctx
 from sluice.storage import audit_log
-from sluice.storage.clock import as_utc
+from sluice.storage.audit_log import AuditEntry
+from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import Dataset, Job, JobEvent
 
 PAGE = 50
@@ -37,6 +39,8 @@ SINCE = re.compile(r"^(\d{1,6})\s*([smhdw])$")
 MAX_ID = 2**31 - 1  # ids are INTEGER columns
 OWN = "sluice_audit_own_row"
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+FLOOD_SPAN = timedelta(minutes=1)  # refused API tokens: one row per token and address this often
+_flood_lock = threading.Lock()  # the API's threads count a flood's refusals one at a time
 
 
 class BadAuditQuery(ValueError):
@@ -129,6 +133,39 @@ def refused(who: Operator, action: str, reason: str, **kw: Any) -> None:
     """Record a refusal (a read-only operator, a bad password, a dead key) at once."""
     code = kw.pop("code", "refused")
     Watch(who, action, **kw).write(outcome="refused", reason=reason, code=code)
+
+
+def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, **kw: Any) -> None:
+    """A refusal that can come in a flood (a bad token, hammered): at most one row per (action,
+    API key lookup id or none, address) in ``span`` of the database's clock from that row's time;
+    the refusals after it in the span only count, in the row's ``params["repeats"]``."""
+    code = kw.pop("code", "refused")
+    with _flood_lock, Session(ctx().engine) as session:
+        session.info[OWN] = True
+        row = session.exec(
+            select(AuditEntry)
+            .where(
+                col(AuditEntry.action) == action,
+                col(AuditEntry.outcome) == "refused",
+                _same(col(AuditEntry.actor_key), who.key or None),
+                _same(col(AuditEntry.address), (who.address or None) and who.address[:64]),
+                col(AuditEntry.at) >= db_now(session) - span,
+            )
+            .order_by(col(AuditEntry.id).desc())
+            .limit(1)
+            .with_for_update()  # PostgreSQL: two API processes count one after the other
+        ).first()
+        if row is None:
+            fresh = Watch(who, action, **kw).row(outcome="refused", reason=reason, code=code)
+            audit_log.write(session=session, row=fresh)
+            return
+        row.params = {**row.params, "repeats": int(row.params.get("repeats", 0)) + 1}
+        session.add(row)
+        session.commit()
+
+
+def _same(column: Any, value: str | None) -> Any:
+    return column.is_(None) if value is None else column == value
 
 
 # --- the listener ---------------------------------------------------------------------------------

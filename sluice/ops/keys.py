@@ -201,8 +201,14 @@ def record_refusal(token: str, address: str) -> None:
             else "wrong secret"
         )
     who = Operator(name, "readonly", channel="api", address=address, key=lookup)
-    audit_trail.refused(
-        who, "auth.refused", why, target_kind="key", target_id=name, code="unauthorized"
+    audit_trail.refused_once_per(
+        audit_trail.FLOOD_SPAN,
+        who,
+        "auth.refused",
+        why,
+        target_kind="key",
+        target_id=name,
+        code="unauthorized",
     )
 
 

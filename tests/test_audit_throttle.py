@@ -1,0 +1,73 @@
+"""A client hammering the API with a bad token writes one audit row a minute per token and
+address, counting the rest in it (``params["repeats"]``), by the database's clock; every call
+still answers 401 problem+json."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import httpx
+import pytest
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from sluice.ops import keys
+from sluice.ops.access import cli_operator
+from sluice.pipeline.running.context import Context, set_context
+from sluice.settings import get_settings
+from sluice.storage.audit_log import AuditEntry
+from sluice.storage.clock import db_now
+from tests.support.api_server import InProcessApi, auth, make_key
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _refusals(context: Context) -> list[AuditEntry]:
+    with Session(context.engine) as session:
+        query = select(AuditEntry).where(AuditEntry.action == "auth.refused")
+        return list(session.exec(query.order_by(col(AuditEntry.id))).all())
+
+
+def _hammer(client: httpx.Client, url: str, token: str, times: int) -> None:
+    for _ in range(times):
+        answer = client.get(f"{url}/v1/datasets", headers=auth(token), timeout=30)
+        assert answer.status_code == 401, answer.text
+        assert answer.headers["content-type"].startswith("application/problem+json")
+        assert answer.json()["code"] == "unauthorized"
+
+
+def test_fifty_bad_calls_write_one_row_that_counts_them(database_url):
+    context = Context(get_settings())
+    set_context(context)
+    dead = make_key("dead", datasets=None, scope="read")
+    lookup = dead.split("_")[1]
+    assert keys.revoke_key(cli_operator(), "dead")[0]
+    unknown = "sluice_0123456789ab_" + "x" * 43
+    elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")  # another client address
+    with InProcessApi() as api, httpx.Client() as client, httpx.Client(transport=elsewhere) as far:
+        _hammer(client, api.url, dead, 50)
+        [row] = _refusals(context)
+        assert (row.actor_key, row.address, row.reason, row.params.get("repeats")) == (
+            lookup,
+            "127.0.0.1",
+            "revoked key",
+            49,
+        )
+        _hammer(client, api.url, unknown, 3)  # another token: its own row
+        _hammer(client, api.url, "not a token", 2)  # no token prefix at all: "unknown"
+        _hammer(far, api.url, dead, 2)  # the same token from another address: its own row
+        rows = _refusals(context)
+        assert [(r.actor_key, r.address, r.params.get("repeats", 0)) for r in rows] == [
+            (lookup, "127.0.0.1", 49),
+            ("0123456789ab", "127.0.0.1", 2),
+            (None, "127.0.0.1", 1),
+            (lookup, "127.0.0.2", 1),
+        ]
+        with Session(context.engine) as session:  # a minute on, by the database's clock
+            minute_ago = db_now(session) - timedelta(seconds=61)
+            session.execute(update(AuditEntry).values(at=minute_ago))
+            session.commit()
+        _hammer(client, api.url, dead, 1)
+        later = _refusals(context)
+        assert len(later) == 5 and later[-1].actor_key == lookup
+        assert later[-1].params.get("repeats", 0) == 0 and later[0].params["repeats"] == 49
