@@ -5,43 +5,38 @@ jobs and documents name the dataset by id, and so do API keys, so search, runnin
 keys go on working under the new name.
 
 Delete goes in steps, each safe to repeat, so a delete that dies halfway is finished by running it
-again (or by recovery, ``finish_deletions``):
+again, by ``sluice recover`` (``finish_deletions``) or by the workers' periodic recovery (steps 2
+to 5 are sluice.pipeline.running.dataset_deletion, which the recovery round calls):
 
 1. mark the dataset ``deleting_at``: from then on it takes no upload (``ensure_dataset`` refuses
    it), answers no search and is left out of every list one picks a dataset from;
 2. cancel its waiting and running jobs by the cancel path (a running job's worker stops at its next
    batch); the delete waits a bounded time for them, and else stops here, to be run again;
-3. delete its documents by the document delete path (vectors, lexical rows, a blob no other
-   document uses);
+3. delete its documents (every job deleted, then the blobs no other live document uses);
 4. drop its Chroma collection and what is left of its lexical rows;
-5. remove its rows (jobs and their events, documents, pauses, ...) and the dataset's row, in one
-   transaction, and take its id out of every API key's datasets.
+5. remove its rows (jobs and their events, documents, pauses, switched-off chunks, ...) and the
+   dataset's row, in one transaction, and take its id out of every API key's datasets.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import delete as sql_delete
-from sqlalchemy import func, text
-from sqlmodel import Session, SQLModel, col, select
+from sqlalchemy import func
+from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.ops import audit_trail
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
-from sluice.ops.documents import delete_document
 from sluice.ops.ingest import DATASET_NAME, DATASET_NAME_RULE
+from sluice.pipeline.running import dataset_deletion
 from sluice.pipeline.running.context import Context
-from sluice.storage import jobs, lexical
+from sluice.pipeline.running.dataset_deletion import WAITING
 from sluice.storage.clock import db_now
-from sluice.storage.models import ApiKey, Dataset, Document, Job, JobStatus
+from sluice.storage.models import Dataset, Document, Job, JobStatus
 
 log = logging.getLogger(__name__)
-
-WAITING = (JobStatus.pending, JobStatus.retrying)
-POLL = 0.1
 
 
 @dataclass
@@ -216,125 +211,13 @@ def _delete(ctx: Context, who: Operator, name: str, *, wait: float) -> AdminResu
 
 def finish(ctx: Context, dataset_id: int, *, actor: str, wait: float = 30.0) -> AdminResult:
     """Steps 2 to 5 of the delete of a dataset marked ``deleting_at``; safe to repeat."""
-    with Session(ctx.engine, expire_on_commit=False) as session:
-        ds = session.get(Dataset, dataset_id)
-        if ds is None:
-            return AdminResult(True, f"dataset {dataset_id} is already deleted")
-        name, collection = ds.name, ds.collection
-    still = _stop_jobs(ctx, dataset_id, actor=actor, wait=wait)
-    if still:
-        return AdminResult(
-            False,
-            f"dataset {name!r} is being deleted; job(s) {', '.join(map(str, still))} have not "
-            "stopped yet: run the delete again in a moment (recovery also finishes it)",
-            "jobs_still_running",
-        )
-    removed = _delete_documents(ctx, dataset_id, actor=actor)
-    faults.hit("dataset_delete_documents_removed", dataset_id=dataset_id)
-    _drop_collection(ctx, collection)
-    with Session(ctx.engine) as session:
-        job_ids = list(session.exec(select(col(Job.id)).where(Job.dataset_id == dataset_id)).all())
-    lexical.delete_jobs(ctx.engine, job_ids)
-    _remove_rows(ctx, dataset_id)
-    log.info("dataset %r deleted by %s (%d document(s))", name, actor, removed)
-    return AdminResult(True, f"dataset {name!r} deleted: {removed} document(s) removed")
+    done = dataset_deletion.finish(ctx, dataset_id, actor=actor, wait=wait)
+    return AdminResult(done.ok, done.message, done.code)
 
 
 def finish_deletions(ctx: Context, *, actor: str = "system:recovery") -> list[AdminResult]:
-    """Finish every delete that began and did not end (a process died halfway): recovery's part."""
-    with Session(ctx.engine) as session:
-        ids = list(
-            session.exec(select(col(Dataset.id)).where(col(Dataset.deleting_at).is_not(None))).all()
-        )
-    return [finish(ctx, dataset_id, actor=actor, wait=0) for dataset_id in ids]
-
-
-def _stop_jobs(ctx: Context, dataset_id: int, *, actor: str, wait: float) -> list[int]:
-    """Cancel the dataset's waiting and running jobs; the ids of those still running after
-    ``wait`` seconds (their workers stop at their next batch)."""
-    from sluice.pipeline.running.cleanup import remove_partial
-
-    with Session(ctx.engine, expire_on_commit=False) as session:
-        live = list(
-            session.exec(
-                select(col(Job.id)).where(
-                    Job.dataset_id == dataset_id,
-                    col(Job.status).in_([*WAITING, JobStatus.running]),
-                )
-            ).all()
-        )
-        if live:
-            jobs.request_cancel(session=session, job_ids=live, actor=actor)
-            for job in session.exec(select(Job).where(col(Job.id).in_(live))).all():
-                if job.status == JobStatus.cancelled:
-                    remove_partial(ctx, job)
-    deadline = time.monotonic() + wait
-    while True:
-        with Session(ctx.engine) as session:
-            running = list(
-                session.exec(
-                    select(col(Job.id)).where(
-                        Job.dataset_id == dataset_id, Job.status == JobStatus.running
-                    )
-                ).all()
-            )
-        if not running or time.monotonic() >= deadline:
-            return running
-        time.sleep(POLL)
-
-
-def _delete_documents(ctx: Context, dataset_id: int, *, actor: str) -> int:
-    with Session(ctx.engine) as session:
-        ids = list(
-            session.exec(
-                select(col(Document.id)).where(
-                    Document.dataset_id == dataset_id, col(Document.deleted_at).is_(None)
-                )
-            ).all()
-        )
-    for document_id in ids:
-        done = delete_document(ctx, f"doc:{document_id}", actor=actor, reason="dataset deleted")
-        if not done.ok:
-            raise RuntimeError(f"document {document_id}: {done.message}")
-        faults.hit("dataset_delete_document", dataset_id=dataset_id, document_id=document_id)
-    return len(ids)
-
-
-def _drop_collection(ctx: Context, collection: str) -> None:
-    """Drop the collection and check that it is gone: a failure stops the delete here (the
-    dataset stays marked, a rerun drops it)."""
-    ctx.vectors.drop_collection(collection)  # also forgets this process's handle on it
-    try:
-        ctx.vectors.client.get_collection(collection)
-    except Exception as exc:
-        if type(exc).__name__ == "NotFoundError" or "does not exist" in str(exc).lower():
-            return
-        raise
-    raise RuntimeError(f"the Chroma collection {collection} is still there after its drop")
-
-
-def _remove_rows(ctx: Context, dataset_id: int) -> None:
-    """Every row of the dataset, children first (found by their foreign keys, so a table added
-    later is covered), then the dataset's row; its id leaves every API key's datasets."""
-    tables = SQLModel.metadata.sorted_tables
-    with Session(ctx.engine) as session:
-        doc_ids = select(col(Document.id)).where(Document.dataset_id == dataset_id)
-        job_ids = select(col(Job.id)).where(Job.dataset_id == dataset_id)
-        owners = {"dataset": None, "document": doc_ids, "job": job_ids}
-        for table in reversed(tables):
-            if table.name == "dataset":
-                continue
-            for fk in table.foreign_keys:
-                parent = fk.column.table.name
-                if parent not in owners or fk.column.name != "id":
-                    continue
-                ids = owners[parent]
-                where = fk.parent == dataset_id if ids is None else fk.parent.in_(ids)
-                session.execute(sql_delete(table).where(where))
-        for key in session.exec(select(ApiKey)).all():
-            if dataset_id in (key.dataset_ids or []):
-                key.dataset_ids = [d for d in key.dataset_ids if d != dataset_id]  # a new list
-                session.add(key)
-        session.execute(text("DELETE FROM lexical_chunk WHERE dataset_id = :d"), {"d": dataset_id})
-        session.execute(sql_delete(Dataset).where(col(Dataset.id) == dataset_id))
-        session.commit()
+    """Finish every delete that began and did not end (a process died halfway), at once: what
+    ``sluice recover`` does; the workers' recovery rounds finish those marked a while ago."""
+    return [
+        finish(ctx, dataset_id, actor=actor, wait=0) for dataset_id in dataset_deletion.marked(ctx)
+    ]

@@ -1,5 +1,5 @@
-"""Periodic recovery: take back stalled jobs, publish the outbox, re-publish stranded jobs; and
-(in a thread of its own) deliver webhook events.
+"""Periodic recovery: take back stalled jobs, publish the outbox, re-publish stranded jobs, finish
+dataset deletes that died halfway; and (in a thread of its own) deliver webhook events.
 
 Together these make the job database, not the queue, the source of truth: a Redis outage, a flushed
 queue or a worker killed mid-job delays jobs but never strands them.
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from sqlmodel import Session
 
 from sluice.pipeline.queueing import webhook_delivery
+from sluice.pipeline.running import dataset_deletion
 from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, outbox
@@ -35,6 +36,7 @@ class RecoveryReport:
     )
     reap_held_seconds: float = 0.0  # with a hold: how long the reaping still waits (0: not held)
     rounds: list[str] = field(default_factory=list)  # what the EXTRA_ROUNDS started
+    datasets_deleted: list[str] = field(default_factory=list)  # deletes that died, finished now
 
     @property
     def anything(self) -> bool:
@@ -91,8 +93,22 @@ def run_once(
     report.published = sent.sent
     report.publish_error = sent.error or report.publish_error
     sweep_blob_leftovers(ctx)
+    report.datasets_deleted = finish_dataset_deletes(ctx)
     report.rounds = run_extra_rounds(ctx)
     return report
+
+
+def finish_dataset_deletes(ctx: Context) -> list[str]:
+    """Finish the dataset deletes marked a while ago and not ended (their process died halfway);
+    one whose jobs still run is tried again next round. Never holds the recovery of jobs."""
+    try:
+        done = dataset_deletion.finish_stale(ctx)
+    except Exception as exc:  # Chroma down, say: the mark stays, the next round tries again
+        log.warning("recovery: a dataset delete not finished: %s: %s", type(exc).__name__, exc)
+        return []
+    for result in done:
+        log.info("recovery: %s", result.message)
+    return [r.message for r in done if r.ok]
 
 
 # Rounds of the floors above that ride on every recovery round, named, not imported (the pipeline
