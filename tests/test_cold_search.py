@@ -1,6 +1,6 @@
 """A cold `sluice search` imports only what searching uses: with the query encoder exported, no
-torch, no sentence-transformers, none of the console's, the API's, the object store's or the
-queue's packages (each costs a cold process its import time before the first hit)."""
+torch, no sentence-transformers, no ORM, none of the console's, the API's, the object store's or
+the queue's packages (each costs a cold process its import time before the first hit)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ NOT_ON_THE_SEARCH_PATH = [
     "redis",
     "opentelemetry",
     "psutil",
+    # The ORM with every table and the schema check made with it (the search reads in plain SQL,
+    # sluice.storage.db.open_engine), the Context that imports them, and httpx (Chroma is read with
+    # http.client): together about half of what a cold search imported.
+    "sqlmodel",
+    "sluice.storage.models",
+    "sluice.pipeline.running.context",
+    "httpx",
     "sluice.storage.cache",
     "sluice.storage.s3_blobs",
     "sluice.pipeline.parsing",
@@ -114,6 +121,7 @@ def test_a_cold_search_imports_only_what_searching_uses(make_ctx, sluice_env, ex
     target = query_encoder.export_path(model_dir, ctx.settings.data_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(exported, target)
+    shutil.copyfile(query_encoder.weights_path(exported), query_encoder.weights_path(target))
     env = {
         **sluice_env,
         "SLUICE_EMBEDDER": "sentence-transformers",
