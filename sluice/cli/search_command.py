@@ -3,7 +3,9 @@
 A cold ``sluice search`` is the command most often typed and waited for, so this module imports
 only what searching uses: the search itself, the job database and the query encoder (the model's
 ONNX export when the worker has made it, sluice.pipeline.running.query_encoder). The operations the
-other commands run (queues, parsing, the console's reads) are never imported on this path.
+other commands run (queues, parsing, the console's reads) are never imported on this path, nor the
+ORM: the search reads in plain SQL through an engine opened without the schema check
+(sluice.storage.db.open_engine, ``reading``).
 """
 
 from __future__ import annotations
