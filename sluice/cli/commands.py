@@ -177,7 +177,15 @@ def show(args) -> int:
     detail = reads.job_detail(args.job_id)
     if detail is None:
         return _fail(f"no job {args.job_id}")
-    row = {**detail.row, "dataset": detail.dataset, "error_detail": detail.error_detail}
+    from sluice.ops.replacing import job_version
+
+    version = job_version(reads.ctx(), args.job_id)
+    row = {
+        **detail.row,
+        "dataset": detail.dataset,
+        "error_detail": detail.error_detail,
+        "version": version.to_dict() if version is not None else None,
+    }
     events = [{**e, "at": e["at"].isoformat()} for e in detail.events]
     chunks: list[dict[str, Any]] | None = None
     if getattr(args, "chunks", False):
@@ -204,6 +212,7 @@ def show(args) -> int:
         "pipeline_version",
     ):
         print(f"{key:16} {plain(row[key])}")
+    print(f"{'search':16} {plain(version.message if version is not None else None)}")
     print("events:")
     table(
         events,

@@ -115,6 +115,51 @@ def version_state(ctx: Context, document_id: int) -> VersionState:
     return state
 
 
+@dataclass
+class JobVersion:
+    """Where one job stands among its document's versions: the Document page's "serves search"
+    and version line, for one job (the Jobs page and ``sluice show JOB``)."""
+
+    serves_search: bool  # the document's active job: the one search answers from
+    serving_job_id: int | None  # the job search serves for this document (or its live version)
+    replaced_by_job: int | None  # a job that was built, no longer serving: the later one serving
+    version_state: str  # VersionState.state: serving, replacement_failed, replaced, ... or ""
+    version_message: str  # the document's version line (an external id's), or ""
+    message: str  # what the job is to search, in words
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def job_version(ctx: Context, job_id: int) -> JobVersion | None:
+    """The job's place among its document's versions (None: no such job)."""
+    with Session(ctx.engine) as session:
+        job = session.get(Job, job_id)
+        doc = session.get(Document, job.document_id) if job is not None else None
+        if job is None or doc is None:
+            return None
+    version = version_state(ctx, doc.id)
+    with Session(ctx.engine) as session:
+        live = session.get(Document, version.serving_document_id or doc.id)
+        serving = live.active_job_id if live is not None and live.deleted_at is None else None
+    built = job.status in (JobStatus.succeeded, JobStatus.superseded, JobStatus.deleted)
+    replaced_by = serving if built and serving is not None and serving > job.id else None
+    if serving == job.id:
+        message = "serves search (the document's active job)"
+    elif replaced_by is not None:
+        message = f"replaced by job {replaced_by}, which serves search now"
+    elif serving is not None:
+        message = f"does not serve search: job {serving} does"
+    else:
+        gone = ": the document was deleted" if doc.deleted_at is not None else ""
+        message = f"does not serve search{gone}"
+    if version.message:
+        message += f"; external id {version.external_id}: {version.message}"
+    return JobVersion(
+        serving == job.id, serving, replaced_by, version.state, version.message, message
+    )
+
+
 def _pending(session: Session, doc: Document) -> tuple[int | None, str] | None:
     """The replacement of ``doc`` not serving yet, as (its version, how it stands), or None."""
     if doc.external_id is None:

@@ -7,7 +7,7 @@ import streamlit as st
 from streamlit_autorefresh import st_autorefresh
 
 from sluice.console import diagnose, ui
-from sluice.ops import actions, exports, health, reads
+from sluice.ops import actions, exports, health, reads, replacing
 from sluice.storage.models import ErrorKind, JobStatus, Stage, utcnow
 from sluice.storage.queries import SORTABLE, JobFilter
 
@@ -46,6 +46,7 @@ def show_detail(d: reads.JobDetail) -> None:
     box = st.container(border=True)
     _detail_head(box, d)
     _detail_facts(box, d)
+    _detail_version(box, d)
     _detail_waiting(box, d)
     _detail_outcome(box, d)
     _detail_actions(box, d.row)
@@ -90,6 +91,17 @@ def _detail_facts(box, d: reads.JobDetail) -> None:
         box.progress(min(1.0, r["done"] / r["total"]), text=r["progress"])
     elif r["status"] in reads.ACTIVE:
         box.caption(r["progress"])
+
+
+def _detail_version(box, d: reads.JobDetail) -> None:
+    """What the job is to search: its document's active job, replaced by which job, and the
+    version line of an external id (the Document page's words)."""
+    version = replacing.job_version(reads.ctx(), d.row["id"])
+    if version is None:
+        return
+    failed = version.version_state == "replacement_failed"
+    shown = box.warning if failed else box.info if version.version_message else box.caption
+    shown(ui.plain(version.message[0].upper() + version.message[1:] + "."))
 
 
 def _counts(r: dict) -> tuple[str | int | None, str | int | None]:
