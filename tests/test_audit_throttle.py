@@ -50,7 +50,7 @@ def test_fifty_bad_calls_write_one_row_that_counts_them(database_url):
         assert (row.actor_key, row.address, row.reason, row.params.get("repeats")) == (
             lookup,
             "127.0.0.1",
-            "revoked key",
+            "revoked key (and 49 more within 60 s)",
             49,
         )
         _hammer(client, api.url, unknown, 3)  # another token: its own row

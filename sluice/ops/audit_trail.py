@@ -138,7 +138,7 @@ def refused(who: Operator, action: str, reason: str, **kw: Any) -> None:
 def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, **kw: Any) -> None:
     """A refusal that can come in a flood (a bad token, hammered): at most one row per (action,
     API key lookup id or none, address) in ``span`` of the database's clock from that row's time;
-    the refusals after it in the span only count, in the row's ``params["repeats"]``."""
+    the refusals after it in the span only count, in the row's ``params["repeats"]`` and reason."""
     code = kw.pop("code", "refused")
     with _flood_lock, Session(ctx().engine) as session:
         session.info[OWN] = True
@@ -159,7 +159,11 @@ def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, *
             fresh = Watch(who, action, **kw).row(outcome="refused", reason=reason, code=code)
             audit_log.write(session=session, row=fresh)
             return
-        row.params = {**row.params, "repeats": int(row.params.get("repeats", 0)) + 1}
+        repeats = int(row.params.get("repeats", 0)) + 1
+        row.params = {**row.params, "repeats": repeats}
+        # the count where the operator reads (the audit table's outcome), not only in params
+        more = f"{reason} (and {repeats} more within {span.total_seconds():.0f} s)"
+        row.reason = audit_log.scrub(more)[: audit_log.MAX_TEXT]
         session.add(row)
         session.commit()
 
