@@ -37,10 +37,11 @@ from sqlmodel import Session, col, select
 from sluice import faults
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
 from sluice.storage import models, pauses, replacements, source_records, webhook_records
-from sluice.storage.clock import current_time, db_now
+from sluice.storage.clock import as_utc, current_time, db_now
 from sluice.storage.db import matched, stored
 from sluice.storage.models import (
     STAGE_UNITS,
+    Dataset,
     Document,
     Instance,
     Job,
@@ -61,6 +62,9 @@ class ClaimResult:
     job: Job | None
     claimed: bool
     reason: str = ""
+    # read with the claim, as they were then (a claim that holds has them)
+    document: Document | None = None
+    dataset: Dataset | None = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,31 @@ def republish(*, session: Session, job: Job, now: datetime) -> bool:
     )
     _publish(session, job, now)
     return True
+
+
+@dataclass(frozen=True)
+class _Read:
+    """A job as stored now, the database's time, and the rows of its document and dataset."""
+
+    job: Job
+    now: datetime
+    document: Document | None
+    dataset: Dataset | None
+
+
+def _read(session: Session, job_id: int) -> _Read | None:
+    """The job, the database's time, its document and its dataset, in one statement (instead of
+    ``get_job``, ``db_now`` and a read of each row)."""
+    if not 0 < job_id <= MAX_ID:
+        return None
+    row = session.execute(
+        select(Job, current_time(), Document, Dataset)
+        .outerjoin(Document, col(Document.id) == col(Job.document_id))
+        .outerjoin(Dataset, col(Dataset.id) == col(Job.dataset_id))
+        .where(col(Job.id) == job_id)
+        .execution_options(populate_existing=True)
+    ).first()
+    return None if row is None else _Read(row[0], as_utc(row[1]), row[2], row[3])
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:
@@ -377,11 +406,14 @@ def _contended(external_id: str | None, attempt: int, attempts: int) -> None:
 
 
 def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float) -> ClaimResult:
-    """pending/retrying -> running, or a recorded no-op saying why not."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None:
+    """pending/retrying -> running, or a recorded no-op saying why not.
+
+    A pause is not looked up first: the compare-and-set itself refuses a job a pause covers, and
+    only then is the pause read (one statement less per claim)."""
+    found = _read(session, job_id)
+    if found is None:
         return ClaimResult(None, False, "no such job")
-    now = db_now(session)
+    job, now = found.job, found.now
     reason = ""
     if job.status in JobStatus.final():
         reason = f"delivery ignored: job is already {job.status.value}"
@@ -402,9 +434,6 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         add_event(session, job, "noop", message=reason, actor=worker_id)
         session.commit()
         return ClaimResult(job, False, reason)
-    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
-    if held is not None:
-        return _refuse_paused(session, job, held, worker_id, now)
     before = job.status
     ok = _cas(
         session,
@@ -429,7 +458,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         session.rollback()
         job = stored(session, Job, job_id, populate_existing=True)
         held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
-        if held is not None and job.status in CLAIMABLE:  # paused between our look and our claim
+        if held is not None and job.status in CLAIMABLE:  # a pause covers it: wait for the resume
             return _refuse_paused(session, job, held, worker_id, now)
         reason = f"delivery ignored: claimed concurrently (now {job.status.value})"
         add_event(session, job, "noop", message=reason, actor=worker_id)
@@ -446,7 +475,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         data={"lease": job.lease},
     )
     session.commit()
-    return ClaimResult(job, True)
+    return ClaimResult(job, True, document=found.document, dataset=found.dataset)
 
 
 def _refuse_paused(
@@ -480,23 +509,30 @@ def progress(
     """Write stage counts and the heartbeat, and the counts as a ``progress`` event of the log (in
     the same transaction: one small insert per write, which the runner makes at most twice a second,
     never per chunk; none for the last write of indexing, which the success follows at once); return
-    cancel_requested. LeaseLost if not ours (and no event)."""
-    ok = _fenced(
-        session,
-        job_id,
-        lease,
-        stage=stage,
-        done=done,
-        total=total,
-        heartbeat_at=current_time(),
-        **extra,
-    )
-    if not ok:
+    cancel_requested. LeaseLost if not ours (and no event). The fenced update returns what the
+    event needs (no second read of the row just written)."""
+    row = session.execute(
+        update(Job)
+        .where(
+            col(Job.id) == job_id,
+            col(Job.lease) == lease,
+            col(Job.status) == JobStatus.running,
+        )
+        .values(
+            version=Job.version + 1,
+            updated_at=current_time(),
+            stage=stage,
+            done=done,
+            total=total,
+            heartbeat_at=current_time(),
+            **extra,
+        )
+        .returning(col(Job.cancel_requested), col(Job.attempt), col(Job.worker_id))
+        .execution_options(synchronize_session=False)
+    ).first()
+    if row is None:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
-    row = session.execute(
-        select(Job.cancel_requested, Job.attempt, Job.worker_id).where(Job.id == job_id)
-    ).one()
     if not (stage == Stage.indexing and done >= total):  # the success event says that one
         session.add(
             JobEvent(
@@ -603,14 +639,16 @@ def _succeed_once(
 ) -> list[int] | None:
     """One try of ``succeed``: the ids it superseded, or None when a compare-and-set was lost and
     nothing was written (read again and try again)."""
-    job = get_job(session=session, job_id=job_id)
-    if job is None or job.lease != lease or job.status != JobStatus.running:
+    found = _read(session, job_id)
+    if found is None or found.job.lease != lease or found.job.status != JobStatus.running:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
+    job, now, document = found.job, found.now, found.document
     if job.cancel_requested:
         session.rollback()
         raise JobCancelled()
-    document = stored(session, Document, job.document_id, populate_existing=True)
+    if document is None:
+        raise LookupError(f"no Document {job.document_id!r}")
     serving = document.active_job_id
     hidden = document.deleted_at is not None  # a source's removal stays: see _make_active
     keep_hidden = hidden and source_records.is_tombstoned(session, document.id)
@@ -623,7 +661,6 @@ def _succeed_once(
         .execution_options(populate_existing=True)
     ).all()
     faults.hit("before_supersede", job_id=job_id)
-    now = db_now(session)
     if not _mark_succeeded(
         session,
         job,

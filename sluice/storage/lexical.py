@@ -226,10 +226,16 @@ def write_job(
             }
         )
     column, value = ("tsv", "CAST(:terms AS tsvector)") if pg else ("terms", ":terms")
+    # A chunk id is the same for the same bytes and pipeline version: a row another job of this
+    # dataset left with these ids (never the case unless by hand) is taken over, not a conflict
+    # (on SQLite the update trigger keeps the full-text index in step).
     insert = text(
         "INSERT INTO lexical_chunk (dataset_id, chunk_id, document_id, job_id, position, page, "
         f"text, {column}) VALUES (:dataset_id, :chunk_id, :document_id, :job_id, :position, :page, "
-        f":text, {value})"
+        f":text, {value}) ON CONFLICT (dataset_id, chunk_id) DO UPDATE SET "
+        "document_id = excluded.document_id, job_id = excluded.job_id, "
+        "position = excluded.position, page = excluded.page, text = excluded.text, "
+        f"{column} = excluded.{column}"
     )
     with engine.begin() as conn:
         # The delete comes first: on SQLite it takes the write lock, so the check below sees the
@@ -237,17 +243,8 @@ def write_job(
         conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :job_id"), {"job_id": job_id})
         if lease is not None:
             _still_ours(conn, job_id, lease, pg)
-        # A chunk id is the same for the same bytes and pipeline version: a row another job of this
-        # dataset left with these ids (never the case unless by hand) must not block the insert.
         for start in range(0, len(params), BATCH):
-            part = params[start : start + BATCH]
-            conn.execute(
-                text(
-                    "DELETE FROM lexical_chunk WHERE dataset_id = :d AND chunk_id IN :ids"
-                ).bindparams(_expanding("ids")),
-                {"d": dataset_id, "ids": [p["chunk_id"] for p in part]},
-            )
-            conn.execute(insert, part)
+            conn.execute(insert, params[start : start + BATCH])
     return len(params)
 
 

@@ -208,6 +208,7 @@ class Reporter:
         )
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
+        self._fenced = False  # the first fence writes the held counts (see ``fence``)
 
     def check(self) -> None:
         """LeaseLost if the attempt is no longer this thread's, as far as the heartbeat knows."""
@@ -217,8 +218,18 @@ class Reporter:
     def fence(self) -> None:
         """LeaseLost unless the job database says the attempt still owns the job (call right before
         a write to the vector store: a delete or a supersede may have landed since the last beat,
-        and their cleanup must not be followed by one more batch)."""
+        and their cleanup must not be followed by one more batch). Counts held back are written
+        at the attempt's first fence, by the same fenced write that proves it (a small job's only
+        write between its claim and its success); otherwise the job's row is read."""
         self.check()
+        if not self._fenced:
+            self._fenced = True
+            try:
+                if self.flush():
+                    return
+            except LeaseLost:
+                self.lost = True
+                raise
         with Session(self.ctx.engine) as session:
             if not jobs.owns(session=session, job_id=self.job_id, lease=self.lease):
                 self.lost = True
@@ -317,7 +328,7 @@ def run_job(
     beat = Heartbeat(ctx, job, report)
     beat.start()
     try:
-        return _execute(ctx, job, report)
+        return _execute(ctx, job, report, claim)
     except LeaseLost as exc:
         log.warning("job %s: %s; stopping this attempt", job_id, exc)
         return RunOutcome(job_id, "lost", str(exc))
@@ -476,9 +487,9 @@ def _file_replaced(ctx: Context, job: Job, read: str | None) -> str | None:
     return "its new file (the document's file was replaced during the attempt)"
 
 
-def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
+def _execute(ctx: Context, job: Job, report: Reporter, claim: jobs.ClaimResult) -> RunOutcome:
     """One attempt, as its steps: load, parse, chunk, embed and write, verify, finish."""
-    loaded = _load(ctx, job, report)
+    loaded = _load(ctx, job, report, claim)
     if isinstance(loaded, RunOutcome):  # another pipeline version is in force
         return loaded
     document, dataset, s = loaded
@@ -503,8 +514,9 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
     if stale:
         ctx.vectors.delete(out.collection, ids=sorted(stale))
     faults.hit("before_verify", job_id=job.id)
-    again, again_cached = _verify(out, ids, chunks, s.embed_batch_size)
-    embedded, cached = embedded + again, cached + again_cached
+    if existing & set(ids):  # see _verify: what this attempt added itself is there
+        again, again_cached = _verify(out, ids, chunks, s.embed_batch_size)
+        embedded, cached = embedded + again, cached + again_cached
     # The lexical index: every chunk's words under the same ids, all rewritten in one transaction.
     lexical.write_job(
         ctx.engine,
@@ -516,19 +528,21 @@ def _execute(ctx: Context, job: Job, report: Reporter) -> RunOutcome:
         ],
         lease=job.lease,
     )
-    report.update(Stage.indexing, total, total, force=True)
+    report.update(Stage.indexing, total, total)  # the success writes it (and sees a cancel)
     faults.hit("after_index")
     return _finish(out, parsed, total, embedded, cached)
 
 
 def _load(
-    ctx: Context, job: Job, report: Reporter
+    ctx: Context, job: Job, report: Reporter, claim: jobs.ClaimResult
 ) -> tuple[Document, Dataset, Settings] | RunOutcome:
-    """The job's document, dataset and parse settings; an outcome instead when the job's pipeline
-    version is no longer the one in force."""
-    with Session(ctx.engine, expire_on_commit=False) as session:
-        document = stored(session, Document, job.document_id)
-        dataset = stored(session, Dataset, job.dataset_id)
+    """The job's document, dataset (as the claim read them) and parse settings; an outcome
+    instead when the job's pipeline version is no longer the one in force."""
+    document, dataset = claim.document, claim.dataset
+    if document is None or dataset is None:
+        with Session(ctx.engine, expire_on_commit=False) as session:
+            document = stored(session, Document, job.document_id)
+            dataset = stored(session, Dataset, job.dataset_id)
     # The dataset's own parse settings (read with the job, so a change needs no worker restart).
     s = ctx.settings_for(dataset)
     version = ctx.version_for(dataset)
@@ -584,9 +598,10 @@ def _parse(
             pages.append((number, text))
             chars += len(text.strip())
             report.update(Stage.parsing, number, parsed.page_count)
-        # Written on the job as parsing ends: the Jobs page tells it while chunks are embedded.
+        # Written on the job with the first batch (``Reporter.fence``), or sooner by the throttle
+        # or a beat: the Jobs page tells it while chunks are embedded.
         n = parsed.page_count
-        report.update(Stage.parsing, n, n, force=True, page_count=n)
+        report.update(Stage.parsing, n, n, page_count=n)
     finally:
         parsed.close()
     if chars == 0:
@@ -691,7 +706,13 @@ def _verify(out: _Output, ids: list[str], chunks: list[Chunk], bs: int) -> tuple
     """Success is judged on what the index holds now, not on what this attempt believes it wrote:
     ids an earlier attempt left (skipped above) may have gone meanwhile (a repair removed them as
     orphans of a failed job). Write back what is missing, from the cache, and look again; returns
-    (embedded, from cache) of what was written again."""
+    (embedded, from cache) of what was written again.
+
+    Called only when the attempt skipped ids it found: an id this attempt added itself is in the
+    index once the add returned (Chroma answers an add after it is written, and reads see it), and
+    nothing removes a running job's chunks but what also ends its lease (a cancel, a delete, a
+    supersede, the reaper), which the success's compare-and-set then refuses; a repair's delete
+    still in flight is checked by the repair itself (``reconcile.audit``, after its delete)."""
     embedded = cached = 0
     total = len(chunks)
     job = out.job
@@ -746,7 +767,8 @@ def _finish(
         except Exception as exc:  # search already ignores them; reconcile removes them later
             log.warning("could not remove chunks of superseded job %s: %s", old, exc)
     try:  # the versions of its external id this document replaced: their bytes, unless shared
-        remove_replaced_blobs(ctx, job.document_id)
+        if out.document.external_id is not None:  # only a version of an external id replaces
+            remove_replaced_blobs(ctx, job.document_id)
     except Exception as exc:  # kept for now; nothing serves them
         log.warning("could not remove the blobs replaced by document %s: %s", job.document_id, exc)
     return RunOutcome(job.id, "succeeded", f"{total} chunks")

@@ -1,0 +1,86 @@
+"""What one small job costs (issue 31): a first attempt does not read back from Chroma what its own
+add just wrote, and it reaches the job database in few statements; a success still means its
+chunks are in both stores."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sqlalchemy import event
+
+from sluice.ops.ingest import ingest_bytes
+from sluice.pipeline.running.runner import run_job
+from sluice.storage import lexical
+from sluice.storage.models import JobStatus
+from tests.support.helpers import collection, ids_of_job, job
+
+NOTE = b"Tide table for the north harbour: high water at 06:12 and 18:40, pilot boarding at buoy 4."
+
+# The claim (the job, its document and dataset and the time in one read; its update and event;
+# commit: 4), the held counts written by the first batch's fence (update, event, commit: 3), the
+# lexical rows (delete, ownership, insert, commit: 4), the success (the job and its document, the
+# document's other jobs, the updates of job and document, its event, commit: 6). The code before
+# issue 31 made 30: a pause, the time and the rows read apart, each update read back, two more
+# progress writes and a lexical delete per batch.
+STATEMENT_BUDGET = 17
+
+
+class ChromaSpy:
+    """The vector store, with every call it gets counted."""
+
+    def __init__(self, store) -> None:
+        self.store, self.calls = store, Counter()
+
+    def __getattr__(self, name):
+        found = getattr(self.store, name)
+        if not callable(found):
+            return found
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return found(*args, **kwargs)
+
+        return counted
+
+
+def test_a_first_attempt_writes_its_chunks_without_reading_them_back(database_url, make_ctx):
+    ctx = make_ctx()
+    r = ingest_bytes(ctx, NOTE, dataset="default", filename="tides.txt")
+    store = ctx.vectors
+    spy = ChromaSpy(store)
+    ctx.__dict__["vectors"] = spy
+    try:
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    finally:
+        ctx.__dict__["vectors"] = store
+    assert spy.calls == Counter({"add": 1}), spy.calls  # before: an ids_where after the add too
+    j = job(ctx, r.job_id)
+    assert j.status == JobStatus.succeeded and j.chunk_count == 1
+    assert len(ids_of_job(ctx, r.job_id)) == 1 == lexical.count_job(ctx.engine, r.job_id)
+
+
+def test_a_small_job_reaches_the_job_database_in_few_statements(database_url, make_ctx):
+    ctx = make_ctx()
+    r = ingest_bytes(ctx, NOTE, dataset="default", filename="tides.txt")
+    ctx.vectors.collection(collection(ctx))  # the collection made before counting
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        seen.append(" ".join(statement.split())[:80])
+
+    def commit(conn) -> None:
+        seen.append("COMMIT")
+
+    event.listen(ctx.engine, "before_cursor_execute", count)
+    event.listen(ctx.engine, "commit", commit)
+    try:
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", count)
+        event.remove(ctx.engine, "commit", commit)
+    # before: 25 statements and 5 commits
+    assert len(seen) <= STATEMENT_BUDGET, "\n".join(seen)
+    assert seen.count("COMMIT") == 4, "\n".join(seen)  # claim, counts, lexical rows, success
+    j = job(ctx, r.job_id)
+    assert (j.status, j.page_count, j.done, j.total) == (JobStatus.succeeded, 1, 1, 1)
+    assert len(ids_of_job(ctx, r.job_id)) == 1 == lexical.count_job(ctx.engine, r.job_id)
