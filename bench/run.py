@@ -127,6 +127,28 @@ def peer_available() -> str:
     return ""
 
 
+HAYSTACK_MODULES = (
+    "haystack",
+    "haystack_integrations.components.embedders.sentence_transformers",
+    "haystack_integrations.document_stores.chroma",
+    "pypdf",
+)
+
+
+def haystack_available() -> str:
+    """Empty when Haystack's indexing pipeline can run; otherwise why not."""
+    import importlib.util
+
+    for name in HAYSTACK_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            return f"{name} is not installed (`pip install -e '.[peer-haystack]'`)"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -210,6 +232,10 @@ def measure(svc: Services, plan: Plan) -> dict:
     }
     why_no_peer = peer_available()
     out["peer_unavailable"] = why_no_peer
+    why_no_haystack = haystack_available()
+    out["haystack_unavailable"] = why_no_haystack
+    if why_no_haystack:
+        log(f"Haystack is skipped: {why_no_haystack}")
     settings_common = {"SLUICE_EMBED_BATCH_SIZE": str(BATCH)}
 
     for r in range(plan.rounds):
@@ -236,21 +262,7 @@ def measure(svc: Services, plan: Plan) -> dict:
             f"round {r + 1}: a stream of {len(small_paths)} small documents, its raw limit, then "
             f"Sluice ({auto})"
         )
-        rnd["small_limit"] = subprocess_json(
-            "bench.encode",
-            {
-                "paths": [str(p) for p in small_paths],
-                "chunk_size": 800,
-                "chunk_overlap": 100,
-                "batch": BATCH,
-                "precisions": [auto],
-                "chroma_url": svc.chroma.url,
-                "modes": ["packed"],
-                "plain": [],
-            },
-            work,
-            1800,
-        )
+        rnd["small_limit"] = small_limit(svc, small_paths, auto)
         rnd["small"] = ingest_corpus(
             svc,
             small_paths,
@@ -315,6 +327,33 @@ def measure(svc: Services, plan: Plan) -> dict:
             except RuntimeError as exc:
                 why_no_peer = f"LlamaIndex failed: {str(exc).strip().splitlines()[-1]}"
                 out["peer_unavailable"] = why_no_peer
+        # Haystack in the first round only (both setups and its recall): three rounds of it would
+        # take the full bench past its time budget.
+        if not why_no_haystack and r == 0:
+            log(f"round {r + 1}: Haystack's indexing pipeline, fp32 then default setup")
+            try:
+                hay = subprocess_json(
+                    "bench.peer",
+                    {
+                        "peer": "haystack",
+                        "paths": [str(p) for p in paths],
+                        # its embedder's default batch is 32: then the documented setup is the
+                        # fp32 one at Sluice's batch, measured once
+                        "setups": ["fp32"] if BATCH == 32 else ["fp32", "default"],
+                        "batch": BATCH,
+                        "chroma_url": svc.chroma.url,
+                        "facts": fact_dicts,
+                    },
+                    work,
+                    1800,
+                )
+                rnd["haystack_fp32"] = hay["fp32"]
+                rnd["haystack_default"] = hay.get("default", hay["fp32"])
+                out["haystack"] = hay["haystack"]
+            except RuntimeError as exc:
+                why_no_haystack = f"Haystack failed: {str(exc).strip().splitlines()[-1]}"
+                out["haystack_unavailable"] = why_no_haystack
+                log(why_no_haystack)
         out["rounds"].append(rnd)
 
     from bench.orchestration import huey_noop_per_second, sluice_jobs_per_second
@@ -399,6 +438,21 @@ def measure(svc: Services, plan: Plan) -> dict:
             }
         )
     return out
+
+
+def small_limit(svc: Services, paths: list[Path], precision: str) -> dict:
+    """The raw limit of the model on the chunks of ``paths`` (``bench.encode``, packed lanes)."""
+    spec = {
+        "paths": [str(p) for p in paths],
+        "chunk_size": 800,
+        "chunk_overlap": 100,
+        "batch": BATCH,
+        "precisions": [precision],
+        "chroma_url": svc.chroma.url,
+        "modes": ["packed"],
+        "plain": [],
+    }
+    return subprocess_json("bench.encode", spec, svc.workdir, 1800)
 
 
 def count_chunks(path: Path) -> int:
@@ -575,6 +629,29 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
         )
 
     s2 = "2. Peer (chunks/s on the same corpus and model)"
+
+    def peer_rows(name: str, key: str, rounds_of, note: str) -> None:
+        """A peer's chunks/s in its fp32 and default setups, and Sluice's ratios to them."""
+        for setup, label in (("fp32", "fp32 ("), ("default", "default setup (fp32, ")):
+            batch = rounds[0][f"{key}_{setup}"]["batch"]
+            t.add(
+                s2,
+                f"{name} {label}embed batch {batch})",
+                rounds_of(lambda d, k=f"{key}_{setup}": cps(d[k])),
+                digits=1,
+                note=note if setup == "fp32" else "",
+            )
+        for ours, setup, target in (("fp32", "fp32", 1.25), ("auto", "default", 2.5)):
+            t.add(
+                s2,
+                f"Sluice {ours} / {name} {'fp32' if setup == 'fp32' else 'default setup'}",
+                rounds_of(lambda d, o=ours, k=f"{key}_{setup}": cps(d[f"sluice_{o}"]) / cps(d[k])),
+                unit="x",
+                digits=2,
+                target=f">= {target}",
+                ok=lambda v, x=target: v >= x,
+            )
+
     t.add(
         s2,
         "plain script fp32 (parse, split, encode, add)",
@@ -608,38 +685,19 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
             digits=2,
         )
     else:
-        li32, lidef = rounds[0]["llama_fp32"], rounds[0]["llama_default"]
-        t.add(
-            s2,
-            f"LlamaIndex fp32 (embed batch {li32['batch']})",
-            per_round(lambda d: cps(d["llama_fp32"])),
-            digits=1,
-            note=f"{li32['chunks']} chunks (Sluice: {chunks})",
+        li32 = rounds[0]["llama_fp32"]
+        peer_rows("LlamaIndex", "llama", per_round, f"{li32['chunks']} chunks (Sluice: {chunks})")
+    hay32, haydef = rounds[0].get("haystack_fp32"), rounds[0].get("haystack_default")
+    if hay32 and haydef:
+        peer_rows(
+            "Haystack",
+            "haystack",
+            lambda fn: [fn(d) for d in rounds[:1]],  # one round of Haystack (see measure)
+            f"{hay32['chunks']} chunks (Sluice: {chunks}); haystack-ai {raw.get('haystack', '?')}, "
+            "its documented indexing pipeline; the first round only",
         )
-        t.add(
-            s2,
-            f"LlamaIndex default setup (fp32, embed batch {lidef['batch']})",
-            per_round(lambda d: cps(d["llama_default"])),
-            digits=1,
-        )
-        t.add(
-            s2,
-            "Sluice fp32 / LlamaIndex fp32",
-            per_round(lambda d: cps(d["sluice_fp32"]) / cps(d["llama_fp32"])),
-            unit="x",
-            digits=2,
-            target=">= 1.25",
-            ok=lambda v: v >= 1.25,
-        )
-        t.add(
-            s2,
-            "Sluice auto / LlamaIndex default",
-            per_round(lambda d: cps(d["sluice_auto"]) / cps(d["llama_default"])),
-            unit="x",
-            digits=2,
-            target=">= 2.5",
-            ok=lambda v: v >= 2.5,
-        )
+    elif raw.get("haystack_unavailable"):
+        t.rows.append(_text_row(s2, "Haystack", "not run", "", None, raw["haystack_unavailable"]))
     systems = [
         ("Sluice auto", rounds[0]["sluice_auto"].get("ranks")),
         ("Sluice fp32", rounds[0]["sluice_fp32"].get("ranks")),
@@ -648,6 +706,11 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
         systems += [
             ("LlamaIndex fp32", rounds[0]["llama_fp32"].get("ranks")),
             ("LlamaIndex default", rounds[0]["llama_default"].get("ranks")),
+        ]
+    if hay32 and haydef:
+        systems += [
+            ("Haystack fp32", hay32.get("ranks")),
+            ("Haystack documented setup", haydef.get("ranks")),
         ]
     best1 = max((recall_at(r, 1) for _, r in systems[2:] if r), default=0.0)
     best10 = max((recall_at(r, 10) for _, r in systems[2:] if r), default=0.0)
@@ -842,6 +905,8 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
     extra = []
     if no_peer:
         extra.append(f"Peer: not run ({no_peer}).")
+    if raw.get("haystack_unavailable"):
+        extra.append(f"Haystack: not run ({raw['haystack_unavailable']}).")
     return t, precision, corpus_text, extra
 
 
