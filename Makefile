@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The suite's processes (pytest-xdist): each starts its own Redis and Chroma servers; 2 fits 2 cores
+TEST_WORKERS ?= 2
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -13,7 +15,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help setup run test test-fast test-unit lint bench bench-quick bench-retrieval bench-cpu bench-fairness bench-api bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
+.PHONY: help setup run test test-fast test-unit fuzz lint bench bench-quick bench-retrieval bench-cpu bench-fairness bench-api bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -58,9 +60,9 @@ wild-tools: browser
 wild-corpus: setup wild-tools
 	$(BIN)/python -m bench.wild_corpus
 
-## test: set up, then the whole suite (slow real-model, crash and browser tests included)
+## test: set up, then the whole suite (slow real-model, crash and browser tests included), in TEST_WORKERS processes
 test: setup browser ocr
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 ## test-unit: the tests that need no server (job store on a temp SQLite file, queries, pure stages): seconds
 test-unit: setup
@@ -68,7 +70,11 @@ test-unit: setup
 
 ## test-fast: everything but the slow and browser tests
 test-fast: setup ocr
-	$(BIN)/python -m pytest -m "not slow and not browser"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow and not browser"
+
+## fuzz: schemathesis over every API operation on SQLite and PostgreSQL with 100 cases each (the suite runs 8)
+fuzz: setup
+	SLUICE_FUZZ_EXAMPLES=100 $(BIN)/python -m pytest -p no:cacheprovider tests/test_api_fuzz.py -q
 
 ## lint: ruff's checks, ruff's format check and mypy (CI runs it before the tests)
 lint: setup

@@ -86,10 +86,20 @@ def _reset_process_state() -> None:
 
 def pytest_collection_modifyitems(config, items):
     """Tests that need the session's Redis and Chroma servers are marked ``servers``: ``-m "not
-    servers"`` runs the rest (job store, queries, pure stages) without starting any."""
+    servers"`` runs the rest (job store, queries, pure stages) without starting any.
+
+    The slow and browser tests go first (in their own order otherwise): in a parallel run
+    (``make test``, pytest-xdist) a long test handed out last would leave the other process idle
+    while it runs. Every process sorts the same collection the same way, as xdist requires."""
     for item in items:
         if "services" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.servers)
+    long_first = [
+        i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("browser")
+    ]
+    if long_first:
+        chosen = {id(i) for i in long_first}
+        items[:] = long_first + [i for i in items if id(i) not in chosen]
 
 
 @pytest.fixture
