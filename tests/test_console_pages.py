@@ -224,7 +224,10 @@ def test_pending_job_says_where_it_waits_and_whether_workers_are_alive(ctx, seed
     assert f"Waiting in the queue: position {n} of {n}" in texts(at)
 
 
-def test_running_and_retrying_jobs_say_what_they_wait_for(seeded):
+def test_running_and_retrying_jobs_say_what_they_wait_for(make_ctx):
+    # A lease far longer than the page takes to draw on a busy machine: the seeded heartbeat must
+    # still be fresh when the page reads it (with the suite's 4 s lease it reads as a lost worker).
+    seeded = seed_every_state(make_ctx(SLUICE_LEASE_SECONDS="600"))
     at = open_console("jobs", query={"job": str(seeded["running"][0])})
     assert "Running on seed-host:4242 (embedding 320/500 chunks)" in texts(at)
     assert "**Chunks**  \n500" in texts(at)  # the count the worker reported, not a dash
@@ -450,7 +453,7 @@ def test_a_running_job_is_judged_by_the_database_clock_not_the_consoles(seeded, 
     assert "Running on seed-host:4242 (embedding 320/500 chunks)" in page and "Stalled" not in page
 
 
-def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(ctx):
+def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(make_ctx):
     """The fleet's reaper tick is on the System page: never run, ran recently, silent too long, and
     the grace after a silence during which no running job is taken back."""
     from datetime import timedelta
@@ -460,6 +463,10 @@ def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(ctx):
 
     from sluice.pipeline.queueing import recovery
     from sluice.storage.models import Instance
+
+    # Beats of 20 s make the grace after a silence a minute (three beats), longer than the console
+    # takes to draw on a busy machine; with the suite's 0.5 s beats the hold is over before it shows.
+    ctx = make_ctx(SLUICE_LEASE_SECONDS="240", SLUICE_HEARTBEAT_SECONDS="20")
 
     def system() -> str:
         at = open_console()
