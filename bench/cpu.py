@@ -234,7 +234,8 @@ def steps_table(after: dict[str, dict], before: dict | None) -> str:
         "to Chroma and the embedding cache the same way. Statements and calls per document; ms "
         "are wall milliseconds inside those calls in the worker (SQLite runs in the process, so "
         "nearly all of it is the worker's CPU); a row's kinds list what its statements are "
-        "(xN: N per document; COMMIT counts the transactions).",
+        "(xN: N per document; COMMIT counts the transactions; beside a before column, the kinds "
+        "are the after run's).",
         "",
     ]
     for name, run in after.items():
