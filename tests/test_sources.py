@@ -249,6 +249,27 @@ def test_a_failed_s3_listing_removes_nothing(s3side, moto, make_ctx):
 
 
 @pytest.mark.slow  # a killed process
+def test_an_s3_edit_of_the_same_size_in_the_same_second_is_seen_by_its_etag(
+    s3side, make_ctx, monkeypatch
+):
+    """S3 gives modification times to the second: an edit that keeps the size and lands in the
+    same second as the version before looks unchanged by size and time. Its ETag moved."""
+    from sluice.ops import sources_listing
+
+    monkeypatch.setattr(sources_listing, "_ns", lambda when: 1_700_000_000 * 10**9)  # one second
+    ctx = make_ctx()
+    s3side.put("a.txt", body(1).replace(b"zq1v0", b"zq1aa"))
+    s3side.add_source(ctx)
+    assert sources.sync(ctx, "src", actor="test").counts["added"] == 1 and run_pending(ctx) == 1
+    assert found(ctx, "zq1aa") == {"a.txt"}
+    s3side.put("a.txt", body(1).replace(b"zq1v0", b"zq1bb"))  # the same size, other words
+    again = sources.sync(ctx, "src", actor="test")
+    assert again.counts["changed"] == 1, again.message
+    assert run_pending(ctx) == 1
+    assert found(ctx, "zq1bb") == {"a.txt"} and found(ctx, "zq1aa") == set()
+    assert sources.sync(ctx, "src", actor="test").counts["unchanged"] == 1  # and no re-read
+
+
 def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, sluice_env):
     ctx = make_ctx()
     share = FolderSide(tmp_path / "share")

@@ -386,7 +386,7 @@ class _Sync:
             before = row.document_id if row is not None else None
             if row is None:
                 row = SourceEntry(source_id=self.src.id, path=path, size=0, mtime_ns=0, sha256=sha)
-            row.size, row.mtime_ns, row.sha256 = seen.size, seen.mtime_ns, sha
+            row.size, row.mtime_ns, row.etag, row.sha256 = seen.size, seen.mtime_ns, seen.etag, sha
             row.updated_at = db_now(session)
             if not keep:
                 row.document_id, row.job_id = document_id, job_id
@@ -408,7 +408,7 @@ class _Sync:
                 session.flush()
             row = _entry(session, self.src.id, old)
             assert row is not None
-            row.path, row.size, row.mtime_ns = new, seen.size, seen.mtime_ns
+            row.path, row.size, row.mtime_ns, row.etag = new, seen.size, seen.mtime_ns, seen.etag
             row.updated_at = db_now(session)
             session.add(row)
             doc = session.get(Document, row.document_id) if row.document_id else None

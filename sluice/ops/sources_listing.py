@@ -31,6 +31,9 @@ class SourceUnreadable(OSError):
 class Seen:
     size: int
     mtime_ns: int
+    # An object store's ETag ("" for a folder): S3 gives times to the second, so an edit of the same
+    # size within that second changes only the ETag
+    etag: str = ""
 
 
 @dataclass
@@ -177,7 +180,9 @@ class S3Reader(SourceReader):
                     rel = obj["Key"][len(self.prefix) :].lstrip("/")
                     if not rel or rel.endswith("/") or not wanted(rel, self.include, self.exclude):
                         continue
-                    out.files[rel] = Seen(int(obj["Size"]), _ns(obj["LastModified"]))
+                    out.files[rel] = Seen(
+                        int(obj["Size"]), _ns(obj["LastModified"]), obj.get("ETag", "")
+                    )
         except Exception as exc:  # any failure of the listing: it is incomplete
             out.error = f"{type(exc).__name__}: {exc}"
         return out
@@ -189,7 +194,8 @@ class S3Reader(SourceReader):
             size = int(got["ContentLength"])
             if size > max_bytes:
                 raise SourceUnreadable(f"{rel} is larger than the upload limit")
-            return got["Body"].read(), Seen(size, _ns(got["LastModified"]))
+            body = got["Body"].read()
+            return body, Seen(size, _ns(got["LastModified"]), got.get("ETag", ""))
         except SourceUnreadable:
             raise
         except Exception as exc:

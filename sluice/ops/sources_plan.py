@@ -24,6 +24,7 @@ class Known:
     sha256: str
     document_id: int | None = None
     removed: bool = False  # a tombstone
+    etag: str = ""
 
 
 @dataclass
@@ -67,11 +68,16 @@ class Plan:
 
 
 def to_read(files: Mapping[str, Seen], known: Mapping[str, Known]) -> list[str]:
-    """The listed files whose bytes must be read: new ones, and those whose size or time moved."""
+    """The listed files whose bytes must be read: new ones, and those whose size, time or ETag
+    moved."""
     out = []
     for path, seen in files.items():
         k = known.get(path)
-        if k is None or k.removed or (k.size, k.mtime_ns) != (seen.size, seen.mtime_ns):
+        if (
+            k is None
+            or k.removed
+            or (k.size, k.mtime_ns, k.etag) != (seen.size, seen.mtime_ns, seen.etag)
+        ):
             out.append(path)
     return sorted(out)
 

@@ -32,7 +32,15 @@ log = logging.getLogger(__name__)
 def known_entries(session: Session, source_id: int) -> dict[str, Known]:
     """What the source's syncs recorded, by path (tombstones included)."""
     return {
-        r.path: Known(r.path, r.size, r.mtime_ns, r.sha256, r.document_id, r.removed_at is not None)
+        r.path: Known(
+            r.path,
+            r.size,
+            r.mtime_ns,
+            r.sha256,
+            r.document_id,
+            r.removed_at is not None,
+            r.etag or "",
+        )
         for r in records.entries(session, source_id)
     }
 

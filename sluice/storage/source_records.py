@@ -57,6 +57,7 @@ class SourceEntry(SQLModel, table=True):
     path: str = Field(max_length=1000)
     size: int = Field(sa_column=Column(BigInteger, nullable=False))
     mtime_ns: int = Field(sa_column=Column(BigInteger, nullable=False))
+    etag: str | None = Field(default=None, max_length=200)  # an object store's ETag (S3 sources)
     sha256: str = Field(max_length=64, index=True)
     document_id: int | None = Field(default=None, index=True)
     job_id: int | None = None
