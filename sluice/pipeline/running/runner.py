@@ -528,7 +528,8 @@ def _execute(ctx: Context, job: Job, report: Reporter, claim: jobs.ClaimResult) 
         ],
         lease=job.lease,
     )
-    report.update(Stage.indexing, total, total)  # the success writes it (and sees a cancel)
+    # Written before the success: a worker that dies here leaves its job at indexing, counted.
+    report.update(Stage.indexing, total, total, force=True)
     faults.hit("after_index")
     return _finish(out, parsed, total, embedded, cached)
 
