@@ -465,7 +465,7 @@ def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(make_c
     from sluice.storage.models import Instance
 
     # Beats of 20 s make the grace after a silence a minute (three beats), longer than the console
-    # takes to draw on a busy machine; with the suite's 0.5 s beats the hold is over before it shows.
+    # takes to draw on a busy machine; with the suite's 0.5 s beats it is over before it shows.
     ctx = make_ctx(SLUICE_LEASE_SECONDS="240", SLUICE_HEARTBEAT_SECONDS="20")
 
     def system() -> str:
