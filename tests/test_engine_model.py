@@ -211,7 +211,9 @@ class EngineModel(RuleBasedStateMachine):
 
     @rule(
         i=PICK,
-        how=st.sampled_from(["success", "success", "transient", "permanent", "die", "cancel"]),
+        how=st.sampled_from(
+            ["success", "success", "transient", "permanent", "die", "cancel", "metadata"]
+        ),
     )
     def worker(self, i: int, how: str) -> None:
         """A worker takes a message from the queue (the dispatcher has put the due ones there
@@ -239,9 +241,7 @@ class EngineModel(RuleBasedStateMachine):
             if how == "cancel":
                 with Session(self.ctx.engine) as session:
                     jobs.request_cancel(session=session, job_ids=[job_id], actor="op")
-            if how == "metadata":  # the document's metadata replaced while its job runs: not
-                # drawn, as the chunks the attempt writes after it carry the old copy (see
-                # test_found_a_metadata_change_while_its_job_runs_leaves_its_later_chunks_stale)
+            if how == "metadata":  # the document's metadata replaced while its job runs
                 with Session(self.ctx.engine) as session:
                     document_id = session.get(Job, job_id).document_id
                 if document_id in self._documents():
@@ -651,13 +651,7 @@ def test_found_a_cancel_of_a_job_retrying_after_it_wrote_chunks_removes_them(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the runner writes the metadata copy of the Document it read when the "
-    "attempt began, so chunks written after a metadata change carry the old copy until a "
-    "reconcile repair (search filters on the document row, so it answers right)",
-)
-def test_found_a_metadata_change_while_its_job_runs_leaves_its_later_chunks_stale(
+def test_found_a_metadata_change_while_its_job_runs_reaches_the_chunks_it_writes_later(
     model_ctx, monkeypatch
 ):
     replay(

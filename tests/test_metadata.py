@@ -13,6 +13,7 @@ from sluice.ops import metadata as meta
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
 from sluice.pipeline.reconcile.audit import reconcile
+from sluice.pipeline.running import chunk_copies
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document
 from tests.support.helpers import collection, ids_of_job, job
@@ -207,7 +208,7 @@ def test_a_metadata_change_is_atomic_for_a_concurrent_searcher(database_url, mak
     with Session(ctx.engine) as session:
         vectors_before = ctx.vectors.get(collection(ctx), all_ids, include=["embeddings"])
         attempts_before = session.get(type(target), target.id).attempt
-    monkeypatch.setattr(meta, "REWRITE_BATCH", 2)  # several rewrite steps, a window between each
+    monkeypatch.setattr(chunk_copies, "REWRITE_BATCH", 2)  # several rewrite steps, a window each
     seen: list[dict] = []
 
     def searcher(document_id, done):

@@ -310,8 +310,6 @@ def matching_documents(session: Session, dataset_id: int | None, where: Where) -
 
 # --- changing a document's metadata ---------------------------------------------------------------
 
-REWRITE_BATCH = 500  # chunks whose copy one request to the vector store rewrites
-
 
 class UnknownDocument(LookupError):
     pass
@@ -350,18 +348,9 @@ def rewrite_chunk_copies(
     ctx: Context, collection: str, document_id: int, metadata: dict[str, Any]
 ) -> int:
     """Make every chunk of the document in the vector store carry ``metadata`` (all its jobs)."""
-    from sluice.storage import vectors
+    from sluice.pipeline.running import chunk_copies
 
-    ids = ctx.vectors.ids_where(collection, {"document_id": document_id})
-    fields = vectors.metadata_fields(metadata)
-    done = 0
-    for start in range(0, len(ids), REWRITE_BATCH):
-        if start:
-            faults.hit("metadata_rewrite_batch", document_id=document_id, done=done)
-        done += ctx.vectors.set_metadata_fields(
-            collection, ids[start : start + REWRITE_BATCH], fields
-        )
-    return done
+    return chunk_copies.rewrite(ctx, collection, {"document_id": document_id}, metadata)
 
 
 def filtered_documents(

@@ -586,6 +586,7 @@ def succeed(
     warnings: Sequence[str] = (),
     stages: dict[str, float] | None = None,
     attempts: int = 5,
+    read: Callable[[Document], None] | None = None,
 ) -> list[int]:
     """running -> succeeded; makes this job the document's searchable one. Each warning (a page
     skipped, a file that needed repair) is a ``warning`` event of the job; ``stages`` (seconds per
@@ -599,7 +600,7 @@ def succeed(
     compare-and-set: an older version's job still running on an old worker can then never finish
     later and take search back. A lost compare-and-set reads again and tries again; nothing is
     written unless all of it is. Returns the ids of the superseded jobs (the caller removes their
-    chunks).
+    chunks). ``read`` is called with the document as the transaction that succeeded read it.
     """
     for _ in range(attempts):
         superseded = _succeed_once(
@@ -613,6 +614,7 @@ def succeed(
             cached=cached,
             warnings=warnings,
             stages=stages,
+            read=read,
         )
         if superseded is not None:
             return superseded
@@ -636,6 +638,7 @@ def _succeed_once(
     cached: int,
     warnings: Sequence[str],
     stages: dict[str, float] | None,
+    read: Callable[[Document], None] | None = None,
 ) -> list[int] | None:
     """One try of ``succeed``: the ids it superseded, or None when a compare-and-set was lost and
     nothing was written (read again and try again)."""
@@ -673,6 +676,36 @@ def _succeed_once(
     ):
         session.rollback()
         return None  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
+    _record_success(
+        session, job, worker_id, chunk_count, page_count, embedded, cached, warnings, stages
+    )
+    superseded, lost = _supersede(session, job, others, now=now)
+    older = replacements.others_to_retire(session, document)
+    retired = _retire_versions(session, older, by=document, actor=worker_id, now=now)
+    switched = _make_active(
+        session, document, job, serving=serving, hidden=hidden, keep_hidden=keep_hidden
+    )
+    if lost or retired is None or not switched:
+        session.rollback()
+        return None
+    session.commit()
+    if read is not None:
+        read(document)
+    return superseded + retired
+
+
+def _record_success(
+    session: Session,
+    job: Job,
+    worker_id: str,
+    chunk_count: int,
+    page_count: int,
+    embedded: int,
+    cached: int,
+    warnings: Sequence[str],
+    stages: dict[str, float] | None,
+) -> None:
+    """The success event (with its webhook) and one ``warning`` event per warning."""
     logged = add_event(
         session,
         job,
@@ -694,17 +727,6 @@ def _succeed_once(
     webhook_records.record(session, job, "job.succeeded", logged=logged)
     for text in warnings:
         add_event(session, job, "warning", actor=worker_id, message=text)
-    superseded, lost = _supersede(session, job, others, now=now)
-    older = replacements.others_to_retire(session, document)
-    retired = _retire_versions(session, older, by=document, actor=worker_id, now=now)
-    switched = _make_active(
-        session, document, job, serving=serving, hidden=hidden, keep_hidden=keep_hidden
-    )
-    if lost or retired is None or not switched:
-        session.rollback()
-        return None
-    session.commit()
-    return superseded + retired
 
 
 def _retire_versions(

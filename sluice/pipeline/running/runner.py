@@ -40,7 +40,7 @@ from sluice.pipeline.parsing.parse import (
     ParseLimits,
     open_document,
 )
-from sluice.pipeline.running import embed, stopping, timeouts, versions
+from sluice.pipeline.running import chunk_copies, embed, stopping, timeouts, versions
 from sluice.pipeline.running.chunk import Chunk, split_text
 from sluice.pipeline.running.cleanup import remove_partial, remove_replaced_blobs
 from sluice.pipeline.running.context import Context
@@ -747,6 +747,7 @@ def _finish(
 ) -> RunOutcome:
     """Succeed the job (fenced on its lease), then remove the chunks of the jobs it supersedes."""
     ctx, job = out.ctx, out.job
+    read: list[Document] = []  # the document as the success read it, in its transaction
     with Session(ctx.engine, expire_on_commit=False) as session:
         superseded = jobs.succeed(
             session=session,
@@ -759,8 +760,18 @@ def _finish(
             cached=cached,
             warnings=parsed.warnings,
             stages=out.report.stage_seconds(),
+            read=read.append,
         )
+    now_meta = read[-1].metadata_ if read else out.document.metadata_
     faults.hit("after_switch", job_id=job.id)  # search serves this job; older chunks still there
+    if (now_meta or {}) != (out.document.metadata_ or {}):
+        # Changed while this attempt wrote: the change's own rewrite ran before these chunks were
+        # all there (it saw this job inactive or its chunks not yet written). This read comes
+        # after the last batch, so a change later than it finds them all and rewrites them itself.
+        try:
+            chunk_copies.rewrite(ctx, out.collection, {"job_id": job.id}, now_meta)
+        except Exception as exc:  # search filters on the document row; reconcile repairs copies
+            log.warning("job %s: could not bring its chunks' metadata up to date: %s", job.id, exc)
     for old in superseded:
         try:
             ctx.vectors.delete(out.collection, where={"job_id": old})
