@@ -171,6 +171,9 @@ def test_https_and_a_bearer_token_end_to_end(
         done = wait_for(ctx, [result.job_id], timeout=90)[0]
         assert done.status == JobStatus.succeeded, done.error_message
         assert ids_of_job(ctx, done.id) == expected_ids(ctx, done)
+        # The reads a cold search and reconcile make over http.client trust SSL_CERT_FILE too.
+        reader = VectorStore(proxy.url, token=TOKEN)
+        assert reader.count(collection(ctx)) == done.chunk_count
         assert proxy.served > 0 and proxy.refused == 0
     # The vectors are on the server behind the proxy.
     direct = VectorStore(services.chroma.url).get(collection(ctx), ids=expected_ids(ctx, done))

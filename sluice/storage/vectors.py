@@ -376,15 +376,20 @@ class VectorStore:
         parts = urlsplit(self.url)
         base = "/api/v2/tenants/default_tenant/databases/default_database/collections"
         # http.client rather than httpx: importing httpx and making its client cost a cold search
-        # a quarter of a second. https verifies with certifi's bundle, as httpx does.
+        # a quarter of a second. https trusts what httpx trusts: SSL_CERT_FILE or SSL_CERT_DIR when
+        # set (a private CA, as in a deployment behind a TLS proxy), certifi's bundle otherwise.
         conn: http.client.HTTPConnection
         connect = min(10.0, self._timeout)
         if parts.scheme == "https":
+            import os
             import ssl
 
-            import certifi
+            cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+            if not (cafile or capath):
+                import certifi
 
-            context = ssl.create_default_context(cafile=certifi.where())
+                cafile = certifi.where()
+            context = ssl.create_default_context(cafile=cafile, capath=capath)
             conn = http.client.HTTPSConnection(
                 parts.hostname or "", parts.port, timeout=connect, context=context
             )
