@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -82,6 +83,14 @@ def _reset_process_state() -> None:
     reset_settings_cache()
     set_context(None)
     dispose_engines()
+    if "streamlit" in sys.modules:
+        # The console's caches live as long as the process: a page drawn by AppTest in one test
+        # (the Integrity page's reconcile thread and its last report, say) would speak in the next
+        # test that the same process runs.
+        import streamlit as st
+
+        st.cache_data.clear()
+        st.cache_resource.clear()
 
 
 def pytest_collection_modifyitems(config, items):
