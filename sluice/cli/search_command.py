@@ -49,9 +49,7 @@ class ColdContext:
     def vectors(self) -> VectorStore:
         from sluice.storage.vectors import VectorStore
 
-        s = self.settings
-        token = s.chroma_token.get_secret_value() if s.chroma_token else None
-        return VectorStore(s.chroma_url, token=token, auth_header=s.chroma_auth_header)
+        return VectorStore.from_settings(self.settings)
 
     @cached_property
     def query_encoder(self) -> Embedder:

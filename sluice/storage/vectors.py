@@ -183,6 +183,12 @@ class VectorStore:
             0  # query results deleted while a query ran (left out), in all queries so far
         )
 
+    @classmethod
+    def from_settings(cls, s: Any) -> VectorStore:
+        """The store ``SLUICE_CHROMA_URL`` names, with its token and header (``Settings``)."""
+        token = s.chroma_token.get_secret_value() if s.chroma_token else None
+        return cls(s.chroma_url, token=token, auth_header=s.chroma_auth_header)
+
     def _headers(self) -> dict[str, str]:
         if not self._token:
             return {}

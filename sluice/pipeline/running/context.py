@@ -92,9 +92,7 @@ class Context:
 
     @cached_property
     def vectors(self) -> VectorStore:
-        s = self.settings
-        token = s.chroma_token.get_secret_value() if s.chroma_token else None
-        return VectorStore(s.chroma_url, token=token, auth_header=s.chroma_auth_header)
+        return VectorStore.from_settings(self.settings)
 
     @property
     def embedder(self) -> Embedder:
