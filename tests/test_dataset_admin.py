@@ -286,3 +286,30 @@ def test_the_datasets_page_renames_and_deletes_after_the_name_is_typed(ctx):
     assert_ok(at)
     assert dataset_row(ctx, "birds") is None and "dataset 'birds' deleted" in texts(at)
     assert dataset_row(ctx, "beta") is not None
+
+
+def test_a_late_read_or_delete_of_a_dropped_collection_does_not_make_it_again(ctx):
+    """A worker whose job was stopped by a dataset delete may still delete its chunks, and a search
+    or an audit may still read, after the delete dropped the collection: none of them may make it
+    again (before: every call looked its collection up with get_or_create, and a dataset deleted
+    while its job ran could be left with an empty collection of its name, which reconcile then
+    reported)."""
+    indexed(ctx, ALPHA, "alpha", "a.txt")
+    name = dataset_row(ctx, "alpha").collection
+    assert ctx.vectors.count(name) > 0
+    cid = ctx.vectors.window(name, offset=0, limit=1)[0]
+    ctx.vectors.drop_collection(name)
+    stale = type(ctx.vectors).from_settings(ctx.settings)  # another process's view: a held handle
+    stale.collection(name)  # it holds a handle of the collection, which is then dropped
+    ctx.vectors.drop_collection(name)
+    for store in (ctx.vectors, stale):
+        store.delete(name, ids=[cid])
+        store.delete(name, where={"document_id": 1})
+        assert store.get(name, [cid]) == {"ids": [], "metadatas": []}
+        assert store.count(name) == 0
+        assert store.window(name, offset=0, limit=5) == []
+        assert list(store.iter_pages(name)) == []
+        assert store.query(name, [0.0] * 384, n=3) == []
+        assert store.query_ids(name, [[0.0] * 384], n=3) == [[]]
+        assert store.set_metadata_fields(name, [cid], {"k": "v"}) == 0
+        assert not collection_exists(ctx, name)

@@ -155,6 +155,9 @@ class GroupCommit:
                     rows.error = own
 
 
+_NONE = object()  # no such collection (a read or delete that may not make it)
+
+
 def _unknown_collection(exc: BaseException) -> bool:
     """chromadb's NotFoundError for a collection id the server does not know (any more)."""
     return type(exc).__name__ == "NotFoundError" or (
@@ -235,24 +238,51 @@ class VectorStore:
     def heartbeat(self) -> int:
         return self.client.heartbeat()
 
-    def collection(self, name: str):
+    def collection(self, name: str, *, create: bool = True):
+        """This process's handle of collection ``name``. Only a write makes the collection
+        (``create``); a read or delete asks for an existing one and raises chromadb's
+        NotFoundError when there is none, so that a late read or delete of a dataset whose
+        collection was dropped (a dataset delete, a reindex's swap) never makes it again."""
         with self._lock:
             coll = self._collections.get(name)
             if coll is None:
-                coll = self.client.get_or_create_collection(
-                    name,
-                    embedding_function=None,
-                    metadata={"hnsw:space": "cosine"},
-                    configuration={"hnsw": dict(HNSW)},  # a new collection only
-                )
+                if create:
+                    coll = self.client.get_or_create_collection(
+                        name,
+                        embedding_function=None,
+                        metadata={"hnsw:space": "cosine"},
+                        configuration={"hnsw": dict(HNSW)},  # a new collection only
+                    )
+                else:
+                    coll = self.client.get_collection(name, embedding_function=None)
                 self._collections[name] = coll
             return coll
 
-    def _on(self, name: str, call: Callable[[Any], Any]) -> Any:
+    def _on(
+        self, name: str, call: Callable[[Any], Any], *, missing: Callable[[], Any] | None = None
+    ) -> Any:
         """``call(collection)``; when the server no longer knows the handle this process holds (the
         collection was dropped and made again behind its back), look it up again and try once
-        more."""
-        coll = self.collection(name)
+        more. With ``missing`` (reads and deletes) the collection is never made: when there is
+        none, ``missing()`` is the answer."""
+
+        def answer(coll: Any) -> Any:
+            if coll is _NONE:  # only with ``missing``: without it the lookup raised
+                assert missing is not None
+                return missing()
+            return call(coll)
+
+        def handle() -> Any:
+            try:
+                return self.collection(name, create=missing is None)
+            except Exception as exc:
+                if missing is None or not _unknown_collection(exc):
+                    raise
+                return _NONE
+
+        coll = handle()
+        if coll is _NONE:
+            return answer(coll)
         try:
             return call(coll)
         except Exception as exc:
@@ -261,7 +291,7 @@ class VectorStore:
             with self._lock:
                 if self._collections.get(name) is coll:
                     del self._collections[name]
-            return call(self.collection(name))
+        return answer(handle())
 
     def add(
         self,
@@ -319,7 +349,7 @@ class VectorStore:
                     include=include if include is not None else ["metadatas"],
                 )
 
-            page = self._on(name, page_at)
+            page = self._on(name, page_at, missing=lambda: {"ids": []})
             if not page["ids"]:
                 return
             yield page
@@ -329,7 +359,11 @@ class VectorStore:
 
     def window(self, name: str, *, offset: int, limit: int) -> list[str]:
         """The ids of ``limit`` chunks from ``offset`` in the collection's own order."""
-        got = self._on(name, lambda coll: coll.get(limit=limit, offset=offset, include=[]))
+        got = self._on(
+            name,
+            lambda coll: coll.get(limit=limit, offset=offset, include=[]),
+            missing=lambda: {"ids": []},
+        )
         return list(got["ids"])
 
     def get(
@@ -339,7 +373,11 @@ class VectorStore:
         if self._client is None:  # a search's few chunks: over HTTP, as count and query
             got = self._read(name, "get", {"ids": list(ids), "include": include})
             return got or {"ids": [], **{key: [] for key in include}}
-        return self._on(name, lambda coll: coll.get(ids=list(ids), include=include))
+        return self._on(
+            name,
+            lambda coll: coll.get(ids=list(ids), include=include),
+            missing=lambda: {"ids": [], **{key: [] for key in include}},
+        )
 
     def delete(
         self, name: str, *, ids: Sequence[str] | None = None, where: dict[str, Any] | None = None
@@ -351,9 +389,9 @@ class VectorStore:
                 def delete_part(coll: Any, part: list[str] = ids[start : start + PAGE]) -> Any:
                     return coll.delete(ids=part)
 
-                self._on(name, delete_part)
+                self._on(name, delete_part, missing=lambda: None)
         elif where is not None:
-            self._on(name, lambda coll: coll.delete(where=where))
+            self._on(name, lambda coll: coll.delete(where=where), missing=lambda: None)
 
     def set_metadata_fields(self, name: str, ids: Sequence[str], fields: dict[str, Any]) -> int:
         """Make the ``meta_`` fields of these chunks exactly ``fields`` (their other metadata as it
@@ -367,7 +405,7 @@ class VectorStore:
             # Chroma's update merges keys; a key set to None is removed
             stale = {k: None for k in stored_metadata_fields(meta or {}) if k not in fields}
             metas.append({**stale, **fields})
-        self._on(name, lambda coll: coll.update(ids=found, metadatas=metas))
+        self._on(name, lambda coll: coll.update(ids=found, metadatas=metas), missing=lambda: None)
         return len(found)
 
     def _read(self, name: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -443,7 +481,7 @@ class VectorStore:
         if self._client is None:
             got = self._read(name, "count")
             return int(got or 0)
-        return self._on(name, lambda coll: coll.count())
+        return self._on(name, lambda coll: coll.count(), missing=lambda: 0)
 
     def query(
         self, name: str, embedding: np.ndarray, *, n: int, where: dict[str, Any] | None = None
@@ -473,6 +511,7 @@ class VectorStore:
                     where=where,
                     include=include,
                 ),
+                missing=lambda: {key: [[]] for key in ("ids", *include)},
             )
         hits = QueryHits()
         for i, cid in enumerate(res["ids"][0]):
@@ -511,6 +550,7 @@ class VectorStore:
                 n_results=n,
                 include=["distances"],
             ),
+            missing=lambda: {key: [[] for _ in embeddings] for key in ("ids", "distances")},
         )
         return [
             list(zip(ids, map(float, dists), strict=True))
