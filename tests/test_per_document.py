@@ -88,3 +88,33 @@ def test_a_small_job_reaches_the_job_database_in_few_statements(database_url, ma
     j = job(ctx, r.job_id)
     assert (j.status, j.page_count, j.done, j.total) == (JobStatus.succeeded, 1, 1, 1)
     assert len(ids_of_job(ctx, r.job_id)) == 1 == lexical.count_job(ctx.engine, r.job_id)
+
+
+def test_a_dispatch_with_nothing_waiting_is_one_statement(database_url, make_ctx):
+    """Every claim of a worker dispatches (the next message of the window goes out); mostly
+    nothing waits, and then the dispatch is one read (before: the time, the load per dataset and
+    the ranking of the due rows, three). A row that waits is still published."""
+    from sluice.storage.outbox import dispatch
+
+    ctx = make_ctx()
+    published: list[int] = []
+    r = ingest_bytes(ctx, NOTE, dataset="default", filename="tides.txt", publish=published.append)
+    assert published == [r.job_id]  # the upload's own dispatch sent it: nothing waits now
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        seen.append(" ".join(statement.split())[:80])
+
+    event.listen(ctx.engine, "before_cursor_execute", count)
+    try:
+        assert dispatch(engine=ctx.engine, publish=published.append, window=8).sent == []
+        assert len(seen) == 1, "\n".join(seen)
+        later = ingest_bytes(ctx, NOTE + b" again", dataset="default", filename="b.txt")
+        seen.clear()
+        assert dispatch(engine=ctx.engine, publish=published.append, window=8).sent == [
+            later.job_id
+        ]
+        assert len(seen) > 1
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", count)
+    assert published == [r.job_id, later.job_id]

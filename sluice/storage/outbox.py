@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.storage import pauses
-from sluice.storage.clock import db_now
+from sluice.storage.clock import as_utc, current_time, db_now
 from sluice.storage.jobs import CLAIMABLE, republish
 from sluice.storage.models import Dataset, Job, JobStatus, Outbox
 
@@ -48,7 +48,15 @@ def dispatch(
     """
     result = DispatchResult()
     with Session(engine) as session:
-        now = db_now(session)
+        # The time, and whether any row waits at all, in one statement: every worker claim and every
+        # upload dispatches, and mostly nothing waits (the choice below is three more statements,
+        # about a tenth of a small job's time in the worker).
+        stamp, waiting = session.execute(
+            select(current_time(), exists().where(col(Outbox.sent_at).is_(None)))
+        ).one()
+        if not waiting:
+            return result
+        now = as_utc(stamp)
         due = choose(session=session, now=now, limit=limit, window=window)
         if not due:
             return result
