@@ -4,8 +4,9 @@
 
 Per round: the raw limit of the model on the small documents' chunks (``bench.encode``, the
 precision ``auto`` picks), then Sluice on the same 1-3 page PDFs (one worker process, the
-Procfile's 4 threads), then tiny .txt jobs through the real queue with 2 and 4 worker threads
-(``bench.orchestration``). Prints one JSON line per round, with the load average.
+Procfile's 4 threads, or each of ``--threads 4,8``), then tiny .txt jobs through the real queue
+with 2 and 4 worker threads (``--tiny-threads``; ``bench.orchestration``). Prints one JSON line per
+round, with the load average.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=200)
     parser.add_argument("--tiny", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--threads",
+        default=str(SMALL_THREADS),
+        help="worker threads for the small documents, comma-separated to compare (default: the "
+        "Procfile's)",
+    )
+    parser.add_argument(
+        "--tiny-threads", default="2,4", help="worker threads for the tiny jobs, comma-separated"
+    )
     args = parser.parse_args(argv)
     clean_environment()
     from bench.orchestration import sluice_jobs_per_second
@@ -39,19 +49,24 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             load = [os.getloadavg()[0]]
             limit = small_limit(svc, small, auto)[f"raw_{auto}_packed"]
-            run = ingest_corpus(
-                svc,
-                small,
-                name=f"small-{r}",
-                warm=warm,
-                workers=SMALL_THREADS,
-                settings={"SLUICE_EMBED_BATCH_SIZE": str(BATCH), "SLUICE_EMBED_PRECISION": "auto"},
-            )
             limit_cps = limit["chunks"] / limit["seconds"]
-            sluice_cps = run["chunks"] / run["seconds"]
+            sluice = {}
+            for threads in [int(t) for t in args.threads.split(",")]:
+                run = ingest_corpus(
+                    svc,
+                    small,
+                    name=f"small-{r}-w{threads}",
+                    warm=warm,
+                    workers=threads,
+                    settings={
+                        "SLUICE_EMBED_BATCH_SIZE": str(BATCH),
+                        "SLUICE_EMBED_PRECISION": "auto",
+                    },
+                )
+                sluice[threads] = run["chunks"] / run["seconds"]
             tiny = {
                 f"w{w}": sluice_jobs_per_second(svc, jobs=args.tiny, workers=w)["jobs_per_s"]
-                for w in (2, 4)
+                for w in [int(t) for t in args.tiny_threads.split(",") if t]
             }
             load.append(os.getloadavg()[0])
             print(
@@ -60,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                         "round": r + 1,
                         "precision": auto,
                         "small_limit_chunks_per_s": round(limit_cps, 1),
-                        "small_sluice_chunks_per_s": round(sluice_cps, 1),
-                        "small_ratio": round(sluice_cps / limit_cps, 3),
+                        "small_sluice_chunks_per_s": {
+                            f"w{w}": round(cps, 1) for w, cps in sluice.items()
+                        },
+                        "small_ratio": {
+                            f"w{w}": round(cps / limit_cps, 3) for w, cps in sluice.items()
+                        },
                         "small_chunks": run["chunks"],
                         "tiny_jobs_per_s": {k: round(v, 1) for k, v in tiny.items()},
                         "load": load,
