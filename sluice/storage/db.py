@@ -203,9 +203,26 @@ def init_schema(engine: Engine) -> None:
             time.sleep(0.05 * (attempt + 1))
     add_missing_columns(engine)
     add_missing_indexes(engine)
+    fill_outbox_datasets(engine)
     with Session(engine) as session:
         ensure_instance(session=session)
         ensure_dataset(session=session, name=DEFAULT_DATASET)
+
+
+def fill_outbox_datasets(engine: Engine) -> int:
+    """Unsent outbox rows written before ``outbox.dataset_id`` existed get their job's dataset (the
+    dispatcher reads unsent rows by dataset, and ranks any it finds without one apart). One
+    statement; none to fill is an index lookup."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        return conn.execute(
+            text(
+                "UPDATE outbox SET dataset_id = "
+                "(SELECT job.dataset_id FROM job WHERE job.id = outbox.job_id) "
+                "WHERE sent_at IS NULL AND dataset_id IS NULL"
+            )
+        ).rowcount
 
 
 def ensure_instance(*, session: Session) -> str:

@@ -178,7 +178,7 @@ def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
         .execution_options(synchronize_session=False),
     )
     if not waiting:
-        session.add(Outbox(job_id=job.id, available_at=at))
+        session.add(Outbox(job_id=job.id, dataset_id=job.dataset_id, available_at=at))
 
 
 def republish(*, session: Session, job: Job, now: datetime) -> bool:

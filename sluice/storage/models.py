@@ -175,6 +175,8 @@ class Job(SQLModel, table=True):
         # ones.
         Index("ix_job_created_id", "created_at", "id"),
         Index("ix_job_updated_id", "updated_at", "id"),
+        # The few jobs with a priority of their own ("run next"), which the dispatcher ranks apart.
+        Index("ix_job_priority", "priority"),
     )
 
     id: int = Field(default=None, primary_key=True)
@@ -251,10 +253,18 @@ class Pause(SQLModel, table=True):
 
 
 class Outbox(SQLModel, table=True):
-    __table_args__ = (Index("ix_outbox_pending", "sent_at", "available_at"),)
+    __table_args__ = (
+        Index("ix_outbox_pending", "sent_at", "available_at"),
+        # The dispatcher's heads: a dataset's first unsent rows in order, read from the index
+        # whatever the backlog (the datasets with unsent rows are read from it too).
+        Index("ix_outbox_unsent_dataset", "sent_at", "dataset_id", "id"),
+    )
 
     id: int = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="job.id", index=True)
+    # The job's dataset (a job never changes dataset), kept here for the index above. Rows written
+    # before it existed are filled in when the schema is brought up to date (``db.init_schema``).
+    dataset_id: int | None = None
     created_at: datetime = Field(default_factory=utcnow)
     available_at: datetime = Field(default_factory=utcnow)
     sent_at: datetime | None = None

@@ -10,9 +10,11 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, exists, func, or_, update
+from sqlalchemy import Integer, and_, bindparam, exists, func, or_, text, union_all, update
+from sqlalchemy import select as sql_select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
@@ -21,7 +23,7 @@ from sluice import faults
 from sluice.storage import pauses
 from sluice.storage.clock import as_utc, current_time, db_now
 from sluice.storage.jobs import CLAIMABLE, republish
-from sluice.storage.models import Dataset, Job, JobStatus, Outbox
+from sluice.storage.models import Dataset, Job, JobStatus, Outbox, Pause
 
 
 @dataclass
@@ -179,27 +181,8 @@ def choose(
     room = min(limit, window - in_flight)
     if room <= 0:
         return []
-    rank = func.row_number().over(
-        partition_by=col(Job.dataset_id), order_by=(_priority().desc(), col(Outbox.id))
-    )
-    heads = (
-        select(  # type: ignore[call-overload]  # sqlmodel types select() up to 4 columns
-            col(Outbox.id).label("row_id"),
-            col(Outbox.job_id),
-            col(Job.status),
-            col(Job.dataset_id),
-            _priority().label("priority"),
-            rank.label("rank"),
-        )
-        .join(Job, Job.id == Outbox.job_id)
-        .join(Dataset, Dataset.id == Job.dataset_id)
-        .where(*_due(now))
-        .subquery()
-    )
     queues: dict[int, deque] = defaultdict(deque)
-    for row in session.execute(
-        select(heads).where(heads.c.rank <= room).order_by(heads.c.rank)
-    ).all():
+    for row in heads(session=session, now=now, room=room):
         queues[row.dataset_id].append(row)
     chosen: list[tuple[int, int, JobStatus]] = []
     while queues and len(chosen) < room:
@@ -212,6 +195,138 @@ def choose(
         if not queues[dataset_id]:
             del queues[dataset_id]
     return chosen
+
+
+@dataclass(frozen=True)
+class Head:
+    """A due outbox row as the dispatcher ranks it."""
+
+    row_id: int
+    job_id: int
+    status: str
+    dataset_id: int
+    priority: int
+
+
+def _head_columns() -> tuple[Any, ...]:
+    return (
+        col(Outbox.id),
+        col(Outbox.job_id),
+        col(Job.status),
+        col(Job.dataset_id),
+        _priority(),
+    )
+
+
+def heads(*, session: Session, now: datetime, room: int) -> list[Head]:
+    """The first ``room`` due rows of each dataset with any, by priority (highest first) then row
+    id, each dataset's in that order: what ``choose`` takes its turns from.
+
+    Read from indexes whatever the backlog (ranking every due row cost each dispatch, so each claim,
+    2 microseconds per waiting row: 36 ms at 18,000): the datasets with unsent rows, then in one
+    statement each dataset's first ``room`` unsent rows of jobs without a priority of their own, in
+    row order (they all share the dataset's priority, so no later one of them can rank before
+    these), and apart the rare rows whose job has a priority of its own, and any row written
+    without its dataset."""
+    if session.execute(select(Pause.id).where(col(Pause.dataset_id).is_(None)).limit(1)).first():
+        return []  # the whole queue is paused
+    paused = set(session.execute(select(Pause.dataset_id)).scalars())
+    dataset_ids = [
+        d for d in session.execute(_DATASETS_WAITING).scalars() if d is not None and d not in paused
+    ]
+    found: dict[int, Head] = {}
+
+    def take(statement: Any, now: datetime | None = None, **params: Any) -> None:
+        """Keep the heads ``statement`` reads; with ``now``, its last column is when each row is
+        due, and only the due ones count."""
+        for row in session.execute(statement, params).all():
+            values = list(row)
+            if now is not None and as_utc(values.pop()) > now:
+                continue
+            head = Head(*values)
+            if head.dataset_id not in paused:
+                found[head.row_id] = head
+
+    for start in range(0, len(dataset_ids), _HEAD_QUERIES):
+        part = dataset_ids[start : start + _HEAD_QUERIES]
+        take(
+            _first_rows_of(len(part)),
+            now=None,
+            now_=now,
+            room=room,
+            **{f"d{i}": d for i, d in enumerate(part)},
+        )
+    # Apart, and without the time in SQL, so that the planner cannot walk every unsent row by the
+    # other index (it would, given "sent_at IS NULL AND available_at <= now"): the jobs with a
+    # priority of their own, from their index, then their unsent rows; and rows without a dataset.
+    prioritised = list(
+        session.execute(select(Job.id).where(col(Job.priority).is_not(None))).scalars()
+    )
+    for start in range(0, len(prioritised), 500):
+        part = prioritised[start : start + 500]
+        take(
+            _joined(sql_select(*_head_columns(), col(Outbox.available_at))).where(
+                col(Outbox.sent_at).is_(None), col(Outbox.job_id).in_(part)
+            ),
+            now,
+        )
+    take(
+        _joined(sql_select(*_head_columns(), col(Outbox.available_at))).where(
+            col(Outbox.sent_at).is_(None), col(Outbox.dataset_id).is_(None)
+        ),
+        now,
+    )
+    ranked: dict[int, list[Head]] = defaultdict(list)
+    for head in found.values():
+        ranked[head.dataset_id].append(head)
+    out: list[Head] = []
+    for rows in ranked.values():
+        rows.sort(key=lambda h: (-h.priority, h.row_id))
+        out.extend(rows[:room])
+    return out
+
+
+# The datasets with unsent rows, one index seek each (a loose index scan: DISTINCT would walk every
+# unsent row).
+_DATASETS_WAITING = text(
+    "WITH RECURSIVE waiting(id) AS ("
+    " SELECT min(dataset_id) FROM outbox WHERE sent_at IS NULL"
+    " UNION ALL"
+    " SELECT (SELECT min(o.dataset_id) FROM outbox o"
+    " WHERE o.sent_at IS NULL AND o.dataset_id > waiting.id)"
+    " FROM waiting WHERE waiting.id IS NOT NULL"
+    ") SELECT id FROM waiting WHERE id IS NOT NULL"
+)
+_HEAD_QUERIES = 200  # datasets per statement (SQLite allows 500 parts in one compound select)
+
+
+def _joined(statement: Any) -> Any:
+    return statement.join(Job, col(Job.id) == Outbox.job_id).join(
+        Dataset, col(Dataset.id) == Job.dataset_id
+    )
+
+
+@lru_cache(maxsize=64)
+def _first_rows_of(datasets: int) -> Any:
+    """One statement: for each of ``datasets`` datasets (parameters ``d0``, ``d1``...), its first
+    ``room`` unsent rows due by ``now_`` of jobs without a priority of their own, in row order.
+    Made once per number of datasets, so that SQLAlchemy compiles it once."""
+    parts = [
+        _joined(sql_select(*_head_columns()))
+        .where(
+            col(Outbox.sent_at).is_(None),
+            # the time as an expression, so that the planner walks this query's index, not the
+            # other index of unsent rows (by time), which would take all of them and sort them
+            func.coalesce(Outbox.available_at, Outbox.available_at) <= bindparam("now_"),
+            col(Outbox.dataset_id) == bindparam(f"d{i}"),
+            col(Job.priority).is_(None),
+        )
+        .order_by(col(Outbox.id))
+        .limit(bindparam("room", type_=Integer))
+        .subquery()
+        for i in range(datasets)
+    ]
+    return union_all(*[sql_select(*part.c) for part in parts])
 
 
 @dataclass(frozen=True)
