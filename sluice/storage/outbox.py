@@ -53,9 +53,7 @@ def dispatch(
         # The time, and whether any row waits at all, in one statement: every worker claim and every
         # upload dispatches, and mostly nothing waits (the choice below is three more statements,
         # about a tenth of a small job's time in the worker).
-        stamp, waiting = session.execute(
-            select(current_time(), exists().where(col(Outbox.sent_at).is_(None)))
-        ).one()
+        stamp, waiting = session.execute(_TIME_AND_WAITING).one()
         if not waiting:
             return result
         now = as_utc(stamp)
@@ -63,15 +61,7 @@ def dispatch(
         if not due:
             return result
         claimed = set(
-            session.execute(
-                update(Outbox)
-                .where(
-                    col(Outbox.id).in_([row_id for row_id, _, _ in due]),
-                    col(Outbox.sent_at).is_(None),
-                )
-                .values(sent_at=now, publish_attempts=Outbox.publish_attempts + 1)
-                .returning(col(Outbox.id))
-            )
+            session.execute(_MARK_SENT, {"ids": [row_id for row_id, _, _ in due], "sent": now})
             .scalars()
             .all()
         )
@@ -133,16 +123,7 @@ def _unsent() -> Any:
 def _load_rows(session: Session) -> list[Any]:
     """(dataset id, status, jobs) of the jobs in flight (waiting, message sent and not yet claimed)
     and running."""
-    return list(
-        session.execute(
-            select(Job.dataset_id, Job.status, func.count())
-            .where(
-                col(Job.status).in_((*CLAIMABLE, JobStatus.running)),
-                or_(col(Job.status) == JobStatus.running, ~_unsent()),
-            )
-            .group_by(col(Job.dataset_id), Job.status)
-        ).all()
-    )
+    return list(session.execute(_LOAD_ROWS).all())
 
 
 def load_by_dataset(*, session: Session) -> tuple[int, dict[int, int]]:
@@ -228,9 +209,9 @@ def heads(*, session: Session, now: datetime, room: int) -> list[Head]:
     row order (they all share the dataset's priority, so no later one of them can rank before
     these), and apart the rare rows whose job has a priority of its own, and any row written
     without its dataset."""
-    if session.execute(select(Pause.id).where(col(Pause.dataset_id).is_(None)).limit(1)).first():
+    paused = set(session.execute(_PAUSED).scalars())
+    if None in paused:
         return []  # the whole queue is paused
-    paused = set(session.execute(select(Pause.dataset_id)).scalars())
     dataset_ids = [
         d for d in session.execute(_DATASETS_WAITING).scalars() if d is not None and d not in paused
     ]
@@ -259,23 +240,10 @@ def heads(*, session: Session, now: datetime, room: int) -> list[Head]:
     # Apart, and without the time in SQL, so that the planner cannot walk every unsent row by the
     # other index (it would, given "sent_at IS NULL AND available_at <= now"): the jobs with a
     # priority of their own, from their index, then their unsent rows; and rows without a dataset.
-    prioritised = list(
-        session.execute(select(Job.id).where(col(Job.priority).is_not(None))).scalars()
-    )
+    prioritised = list(session.execute(_PRIORITISED).scalars())
     for start in range(0, len(prioritised), 500):
-        part = prioritised[start : start + 500]
-        take(
-            _joined(sql_select(*_head_columns(), col(Outbox.available_at))).where(
-                col(Outbox.sent_at).is_(None), col(Outbox.job_id).in_(part)
-            ),
-            now,
-        )
-    take(
-        _joined(sql_select(*_head_columns(), col(Outbox.available_at))).where(
-            col(Outbox.sent_at).is_(None), col(Outbox.dataset_id).is_(None)
-        ),
-        now,
-    )
+        take(_ROWS_OF_JOBS, now, jobs=prioritised[start : start + 500])
+    take(_ROWS_WITHOUT_DATASET, now)
     ranked: dict[int, list[Head]] = defaultdict(list)
     for head in found.values():
         ranked[head.dataset_id].append(head)
@@ -304,6 +272,33 @@ def _joined(statement: Any) -> Any:
     return statement.join(Job, col(Job.id) == Outbox.job_id).join(
         Dataset, col(Dataset.id) == Job.dataset_id
     )
+
+
+# Statements made once (SQLAlchemy then reuses their cache key and compiled form: building and
+# keying them anew was most of what a dispatch cost the worker's Python).
+_TIME_AND_WAITING = select(current_time(), exists().where(col(Outbox.sent_at).is_(None)))
+_MARK_SENT = (
+    update(Outbox)
+    .where(col(Outbox.id).in_(bindparam("ids", expanding=True)), col(Outbox.sent_at).is_(None))
+    .values(sent_at=bindparam("sent"), publish_attempts=Outbox.publish_attempts + 1)
+    .returning(col(Outbox.id))
+)
+_LOAD_ROWS = (
+    select(Job.dataset_id, Job.status, func.count())
+    .where(
+        col(Job.status).in_((*CLAIMABLE, JobStatus.running)),
+        or_(col(Job.status) == JobStatus.running, ~_unsent()),
+    )
+    .group_by(col(Job.dataset_id), Job.status)
+)
+_PAUSED = select(Pause.dataset_id)
+_PRIORITISED = select(Job.id).where(col(Job.priority).is_not(None))
+_ROWS_OF_JOBS = _joined(sql_select(*_head_columns(), col(Outbox.available_at))).where(
+    col(Outbox.sent_at).is_(None), col(Outbox.job_id).in_(bindparam("jobs", expanding=True))
+)
+_ROWS_WITHOUT_DATASET = _joined(sql_select(*_head_columns(), col(Outbox.available_at))).where(
+    col(Outbox.sent_at).is_(None), col(Outbox.dataset_id).is_(None)
+)
 
 
 @lru_cache(maxsize=64)
