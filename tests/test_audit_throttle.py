@@ -4,6 +4,7 @@ still answers 401 problem+json."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import httpx
@@ -11,7 +12,7 @@ import pytest
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from sluice.ops import keys
+from sluice.ops import audit_trail, keys
 from sluice.ops.access import cli_operator
 from sluice.pipeline.running.context import Context, set_context
 from sluice.settings import get_settings
@@ -46,6 +47,7 @@ def test_fifty_bad_calls_write_one_row_that_counts_them(database_url):
     elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")  # another client address
     with InProcessApi() as api, httpx.Client() as client, httpx.Client(transport=elsewhere) as far:
         _hammer(client, api.url, dead, 50)
+        audit_trail.flush_refusals()  # what this process counted and had not written yet
         [row] = _refusals(context)
         assert (row.actor_key, row.address, row.reason, row.params.get("repeats")) == (
             lookup,
@@ -56,6 +58,7 @@ def test_fifty_bad_calls_write_one_row_that_counts_them(database_url):
         _hammer(client, api.url, unknown, 3)  # another token: its own row
         _hammer(client, api.url, "not a token", 2)  # no token prefix at all: "unknown"
         _hammer(far, api.url, dead, 2)  # the same token from another address: its own row
+        audit_trail.flush_refusals()
         rows = _refusals(context)
         assert [(r.actor_key, r.address, r.params.get("repeats", 0)) for r in rows] == [
             (lookup, "127.0.0.1", 49),
@@ -71,3 +74,48 @@ def test_fifty_bad_calls_write_one_row_that_counts_them(database_url):
         later = _refusals(context)
         assert len(later) == 5 and later[-1].actor_key == lookup
         assert later[-1].params.get("repeats", 0) == 0 and later[0].params["repeats"] == 49
+
+
+def _audit_writes(engine, seen: list[str]):
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        head = statement.lstrip().upper()
+        if head.startswith(("INSERT INTO AUDIT", "UPDATE AUDIT")):
+            seen.append(head[:40])
+
+    return count
+
+
+def test_a_flood_of_refusals_costs_the_job_database_one_write_a_second(database_url):
+    """200 refusals of one bad token in a burst: before, each wrote the row again (a SELECT FOR
+    UPDATE and an UPDATE per bad call, in the database every worker writes its jobs to); now the
+    first writes, the rest are counted in the process, and the background flush writes their count
+    within a second or two, all of it."""
+    from sqlalchemy import event
+
+    from sluice.ops.access import Operator
+
+    context = Context(get_settings())
+    set_context(context)
+    who = Operator("unknown", "readonly", channel="api", address="203.0.113.9", key="feedfacecafe")
+    seen: list[str] = []
+    listener = _audit_writes(context.engine, seen)
+    event.listen(context.engine, "before_cursor_execute", listener)
+    try:
+        for _ in range(200):
+            audit_trail.refused_once_per(
+                audit_trail.FLOOD_SPAN, who, "auth.refused", "unknown key", code="unauthorized"
+            )
+        burst = len(seen)
+        assert burst <= 3, seen  # before: 200
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the flush thread's round, bounded
+            rows = _refusals(context)
+            if rows and rows[-1].params.get("repeats") == 199:
+                break
+            time.sleep(0.1)
+    finally:
+        event.remove(context.engine, "before_cursor_execute", listener)
+    [row] = _refusals(context)
+    assert (row.actor_key, row.params.get("repeats")) == ("feedfacecafe", 199)
+    assert row.reason == "unknown key (and 199 more within 60 s)"
+    assert len(seen) <= burst + 2, seen

@@ -12,8 +12,10 @@ its own, by ``settle``.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -33,6 +35,8 @@ from sluice.storage.audit_log import AuditEntry
 from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import Dataset, Job, JobEvent
 
+log = logging.getLogger(__name__)
+
 PAGE = 50
 MAX_PAGE = 500
 SINCE = re.compile(r"^(\d{1,6})\s*([smhdw])$")
@@ -41,6 +45,8 @@ OWN = "sluice_audit_own_row"
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 FLOOD_SPAN = timedelta(minutes=1)  # refused API tokens: one row per token and address this often
 _flood_lock = threading.Lock()  # the API's threads count a flood's refusals one at a time
+_floods_lock = threading.Lock()  # the counts of this process not yet written (``_floods``)
+FLOOD_FLUSH_SECONDS = 1.0  # a flood's refusals reach its row at most this much later
 
 
 class BadAuditQuery(ValueError):
@@ -135,12 +141,103 @@ def refused(who: Operator, action: str, reason: str, **kw: Any) -> None:
     Watch(who, action, **kw).write(outcome="refused", reason=reason, code=code)
 
 
+@dataclass
+class _Flood:
+    """The refusals of one (action, key, address) that this process counts before their row does."""
+
+    written: float  # time.monotonic() of this process's last write of the row
+    pending: int = 0  # refusals since, counted here only
+    latest: tuple[timedelta, Operator, str, dict[str, Any]] | None = None
+    engine: Any = None  # the job database they were counted for
+
+
+_floods: dict[tuple[str, str | None, str | None], _Flood] = {}
+_flusher: list[threading.Thread] = []
+
+
 def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, **kw: Any) -> None:
     """A refusal that can come in a flood (a bad token, hammered): at most one row per (action,
     API key lookup id or none, address) in ``span`` of the database's clock from that row's time;
-    the refusals after it in the span only count, in the row's ``params["repeats"]`` and reason."""
+    the refusals after it in the span only count, in the row's ``params["repeats"]`` and reason.
+
+    A flood costs the job database one write a second, not one per refusal: the refusals that
+    follow a write within ``FLOOD_FLUSH_SECONDS`` are counted in this process and written
+    together by a background thread (``flush_refusals`` writes them at once)."""
+    engine = ctx().engine
+    key = (action, who.key or None, (who.address or None) and who.address[:64])
+    now = time.monotonic()
+    with _floods_lock:
+        flood = _floods.get(key)
+        if (
+            flood is not None
+            and flood.engine is engine
+            and now - flood.written < FLOOD_FLUSH_SECONDS
+        ):
+            flood.pending += 1
+            flood.latest = (span, who, reason, kw)
+            _start_flusher()
+            return
+        if flood is not None and flood.pending and flood.engine is not engine:
+            flood = None  # counted for another job database (a test's process moved on)
+        earlier = flood.pending if flood is not None else 0
+        _floods[key] = _Flood(written=now, engine=engine)
+    _write_refusals(engine, span, who, action, reason, 1 + earlier, **kw)
+
+
+def flush_refusals() -> int:
+    """Write every refusal counted and not yet written, and forget the floods (the next refusal
+    of each is written at once). Returns how many were written."""
+    with _floods_lock:
+        due = [(key, f.pending, f.latest, f.engine) for key, f in _floods.items() if f.pending]
+        _floods.clear()
+    for (action, _, _), pending, latest, engine in due:
+        assert latest is not None
+        span, who, reason, kw = latest
+        _write_refusals(engine, span, who, action, reason, pending, **kw)
+    return sum(pending for _, pending, _, _ in due)
+
+
+def _flush_due() -> None:
+    """The background thread's round: the floods whose count waited a flush interval are written;
+    floods quiet for longer than that are forgotten."""
+    now = time.monotonic()
+    due = []
+    with _floods_lock:
+        for key, flood in list(_floods.items()):
+            if now - flood.written < FLOOD_FLUSH_SECONDS:
+                continue
+            if flood.pending and flood.latest is not None:
+                due.append((key[0], flood.pending, flood.latest, flood.engine))
+                _floods[key] = _Flood(written=now, engine=flood.engine)
+            else:
+                del _floods[key]
+    for action, pending, (span, who, reason, kw), engine in due:
+        _write_refusals(engine, span, who, action, reason, pending, **kw)
+
+
+def _start_flusher() -> None:  # under _floods_lock
+    if _flusher and _flusher[0].is_alive():
+        return
+
+    def run() -> None:
+        while True:
+            time.sleep(FLOOD_FLUSH_SECONDS)
+            try:
+                _flush_due()
+            except Exception:  # the job database hiccuped: the counts wait for the next round
+                log.exception("could not write the count of refused API calls")
+
+    _flusher[:] = [threading.Thread(target=run, name="sluice-refusals", daemon=True)]
+    _flusher[0].start()
+
+
+def _write_refusals(
+    engine: Any, span: timedelta, who: Operator, action: str, reason: str, count: int, **kw: Any
+) -> None:
+    """``count`` refusals into the row of their flood in ``engine``'s job database: a new row if
+    none is within ``span`` (the first of them; the rest its repeats), else that row's repeats."""
     code = kw.pop("code", "refused")
-    with _flood_lock, Session(ctx().engine) as session:
+    with _flood_lock, Session(engine) as session:
         session.info[OWN] = True
         row = session.exec(
             select(AuditEntry)
@@ -156,14 +253,19 @@ def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, *
             .with_for_update()  # PostgreSQL: two API processes count one after the other
         ).first()
         if row is None:
-            fresh = Watch(who, action, **kw).row(outcome="refused", reason=reason, code=code)
-            audit_log.write(session=session, row=fresh)
-            return
-        repeats = int(row.params.get("repeats", 0)) + 1
-        row.params = {**row.params, "repeats": repeats}
+            row = Watch(who, action, **kw).row(outcome="refused", reason=reason, code=code)
+            count -= 1
+            if not count:
+                audit_log.write(session=session, row=row)
+                return
+        repeats = int((row.params or {}).get("repeats", 0)) + count
+        row.params = {**(row.params or {}), "repeats": repeats}
         # the count where the operator reads (the audit table's outcome), not only in params
         more = f"{reason} (and {repeats} more within {span.total_seconds():.0f} s)"
         row.reason = audit_log.scrub(more)[: audit_log.MAX_TEXT]
+        if row.id is None:
+            audit_log.write(session=session, row=row)
+            return
         session.add(row)
         session.commit()
 
