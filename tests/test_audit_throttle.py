@@ -119,3 +119,18 @@ def test_a_flood_of_refusals_costs_the_job_database_one_write_a_second(database_
     assert (row.actor_key, row.params.get("repeats")) == ("feedfacecafe", 199)
     assert row.reason == "unknown key (and 199 more within 60 s)"
     assert len(seen) <= burst + 2, seen
+
+
+def test_an_api_process_that_stops_writes_the_count_it_still_held(database_url, monkeypatch):
+    """The background round is an hour away here: only the API's shutdown can write the count
+    (before: the 29 refusals after the first were lost with the process)."""
+    monkeypatch.setattr(audit_trail, "FLOOD_FLUSH_SECONDS", 3600.0)
+    context = Context(get_settings())
+    set_context(context)
+    unknown = "sluice_00aa11bb22cc_" + "y" * 43
+    with InProcessApi() as api, httpx.Client() as client:
+        _hammer(client, api.url, unknown, 30)
+        [row] = _refusals(context)
+        assert row.params.get("repeats", 0) == 0  # the first only, so far
+    [row] = _refusals(context)
+    assert (row.actor_key, row.params.get("repeats")) == ("00aa11bb22cc", 29)

@@ -4,6 +4,8 @@ SLUICE_API_ADDRESS:SLUICE_API_PORT)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -28,8 +30,22 @@ from sluice.api.schemas import TextUpload
 log = logging.getLogger(__name__)
 
 
+@asynccontextmanager
+async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    yield
+    # On the way out: the refused calls this process counted and had not written yet
+    # (``audit_trail.refused_once_per`` writes a flood's count once a second).
+    from sluice.ops import audit_trail
+
+    try:
+        audit_trail.flush_refusals()
+    except Exception:  # the job database is gone too: nothing more to do on the way out
+        log.exception("could not write the count of refused API calls at shutdown")
+
+
 def create_app() -> FastAPI:
     app = FastAPI(
+        lifespan=_lifespan,
         title="Sluice API",
         version=package_version(),
         description="Push documents, poll their jobs, follow the event stream, search.",
