@@ -177,9 +177,8 @@ def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, *
             flood.latest = (span, who, reason, kw)
             _start_flusher()
             return
-        if flood is not None and flood.pending and flood.engine is not engine:
-            flood = None  # counted for another job database (a test's process moved on)
-        earlier = flood.pending if flood is not None else 0
+        # what was counted for another job database (a test's process moved on) is not this one's
+        earlier = flood.pending if flood is not None and flood.engine is engine else 0
         _floods[key] = _Flood(written=now, engine=engine)
     _write_refusals(engine, span, who, action, reason, 1 + earlier, **kw)
 
@@ -252,22 +251,16 @@ def _write_refusals(
             .limit(1)
             .with_for_update()  # PostgreSQL: two API processes count one after the other
         ).first()
-        if row is None:
+        if row is None:  # the first of them makes the row
             row = Watch(who, action, **kw).row(outcome="refused", reason=reason, code=code)
             count -= 1
-            if not count:
-                audit_log.write(session=session, row=row)
-                return
-        repeats = int((row.params or {}).get("repeats", 0)) + count
-        row.params = {**(row.params or {}), "repeats": repeats}
-        # the count where the operator reads (the audit table's outcome), not only in params
-        more = f"{reason} (and {repeats} more within {span.total_seconds():.0f} s)"
-        row.reason = audit_log.scrub(more)[: audit_log.MAX_TEXT]
-        if row.id is None:
-            audit_log.write(session=session, row=row)
-            return
-        session.add(row)
-        session.commit()
+        if count:
+            repeats = int((row.params or {}).get("repeats", 0)) + count
+            row.params = {**(row.params or {}), "repeats": repeats}
+            # the count where the operator reads (the audit table's outcome), not only in params
+            more = f"{reason} (and {repeats} more within {span.total_seconds():.0f} s)"
+            row.reason = audit_log.scrub(more)[: audit_log.MAX_TEXT]
+        audit_log.write(session=session, row=row)
 
 
 def _same(column: Any, value: str | None) -> Any:

@@ -217,12 +217,12 @@ def heads(*, session: Session, now: datetime, room: int) -> list[Head]:
     ]
     found: dict[int, Head] = {}
 
-    def take(statement: Any, now: datetime | None = None, **params: Any) -> None:
-        """Keep the heads ``statement`` reads; with ``now``, its last column is when each row is
-        due, and only the due ones count."""
+    def take(statement: Any, due_by: datetime | None = None, **params: Any) -> None:
+        """Keep the heads ``statement`` reads; with ``due_by``, its last column is when each row
+        is due, and only the rows due by then count."""
         for row in session.execute(statement, params).all():
             values = list(row)
-            if now is not None and as_utc(values.pop()) > now:
+            if due_by is not None and as_utc(values.pop()) > due_by:
                 continue
             head = Head(*values)
             if head.dataset_id not in paused:
@@ -232,7 +232,6 @@ def heads(*, session: Session, now: datetime, room: int) -> list[Head]:
         part = dataset_ids[start : start + _HEAD_QUERIES]
         take(
             _first_rows_of(len(part)),
-            now=None,
             now_=now,
             room=room,
             **{f"d{i}": d for i, d in enumerate(part)},
