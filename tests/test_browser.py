@@ -99,10 +99,26 @@ def _shoot(page, name: str) -> Path:
 def _open(page, url: str, heading: str) -> None:
     page.goto(url)
     page.get_by_role("heading", name=heading, exact=True).wait_for(timeout=TIMEOUT_MS)
+    _idle(page)
+
+
+def _idle(page) -> None:
+    """Until the page's script run is over. A click during a rerun can land on an element that the
+    rerun replaces, and a text field's value reaches the script only when it is committed."""
+    page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(
+        timeout=TIMEOUT_MS
+    )
 
 
 def _text(page, text: str):
-    page.get_by_text(text).first.wait_for(timeout=TIMEOUT_MS)
+    try:
+        page.get_by_text(text).first.wait_for(timeout=TIMEOUT_MS)
+    except Exception as exc:  # playwright's TimeoutError: say what the page showed instead
+        shot = _shoot(page, "missing-text")
+        shown = page.locator("body").inner_text(timeout=5_000)[-3000:]
+        raise AssertionError(
+            f"{text!r} never showed ({exc}); see {shot}; the page:\n{shown}"
+        ) from exc
 
 
 def _job_id(ctx, filename: str) -> int:
@@ -308,9 +324,14 @@ def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(
     page.set_default_timeout(TIMEOUT_MS)
     _open(page, f"{console}/?dataset=kb", "Overview")
     page.get_by_text("Pause dataset kb").first.click()  # the expander
-    page.get_by_label("Reason (shown to other operators)").fill("nightly index rebuild")
+    reason = page.get_by_label("Reason (shown to other operators)")
+    reason.fill("nightly index rebuild")
+    reason.press("Enter")  # committed by its own rerun, not by the blur of the next click
+    _idle(page)
     page.locator(".st-key-pause_scope button").click()
+    _idle(page)
     page.locator(".st-key-pause_scope-yes button").click()
+    _idle(page)
     _text(page, "nightly index rebuild")  # the Overview says what is paused, by whom and why
     _shoot(page, "overview-paused")
 
