@@ -118,3 +118,40 @@ def test_a_dispatch_with_nothing_waiting_is_one_statement(database_url, make_ctx
     finally:
         event.remove(ctx.engine, "before_cursor_execute", count)
     assert published == [r.job_id, later.job_id]
+
+
+def test_a_small_jobs_own_row_is_written_by_statements_made_once(database_url, make_ctx):
+    """The claim, the counts and the success's compare-and-set write the job's row with plain
+    UPDATEs of the table, made once with bound parameters: the ORM's bulk-update path and the
+    building of each statement took about a third of the time a tiny job's thread held the GIL.
+    (Other rows, the document's for one, still go through the ORM.)"""
+    from sqlmodel import Session
+
+    from sluice.storage import jobs
+
+    ctx = make_ctx(SLUICE_HEARTBEAT_SECONDS="30", SLUICE_LEASE_SECONDS="120")
+    first = ingest_bytes(ctx, NOTE, dataset="default", filename="tides.txt")
+    assert run_job(first.job_id, ctx=ctx).result == "succeeded"  # every statement made once
+    made = {
+        "claim": dict(jobs.CLAIMABLE_UNPAUSED.statements),
+        "success": dict(jobs.RUNNING_UNCANCELLED.statements),
+    }
+    writes: list[tuple[str, bool]] = []
+
+    def seen(state) -> None:
+        if state.is_update and state.statement.table.name == "job":
+            writes.append((str(state.statement).split(" WHERE")[0][:60], state.is_orm_statement))
+
+    r = ingest_bytes(ctx, NOTE + b" Second issue.", dataset="default", filename="tides-2.txt")
+    event.listen(Session, "do_orm_execute", seen)
+    try:
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    finally:
+        event.remove(Session, "do_orm_execute", seen)
+    # the claim, the held counts with the first fence, indexing done, the success
+    assert len(writes) == 4, writes
+    assert [w for w, orm in writes if orm] == []  # before: all four went through the ORM
+    assert jobs.CLAIMABLE_UNPAUSED.statements == made["claim"]  # the same statements, not new ones
+    assert jobs.RUNNING_UNCANCELLED.statements == made["success"]
+    j = job(ctx, r.job_id)
+    assert (j.status, j.done, j.total, j.attempt) == (JobStatus.succeeded, 1, 1, 1)

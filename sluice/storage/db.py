@@ -49,10 +49,10 @@ def stored(session: Session, model: type[M], ident: Any, **options: Any) -> M:
     return found
 
 
-def matched(session: Session, statement: Executable) -> int:
+def matched(session: Session, statement: Executable, params: dict[str, Any] | None = None) -> int:
     """The rows an UPDATE or DELETE matched. Its result is a CursorResult; ``Session.execute`` is
     typed as returning any Result, which has no ``rowcount``."""
-    return cast("CursorResult[Any]", session.execute(statement)).rowcount
+    return cast("CursorResult[Any]", session.execute(statement, params)).rowcount
 
 
 def normalise_url(url: str) -> str:

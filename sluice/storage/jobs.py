@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import bindparam, func, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.attributes import set_committed_value
-from sqlmodel import Session, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from sluice import faults
 from sluice.errors import ErrorKind, JobCancelled, LeaseLost, TransientError
@@ -120,24 +121,75 @@ def _val(v: Any) -> Any:
     return v.value if hasattr(v, "value") else v
 
 
+JOB = SQLModel.metadata.tables["job"]
+"""The job table itself. The hot path's statements are made on it once, with bound parameters: an
+UPDATE of the table skips the ORM's bulk-update machinery, and a statement made once is neither
+built nor keyed again on each call (together about a third of the time a small job's worker thread
+held the GIL went to these)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Fence:
+    """Conditions of a compare-and-set, made once on ``JOB``'s columns, their values bound
+    parameters named ``w_*`` (given as ``bound``). Its UPDATE statements are kept per set of columns
+    written."""
+
+    clauses: tuple[Any, ...]
+    statements: dict[tuple[str, ...], Any] = field(default_factory=dict, repr=False)
+
+    def statement(self, keys: tuple[str, ...]) -> Any:
+        stmt = self.statements.get(keys)
+        if stmt is None:  # two threads may both make it: the same statement, one kept
+            stmt = self.statements[keys] = (
+                update(JOB)
+                .where(
+                    JOB.c.id == bindparam("c_id"),
+                    JOB.c.version == bindparam("c_version"),
+                    *self.clauses,
+                )
+                .values({**{k: bindparam(f"v_{k}") for k in keys}, "version": bindparam("c_next")})
+            )
+        return stmt
+
+
+CLAIMABLE_NOW = Fence((JOB.c.status.in_(CLAIMABLE),))
+CLAIMABLE_UNPAUSED = Fence((JOB.c.status.in_(CLAIMABLE), ~pauses.covering(JOB.c.dataset_id)))
+RUNNING_UNCANCELLED = Fence(
+    (
+        JOB.c.lease == bindparam("w_lease"),
+        JOB.c.status == JobStatus.running,
+        JOB.c.cancel_requested.is_(False),
+    )
+)
+
+
 def _cas(
     session: Session,
     job: Job,
     *,
-    where: Sequence[Any] = (),
+    where: Sequence[Any] | Fence = (),
+    bound: dict[str, Any] | None = None,
     now: datetime | None = None,
     **values: Any,
 ) -> bool:
     """Update ``job`` only if its version is still the one we read; refresh the object on
-    success."""
+    success. ``where`` adds conditions: a ``Fence`` (made once; ``bound`` gives its parameters) or
+    clauses of this call."""
     values.setdefault("updated_at", now or db_now(session))
-    stmt = (
-        update(Job)
-        .where(col(Job.id) == job.id, col(Job.version) == job.version, *where)
-        .values(version=job.version + 1, **values)
-        .execution_options(synchronize_session=False)
-    )
-    if matched(session, stmt) != 1:
+    if isinstance(where, Fence):
+        session.flush()  # what an ORM statement's autoflush would have written first
+        params = {"c_id": job.id, "c_version": job.version, "c_next": job.version + 1}
+        params.update({f"v_{k}": v for k, v in values.items()}, **(bound or {}))
+        written = matched(session, where.statement(tuple(sorted(values))), params)
+    else:
+        written = matched(
+            session,
+            update(Job)
+            .where(col(Job.id) == job.id, col(Job.version) == job.version, *where)
+            .values(version=job.version + 1, **values)
+            .execution_options(synchronize_session=False),
+        )
+    if written != 1:
         return False
     # The row holds these values now: set them as loaded, not as changes (a plain setattr would make
     # the session write the same values again, unfenced, at the next flush).
@@ -184,7 +236,7 @@ def _publish(session: Session, job: Job, at: datetime | None = None) -> None:
 def republish(*, session: Session, job: Job, now: datetime) -> bool:
     """A waiting job whose queue message was lost gets a new one (compare-and-set: two recovery
     loops that both found it stranded publish it once). The caller commits."""
-    if not _cas(session, job, where=[col(Job.status).in_(CLAIMABLE)], now=now):
+    if not _cas(session, job, where=CLAIMABLE_NOW, now=now):
         return False
     add_event(
         session,
@@ -212,14 +264,17 @@ def _read(session: Session, job_id: int) -> _Read | None:
     ``get_job``, ``db_now`` and a read of each row)."""
     if not 0 < job_id <= MAX_ID:
         return None
-    row = session.execute(
-        select(Job, current_time(), Document, Dataset)
-        .outerjoin(Document, col(Document.id) == col(Job.document_id))
-        .outerjoin(Dataset, col(Dataset.id) == col(Job.dataset_id))
-        .where(col(Job.id) == job_id)
-        .execution_options(populate_existing=True)
-    ).first()
+    row = session.execute(_READ, {"job_id": job_id}).first()
     return None if row is None else _Read(row[0], as_utc(row[1]), row[2], row[3])
+
+
+_READ = (
+    select(Job, current_time(), Document, Dataset)
+    .outerjoin(Document, col(Document.id) == col(Job.document_id))
+    .outerjoin(Dataset, col(Dataset.id) == col(Job.dataset_id))
+    .where(col(Job.id) == bindparam("job_id"))
+    .execution_options(populate_existing=True)
+)
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:
@@ -438,7 +493,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     ok = _cas(
         session,
         job,
-        where=[col(Job.status).in_(CLAIMABLE), ~pauses.covering(Job.dataset_id)],
+        where=CLAIMABLE_UNPAUSED,
         status=JobStatus.running,
         stage=Stage.parsing,
         done=0,
@@ -488,7 +543,7 @@ def _refuse_paused(
     # compare-and-set (a priority, "run next") must not leave the job with no message and no row.
     current: Job | None = job
     for _ in range(attempts):
-        if _cas(session, job, where=[col(Job.status).in_(CLAIMABLE)], now=now):
+        if _cas(session, job, where=CLAIMABLE_NOW, now=now):
             add_event(
                 session, job, "noop", message=reason, actor=worker_id, data={"paused": held.scope}
             )
@@ -511,25 +566,9 @@ def progress(
     never per chunk; none for the last write of indexing, which the success follows at once); return
     cancel_requested. LeaseLost if not ours (and no event). The fenced update returns what the
     event needs (no second read of the row just written)."""
-    row = session.execute(
-        update(Job)
-        .where(
-            col(Job.id) == job_id,
-            col(Job.lease) == lease,
-            col(Job.status) == JobStatus.running,
-        )
-        .values(
-            version=Job.version + 1,
-            updated_at=current_time(),
-            stage=stage,
-            done=done,
-            total=total,
-            heartbeat_at=current_time(),
-            **extra,
-        )
-        .returning(col(Job.cancel_requested), col(Job.attempt), col(Job.worker_id))
-        .execution_options(synchronize_session=False)
-    ).first()
+    params = {"w_id": job_id, "w_lease": lease, "v_stage": stage, "v_done": done, "v_total": total}
+    params.update({f"v_{k}": v for k, v in extra.items()})
+    row = session.execute(_progress_statement(tuple(sorted(extra))), params).first()
     if row is None:
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
@@ -549,11 +588,42 @@ def progress(
     return bool(row.cancel_requested)
 
 
+@lru_cache(maxsize=16)
+def _progress_statement(extra: tuple[str, ...]) -> Any:
+    """The fenced write of stage counts and heartbeat (and of the columns ``extra`` names, bound as
+    ``v_*``), returning what the event needs: made once per set of extra columns."""
+    return (
+        update(JOB)
+        .where(
+            JOB.c.id == bindparam("w_id"),
+            JOB.c.lease == bindparam("w_lease"),
+            JOB.c.status == JobStatus.running,
+        )
+        .values(
+            {
+                **{k: bindparam(f"v_{k}") for k in extra},
+                "version": JOB.c.version + 1,
+                "updated_at": current_time(),
+                "stage": bindparam("v_stage"),
+                "done": bindparam("v_done"),
+                "total": bindparam("v_total"),
+                "heartbeat_at": current_time(),
+            }
+        )
+        .returning(JOB.c.cancel_requested, JOB.c.attempt, JOB.c.worker_id)
+    )
+
+
+_OWNS = select(JOB.c.id).where(
+    JOB.c.id == bindparam("job_id"),
+    JOB.c.lease == bindparam("lease"),
+    JOB.c.status == JobStatus.running,
+)
+
+
 def owns(*, session: Session, job_id: int, lease: int) -> bool:
     """Does the attempt of ``lease`` still own the running job?"""
-    found = session.execute(
-        select(Job.id).where(Job.id == job_id, Job.lease == lease, Job.status == JobStatus.running)
-    ).first()
+    found = session.execute(_OWNS, {"job_id": job_id, "lease": lease}).first()
     session.rollback()
     return found is not None
 
@@ -655,14 +725,7 @@ def _succeed_once(
     serving = document.active_job_id
     hidden = document.deleted_at is not None  # a source's removal stays: see _make_active
     keep_hidden = hidden and source_records.is_tombstoned(session, document.id)
-    others = session.exec(
-        select(Job)
-        .where(
-            Job.document_id == job.document_id, Job.id != job_id, col(Job.status).in_(SUPERSEDABLE)
-        )
-        .order_by(col(Job.id))
-        .execution_options(populate_existing=True)
-    ).all()
+    others = session.scalars(_OTHERS, {"document_id": job.document_id, "job_id": job_id}).all()
     faults.hit("before_supersede", job_id=job_id)
     if not _mark_succeeded(
         session,
@@ -692,6 +755,19 @@ def _succeed_once(
     if read is not None:
         read(document)
     return superseded + retired
+
+
+_OTHERS = (
+    select(Job)
+    .where(
+        col(Job.document_id) == bindparam("document_id"),
+        col(Job.id) != bindparam("job_id"),
+        col(Job.status).in_(SUPERSEDABLE),
+    )
+    .order_by(col(Job.id))
+    .execution_options(populate_existing=True)
+)
+"""The document's other jobs a success may supersede, read fresh."""
 
 
 def _record_success(
@@ -772,11 +848,8 @@ def _mark_succeeded(
     return _cas(
         session,
         job,
-        where=[
-            Job.lease == lease,
-            Job.status == JobStatus.running,
-            col(Job.cancel_requested).is_(False),
-        ],
+        where=RUNNING_UNCANCELLED,
+        bound={"w_lease": lease},
         status=JobStatus.succeeded,
         stage=Stage.done,
         done=chunk_count,
@@ -846,28 +919,26 @@ def _make_active(
     ``hidden`` as when read (compare-and-set). A deleted document uploaded again comes back; one
     a source's sync tombstoned (``keep_hidden``) stays out of search: the removal wins, and the
     job's chunks wait for ``sluice sources undo`` like its other kept chunks."""
+    session.flush()  # what an ORM statement's autoflush would have written first
+    stmt = _make_active_statement(serving is None, hidden, keep_hidden)
+    return matched(session, stmt, {"w_id": document.id, "w_serving": serving, "v_job": job.id}) == 1
+
+
+@lru_cache(maxsize=8)
+def _make_active_statement(unserved: bool, hidden: bool, keep_hidden: bool) -> Any:
+    """``_make_active``'s compare-and-set on the document table, made once per shape."""
+    doc = SQLModel.metadata.tables["document"]
+    serving = doc.c.active_job_id
     where = [
-        col(Document.id) == document.id,
-        col(Document.active_job_id) == serving
-        if serving is not None
-        else col(Document.active_job_id).is_(None),
+        doc.c.id == bindparam("w_id"),
+        serving.is_(None) if unserved else serving == bindparam("w_serving"),
     ]
     if not hidden or keep_hidden:  # a removal landing since the read: read again, decide again
-        deleted = col(Document.deleted_at)
-        where.append(deleted.is_not(None) if hidden else deleted.is_(None))
-    values: dict[str, Any] = {"active_job_id": job.id}
+        where.append(doc.c.deleted_at.is_not(None) if hidden else doc.c.deleted_at.is_(None))
+    values: dict[str, Any] = {"active_job_id": bindparam("v_job")}
     if not keep_hidden:
         values["deleted_at"] = None
-    return (
-        matched(
-            session,
-            update(Document)
-            .where(*where)
-            .values(**values)
-            .execution_options(synchronize_session=False),
-        )
-        == 1
-    )
+    return update(doc).where(*where).values(values)
 
 
 def _while_ours(
@@ -1598,7 +1669,7 @@ def set_priority(
             )
             continue
         before = job.priority
-        ok = _cas(session, job, where=[col(Job.status).in_(CLAIMABLE)], priority=priority)
+        ok = _cas(session, job, where=CLAIMABLE_NOW, priority=priority)
         if ok:
             add_event(
                 session,

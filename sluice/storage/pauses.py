@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import delete, exists, or_
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, SQLModel, col, select
 
 from sluice.storage.clock import db_now
 from sluice.storage.db import matched
@@ -27,8 +27,10 @@ def scope_of(dataset_id: int | None) -> str:
 
 
 def covering(dataset_id: Any) -> Any:
-    """SQL condition: a pause covers the dataset ``dataset_id`` (a column or a value)."""
-    return exists().where(or_(col(Pause.dataset_id).is_(None), Pause.dataset_id == dataset_id))
+    """SQL condition: a pause covers the dataset ``dataset_id`` (a column or a value). Made of the
+    table's own columns, so that it keeps a statement on a table a plain (not ORM) one."""
+    pause = SQLModel.metadata.tables["pause"]
+    return exists().where(or_(pause.c.dataset_id.is_(None), pause.c.dataset_id == dataset_id))
 
 
 def pause_for(*, session: Session, dataset_id: int | None) -> Pause | None:
