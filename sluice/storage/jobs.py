@@ -129,7 +129,7 @@ held the GIL went to these)."""
 
 
 @dataclass(frozen=True, eq=False)
-class Fence:
+class Guard:
     """Conditions of a compare-and-set, made once on ``JOB``'s columns, their values bound
     parameters named ``w_*`` (given as ``bound``). Its UPDATE statements are kept per set of columns
     written."""
@@ -152,9 +152,9 @@ class Fence:
         return stmt
 
 
-CLAIMABLE_NOW = Fence((JOB.c.status.in_(CLAIMABLE),))
-CLAIMABLE_UNPAUSED = Fence((JOB.c.status.in_(CLAIMABLE), ~pauses.covering(JOB.c.dataset_id)))
-RUNNING_UNCANCELLED = Fence(
+CLAIMABLE_NOW = Guard((JOB.c.status.in_(CLAIMABLE),))
+CLAIMABLE_UNPAUSED = Guard((JOB.c.status.in_(CLAIMABLE), ~pauses.covering(JOB.c.dataset_id)))
+RUNNING_UNCANCELLED = Guard(
     (
         JOB.c.lease == bindparam("w_lease"),
         JOB.c.status == JobStatus.running,
@@ -163,24 +163,30 @@ RUNNING_UNCANCELLED = Fence(
 )
 
 
+def _matched_made_once(session: Session, statement: Any, params: dict[str, Any]) -> int:
+    """The rows a statement made once on a table matched. What the session holds is written first,
+    as an ORM statement's autoflush would have, so a transaction writes in the same order."""
+    session.flush()
+    return matched(session, statement, params)
+
+
 def _cas(
     session: Session,
     job: Job,
     *,
-    where: Sequence[Any] | Fence = (),
+    where: Sequence[Any] | Guard = (),
     bound: dict[str, Any] | None = None,
     now: datetime | None = None,
     **values: Any,
 ) -> bool:
     """Update ``job`` only if its version is still the one we read; refresh the object on
-    success. ``where`` adds conditions: a ``Fence`` (made once; ``bound`` gives its parameters) or
+    success. ``where`` adds conditions: a ``Guard`` (made once; ``bound`` gives its parameters) or
     clauses of this call."""
     values.setdefault("updated_at", now or db_now(session))
-    if isinstance(where, Fence):
-        session.flush()  # what an ORM statement's autoflush would have written first
+    if isinstance(where, Guard):
         params = {"c_id": job.id, "c_version": job.version, "c_next": job.version + 1}
         params.update({f"v_{k}": v for k, v in values.items()}, **(bound or {}))
-        written = matched(session, where.statement(tuple(sorted(values))), params)
+        written = _matched_made_once(session, where.statement(tuple(sorted(values))), params)
     else:
         written = matched(
             session,
@@ -919,9 +925,9 @@ def _make_active(
     ``hidden`` as when read (compare-and-set). A deleted document uploaded again comes back; one
     a source's sync tombstoned (``keep_hidden``) stays out of search: the removal wins, and the
     job's chunks wait for ``sluice sources undo`` like its other kept chunks."""
-    session.flush()  # what an ORM statement's autoflush would have written first
     stmt = _make_active_statement(serving is None, hidden, keep_hidden)
-    return matched(session, stmt, {"w_id": document.id, "w_serving": serving, "v_job": job.id}) == 1
+    params = {"w_id": document.id, "w_serving": serving, "v_job": job.id}
+    return _matched_made_once(session, stmt, params) == 1
 
 
 @lru_cache(maxsize=8)
