@@ -67,7 +67,7 @@ def _change(root: Path, files: int, changes: int) -> None:
 
 
 def measure(files: int, changes: int) -> list[tuple[str, str]]:
-    from sluice.ops import sources
+    from sluice.ops.sources import syncing
 
     rows = []
     with Services() as services, tempfile.TemporaryDirectory() as tmp:
@@ -78,18 +78,18 @@ def measure(files: int, changes: int) -> list[tuple[str, str]]:
             folder = root / f"d{i % 100}"
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"f{i}.txt").write_bytes(_body(i))
-        sources.add_source(ctx, name="share", dataset="bench", folder=str(root))
+        syncing.add_source(ctx, name="share", dataset="bench", folder=str(root))
         t = time.perf_counter()
-        first = sources.sync(ctx, "share")
+        first = syncing.sync(ctx, "share")
         rows.append((f"first sync of {files:,} files (read, hash, queue)", _s(t)))
         t = time.perf_counter()
-        same = sources.sync(ctx, "share")
+        same = syncing.sync(ctx, "share")
         assert same.counts["unchanged"] == files, same.message
         rows.append((f"no-change sync of {files:,} files", _s(t)))
         _change(root, files, changes)
         before = _last_job(ctx)
         t = time.perf_counter()
-        changed = sources.sync(ctx, "share", confirm=True)
+        changed = syncing.sync(ctx, "share", confirm=True)
         rows.append((f"sync with {changes} changes: plan and record ({changed.message})", _s(t)))
         t = time.perf_counter()
         queued = _run_queued(ctx, before)

@@ -9,7 +9,9 @@
      │    │                       unspent
      │    ├── PermanentError      unreadable or corrupt input: failed at once, never retried
      │    └── UserActionError     the operator must act (password, OCR, type, size): failed at once
-     ├── JobCancelled             the operator asked the running job to stop
+     ├── OperationError           an operation a front end asked for is refused: a stable code, the
+ │                            HTTP status it answers, a fix hint (sluice.ops raises these)
+ ├── JobCancelled             the operator asked the running job to stop
      └── LeaseLost                another claim owns the job now; this attempt must stop quietly
 
 ``classify`` turns any other exception into a PipelineError.
@@ -74,6 +76,25 @@ class PermanentError(PipelineError):
 
 class UserActionError(PipelineError):
     kind = ErrorKind.user_action_required
+
+
+class OperationError(SluiceError):
+    """An operation refused: ``code`` is stable (the API's problem code), ``status`` the HTTP status
+    it answers, ``hint`` what to do. Subclasses set the three as class attributes."""
+
+    code: str = "operation_refused"
+    status: int = 400
+    hint: str = ""
+
+    def __init__(
+        self, message: str = "", *, code: str | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if hint is not None:
+            self.hint = hint
 
 
 class JobCancelled(SluiceError):

@@ -8,10 +8,10 @@ import os
 import pytest
 from sqlmodel import Session, select
 
+from sluice.api.event_stream import EVENT_TYPES
 from sluice.client import Client, Event
 from sluice.ops import actions
 from sluice.ops.access import cli_operator
-from sluice.ops.event_stream import EVENT_TYPES
 from sluice.ops.reads import ctx
 from sluice.storage.models import JobEvent
 from tests.support.api_server import ApiServer, make_key

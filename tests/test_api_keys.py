@@ -9,7 +9,7 @@ import sys
 
 from sqlmodel import Session, select
 
-from sluice.ops.keys import authenticate
+from sluice.api.authentication import authenticate
 from sluice.ops.reads import ctx
 from sluice.storage.models import ApiKey
 

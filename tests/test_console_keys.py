@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sluice.api import authentication
 from sluice.console import auth
 from sluice.ops import keys
 from tests.support.apptest import assert_ok, open_console, texts
@@ -17,7 +18,7 @@ def test_an_operator_makes_a_key_sees_its_token_once_and_revokes_it(ctx):
     assert_ok(at)
     assert "shown only this once" in texts(at)
     token = at.code[0].value
-    principal = keys.authenticate(token)
+    principal = authentication.authenticate(token)
     assert principal is not None and principal.scope == "ingest" and principal.name == "billing-app"
     assert [v.name for v in keys.list_keys()] == ["billing-app"]
     assert at.dataframe[0].value["Name"].tolist() == ["billing-app"]
@@ -30,7 +31,7 @@ def test_an_operator_makes_a_key_sees_its_token_once_and_revokes_it(ctx):
     at.button(key="revoke_key:yes").click().run()
     assert_ok(at)
     assert "key 'billing-app' is revoked" in texts(at)
-    assert keys.authenticate(token) is None
+    assert authentication.authenticate(token) is None
     assert keys.list_keys()[0].revoked
 
 

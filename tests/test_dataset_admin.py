@@ -16,8 +16,9 @@ from sqlalchemy import text
 from sqlmodel import Session, select
 
 from sluice import faults
+from sluice.api import authentication, scoped
 from sluice.cli.main import main as cli
-from sluice.ops import dataset_admin, keys, scoped
+from sluice.ops import dataset_admin, keys
 from sluice.ops.access import LOCAL_OPERATOR, Operator
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import DatasetDeleting, UnknownDataset, search
@@ -85,7 +86,7 @@ def test_a_rename_keeps_search_jobs_and_scoped_keys_working(ctx):
     with pytest.raises(UnknownDataset):
         search(ctx, query="albatross", dataset="alpha")
     assert run_job(waiting.job_id, ctx=ctx).result == "succeeded"  # the queued job, renamed under
-    key = keys.authenticate(token)
+    key = authentication.authenticate(token)
     assert key is not None and [d["name"] for d in scoped.datasets(key)] == ["birds"]
     assert scoped.dataset(key, "birds")["documents"] == 2
     assert reconcile(ctx).clean

@@ -157,7 +157,7 @@ def test_a_job_s_place_in_the_queue_is_the_dispatcher_s_order(database_url):
 def test_a_key_of_one_dataset_sees_its_place_among_its_own_jobs_only(database_url, monkeypatch):
     """The API's waiting: its place and start estimate; a key that does not see the other
     datasets gets the same answer however much they hold."""
-    from sluice.ops import scoped
+    from sluice.api import scoped
     from sluice.ops.keys import ApiPrincipal
     from sluice.settings import reset_settings_cache
 

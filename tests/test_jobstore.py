@@ -290,7 +290,8 @@ def test_progress_is_fenced_by_the_lease_and_reports_cancel(engine):
 def test_each_progress_write_is_a_job_progress_event_of_the_log(engine):
     """The stage counts the runner writes (once per batch, at most twice a second) are events of
     the one log: the stream sends them as job.progress; a write that lost its lease leaves none."""
-    from sluice.ops import event_stream, reads
+    from sluice.api import event_stream
+    from sluice.ops import reads
     from sluice.ops.keys import ApiPrincipal
 
     job_id = new_job(engine, 1)

@@ -1,7 +1,8 @@
 """The package's floors only look down: no module imports from a floor above its own.
 
     the ground (errors, settings, files, faults) < sluice.storage, sluice.servers < sluice.pipeline
-        < sluice.ops < sluice.console, sluice.cli, sluice.api < sluice.client
+        < sluice.ops < sluice.console, sluice.cli, sluice.api, sluice.worker, sluice.exporter
+        < sluice.client
 
 The ground floor's modules may import each other; the other floors that share a level (storage and
 servers, the two front ends) sit side by side and never import each other. Imports are read from the
@@ -28,6 +29,8 @@ FLOORS = {
     "console": 4,
     "cli": 4,
     "api": 4,
+    "worker": 4,
+    "exporter": 4,
     "client": 5,  # the API's Python client: for applications, imports nothing of sluice
 }
 

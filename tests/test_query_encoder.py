@@ -126,7 +126,7 @@ class HoldTheModelThread:
         return None
 
 sys.meta_path.insert(0, HoldTheModelThread())
-from sluice.pipeline.queueing import worker
+from sluice.worker import hooks as worker
 for t in worker.start_model_threads():
     t.join(300)
 found = [str(p) for p in pathlib.Path(sys.argv[1]).rglob("*.onnx")]

@@ -146,9 +146,9 @@ def test_idempotency_records_past_24_hours_go_with_retention_not_with_a_request(
 def test_the_daily_prune_removes_expired_idempotency_records_also_when_keeping_everything(
     make_ctx,
 ):
-    from sluice.pipeline.queueing.worker import periodic_prune
     from sluice.storage import idempotency_records as records
     from sluice.storage.models import IdempotencyRecord
+    from sluice.worker.hooks import periodic_prune
 
     ctx = make_ctx(SLUICE_RETENTION_DAYS="0")  # 0: the job history is kept for ever
     with Session(ctx.engine) as session:

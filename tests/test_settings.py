@@ -205,7 +205,7 @@ def test_console_refuses_to_start_naming_the_variable(clean_env, capsys):
 
 
 def test_worker_refuses_to_start_naming_the_variable(clean_env, tmp_path):
-    """huey_consumer imports sluice.pipeline.queueing.worker, which validates the settings: a bad
+    """huey_consumer imports sluice.worker.hooks, which validates the settings: a bad
     value stops it."""
     env = {**os.environ, "SLUICE_CHUNK_SIZE": "7", "SLUICE_CONSOLE_PASSWORD": SECRET}
     consumer = Consumer(env, tmp_path / "worker.log", workers=1)

@@ -21,10 +21,10 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from sluice import faults
-from sluice.ops import sources
 from sluice.ops.search import search
-from sluice.ops.sources_listing import Seen
-from sluice.ops.sources_plan import Known, make_plan
+from sluice.ops.sources import listing, syncing
+from sluice.ops.sources.listing import Seen
+from sluice.ops.sources.plan import Known, make_plan
 from sluice.pipeline.running.runner import run_job
 from sluice.storage.models import Document, Job, JobStatus
 from sluice.storage.source_records import SourceEntry, SourceLease, SourceRun
@@ -78,7 +78,7 @@ class FolderSide:
         (self.root / name).unlink()
 
     def add_source(self, ctx, name: str = "src") -> None:
-        sources.add_source(ctx, name=name, dataset="docs", folder=str(self.root))
+        syncing.add_source(ctx, name=name, dataset="docs", folder=str(self.root))
 
 
 class S3Side:
@@ -100,7 +100,7 @@ class S3Side:
         self.client.delete_object(Bucket=self.bucket, Key=f"team/{name}")
 
     def add_source(self, ctx, name: str = "src") -> None:
-        sources.add_source(ctx, name=name, dataset="docs", s3=f"s3://{self.bucket}/team")
+        syncing.add_source(ctx, name=name, dataset="docs", s3=f"s3://{self.bucket}/team")
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_edits_renames_deletes_and_an_addition_happen_exactly(side, make_ctx):
     for i in range(20):
         side.put(f"d{i // 10}/f{i}.txt", body(i))
     side.add_source(ctx)
-    first = sources.sync(ctx, "src", actor="test")
+    first = syncing.sync(ctx, "src", actor="test")
     assert first.status == "done", first.message
     assert first.counts["added"] == 20 and run_pending(ctx) == 20
     assert found(ctx, "zq7v0") == {"f7.txt"}
@@ -171,11 +171,11 @@ def test_edits_renames_deletes_and_an_addition_happen_exactly(side, make_ctx):
         side.delete(f"d{i // 10}/f{i}.txt")
     side.put("d1/new.txt", body(99))
     jobs_before = job_count(ctx)
-    preview = sources.sync(ctx, "src", preview=True)
+    preview = syncing.sync(ctx, "src", preview=True)
     assert preview.ran is False and "to embed" in preview.cost
     assert job_count(ctx) == jobs_before  # a preview changes nothing
 
-    second = sources.sync(ctx, "src", actor="test")
+    second = syncing.sync(ctx, "src", actor="test")
     c = second.counts
     assert (c["added"], c["changed"], c["renamed"], c["removed"]) == (1, 3, 2, 4), second.message
     assert c["unchanged"] == 20 - 3 - 2 - 4 and c["failed"] == 0
@@ -186,16 +186,16 @@ def test_edits_renames_deletes_and_an_addition_happen_exactly(side, make_ctx):
     run_pending(ctx)
     assert found(ctx, "zq1v1") == {"f1.txt"} and found(ctx, "zq1v0") == set()
     assert found(ctx, "zq99v0") == {"new.txt"}
-    third = sources.sync(ctx, "src", actor="test")
+    third = syncing.sync(ctx, "src", actor="test")
     assert third.counts["unchanged"] == 17 and third.counts["added"] == 0
 
     with Session(ctx.engine) as session:  # tombstoned: bytes and jobs kept for now
         gone = session.exec(select(Document).where(col(Document.deleted_at).is_not(None))).all()
         tomb = [d for d in gone if d.filename in {"f5.txt", "f6.txt", "f15.txt", "f16.txt"}]
     assert len(tomb) == 4 and all(ctx.blobs.exists(d.sha256) for d in tomb)
-    assert sources.purge_expired(ctx) == 0
+    assert syncing.purge_expired(ctx) == 0
     ctx = make_ctx(SLUICE_SYNC_TOMBSTONE_HOURS="0")  # the tombstone time has passed
-    assert sources.purge_expired(ctx) == 4
+    assert syncing.purge_expired(ctx) == 4
     with Session(ctx.engine) as session:
         statuses = {
             session.get(Job, d.active_job_id).status if d.active_job_id else None for d in tomb
@@ -215,21 +215,21 @@ def test_an_emptied_folder_and_a_failed_listing_remove_nothing(tmp_path, make_ct
     for i in range(5):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    sources.sync(ctx, "src")
+    syncing.sync(ctx, "src")
     run_pending(ctx)
     for i in range(5):
         share.delete(f"f{i}.txt")
-    empty = sources.sync(ctx, "src")
+    empty = syncing.sync(ctx, "src")
     assert empty.status == "held" and empty.counts["removed"] == 0 and empty.counts["held"] == 5
     assert "empty" in empty.held_reason and found(ctx, "zq2v0") == {"f2.txt"}
     share.root.rename(tmp_path / "elsewhere")  # the folder is gone: the listing fails
-    failed = sources.sync(ctx, "src", confirm=True)
+    failed = syncing.sync(ctx, "src", confirm=True)
     assert failed.status == "failed" and failed.counts["removed"] == 0
     assert "listing failed" in failed.held_reason and found(ctx, "zq2v0") == {"f2.txt"}
     (tmp_path / "elsewhere").rename(share.root)
-    confirmed = sources.sync(ctx, "src", confirm=True)  # an operator says the folder is empty
+    confirmed = syncing.sync(ctx, "src", confirm=True)  # an operator says the folder is empty
     assert confirmed.counts["removed"] == 5 and found(ctx, "zq2v0") == set()
-    assert "5 tombstoned" in sources.undo(ctx, "src")
+    assert "5 tombstoned" in syncing.undo(ctx, "src")
     jobs_before = job_count(ctx)
     assert found(ctx, "zq2v0") == {"f2.txt"} and job_count(ctx) == jobs_before  # not embedded
 
@@ -239,9 +239,9 @@ def test_a_failed_s3_listing_removes_nothing(s3side, moto, make_ctx):
     for i in range(4):
         s3side.put(f"f{i}.txt", body(i))
     s3side.add_source(ctx)
-    assert sources.sync(ctx, "src").counts["added"] == 4
+    assert syncing.sync(ctx, "src").counts["added"] == 4
     moto.gate.close()
-    failed = sources.sync(ctx, "src", confirm=True)
+    failed = syncing.sync(ctx, "src", confirm=True)
     assert failed.status == "failed" and failed.counts["removed"] == 0
     with Session(ctx.engine) as session:
         entries = session.exec(select(SourceEntry)).all()
@@ -254,20 +254,19 @@ def test_an_s3_edit_of_the_same_size_in_the_same_second_is_seen_by_its_etag(
 ):
     """S3 gives modification times to the second: an edit that keeps the size and lands in the
     same second as the version before looks unchanged by size and time. Its ETag moved."""
-    from sluice.ops import sources_listing
 
-    monkeypatch.setattr(sources_listing, "_ns", lambda when: 1_700_000_000 * 10**9)  # one second
+    monkeypatch.setattr(listing, "_ns", lambda when: 1_700_000_000 * 10**9)  # one second
     ctx = make_ctx()
     s3side.put("a.txt", body(1).replace(b"zq1v0", b"zq1aa"))
     s3side.add_source(ctx)
-    assert sources.sync(ctx, "src", actor="test").counts["added"] == 1 and run_pending(ctx) == 1
+    assert syncing.sync(ctx, "src", actor="test").counts["added"] == 1 and run_pending(ctx) == 1
     assert found(ctx, "zq1aa") == {"a.txt"}
     s3side.put("a.txt", body(1).replace(b"zq1v0", b"zq1bb"))  # the same size, other words
-    again = sources.sync(ctx, "src", actor="test")
+    again = syncing.sync(ctx, "src", actor="test")
     assert again.counts["changed"] == 1, again.message
     assert run_pending(ctx) == 1
     assert found(ctx, "zq1bb") == {"a.txt"} and found(ctx, "zq1aa") == set()
-    assert sources.sync(ctx, "src", actor="test").counts["unchanged"] == 1  # and no re-read
+    assert syncing.sync(ctx, "src", actor="test").counts["unchanged"] == 1  # and no re-read
 
 
 def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, sluice_env):
@@ -286,11 +285,11 @@ def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, slui
     assert killed.returncode == 137, killed.stderr.decode()[-2000:]
     with Session(ctx.engine) as session:
         assert len(session.exec(select(SourceEntry)).all()) == 5
-    assert sources.sync(ctx, "src").status == "busy"  # the dead holder's lease still runs
+    assert syncing.sync(ctx, "src").status == "busy"  # the dead holder's lease still runs
     with Session(ctx.engine) as session:  # ... until it expires
         session.execute(update(SourceLease).values(expires_at=datetime(2000, 1, 1, tzinfo=UTC)))
         session.commit()
-    again = sources.sync(ctx, "src")
+    again = syncing.sync(ctx, "src")
     assert again.status == "done" and again.counts["added"] == 7, again.message
     with Session(ctx.engine) as session:
         docs = session.exec(select(Document)).all()
@@ -305,7 +304,7 @@ def test_two_syncs_of_one_source_at_once_run_once(database_url, tmp_path, make_c
     for i in range(3):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    results: dict[str, sources.SyncResult] = {}
+    results: dict[str, syncing.SyncResult] = {}
     errors: list[BaseException] = []
     second_done = threading.Event()
 
@@ -315,7 +314,7 @@ def test_two_syncs_of_one_source_at_once_run_once(database_url, tmp_path, make_c
 
     def run(name: str) -> None:
         try:
-            results[name] = sources.sync(ctx, "src", actor=name)
+            results[name] = syncing.sync(ctx, "src", actor=name)
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -356,7 +355,7 @@ def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(
             share.put(path, final)
 
     with faults.hook("source_before_read", rewrite):
-        result = sources.sync(ctx, "src")
+        result = syncing.sync(ctx, "src")
     assert changed == ["f1.txt"] and result.counts["added"] == 1
     with Session(ctx.engine) as session:
         entry = session.exec(select(SourceEntry)).one()
@@ -365,7 +364,7 @@ def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(
     assert (entry.size, entry.mtime_ns) == (st.st_size, st.st_mtime_ns)
     run_pending(ctx)
     assert found(ctx, "zq1v5") == {"f1.txt"} and found(ctx, "zq1v0") == set()
-    assert sources.sync(ctx, "src").counts["unchanged"] == 1  # nothing read again
+    assert syncing.sync(ctx, "src").counts["unchanged"] == 1  # nothing read again
 
 
 def test_a_sync_is_a_recorded_run_with_a_webhook_and_metrics(tmp_path, make_ctx):
@@ -383,7 +382,7 @@ def test_a_sync_is_a_recorded_run_with_a_webhook_and_metrics(tmp_path, make_ctx)
     for i in range(3):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    result = sources.sync(ctx, "src", actor="test")
+    result = syncing.sync(ctx, "src", actor="test")
     with Session(ctx.engine) as session:
         run = session.get(SourceRun, result.run_id)
         [hook] = session.exec(select(WebhookDelivery)).all()
@@ -397,32 +396,32 @@ def test_a_sync_is_a_recorded_run_with_a_webhook_and_metrics(tmp_path, make_ctx)
 
 
 def test_the_workers_follow_a_source_on_schedule_and_as_its_folder_changes(tmp_path, make_ctx):
-    from sluice.ops import sources_follow
+    from sluice.ops.sources import follow
     from sluice.pipeline.queueing import recovery
     from tests.support.helpers import until
 
     ctx = make_ctx()
     share = FolderSide(tmp_path / "share")
     share.put("f0.txt", body(0))
-    sources.add_source(ctx, name="src", dataset="docs", folder=str(share.root), every="1m")
+    syncing.add_source(ctx, name="src", dataset="docs", folder=str(share.root), every="1m")
     try:
         assert recovery.run_extra_rounds(ctx) == ["sources: started src"]  # due at once
-        sources_follow._running["src"].join(60)
-        assert sources.get_source(ctx, "src").documents == 1
+        follow._running["src"].join(60)
+        assert syncing.get_source(ctx, "src").documents == 1
         assert recovery.run_extra_rounds(ctx) == []  # the next one is a minute away
-        until(lambda: "src" in sources_follow._watching, timeout=10, what="the folder watch")
+        until(lambda: "src" in follow._watching, timeout=10, what="the folder watch")
         written: list[float] = []
 
         def synced() -> bool:  # the watch (debounced) syncs a new file, no round needed
             if not written or time.monotonic() - written[-1] > 3:  # until the watch is set up
                 share.put(f"f{len(written) + 1}.txt", body(len(written) + 1))
                 written.append(time.monotonic())
-            return sources.get_source(ctx, "src").documents > 1
+            return syncing.get_source(ctx, "src").documents > 1
 
         until(synced, timeout=30, what="a new file of the watched folder synced")
     finally:
-        sources_follow.stop_watching()
-    assert not sources_follow.errors
+        follow.stop_watching()
+    assert not follow.errors
 
 
 def test_the_api_manages_s3_sources_for_manage_keys_of_their_dataset(s3side, ctx):
@@ -476,19 +475,19 @@ def test_the_console_shows_each_source_previews_and_confirms_held_removals(tmp_p
     at.button(key="source_preview").click().run()
     assert_ok(at)
     assert "Preview: 4 file(s) listed: 4 to add" in texts(at)
-    assert "to embed" in texts(at) and sources.get_source(ctx, "src").documents == 0
+    assert "to embed" in texts(at) and syncing.get_source(ctx, "src").documents == 0
     at.button(key="source_sync").click().run()
-    assert sources.get_source(ctx, "src").documents == 4
+    assert syncing.get_source(ctx, "src").documents == 4
     assert at.dataframe[0].value["Added"].tolist() == [4]
     for i in range(4):
         share.delete(f"f{i}.txt")
     at.button(key="source_sync").click().run()
     assert_ok(at)
-    assert "Removals held" in texts(at) and sources.get_source(ctx, "src").documents == 4
+    assert "Removals held" in texts(at) and syncing.get_source(ctx, "src").documents == 4
     at.button(key="source_confirm").click().run()
     at.button(key="source_confirm:yes").click().run()
     assert_ok(at)
-    view = sources.get_source(ctx, "src")
+    view = syncing.get_source(ctx, "src")
     assert (view.documents, view.tombstoned) == (0, 4)
 
 
@@ -516,8 +515,8 @@ def test_the_cli_adds_lists_previews_syncs_and_removes_a_source(tmp_path, ctx, c
         share.delete(f"f{i}.txt")
     assert main(["sync", "s"]) == 3  # held: the folder came back empty
     assert "removals held" in capsys.readouterr().out
-    assert main(["sync", "s", "--yes"]) == 0 and sources.get_source(ctx, "s").tombstoned == 3
-    assert main(["sources", "undo", "s"]) == 0 and sources.get_source(ctx, "s").documents == 3
+    assert main(["sync", "s", "--yes"]) == 0 and syncing.get_source(ctx, "s").tombstoned == 3
+    assert main(["sources", "undo", "s"]) == 0 and syncing.get_source(ctx, "s").documents == 3
     assert main(["sources", "remove", "s", "--keep-documents"]) == 0
     assert "3 document(s) kept" in capsys.readouterr().out
     assert main(["sources", "list"]) == 0 and "no sources" in capsys.readouterr().out
@@ -531,10 +530,10 @@ def test_reconcile_repair_keeps_the_chunks_of_tombstoned_documents_for_undo(tmp_
     for i in range(4):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    sources.sync(ctx, "src")
+    syncing.sync(ctx, "src")
     run_pending(ctx)
     share.delete("f1.txt")
-    assert sources.sync(ctx, "src").counts["removed"] == 1 and found(ctx, "zq1v0") == set()
+    assert syncing.sync(ctx, "src").counts["removed"] == 1 and found(ctx, "zq1v0") == set()
     repaired = reconcile(ctx, repair=True, save=False)
     # kept for undo: neither orphans (vectors or lexical rows) nor served
     assert repaired.orphans == 0 and repaired.lexical_problems["orphans"] == 0, repaired.describe()
@@ -542,7 +541,7 @@ def test_reconcile_repair_keeps_the_chunks_of_tombstoned_documents_for_undo(tmp_
     assert docs.kept == 2 and docs.lexical_kept == 2 and "2 kept for undo" in repaired.describe()
     assert found(ctx, "zq1v0") == set()
     jobs_before = job_count(ctx)
-    assert "1 tombstoned" in sources.undo(ctx, "src")
+    assert "1 tombstoned" in syncing.undo(ctx, "src")
     assert found(ctx, "zq1v0") == {"f1.txt"} and job_count(ctx) == jobs_before
     after = reconcile(ctx, save=False)  # its chunks all came back with it: nothing missing
     assert after.clean and sum(d.kept for d in after.datasets) == 0, after.describe()
@@ -556,7 +555,7 @@ def test_a_late_success_does_not_bring_back_a_file_removed_while_its_job_ran(
     for i in range(4):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    sources.sync(ctx, "src")
+    syncing.sync(ctx, "src")
     removed: list[int] = []
 
     def remove(job_id: int, **info) -> None:  # the job has read its document, before it writes
@@ -566,7 +565,7 @@ def test_a_late_success_does_not_bring_back_a_file_removed_while_its_job_ran(
                 return
         removed.append(job_id)
         share.delete("f1.txt")
-        assert sources.sync(ctx, "src").counts["removed"] == 1
+        assert syncing.sync(ctx, "src").counts["removed"] == 1
 
     with faults.hook("before_supersede", remove):
         run_pending(ctx)
@@ -575,7 +574,7 @@ def test_a_late_success_does_not_bring_back_a_file_removed_while_its_job_ran(
         job = session.get(Job, removed[0])
         doc = session.get(Document, job.document_id)
     assert job.status == JobStatus.succeeded and doc.deleted_at is not None
-    assert sources.get_source(ctx, "src").tombstoned == 1
+    assert syncing.get_source(ctx, "src").tombstoned == 1
     jobs_before = job_count(ctx)
-    assert "1 tombstoned" in sources.undo(ctx, "src")  # its chunks were kept: back, not embedded
+    assert "1 tombstoned" in syncing.undo(ctx, "src")  # its chunks were kept: back, not embedded
     assert found(ctx, "zq1v0") == {"f1.txt"} and job_count(ctx) == jobs_before

@@ -255,7 +255,7 @@ def test_final_transitions_write_one_event_per_endpoint_in_their_transaction(hoo
 
 def test_a_webhook_carries_the_event_log_id_the_stream_gives_the_same_transition(hooked):
     """One event log: a webhook's event id is the job event's id, which the API's stream sends."""
-    from sluice.ops import event_stream
+    from sluice.api import event_stream
     from sluice.ops.keys import ApiPrincipal
 
     engine = hooked("http://127.0.0.1:9/a", "http://127.0.0.1:9/b")

@@ -255,7 +255,7 @@ def test_queue_inspection_counts_only_this_instances_messages(make_ctx):
     recovery must still find ours stranded."""
     from sluice.pipeline.queueing.broker import queued_job_ids
     from sluice.pipeline.queueing.publishing import publish
-    from sluice.pipeline.queueing.worker import process_job
+    from sluice.pipeline.queueing.tasks import process_job
 
     ctx = make_ctx()
     r = ingest_bytes(

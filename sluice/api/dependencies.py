@@ -12,9 +12,10 @@ from typing import Annotated
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from sluice.api.authentication import authenticate, record_refusal
 from sluice.api.problems import Problem
-from sluice.ops.keys import ApiPrincipal, authenticate, record_refusal
-from sluice.ops.rate_limit import RateLimiter
+from sluice.api.rate_limit import RateLimiter
+from sluice.ops.keys import ApiPrincipal
 from sluice.settings import get_settings
 
 bearer = HTTPBearer(

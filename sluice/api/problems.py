@@ -13,9 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.ops.idempotency import BadIdempotencyKey, KeyReused, StillInFlight
+from sluice.api.idempotency import BadIdempotencyKey, KeyReused, StillInFlight
+from sluice.api.scoped import Missing, ScopeMissing
 from sluice.ops.keys import KeyRefused
-from sluice.ops.scoped import Missing, ScopeMissing
 
 log = logging.getLogger(__name__)
 

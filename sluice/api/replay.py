@@ -1,4 +1,4 @@
-"""``Idempotency-Key`` around a POST's answer (the rule is sluice.ops.idempotency): the first
+"""``Idempotency-Key`` around a POST's answer (the rule is sluice.api.idempotency): the first
 answer is kept and replayed; a server error is not kept, so the client may try again."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from sluice.api import idempotency
 from sluice.api.problems import Problem
-from sluice.ops import idempotency
 from sluice.ops.keys import ApiPrincipal
 
 KEPT_HEADERS = ("location", "retry-after", "content-type")

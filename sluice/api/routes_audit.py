@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.schemas import problems
+from sluice.api.scoped import ScopeMissing
 from sluice.ops import audit_trail
-from sluice.ops.scoped import ScopeMissing
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"])
 TEXT = r"^[^\x00-\x1f]*$"  # no control characters (PostgreSQL takes no NUL in a string)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
@@ -18,7 +19,7 @@ from sluice.api.schemas import (
     Strict,
     problems,
 )
-from sluice.ops import dataset_admin, scoped
+from sluice.ops import dataset_admin
 from sluice.pipeline.running.context import get_context
 
 # dataset_admin's refusals as problem+json statuses

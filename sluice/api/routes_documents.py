@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
+from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.schemas import (
@@ -18,7 +19,7 @@ from sluice.api.schemas import (
     DocumentOut,
     problems,
 )
-from sluice.ops import replacing, scoped
+from sluice.ops import replacing
 from sluice.ops.documents import DeleteResult
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])

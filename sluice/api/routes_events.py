@@ -19,9 +19,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from sluice.api.dependencies import Key
+from sluice.api.event_stream import EventCursor, open_cursor, poll
 from sluice.api.problems import Problem
 from sluice.api.schemas import problems
-from sluice.ops.event_stream import EventCursor, open_cursor, poll
 from sluice.settings import get_settings
 
 router = APIRouter(tags=["events"])

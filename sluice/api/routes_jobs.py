@@ -11,12 +11,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.routes_metadata import parse_where_param
 from sluice.api.schemas import ActionOut, JobId, JobList, JobOut, UnlockIn, problems
-from sluice.ops import scoped
 from sluice.ops.actions import ActionReport
 from sluice.ops.keys import ApiPrincipal
 

@@ -11,11 +11,11 @@ from fastapi import APIRouter, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.schemas import DocumentId, DocumentOut, Strict, problems
 from sluice.ops import metadata as meta
-from sluice.ops import scoped
 from sluice.ops.chunks import AmbiguousChunk
 
 router = APIRouter(tags=["documents"])

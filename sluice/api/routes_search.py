@@ -6,11 +6,11 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
+from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.schemas import SearchIn, SearchOut, problems
-from sluice.ops import scoped
 from sluice.ops.metadata import FilterError
 from sluice.ops.search import BadQuery
 

@@ -9,12 +9,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
+from sluice.api import sources
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.schemas import Strict, problems
-from sluice.ops import sources_actions
-from sluice.ops.sources import SourceError, SourceView
+from sluice.ops.sources.syncing import SourceError, SourceView
 
 # SourceError codes as problem+json statuses
 STATUS = {
@@ -75,7 +75,7 @@ def _problem(exc: SourceError) -> Problem:
 
 @router.get("", response_model=SourceList, responses=problems(401, 403, 429))
 def list_sources(key: Key) -> dict:
-    return {"sources": [v.to_dict() for v in sources_actions.key_sources(key)]}
+    return {"sources": [v.to_dict() for v in sources.key_sources(key)]}
 
 
 @router.post(
@@ -84,7 +84,7 @@ def list_sources(key: Key) -> dict:
 def create_source(body: SourceCreate, request: Request, key: Key) -> Response:
     def answer() -> Response:
         try:
-            view = sources_actions.key_add(key, **body.model_dump())
+            view = sources.key_add(key, **body.model_dump())
         except SourceError as exc:
             raise _problem(exc) from None
         return JSONResponse(view.to_dict(), status_code=201)
@@ -94,13 +94,13 @@ def create_source(body: SourceCreate, request: Request, key: Key) -> Response:
 
 @router.get("/{name}", response_model=SourceOut, responses=problems(401, 403, 404, 429))
 def get_source(name: str, key: Key) -> dict:
-    return sources_actions.key_source(key, name).to_dict()
+    return sources.key_source(key, name).to_dict()
 
 
 @router.delete("/{name}", response_model=SourceRemoved, responses=problems(401, 403, 404, 429))
 def delete_source(name: str, key: Key, keep_documents: bool = False) -> dict:
     try:
-        message = sources_actions.key_remove(key, name, keep_documents=keep_documents)
+        message = sources.key_remove(key, name, keep_documents=keep_documents)
     except SourceError as exc:
         raise _problem(exc) from None
     return {"ok": True, "message": message}
@@ -115,7 +115,7 @@ def sync_source(name: str, body: SyncRequest, request: Request, key: Key) -> Res
 
     def answer() -> Response:
         try:
-            result = sources_actions.key_sync(key, name, preview=body.preview, confirm=body.confirm)
+            result = sources.key_sync(key, name, preview=body.preview, confirm=body.confirm)
         except SourceError as exc:
             raise _problem(exc) from None
         if result.status == "busy":

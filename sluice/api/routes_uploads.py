@@ -10,13 +10,14 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
+from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.routes_documents import deleted
 from sluice.api.schemas import DeleteOut, UploadAccepted, problems
 from sluice.api.uploads import Part, read_upload
-from sluice.ops import replacing, scoped
+from sluice.ops import replacing
 from sluice.ops.ingest import SNIFF_BYTES, IngestResult
 from sluice.ops.keys import ApiPrincipal
 from sluice.settings import get_settings

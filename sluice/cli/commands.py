@@ -401,9 +401,10 @@ def cancel(args) -> int:
 
 def recover(args) -> int:
     from sluice.ops.dataset_admin import finish_deletions
-    from sluice.pipeline.queueing.worker import recover_once
+    from sluice.ops.sources.follow import follow_round
+    from sluice.pipeline.queueing.tasks import recover_once
 
-    result = recover_once()
+    result = recover_once(rounds=(follow_round,))
     finished = finish_deletions(reads.ctx())  # dataset deletes that stopped halfway
     print_json(
         {

@@ -1,5 +1,5 @@
 """``sluice serve queue|cache|chroma|worker|console|metrics|api``: what the Procfile runs (each but
-metrics exec'd in place)."""
+the Chroma gate exec'd in place)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,20 @@ from pathlib import Path
 
 from sluice.files import private_dir
 from sluice.ops.access import check_bind
-from sluice.ops.api_gate import check_api_bind
-from sluice.ops.gate import allowed_hosts, local_link_url, mint_local_link
+from sluice.ops.gate import (
+    allowed_hosts,
+    check_api_bind,
+    check_metrics_bind,
+    local_link_url,
+    mint_local_link,
+)
 from sluice.servers.processes import chroma_argv, redis_argv
 from sluice.settings import get_settings
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "console" / "app.py"
 CONSOLE_LAUNCHER = "sluice.console.launcher"  # named, not imported, like the API's app
-WORKER_MAIN = "sluice.pipeline.queueing.consumer"  # named, not imported: no pipeline at start
+WORKER_MAIN = "sluice.worker.consumer"  # named, not imported: no pipeline at start
+METRICS_MAIN = "sluice.exporter"  # named, not imported, like the worker
 API_APP = "sluice.api.server:app"  # named, not imported: the front ends do not import each other
 
 
@@ -37,6 +43,9 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
             "-d",
             "0.1",
         ]
+    if what == "metrics":  # a small HTTP server over the job database
+        check_metrics_bind(s)
+        return [sys.executable, "-m", METRICS_MAIN]
     if what == "api":
         check_api_bind(s)
         return [
@@ -99,11 +108,6 @@ def serve(args) -> int:
 
         chroma_argv(url=s.chroma_url, path=s.chroma_dir)  # refuses an address beyond loopback
         return serve_chroma(s)
-    if args.what == "metrics":  # in this process: a small HTTP server over the job database
-        from sluice.ops.metrics import serve as serve_metrics
-
-        serve_metrics(s)
-        return 0
     argv = argv_for(args.what, workers=args.workers, kind=args.kind)
     if args.what == "console" and s.console_password is None and s.console_sign_in == "auto":
         print(f"Open the console (this link works once): {_link(s)}")

@@ -17,12 +17,12 @@ def _fail(exc) -> int:
 
 
 def add(args) -> int:
-    from sluice.ops import sources_actions
     from sluice.ops.access import cli_operator
-    from sluice.ops.sources import SourceError
+    from sluice.ops.sources import manage
+    from sluice.ops.sources.syncing import SourceError
 
     try:
-        view = sources_actions.add(cli_operator(), **{k: getattr(args, k) for k in ADD_OPTIONS})
+        view = manage.add(cli_operator(), **{k: getattr(args, k) for k in ADD_OPTIONS})
     except SourceError as exc:
         return _fail(exc)
     every = f", every {view.every_seconds}s" if view.every_seconds else ""
@@ -32,9 +32,9 @@ def add(args) -> int:
 
 
 def list_(args) -> int:
-    from sluice.ops import sources_actions
+    from sluice.ops.sources import manage
 
-    views = sources_actions.list_sources()
+    views = manage.list_sources()
     return listing(
         [_row(v.to_dict()) for v in views],
         "name dataset where:SOURCE docs last:LAST_SYNC result next",
@@ -65,14 +65,12 @@ def _counts(run: dict) -> str:
 
 
 def sync(args) -> int:
-    from sluice.ops import sources_actions
     from sluice.ops.access import cli_operator
-    from sluice.ops.sources import SourceError
+    from sluice.ops.sources import manage
+    from sluice.ops.sources.syncing import SourceError
 
     try:
-        result = sources_actions.sync(
-            cli_operator(), args.name, preview=args.preview, confirm=args.yes
-        )
+        result = manage.sync(cli_operator(), args.name, preview=args.preview, confirm=args.yes)
     except SourceError as exc:
         return _fail(exc)
     if args.json:
@@ -89,24 +87,24 @@ def sync(args) -> int:
 
 
 def remove(args) -> int:
-    from sluice.ops import sources_actions
     from sluice.ops.access import cli_operator
-    from sluice.ops.sources import SourceError
+    from sluice.ops.sources import manage
+    from sluice.ops.sources.syncing import SourceError
 
     try:
-        print(sources_actions.remove(cli_operator(), args.name, keep_documents=args.keep_documents))
+        print(manage.remove(cli_operator(), args.name, keep_documents=args.keep_documents))
     except SourceError as exc:
         return _fail(exc)
     return 0
 
 
 def undo(args) -> int:
-    from sluice.ops import sources_actions
     from sluice.ops.access import cli_operator
-    from sluice.ops.sources import SourceError
+    from sluice.ops.sources import manage
+    from sluice.ops.sources.syncing import SourceError
 
     try:
-        print(sources_actions.undo(cli_operator(), args.name))
+        print(manage.undo(cli_operator(), args.name))
     except SourceError as exc:
         return _fail(exc)
     return 0

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from sluice.errors import SettingsError
 from sluice.files import private_dir, write_private
 from sluice.settings import Settings, is_loopback
 
@@ -263,3 +264,31 @@ def _strip_port(value: str) -> str:
     if value.count(":") == 1:
         return value.rsplit(":", 1)[0]
     return value
+
+
+API_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def check_api_bind(settings: Settings) -> None:
+    """Beyond loopback the API needs the names it is reached by (its TLS proxy's), so that the
+    Host check can tell them from a rebinding page; a wildcard address without any is refused."""
+    address = settings.api_address.strip("[]")
+    if is_loopback(address) or settings.api_hosts:
+        return
+    if address in API_WILDCARDS:
+        raise SettingsError(
+            f"SLUICE_API_ADDRESS={settings.api_address} listens on every interface, but "
+            "SLUICE_API_HOSTS is not set: name the host the API is reached by (the TLS proxy in "
+            "front of it, docs/security.md), or listen on 127.0.0.1."
+        )
+
+
+def check_metrics_bind(settings: Settings) -> None:
+    """Refuse to serve /metrics beyond loopback without a token (the console's rule, with its own
+    secret): whoever reaches the port would read dataset names and failure codes."""
+    if not is_loopback(settings.metrics_address) and settings.metrics_token is None:
+        raise SettingsError(
+            f"SLUICE_METRICS_ADDRESS={settings.metrics_address} listens beyond this machine, but "
+            "SLUICE_METRICS_TOKEN is not set. Set a long random token (scrapers send it as "
+            "'Authorization: Bearer <token>'), or listen on 127.0.0.1."
+        )

@@ -3,7 +3,7 @@
 honcho sends SIGTERM to every process at once and SIGKILLs what is left 5 s later, and exits 130
 on Ctrl-C (``make`` then says ``Error 130``): the worker meets a Chroma and a Redis that are going
 away. Here a stop (Ctrl-C, SIGTERM) goes in two steps: first the front ends and the worker (which
-finishes or hands back its jobs, ``pipeline.queueing.consumer``), then the servers they use
+finishes or hands back its jobs, ``worker.consumer``), then the servers they use
 (queue, cache, chroma). It exits 0 when every process stopped when asked.
 
 Run from ``make run``, it takes the terminal's foreground while it runs: Ctrl-C then reaches it

@@ -119,7 +119,7 @@ def consumer_argv(workers: int = 2, kind: str = "thread") -> list[str]:
     exe = str(Path(sys.executable).with_name("huey_consumer"))
     return [
         exe,
-        "sluice.pipeline.queueing.worker.huey",
+        "sluice.worker.hooks.huey",
         "-k",
         kind,
         "-w",

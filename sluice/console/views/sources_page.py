@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from sluice.console import ui
-from sluice.ops import sources_actions
-from sluice.ops.sources import SourceError
+from sluice.ops.sources import manage
+from sluice.ops.sources.syncing import SourceError
 
 PREVIEW = "sources_preview"  # the last preview's words, per source: what the person just asked
 
@@ -25,7 +25,7 @@ st.caption(
 ui.read_only_note(who)
 ui.show_flashes()
 
-views = sources_actions.list_sources()
+views = manage.list_sources()
 if not views:
     st.info("No source yet: `sluice sources add NAME --dataset D --folder PATH`.")
     st.stop()
@@ -66,7 +66,7 @@ if chosen.last_run and chosen.last_run.get("message"):
 
 def _run(*, confirm: bool = False) -> None:
     try:
-        result = sources_actions.sync(who, name, confirm=confirm)
+        result = manage.sync(who, name, confirm=confirm)
     except SourceError as exc:
         ui.flash("error", exc.message)
         return
@@ -81,7 +81,7 @@ left, middle, right = st.columns(3)
 if left.button("Preview the sync", key="source_preview"):
     with st.spinner("Listing the source and reading what changed…"):
         try:
-            preview = sources_actions.sync(who, name, preview=True)
+            preview = manage.sync(who, name, preview=True)
         except SourceError as exc:
             st.error(ui.plain(exc.message))
         else:
@@ -95,7 +95,7 @@ with right:
         key="source_undo",
         disabled=not who.can_act or not chosen.tombstoned,
         prompt=f"Bring the {chosen.tombstoned} tombstoned document(s) of {name} back into search?",
-        on_confirm=lambda: ui.flash("success", sources_actions.undo(who, name)),
+        on_confirm=lambda: ui.flash("success", manage.undo(who, name)),
         danger=False,
     )
 

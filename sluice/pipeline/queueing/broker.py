@@ -9,7 +9,7 @@ way, through ``queue_note``.
 
 Built on first use, not at import: importing this module reads no settings and opens no
 connection, so a console page or a CLI command that never touches the queue never needs it.
-The consumer's entry point is ``sluice.pipeline.queueing.worker.huey``, the same instance.
+The consumer's entry point is ``sluice.worker.hooks.huey``, the same instance.
 """
 
 from __future__ import annotations

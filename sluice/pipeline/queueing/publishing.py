@@ -1,6 +1,6 @@
 """Putting jobs on the queue from anywhere: a front end, a bench, a test.
 
-The task that runs a job lives in ``worker``, which imports ``broker``; publishing needs that task,
+The task that runs a job lives in ``tasks``, which imports ``broker``; publishing needs that task,
 so it lives here, above both, and ``broker`` stays free of the task (the queue glue has no cycle).
 Imported lazily: a page that never publishes never builds the Huey instance.
 """
@@ -20,7 +20,7 @@ def publish(job_id: int) -> None:
 
     The message is plain data: the job id and the id of the job database it belongs to.
     """
-    from sluice.pipeline.queueing.worker import publish as publish_job  # the task registers itself
+    from sluice.pipeline.queueing.tasks import publish as publish_job  # the task registers itself
 
     publish_job(job_id)
 

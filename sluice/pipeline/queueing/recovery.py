@@ -7,10 +7,9 @@ queue or a worker killed mid-job delays jobs but never strands them.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlmodel import Session
@@ -21,6 +20,8 @@ from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, outbox
 from sluice.storage.models import Job, JobStatus
+
+Round = Callable[[Context], str]  # a round of a floor above: starts its work, returns a note
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,13 @@ def run_once(
     queued_job_ids: Callable[[], list[int]] | None = None,
     window: int = 0,
     hold: ReapHold | None = None,
+    rounds: Sequence[Round] = (),
 ) -> RecoveryReport:
     """One round: reap, re-publish the stranded, publish the outbox (keeping at most ``window``
     messages on the queue; 0: no window). After a silence of every reaper the reaping waits a
     grace: in line for a one-shot round (``sluice recover``, the periodic task), in ``hold`` for a
-    loop that comes back."""
+    loop that comes back. Each of ``rounds`` (a callable of the context returning a note, "" when
+    it did nothing) rides on the round: the worker hands in those of the floors above."""
     s = ctx.settings
     report = RecoveryReport()
     report.reaped = _reap(ctx, report, hold)
@@ -94,7 +97,7 @@ def run_once(
     report.publish_error = sent.error or report.publish_error
     sweep_blob_leftovers(ctx)
     report.datasets_deleted = finish_dataset_deletes(ctx)
-    report.rounds = run_extra_rounds(ctx)
+    report.rounds = run_extra_rounds(ctx, rounds)
     return report
 
 
@@ -111,19 +114,15 @@ def finish_dataset_deletes(ctx: Context) -> list[str]:
     return [r.message for r in done if r.ok]
 
 
-# Rounds of the floors above that ride on every recovery round, named, not imported (the pipeline
-# imports nothing of sluice.ops): "module:function", called with the context; each starts its work
-# in threads of its own and returns at once with a note ("" when it did nothing).
-EXTRA_ROUNDS = ("sluice.ops.sources_follow:follow_round",)  # sources added with --every
-
-
-def run_extra_rounds(ctx: Context) -> list[str]:
+def run_extra_rounds(ctx: Context, rounds: Sequence[Round]) -> list[str]:
+    """The rounds the worker hands in (the floors above's), each guarded: one that fails never
+    holds the recovery of jobs."""
     notes = []
-    for name in EXTRA_ROUNDS:
-        module, _, function = name.partition(":")
+    for round_ in rounds:
         try:
-            note = getattr(importlib.import_module(module), function)(ctx)
-        except Exception as exc:  # never let a round of sources hold the recovery of jobs
+            note = round_(ctx)
+        except Exception as exc:
+            name = getattr(round_, "__qualname__", repr(round_))
             log.warning("recovery round %s failed: %s: %s", name, type(exc).__name__, exc)
             continue
         if note:

@@ -1,6 +1,6 @@
 """Webhook delivery: post due ``webhook_delivery`` rows, retry failures with backoff, give up late.
 
-Every worker runs ``deliver_due`` in a thread of its own (``sluice.pipeline.queueing.worker``), so a
+Every worker runs ``deliver_due`` in a thread of its own (``sluice.worker.hooks``), so a
 slow endpoint delays only other webhooks, never a job nor the recovery loop. Each row is claimed by
 compare-and-set on its attempt count before it is posted (the claim also moves its due time past
 what one post may take), and its outcome is written only while that claim still holds: two

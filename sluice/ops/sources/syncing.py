@@ -33,9 +33,9 @@ from sqlmodel import Session, col, select
 from sluice import faults
 from sluice.ops import documents, ingest
 from sluice.ops.documents import delete_document
-from sluice.ops.sources_listing import Listing, Seen, SourceReader, parse_s3, reader_for
-from sluice.ops.sources_plan import Known, Plan, SyncResult, classify, gone, guard, to_read
-from sluice.ops.sources_preview import known_entries, preview_sync
+from sluice.ops.sources.listing import Listing, Seen, SourceReader, parse_s3, reader_for
+from sluice.ops.sources.plan import Known, Plan, SyncResult, classify, gone, guard, to_read
+from sluice.ops.sources.previewing import known_entries, preview_sync
 from sluice.pipeline.running.context import Context
 from sluice.storage import source_records as records
 from sluice.storage.clock import db_now

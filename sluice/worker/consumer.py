@@ -1,4 +1,4 @@
-"""The worker process (``sluice serve worker``): Huey's consumer over the tasks in ``worker``, with
+"""The worker process (``sluice serve worker``): Huey's consumer over the tasks in ``hooks``, with
 an ordered stop. SIGTERM or SIGINT (honcho, ``sluice run``, Ctrl-C) stops it taking jobs, lets the
 running ones finish within the grace, hands back what it still holds (``stopping``) and exits 0;
 no traceback for a stop asked for. A second signal cuts the grace short."""
@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from huey.consumer import Consumer
 
-from sluice.pipeline.queueing import worker
 from sluice.pipeline.running import stopping
 from sluice.pipeline.running.context import get_context
+from sluice.worker import hooks
 
 log = logging.getLogger("sluice.tasks")
 
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     huey_log.addHandler(handler)
     huey_log.setLevel(logging.INFO)
     consumer = OrderedConsumer(
-        worker.huey,
+        hooks.huey,
         workers=args.workers,
         worker_type=args.kind,
         initial_delay=args.delay,

@@ -19,9 +19,9 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
+from sluice.api.scoped import Missing
 from sluice.ops import reads
 from sluice.ops.keys import ApiPrincipal
-from sluice.ops.scoped import Missing
 from sluice.storage import api_queries, queries
 from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import Job, JobEvent

@@ -18,7 +18,7 @@ import time
 
 from sqlmodel import Session, col, select
 
-from sluice.ops import sources
+from sluice.ops.sources import syncing
 from sluice.pipeline.queueing.publishing import publish
 from sluice.pipeline.running.context import Context
 from sluice.storage import source_records as records
@@ -48,7 +48,7 @@ def follow_round(ctx: Context) -> str:
     _watch(ctx, [s for s in following if s.kind == "folder" and os.path.isdir(s.location)])
     if time.monotonic() - _last_purge > PURGE_EVERY_SECONDS:
         _last_purge = time.monotonic()
-        sources.purge_expired(ctx)
+        syncing.purge_expired(ctx)
     return f"sources: started {', '.join(started)}" if started else ""
 
 
@@ -67,10 +67,10 @@ def _start(ctx: Context, name: str, *, actor: str) -> bool:
 
 def _sync(ctx: Context, name: str, actor: str) -> None:
     try:
-        result = sources.sync(ctx, name, actor=actor, publish=publish)
+        result = syncing.sync(ctx, name, actor=actor, publish=publish)
         if result.ran:
             log.info("source %s: %s", name, result.message)
-    except sources.SourceError:  # removed meanwhile
+    except syncing.SourceError:  # removed meanwhile
         pass
     except Exception as exc:  # surfaced in the log (and to tests); the next round tries again
         errors.append(exc)

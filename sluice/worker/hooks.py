@@ -1,10 +1,7 @@
-"""The tasks and the periodic recovery on the Huey instance. The consumer imports this module:
-
-    huey_consumer sluice.pipeline.queueing.worker.huey -k thread -w 2
-
-Tasks are thin: they take a job id and call a plain function. Queue messages carry only the id;
-the job database says what to do with it.
-"""
+"""The worker process's Huey instance as the consumer loads it: the task of
+``sluice.pipeline.queueing.tasks``, the periodic tasks, and the start-up hook that runs the
+recovery, webhook and model threads. ``huey_consumer sluice.worker.hooks.huey`` (or
+``sluice serve worker``, ``sluice.worker.consumer``) imports this module."""
 
 from __future__ import annotations
 
@@ -19,73 +16,27 @@ import redis
 from huey import crontab
 
 from sluice.files import use_private_umask
+from sluice.ops.sources.follow import follow_round
 from sluice.pipeline.queueing import recovery
-from sluice.pipeline.queueing.broker import (
-    dispatch_now,
-    dispatch_window,
-    get_huey,
-    queued_job_ids,
-    worker_key,
-)
-from sluice.pipeline.running import stopping
+from sluice.pipeline.queueing.broker import worker_key
+from sluice.pipeline.queueing.tasks import huey, process_job, publish
+from sluice.pipeline.queueing.tasks import recover_once as recover_queue
 from sluice.pipeline.running.context import get_context
-from sluice.pipeline.running.runner import run_job
-from sluice.settings import get_settings, redact_url
+from sluice.settings import get_settings
+
+__all__ = ["huey", "process_job", "publish"]
 
 log = logging.getLogger("sluice.tasks")
 
 # the consumer is a Sluice process: what it writes into the data dir stays private
 use_private_umask()
 
-huey = get_huey()
-
-
-FOREIGN_RETRY_SECONDS = 1.0
-
-
-@huey.task(name="sluice.process_job")
-def process_job(job_id: int, instance_id: str | None = None) -> None:
-    """Run a job of this instance. A message of another instance (its own job database on the same
-    queue) is refused loudly and put back for its owner; a message without an instance id is from
-    a Sluice before instance ids and is taken as ours."""
-    ctx = get_context()
-    if instance_id is not None and instance_id != ctx.instance_id:
-        log.error(
-            "refused a message for job %s of instance %s: this worker belongs to instance %s. Two "
-            "Sluice instances share the queue %r on %s; give each its own SLUICE_QUEUE_NAME. The "
-            "message goes back on the queue for its owner.",
-            job_id,
-            instance_id,
-            ctx.instance_id,
-            ctx.settings.queue_name,
-            redact_url(ctx.settings.queue_redis_url),
-        )
-        process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
-        return
-    if stopping.requested():  # taken off the queue as the worker stops: back on it, untouched
-        try:
-            process_job.schedule(args=(job_id, instance_id), delay=FOREIGN_RETRY_SECONDS)
-        except redis.RedisError as exc:  # recovery publishes a job whose message was lost
-            log.warning("job %s: not put back on the queue (%s)", job_id, exc)
-        return
-    # The claim took this message off the queue's window: publish the next one the dispatcher
-    # chooses.
-    run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine, via=publish))
-
-
-def publish(job_id: int) -> None:
-    """Put one job on the queue: a message of the job id and this instance's id."""
-    process_job(job_id, get_context().instance_id)
+ROUNDS: tuple[recovery.Round, ...] = (follow_round,)  # sources added with --every
 
 
 def recover_once(hold: recovery.ReapHold | None = None) -> recovery.RecoveryReport:
-    return recovery.run_once(
-        get_context(),
-        publish=publish,
-        queued_job_ids=queued_job_ids,
-        window=dispatch_window(),
-        hold=hold,
-    )
+    """One recovery round with the worker's own rounds (the sources it follows)."""
+    return recover_queue(hold, rounds=ROUNDS)
 
 
 @huey.periodic_task(crontab(minute="*"), name="sluice.recover")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sluice.ops.sources_listing import Seen
+from sluice.ops.sources.listing import Seen
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from sqlmodel import Session
 
 from sluice.errors import PipelineError
 from sluice.ops.preview import BUDGET_SECONDS, SAMPLE, Preview, file_texts
-from sluice.ops.sources_listing import reader_for
-from sluice.ops.sources_plan import Known, SyncResult, make_plan, to_read
+from sluice.ops.sources.listing import reader_for
+from sluice.ops.sources.plan import Known, SyncResult, make_plan, to_read
 from sluice.pipeline.parsing.parse import sniff_type
 from sluice.pipeline.running.context import Context
 from sluice.storage import source_records as records

@@ -1,0 +1,65 @@
+"""Sources for an API key: a manage key, within its datasets (``sluice.api.scoped``'s rules),
+around the front ends' calls of ``sluice.ops.sources.manage``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session
+
+from sluice.api.scoped import Missing, require
+from sluice.ops.keys import ApiPrincipal
+from sluice.ops.reads import ctx
+from sluice.ops.sources.manage import add, get_source, list_sources, remove, sync
+from sluice.ops.sources.plan import SyncResult
+from sluice.ops.sources.syncing import SourceError, SourceView
+from sluice.storage.queries import dataset_by_name
+
+
+def _dataset_id(name: str) -> int | None:
+    with Session(ctx().engine) as session:
+        ds = dataset_by_name(session=session, name=name)
+        return ds.id if ds is not None else None
+
+
+def _reached(key: ApiPrincipal, view: SourceView) -> SourceView:
+    if not key.reaches(_dataset_id(view.dataset)):
+        raise Missing(f"no source named {view.name!r}")
+    return view
+
+
+def key_sources(key: ApiPrincipal) -> list[SourceView]:
+    require(key, "manage", "listing sources")
+    return [v for v in list_sources() if key.reaches(_dataset_id(v.dataset))]
+
+
+def key_source(key: ApiPrincipal, name: str) -> SourceView:
+    require(key, "manage", "reading a source")
+    try:
+        return _reached(key, get_source(name))
+    except SourceError as exc:
+        raise Missing(exc.message) from None
+
+
+def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> SourceView:
+    """An S3 source only: a folder is a path on the server's host, added there (``sluice sources
+    add``), never by a client (it would index whatever the server may read)."""
+    require(key, "manage", "adding a source")
+    if where.get("folder") is not None:
+        raise SourceError("folder_not_from_api", "folder sources are added on their host")
+    ds_id = _dataset_id(dataset)
+    if ds_id is None and not key.all_datasets:
+        raise Missing(f"no dataset named {dataset!r}")
+    if ds_id is not None and not key.reaches(ds_id):
+        raise Missing(f"no dataset named {dataset!r}")
+    return add(key.operator, name=name, dataset=dataset, **where)
+
+
+def key_remove(key: ApiPrincipal, name: str, *, keep_documents: bool = False) -> str:
+    key_source(key, name)
+    return remove(key.operator, name, keep_documents=keep_documents)
+
+
+def key_sync(key: ApiPrincipal, name: str, *, preview: bool, confirm: bool) -> SyncResult:
+    key_source(key, name)
+    return sync(key.operator, name, preview=preview, confirm=confirm)
