@@ -24,10 +24,9 @@ from sluice.ops import reads
 from sluice.ops.keys import ApiPrincipal
 from sluice.storage import api_queries, queries
 from sluice.storage.clock import as_utc, db_now
-from sluice.storage.models import Job, JobEvent
+from sluice.storage.models import MAX_ID, Job, JobEvent
 
 GAP_WAIT_SECONDS = 2.0
-MAX_ID = 2**31 - 1  # event ids are an INTEGER column
 BATCH = 500
 EVENT_TYPES = {  # job event kind -> the stream's (and the webhooks') event type
     "created": "job.queued",

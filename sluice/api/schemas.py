@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_ID = 2**31 - 1  # ids are INTEGER columns (PostgreSQL's int4): a larger one names nothing
+from sluice.storage.models import MAX_ID
+
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
 DocumentId = Annotated[int, Path(ge=1, le=MAX_ID, description="a document id")]
 

@@ -36,10 +36,9 @@ from sluice.pipeline.parsing.parse import sniff_type
 from sluice.storage import api_queries, outbox, pauses, queries
 from sluice.storage.clock import as_utc, db_now
 from sluice.storage.jobs import get_job
-from sluice.storage.models import Document, Job, JobStatus
+from sluice.storage.models import MAX_ID, Document, Job, JobStatus
 
 FINAL = {s.value for s in JobStatus.final()}
-MAX_ID = 2**31 - 1  # ids are INTEGER columns
 RATE_SECONDS = 10.0
 START_STEP_SECONDS = 15
 _rates: dict[int | None, tuple[float, list[tuple], WorkLeft]] = {}

@@ -25,7 +25,7 @@ from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.blob_migration import MigrationResult, migrate_to_s3
 from sluice.ops.ingest import IngestResult, ingest_stream
-from sluice.ops.reads import bulk_preview, ctx, dead_letter_ids, document_ids, job_rows
+from sluice.ops.reads import bulk_preview, ctx, document_ids, job_rows
 from sluice.ops.unlock import LOCKED_CODES, unlock_and_retry  # noqa: F401  (LOCKED_CODES: for the console)
 from sluice.pipeline.queueing.publishing import dispatch_now, publish
 from sluice.pipeline.reconcile import audit
@@ -157,18 +157,6 @@ def retry_with_password(who: Operator, job_id: int, password: str) -> ActionRepo
         result = unlock_and_retry(ctx(), int(job_id), password, actor=who.actor)
     rec.settle(result.ok, result.message)
     return ActionReport([result], dispatch_outbox() if result.ok else "")
-
-
-def retry_dead(
-    who: Operator,
-    *,
-    kind: str | None = None,
-    code: str | None = None,
-    dataset_id: int | None = None,
-    reason: str = "manual retry",
-) -> ActionReport:
-    """Retry every dead letter of a kind (and reason), in one dataset or all."""
-    return retry(who, dead_letter_ids(kind, code, dataset_id), reason=reason)
 
 
 def cancel(who: Operator, ids: Iterable[int]) -> ActionReport:

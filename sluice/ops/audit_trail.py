@@ -33,14 +33,13 @@ from sluice.ops.reads import ctx
 from sluice.storage import audit_log
 from sluice.storage.audit_log import AuditEntry
 from sluice.storage.clock import as_utc, db_now
-from sluice.storage.models import Dataset, Job, JobEvent
+from sluice.storage.models import MAX_ID, Dataset, Job, JobEvent
 
 log = logging.getLogger(__name__)
 
 PAGE = 50
 MAX_PAGE = 500
 SINCE = re.compile(r"^(\d{1,6})\s*([smhdw])$")
-MAX_ID = 2**31 - 1  # ids are INTEGER columns
 OWN = "sluice_audit_own_row"
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 FLOOD_SPAN = timedelta(minutes=1)  # refused API tokens: one row per token and address this often

@@ -101,10 +101,3 @@ def active() -> list[dict]:
     """Every pause in force: scope, dataset, paused_by, paused_at, reason, text."""
     with Session(ctx().engine) as session:
         return pauses.active(session=session)
-
-
-def pause_of(dataset_id: int) -> str:
-    """What stops the jobs of this dataset ("" when nothing does)."""
-    with Session(ctx().engine) as session:
-        row = pauses.pause_for(session=session, dataset_id=dataset_id)
-        return pauses.describe(row, _what(dataset_id).removeprefix("dataset ")) if row else ""

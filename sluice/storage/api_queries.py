@@ -33,13 +33,6 @@ def jobs_before(
     return list(session.exec(stmt).all())
 
 
-def event_ids_after(*, session: Session, after_id: int, limit: int) -> list[int]:
-    """Ids of every event above ``after_id``, in order (to find gaps: ids of transactions that
-    have not committed yet)."""
-    stmt = select(JobEvent.id).where(JobEvent.id > after_id).order_by(col(JobEvent.id)).limit(limit)
-    return [int(i) for i in session.exec(stmt).all()]
-
-
 def events_between(
     *,
     session: Session,
@@ -63,7 +56,3 @@ def events_between(
 
 def last_event_id(*, session: Session) -> int:
     return int(session.exec(select(func.coalesce(func.max(JobEvent.id), 0))).one())
-
-
-def first_event_id(*, session: Session) -> int:
-    return int(session.exec(select(func.coalesce(func.min(JobEvent.id), 0))).one())

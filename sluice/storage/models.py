@@ -16,6 +16,8 @@ from sluice.errors import ErrorKind
 from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
 from sluice.storage.hit_tests import HitTestQuery  # noqa: F401  (its table is made with these)
 
+MAX_ID = 2**31 - 1  # ids are INTEGER columns (PostgreSQL's int4): a larger one names nothing
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)

@@ -169,23 +169,6 @@ def job_events(*, session: Session, job_id: int) -> list[JobEvent]:
     )
 
 
-def dead_letters(
-    *,
-    session: Session,
-    dataset_id: int | None = None,
-    kind: str | None = None,
-    include_dismissed: bool = False,
-    limit: int = 500,
-) -> list[Job]:
-    f = JobFilter(
-        dataset_id=dataset_id,
-        statuses=["failed"],
-        error_kinds=[kind] if kind else [],
-        include_dismissed=include_dismissed,
-    )
-    return list_jobs(session=session, f=f, sort="finished", page_size=limit)
-
-
 def dead_letter_groups(*, session: Session, dataset_id: int | None = None) -> list[dict]:
     """Failed, undismissed jobs grouped by kind and reason (error code), with counts and a hint."""
     stmt = (
@@ -502,11 +485,4 @@ def count_existing_jobs(*, session: Session, job_ids: list[int]) -> int:
             .where(col(Job.id).in_(job_ids[start : start + 1000]))
         ).one()
         for start in range(0, len(job_ids), 1000)
-    )
-
-
-def blob_in_use(*, session: Session, blob_key: str) -> bool:
-    """Whether any document (live or deleted) names this blob."""
-    return (
-        session.exec(select(Document.id).where(Document.blob_key == blob_key)).first() is not None
     )

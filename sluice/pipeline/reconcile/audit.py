@@ -53,7 +53,7 @@ from sluice.pipeline.reconcile.snapshot import (
     SAMPLE,
     PromisedJob,
     Snapshot,
-    classify,
+    chunk_standing,
     position,
     unchanged,
     wrong_fields,
@@ -117,7 +117,7 @@ class DatasetAudit:
                     page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True
                 ):
                     self.summary.chunks += 1
-                    kind, owner, pos, _ = classify(first, cid)
+                    kind, owner, pos, _ = chunk_standing(first, cid)
                     if kind == "in_flight":
                         self.summary.in_flight += 1
                     elif kind == "kept":
@@ -195,7 +195,7 @@ class DatasetAudit:
         per_job: Counter = Counter()
         per_doc: Counter = Counter()
         for cid in ids:
-            kind, job, _, why = classify(fresh, cid)
+            kind, job, _, why = chunk_standing(fresh, cid)
             if kind != "orphan":
                 continue  # its job started or came back while we walked: not an orphan any more
             doomed.append(cid)
@@ -267,7 +267,7 @@ class DatasetAudit:
         per_job: Counter = Counter()
         per_doc: Counter = Counter()
         for cid, meta in zip(got["ids"], got["metadatas"], strict=True):
-            kind, job, pos, _ = classify(fresh, cid)
+            kind, job, pos, _ = chunk_standing(fresh, cid)
             if kind != "present" or job is None:
                 continue  # an orphan now (the orphan pass of the next run takes it) or in flight
             wrong = wrong_fields(job, pos, meta)

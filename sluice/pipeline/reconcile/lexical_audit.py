@@ -1,8 +1,8 @@
 """Reconcile's audit of the lexical index (rows in the job database), judged as the vectors are.
 
-A row's chunk id names its job exactly as a vector's does, so ``snapshot.classify`` says whether it
-is present, in flight or an orphan, and ``snapshot.wrong_fields`` whether the row names the right
-job, document and position. Findings go into the same report, counted apart from the vectors'
+A row's chunk id names its job as a vector's does, so ``snapshot.chunk_standing`` says whether it is
+present, in flight or an orphan, and ``snapshot.wrong_fields`` whether the row names the right job,
+document and position. Findings go into the same report, counted apart from the vectors'
 (``lexical_missing``, ``lexical_orphans``, ``lexical_mismatched``; a report is clean when both are),
 and are confirmed against a fresh read of the job database before they are reported or repaired.
 Repair deletes orphan rows, rewrites mismatched fields, and has the job of a document with missing
@@ -25,7 +25,7 @@ from sluice.pipeline.reconcile.snapshot import (
     SAMPLE,
     PromisedJob,
     Snapshot,
-    classify,
+    chunk_standing,
     wrong_fields,
 )
 from sluice.pipeline.running.context import Context
@@ -72,7 +72,7 @@ def audit_lexical(audit: Audit) -> None:
     for page in lexical.iter_rows(engine, ds.id, page_size=audit.page_size):
         for cid, jid, did, pos in page:
             audit.summary.lexical_rows += 1
-            kind, job, p, _ = classify(first, cid)
+            kind, job, p, _ = chunk_standing(first, cid)
             if kind == "orphan":
                 orphans.append(cid)
             elif kind == "kept":
@@ -109,7 +109,7 @@ def _count(
 
 
 def _orphans(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
-    judged = [(cid, *classify(fresh, cid)) for cid in ids]
+    judged = [(cid, *chunk_standing(fresh, cid)) for cid in ids]
     doomed = [(cid, job, why) for cid, kind, job, _, why in judged if kind == "orphan"]
     per_job = Counter(job.id for _, job, _ in doomed if job is not None)
     per_doc: Counter = Counter()
@@ -141,7 +141,7 @@ def _mismatches(audit: Audit, fresh: Snapshot, ids: list[str]) -> None:
     fixes: list[tuple[str, dict]] = []
     per_job: Counter = Counter()
     for cid, row in rows.items():
-        kind, job, pos, _ = classify(fresh, cid)
+        kind, job, pos, _ = chunk_standing(fresh, cid)
         if kind != "present" or job is None:
             continue
         wrong = wrong_fields(job, pos, _fields(job, row))

@@ -111,7 +111,7 @@ class Snapshot:
         return (j for j in self.by_prefix.values() if j.expected)
 
 
-def classify(snap: Snapshot, cid: str) -> tuple[str, PromisedJob | None, int, str]:
+def chunk_standing(snap: Snapshot, cid: str) -> tuple[str, PromisedJob | None, int, str]:
     """(kind, job, position, why) with kind present | in_flight | kept | orphan."""
     parts = split_chunk_id(cid)
     job = snap.by_prefix.get(parts[0]) if parts else None
