@@ -244,3 +244,91 @@ def test_no_function_is_longer_than_80_lines():
     """A function that long holds steps without names: split it into functions that name them."""
     long = [line for path, module in _modules() for line in _long_functions(path, module)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+MAX_MODULE_LINES = 900
+
+
+def _long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """Modules under ``root`` longer than ``limit`` lines: a room that holds several concepts."""
+    return [
+        f"{path.relative_to(root)} ({n} lines)"
+        for path in sorted(root.rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > limit
+    ]
+
+
+def test_the_module_length_finder_finds_a_long_module(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * 900)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "long.py").write_text("x = 1\n" * 901)
+    assert _long_modules(tmp_path) == ["pkg/long.py (901 lines)"]
+
+
+def test_no_module_is_longer_than_900_lines():
+    """A module that long is several concepts in one room: make it a package of modules."""
+    long = _long_modules(PACKAGE)
+    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
+
+
+def _prefixed_families(folder: Path, size: int = 3) -> dict[str, list[str]]:
+    """Modules of one folder whose names share a prefix (``sources_plan``, ``sources_listing``):
+    ``size`` or more of them are a package waiting to be made."""
+    families: dict[str, list[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        prefix, sep, _ = path.stem.partition("_")
+        if sep and path.stem != "__init__":
+            families.setdefault(prefix, []).append(path.stem)
+    return {prefix: names for prefix, names in families.items() if len(names) >= size}
+
+
+def test_the_family_finder_finds_a_flat_family(tmp_path):
+    for name in ("sources_plan", "sources_listing", "sources_follow", "search", "audit_trail"):
+        (tmp_path / f"{name}.py").write_text("")
+    assert _prefixed_families(tmp_path) == {
+        "sources": ["sources_follow", "sources_listing", "sources_plan"]
+    }
+
+
+def test_ops_has_no_flat_family_of_prefixed_modules():
+    """A subsystem of several modules in ops is a package (``ops/sources/``), not a prefix."""
+    families = _prefixed_families(PACKAGE / "ops")
+    assert not families, f"make these packages of sluice.ops: {families}"
+
+
+TOP_FLOOR = max(FLOORS.values()) - 1  # the processes' homes; the client stands apart above them
+
+
+def _dynamic_imports(path: Path) -> list[int]:
+    """Lines of calls that import a module by a string (``importlib.import_module``,
+    ``__import__``): an arrow the floor test cannot read."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+            or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))
+        )
+    ]
+
+
+def test_the_dynamic_import_finder_finds_one(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "import importlib\nfrom importlib import import_module\n"
+        "a = importlib.import_module('x')\nb = import_module('y')\nc = __import__('z')\n"
+    )
+    assert _dynamic_imports(source) == [3, 4, 5]
+
+
+def test_no_module_below_the_top_floor_imports_by_a_string():
+    """Only the processes' homes (the CLI naming its commands) may import by name."""
+    found = [
+        f"{module}:{line}"
+        for path, module in _modules()
+        if (floor := _floor(module)) is not None and FLOORS[floor] < TOP_FLOOR
+        for line in _dynamic_imports(path)
+    ]
+    assert not found, "imports by a string below the top floor:\n" + "\n".join(found)
