@@ -76,3 +76,12 @@ def test_readme_layout_lists_every_module_of_the_package_once_with_what_it_is():
     )
     unexplained = sorted(path for path in named if not listed[path])
     assert not unexplained, f"say in a few words what each of these is: {unexplained}"
+
+
+def test_the_command_reference_is_the_parsers_own():
+    """docs/cli.md is made from the parser; a command or option changed without it fails here."""
+    from sluice.cli.manual import render
+
+    assert (ROOT / "docs" / "cli.md").read_text() == render(), (
+        "docs/cli.md is out of date: run `python -m sluice.cli.manual > docs/cli.md`"
+    )

@@ -1,46 +1,5 @@
-"""The ``sluice`` command: the console's operations, for scripts and shells.
-
-sluice ingest PATH... [--dataset NAME] [--wait]     upload files (folders recursively;
-                                                     --follow-links; one file: --external-id ID)
-sluice documents --external-id ID [--dataset NAME] [--delete] [--json]
-                                                     the document your own id names; delete it
-sluice documents ID [--meta KEY=VALUE]... [--clear] [--json]  a document's metadata; replace it
-sluice documents --dataset NAME --where EXPR... [--json]  documents a metadata filter allows
-sluice chunks disable|enable CHUNK_ID [--dataset NAME]  switch a chunk off (kept, not searched)
-sluice jobs [--dataset NAME] [--status S] [--where EXPR]... [--json]  list jobs
-sluice show JOB_ID [--chunks] [--json]               one job with its timeline (and its chunks)
-sluice datasets [--create NAME] [--json]             datasets with document and chunk counts
-sluice datasets NAME [--set KEY=VALUE]... [--unset KEY]... [--yes] [--json]
-                                                     a dataset's parse settings; a change shows its
-                                                     cost, and with --yes reindexes that dataset
-sluice datasets rename OLD NEW | delete NAME [--yes]  rename a dataset; delete it with all it holds
-sluice search QUERY [--dataset NAME] [--k N] [--mode hybrid|dense|lexical] [--file NAME]
-              [--pages A-B] [--media-type TYPE] [--where EXPR]... [--json]
-                                                     best chunks ("an exact phrase" in quotes)
-sluice dead [--kind KIND] [--json]                   dead letters grouped by kind and reason
-sluice retry JOB_ID... | --dead [--kind KIND] [--dry-run [--json]]  queue failed jobs again
-sluice retry JOB_ID --password-stdin      give a locked PDF's password (read from stdin) and retry
-sluice cancel JOB_ID...                              cancel pending or running jobs
-sluice bulk retry|cancel|reindex|delete [filters] [--yes]  act on every job a filter matches
-sluice webhooks [--endpoint URL] [--json]            recent webhook deliveries per endpoint
-sluice recover                                       one round of recovery (reaper, outbox)
-sluice pause [--dataset NAME] [--reason TEXT] [--list]  stop starting jobs (all, or one dataset)
-sluice resume [--dataset NAME]                       lift that pause; waiting jobs are published
-sluice run-next JOB_ID...                            move waiting jobs to the front of the queue
-sluice priority N|default JOB_ID... | --dataset NAME  higher priority starts first
-sluice prune [--dry-run] [--days N]                  forget old history (SLUICE_RETENTION_DAYS)
-sluice reconcile [--repair] [--json] [--dataset NAME] audit the index (and repair it)
-sluice delete JOB_ID | doc:DOCUMENT_ID               delete a document, keep its history
-sluice reindex --all [--dataset NAME] [--dry-run]    rebuild with the current pipeline version
-sluice keys create NAME --dataset D... | --all-datasets --scope read|ingest|manage  an API key
-sluice keys list [--json] | sluice keys revoke NAME  API keys (secrets are never shown again)
-sluice audit [--since 2h|ISO] [--actor NAME] [--action A] [--outcome done|refused] [--json]
-                                                     who changed what, when, from where
-sluice blobs migrate --to s3 [--keep-local] [--json]  move the local blob store to the object store
-sluice serve queue|cache|chroma|worker|console|metrics|api  run one of the Procfile's processes
-sluice run [--procfile Procfile]                     all of them; Ctrl-C stops them in order
-sluice console-url                                   a one-time link to the console (no password)
-"""
+"""The ``sluice`` command: the console's operations, for scripts and shells. Its reference,
+``docs/cli.md``, is made from this parser (``python -m sluice.cli.manual``)."""
 
 from __future__ import annotations
 
