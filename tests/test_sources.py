@@ -405,10 +405,11 @@ def test_the_workers_follow_a_source_on_schedule_and_as_its_folder_changes(tmp_p
     share.put("f0.txt", body(0))
     syncing.add_source(ctx, name="src", dataset="docs", folder=str(share.root), every="1m")
     try:
-        assert recovery.run_extra_rounds(ctx, [follow.follow_round]) == ["sources: started src"]  # due at once
+        rounds = [follow.follow_round]
+        assert recovery.run_extra_rounds(ctx, rounds) == ["sources: started src"]  # due at once
         follow._running["src"].join(60)
         assert syncing.get_source(ctx, "src").documents == 1
-        assert recovery.run_extra_rounds(ctx) == []  # the next one is a minute away
+        assert recovery.run_extra_rounds(ctx, rounds) == []  # the next one is a minute away
         until(lambda: "src" in follow._watching, timeout=10, what="the folder watch")
         written: list[float] = []
 
