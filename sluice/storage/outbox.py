@@ -203,8 +203,8 @@ def heads(*, session: Session, now: datetime, room: int) -> list[Head]:
     """The first ``room`` due rows of each dataset with any, by priority (highest first) then row
     id, each dataset's in that order: what ``choose`` takes its turns from.
 
-    Read from indexes whatever the backlog (ranking every due row cost each dispatch, so each claim,
-    2 microseconds per waiting row: 36 ms at 18,000): the datasets with unsent rows, then in one
+    Read from indexes whatever the backlog (ranking every due row made each claim grow with it:
+    BENCHMARKS.md): the datasets with unsent rows, then in one
     statement each dataset's first ``room`` unsent rows of jobs without a priority of their own, in
     row order (they all share the dataset's priority, so no later one of them can rank before
     these), and apart the rare rows whose job has a priority of its own, and any row written
