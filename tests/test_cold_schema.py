@@ -38,7 +38,7 @@ def test_a_database_an_older_sluice_made_is_brought_up_to_date(database_url):
     get_engine(database_url).dispose()
     # what an older Sluice left: no dataset deletes yet, no word index
     drop_lexical = (
-        ["DROP TABLE lexical_fts", "DROP TABLE lexical_chunk"]
+        ["DROP TABLE lexical_chunk"]
         if database_url.startswith("sqlite")
         else ["DROP TABLE lexical_chunk"]
     )

@@ -231,3 +231,71 @@ def test_filters_and_inactive_jobs_never_crowd_out_a_match(database_url, ctx, mo
     assert [h.filename for h in lexical.search(ctx.engine, dataset_id=ds_id, query=q, n=1)] == [
         "doc-0.txt"
     ]
+
+
+def _answers(ctx, queries, dataset, mode):
+    return {
+        q: [
+            (h.chunk_id, round(h.score, 9))
+            for h in search(ctx, query=q, dataset=dataset, k=5, mode=mode)
+        ]
+        for q in queries
+    }
+
+
+def test_what_a_dataset_ranks_does_not_depend_on_another_datasets_words(database_url, make_ctx):
+    """BM25 reads its statistics from the table it ranks in: a probe word's score in A must be the
+    same whether B is empty or holds that word in every file (before: one table for all datasets,
+    so B's content moved A's scores and told A's key which words and phrases B holds)."""
+    ctx = make_ctx()
+    for i, topic in enumerate(["harbour", "orchard", "glacier"]):
+        body = coded(topic, f"QX-{i}0001", paragraphs=2) + b"the quarterly tariff memo\n"
+        done = ingest_bytes(ctx, body, dataset="team-a", filename=f"a{i}.txt")
+        assert run_job(done.job_id, ctx=ctx).result == "succeeded"
+    probes = ["tariff", "quarterly tariff", '"quarterly tariff memo"', "harbour tariff", "QX-00001"]
+    before = {mode: _answers(ctx, probes, "team-a", mode) for mode in ("lexical", "hybrid")}
+    assert all(before["lexical"][q] for q in probes)
+
+    for i in range(6):  # B holds the probe words, often and rarely, and a phrase A's key guesses
+        body = (f"tariff tariff tariff memo {i} " * (i + 1)).encode() + b"quarterly tariff memo\n"
+        done = ingest_bytes(ctx, body, dataset="team-b", filename=f"b{i}.txt")
+        assert run_job(done.job_id, ctx=ctx).result == "succeeded"
+    after = {mode: _answers(ctx, probes, "team-a", mode) for mode in ("lexical", "hybrid")}
+    assert after == before
+
+
+def test_an_older_databases_shared_word_index_is_split_by_dataset(tmp_path, monkeypatch, make_ctx):
+    """A database of an older Sluice had one full-text table for all datasets: opening it moves each
+    dataset's rows to a table of its own, and search finds them as before."""
+    from sqlalchemy import create_engine
+    from sqlalchemy import text as sql
+
+    from sluice.storage.db import dispose_engines
+
+    ctx = make_ctx()
+    assert ctx.engine.dialect.name == "sqlite"
+    done = ingest_bytes(ctx, coded("glacier", CODE), dataset="default", filename="glacier.txt")
+    assert run_job(done.job_id, ctx=ctx).result == "succeeded"
+    url = str(ctx.engine.url)
+    with ctx.engine.begin() as conn:  # what the older schema looked like
+        dataset_id = conn.execute(sql("SELECT DISTINCT dataset_id FROM lexical_chunk")).scalar_one()
+        conn.execute(sql(f"DROP TABLE {lexical.fts_table(dataset_id)}"))
+        for suffix in ("ai", "ad", "au"):
+            conn.execute(sql(f"DROP TRIGGER lexical_chunk_{suffix}_{dataset_id}"))
+        conn.execute(
+            sql(
+                "CREATE VIRTUAL TABLE lexical_fts USING fts5(terms, content='lexical_chunk', "
+                "content_rowid='id', tokenize='unicode61 remove_diacritics 0')"
+            )
+        )
+        conn.execute(sql("INSERT INTO lexical_fts(lexical_fts) VALUES ('rebuild')"))
+    dispose_engines()
+    lexical.init_schema(create_engine(url))
+    ctx = make_ctx()
+    [hit] = search(ctx, query=CODE, dataset="default", k=1, mode="lexical")
+    assert hit.filename == "glacier.txt"
+    with ctx.engine.connect() as conn:
+        tables = set(
+            conn.execute(sql("SELECT name FROM sqlite_master WHERE type = 'table'")).scalars()
+        )
+    assert "lexical_fts" not in tables and lexical.fts_table(dataset_id) in tables

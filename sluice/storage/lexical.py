@@ -149,23 +149,87 @@ _INDEXES = [
     "CREATE INDEX IF NOT EXISTS ix_lexical_chunk_job ON lexical_chunk (job_id, position)",
     "CREATE INDEX IF NOT EXISTS ix_lexical_chunk_document ON lexical_chunk (document_id)",
 ]
-_SQLITE = [
-    _TABLE.format(id="INTEGER", terms="terms TEXT"),
-    *_INDEXES,
-    # External content: the words live once, in lexical_chunk; triggers keep the index in step,
-    # also when someone deletes rows by hand.
-    """CREATE VIRTUAL TABLE IF NOT EXISTS lexical_fts USING fts5(
-        terms, content='lexical_chunk', content_rowid='id',
-        tokenize='unicode61 remove_diacritics 0')""",
-    """CREATE TRIGGER IF NOT EXISTS lexical_chunk_ai AFTER INSERT ON lexical_chunk BEGIN
-        INSERT INTO lexical_fts(rowid, terms) VALUES (new.id, new.terms); END""",
-    """CREATE TRIGGER IF NOT EXISTS lexical_chunk_ad AFTER DELETE ON lexical_chunk BEGIN
-        INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
-        END""",
-    """CREATE TRIGGER IF NOT EXISTS lexical_chunk_au AFTER UPDATE OF terms ON lexical_chunk BEGIN
-        INSERT INTO lexical_fts(lexical_fts, rowid, terms) VALUES ('delete', old.id, old.terms);
-        INSERT INTO lexical_fts(rowid, terms) VALUES (new.id, new.terms); END""",
-]
+_SQLITE = [_TABLE.format(id="INTEGER", terms="terms TEXT"), *_INDEXES]
+
+
+def fts_table(dataset_id: int) -> str:
+    """The dataset's own full-text index on SQLite: BM25 reads its statistics (row count, average
+    length, term frequencies) from the table it ranks in, so one table for every dataset would make
+    one dataset's scores depend on another's content."""
+    return f"lexical_fts_{int(dataset_id)}"
+
+
+def _fts_statements(dataset_id: int) -> list[str]:
+    """The dataset's FTS5 table over its rows of ``lexical_chunk`` (external content: the words live
+    once) and the triggers that keep it in step, also when someone deletes rows by hand."""
+    d, fts = int(dataset_id), fts_table(dataset_id)
+    return [
+        f"""CREATE VIRTUAL TABLE IF NOT EXISTS {fts} USING fts5(
+            terms, content='lexical_chunk', content_rowid='id',
+            tokenize='unicode61 remove_diacritics 0')""",
+        f"""CREATE TRIGGER IF NOT EXISTS lexical_chunk_ai_{d} AFTER INSERT ON lexical_chunk
+            WHEN new.dataset_id = {d} BEGIN
+            INSERT INTO {fts}(rowid, terms) VALUES (new.id, new.terms); END""",
+        f"""CREATE TRIGGER IF NOT EXISTS lexical_chunk_ad_{d} AFTER DELETE ON lexical_chunk
+            WHEN old.dataset_id = {d} BEGIN
+            INSERT INTO {fts}({fts}, rowid, terms) VALUES ('delete', old.id, old.terms); END""",
+        f"""CREATE TRIGGER IF NOT EXISTS lexical_chunk_au_{d} AFTER UPDATE OF terms ON lexical_chunk
+            WHEN new.dataset_id = {d} BEGIN
+            INSERT INTO {fts}({fts}, rowid, terms) VALUES ('delete', old.id, old.terms);
+            INSERT INTO {fts}(rowid, terms) VALUES (new.id, new.terms); END""",
+    ]
+
+
+def _fts_exists(conn: Connection, dataset_id: int) -> bool:
+    found = conn.execute(
+        text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :n"),
+        {"n": fts_table(dataset_id)},
+    ).first()
+    return found is not None
+
+
+def _ensure_fts(conn: Connection, dataset_id: int) -> None:
+    if not _fts_exists(conn, dataset_id):
+        for stmt in _fts_statements(dataset_id):
+            conn.execute(text(stmt))
+
+
+def _split_shared_fts(conn: Connection) -> None:
+    """A database of an older Sluice has one full-text table for every dataset: each dataset's rows
+    move to a table of its own, in one transaction (a second process racing it sees "locked" and
+    checks again)."""
+    shared = conn.execute(
+        text("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'lexical_fts'")
+    ).first()
+    if shared is None:
+        return
+    for suffix in ("ai", "ad", "au"):  # the first write takes the write lock
+        conn.execute(text(f"DROP TRIGGER IF EXISTS lexical_chunk_{suffix}"))
+    conn.execute(text("DROP TABLE lexical_fts"))
+    datasets = conn.execute(text("SELECT DISTINCT dataset_id FROM lexical_chunk")).scalars()
+    for dataset_id in list(datasets):
+        _ensure_fts(conn, dataset_id)
+        fts = fts_table(dataset_id)
+        conn.execute(
+            text(
+                f"INSERT INTO {fts}(rowid, terms) SELECT id, terms FROM lexical_chunk WHERE "
+                "dataset_id = :d"
+            ),
+            {"d": dataset_id},
+        )
+
+
+def drop_dataset_index(engine: Engine, dataset_id: int) -> None:
+    """Forget a deleted dataset's own full-text table and triggers (its rows are gone already)."""
+    if _postgres(engine):
+        return
+    d = int(dataset_id)
+    with engine.begin() as conn:
+        for suffix in ("ai", "ad", "au"):
+            conn.execute(text(f"DROP TRIGGER IF EXISTS lexical_chunk_{suffix}_{d}"))
+        conn.execute(text(f"DROP TABLE IF EXISTS {fts_table(d)}"))
+
+
 _POSTGRES = [
     _TABLE.format(id="BIGSERIAL", terms="tsv TSVECTOR"),
     *_INDEXES,
@@ -183,6 +247,8 @@ def init_schema(engine: Engine) -> None:
     with engine.begin() as conn:
         for stmt in _POSTGRES if _postgres(engine) else _SQLITE:
             conn.execute(text(stmt))
+        if not _postgres(engine):
+            _split_shared_fts(conn)
 
 
 # --- writing and removing -------------------------------------------------------------------------
@@ -243,6 +309,8 @@ def write_job(
         conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :job_id"), {"job_id": job_id})
         if lease is not None:
             _still_ours(conn, job_id, lease, pg)
+        if not pg and params:
+            _ensure_fts(conn, dataset_id)
         for start in range(0, len(params), BATCH):
             conn.execute(insert, params[start : start + BATCH])
     return len(params)
@@ -499,11 +567,9 @@ def _run(
         ranked = f"SELECT id, ts_rank(tsv, q.q, 1) AS score {matches} ORDER BY score DESC LIMIT :m"
     else:
         params["q"] = _fts5_expr(query, loose=loose)
-        matches = "FROM lexical_fts WHERE lexical_fts MATCH :q"
-        ranked = (
-            f"SELECT rowid AS id, -bm25(lexical_fts) AS score {matches} ORDER BY score DESC LIMIT "
-            ":m"
-        )
+        fts = fts_table(dataset_id)
+        matches = f"FROM {fts} WHERE {fts} MATCH :q"
+        ranked = f"SELECT rowid AS id, -bm25({fts}) AS score {matches} ORDER BY score DESC LIMIT :m"
     # Rank in the full-text index alone, then join only the best: carrying every match's text
     # through the join and the sort cost as much as the ranking. When filters or inactive jobs leave
     # fewer than asked, rank more, until every match was seen.
@@ -513,6 +579,8 @@ def _run(
     )
     params["m"] = max(CANDIDATES, 4 * n)
     with engine.connect() as conn:
+        if not pg and not _fts_exists(conn, dataset_id):
+            return []  # nothing of this dataset was ever indexed
         while True:
             rows = conn.execute(text(sql).bindparams(*expanding), params).all()
             if (
