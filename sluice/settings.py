@@ -1,8 +1,9 @@
 """The one settings object. Every process builds it at start and asks it for everything.
 
-Variables are prefixed ``SLUICE_`` and may also come from the file named by ``SLUICE_ENV_FILE``
-(never from a ``.env`` that merely happens to sit in the working directory: a hostile directory
-must not be able to redirect the queue). ``.env.example`` lists them all with safe examples.
+Variables are prefixed ``SLUICE_`` and may also come from a file: the one ``SLUICE_ENV_FILE``
+names, else ``./.env`` when it is the user's own (a ``.env`` that others may write is ignored with
+a warning: a hostile directory must not redirect the queue). Every entry point reads it the same
+way. ``.env.example`` lists them all with safe examples.
 """
 
 from __future__ import annotations
@@ -466,12 +467,39 @@ def endpoint_origin(url: str) -> str:
     return f"{parts.scheme}://{netloc}{rest}"
 
 
+def own_file(path: Path) -> bool:
+    """Whether a configuration file is this user's and nobody else may change it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return path.is_file() and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def env_file(cwd: Path | None = None) -> Path | None:
+    """The configuration file every entry point reads: ``SLUICE_ENV_FILE`` (empty: none), else
+    ``.env`` in the working directory (or ``cwd``) when it is the user's own; None when none."""
+    if "SLUICE_ENV_FILE" in os.environ:  # set but empty: no file at all
+        named = os.environ["SLUICE_ENV_FILE"]
+        return Path(named) if named else None
+    local = (cwd or Path.cwd()) / ".env"
+    if not local.exists():
+        return None
+    if not own_file(local):
+        log.warning(
+            "ignoring %s: it is not yours alone (its owner or its write bits): "
+            "chmod go-w it, or name a file with SLUICE_ENV_FILE",
+            local.resolve(),
+        )
+        return None
+    return local
+
+
 def load_settings(**overrides) -> Settings:
     """Build and validate settings; turn validation errors into one clear message.
 
-    Values come from the environment, then from the file named by SLUICE_ENV_FILE (none by default).
-    """
-    overrides.setdefault("_env_file", os.environ.get("SLUICE_ENV_FILE") or None)
+    Values come from the environment, then from ``env_file()``."""
+    overrides.setdefault("_env_file", env_file())
     try:
         return Settings(**overrides)
     except ValidationError as exc:

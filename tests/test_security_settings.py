@@ -7,16 +7,31 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.apptest import assert_ok, open_console
 
 SECRET = "pw-in-Query-9c1e"
 
 
-def test_a_dotenv_in_the_working_directory_is_not_read(tmp_path, sluice_env):
+@pytest.mark.parametrize("how", ["another user's", "writable by others"])
+def test_a_dotenv_in_the_working_directory_that_is_not_the_users_own_is_not_read(
+    tmp_path, sluice_env, how
+):
+    """``./.env`` configures every entry point only when it is the user's alone: one another user
+    made, or one anybody may write, in a directory someone else controls must not redirect the
+    job database."""
     hostile = tmp_path / "hostile"
     hostile.mkdir()
     redirected = tmp_path / "attacker.db"
-    (hostile / ".env").write_text(f"SLUICE_DATABASE_URL=sqlite:///{redirected}\n")
+    dotenv = hostile / ".env"
+    dotenv.write_text(f"SLUICE_DATABASE_URL=sqlite:///{redirected}\n")
+    if how == "writable by others":
+        dotenv.chmod(0o666)
+    elif os.getuid() == 0:
+        os.chown(dotenv, 65534, 65534)
+    else:
+        pytest.skip("making a file of another user needs root")
     env = {k: v for k, v in sluice_env.items() if k != "SLUICE_ENV_FILE"}
     done = subprocess.run(
         [sys.executable, "-m", "sluice.cli.main", "datasets", "--create", "notes"],
@@ -28,6 +43,7 @@ def test_a_dotenv_in_the_working_directory_is_not_read(tmp_path, sluice_env):
     )
     assert done.returncode == 0, done.stderr
     assert not redirected.exists(), "a .env in the working directory redirected the job database"
+    assert "ignoring" in done.stderr
     own = tmp_path / "data" / "sluice.db"
     assert own.exists()
 

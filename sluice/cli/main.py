@@ -340,10 +340,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        new_database = _new_database(args)
+        code = int(args.func(args) or 0)
     except SettingsError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 2
+    if new_database is not None and new_database.exists():
+        print(_NEW_DATABASE.format(path=new_database), file=sys.stderr)
+    return code
+
+
+_NEW_DATABASE = (
+    "sluice: made a new job database at {path}: no running Sluice uses it. The running system's "
+    "configuration is in its .env (or the file SLUICE_ENV_FILE names): run this command in that "
+    "folder, or name that file with SLUICE_ENV_FILE."
+)
+
+
+def _new_database(args: argparse.Namespace) -> Path | None:
+    """The SQLite job database this command would make, when there is none yet: a command run
+    with another configuration than the running system's would otherwise write to it silently."""
+    if args.command in ("serve", "run"):
+        return None  # a process of the system itself makes its database
+    from sluice.settings import get_settings
+
+    url = get_settings().resolved_database_url
+    if not url.startswith("sqlite:///"):
+        return None
+    path = Path(url.removeprefix("sqlite:///"))
+    return None if path.exists() else path
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice.settings import env_file
+
 SERVERS = ("queue", "cache", "chroma")  # started first, stopped last
 STOP_SECONDS = 10.0  # each step's wait before SIGKILL (the worker's own grace is shorter)
 
@@ -185,9 +187,24 @@ def terminal_foreground():
         signal.signal(signal.SIGTTOU, old)
 
 
+def child_env(procfile: Path) -> dict[str, str]:
+    """The processes' environment: this one, the configuration file beside the Procfile (as
+    honcho read it, and named to them so that each reads the same), and this Python's bin folder
+    first on PATH, so that the Procfile's ``sluice`` is this installation's."""
+    env = dict(os.environ)
+    found = env_file(procfile.resolve().parent)
+    if found is not None:
+        env.update(read_env_file(found))
+        env["SLUICE_ENV_FILE"] = str(found.resolve())
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(
+        [bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p)]
+    )
+    return env
+
+
 def run(procfile: Path) -> int:
-    env = {**os.environ, **read_env_file(procfile.parent / ".env")}  # as honcho did
-    supervisor = Supervisor(read_procfile(procfile), env=env)
+    supervisor = Supervisor(read_procfile(procfile), env=child_env(procfile))
     with terminal_foreground():
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, supervisor.ask_stop)
