@@ -17,6 +17,7 @@ for the files, and a deployment that shares the machine sets a token (docs/secur
 from __future__ import annotations
 
 import hmac
+import logging
 import subprocess
 import sys
 from urllib.parse import urlsplit
@@ -37,6 +38,8 @@ HOP_BY_HOP = {
     b"host",
 }
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+log = logging.getLogger(__name__)
 
 
 def refusal(
@@ -107,28 +110,46 @@ async def _refuse(send, status: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+BROKEN_UPSTREAM = ("ConnectError", "RemoteProtocolError", "ReadError", "WriteError")
+
+
 async def _forward(client, scope, receive, send, *, auth: bytes) -> None:
-    """The request upstream without its hop-by-hop and auth headers, the answer back as it comes
-    (502 when the upstream does not answer)."""
+    """The request upstream without its hop-by-hop and auth headers, the answer back as it comes.
+    A request that meets a broken upstream connection before any answer (a kept-alive connection
+    the server closed) is sent once more on a new one; then 502, logged with why."""
     import httpx
 
-    async def body():
-        while True:
-            message = await receive()
-            if message.get("body"):
-                yield message["body"]
-            if not message.get("more_body"):
-                return
-
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    content = b"".join(chunks)
     forward = [(k, v) for k, v in scope["headers"] if k not in HOP_BY_HOP and k != auth]
     path = scope.get("raw_path") or scope["path"].encode()
     url = path.decode("latin-1") + (
         f"?{scope['query_string'].decode('latin-1')}" if scope["query_string"] else ""
     )
-    request = client.build_request(scope["method"], url, headers=forward, content=body())
-    try:
-        response = await client.send(request, stream=True)
-    except httpx.HTTPError:
+    response = None
+    for attempt in (1, 2):
+        request = client.build_request(scope["method"], url, headers=forward, content=content)
+        try:
+            response = await client.send(request, stream=True)
+            break
+        except httpx.HTTPError as exc:
+            again = attempt == 1 and type(exc).__name__ in BROKEN_UPSTREAM
+            log.warning(
+                "chroma gate: %s %s failed upstream (%s: %s)%s",
+                scope["method"],
+                scope["path"],
+                type(exc).__name__,
+                exc,
+                "; sending it again on a new connection" if again else "; answering 502",
+            )
+            if not again:
+                break
+    if response is None:
         await send(
             {
                 "type": "http.response.start",
