@@ -173,11 +173,8 @@ def test_a_key_of_one_dataset_sees_its_place_among_its_own_jobs_only(database_ur
             session=session,
             job_id=done.id,
             lease=claimed.job.lease,
-            chunk_count=3,
-            page_count=1,
             worker_id="w",
-            embedded=3,
-            cached=0,
+            built=jobs.Built(chunks=3, pages=1, embedded=3, cached=0),
         )
     team = ApiPrincipal(1, "team", "read", False, frozenset({waiting.dataset_id}))
     every = ApiPrincipal(2, "ops", "read", True, frozenset())

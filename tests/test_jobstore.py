@@ -25,6 +25,7 @@ from sluice.storage.db import (
     init_schema,
     make_engine,
 )
+from sluice.storage.jobs import endings
 from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 from sluice.storage.outbox import dispatch, redeliver_stranded, unsent_count
 from sluice.storage.vectors import chunk_id
@@ -89,14 +90,9 @@ def fail(engine, job_id: int, lease: int, kind: ErrorKind, code: str = "boom") -
             session=session,
             job_id=job_id,
             lease=lease,
-            kind=kind,
-            code=code,
-            message=f"{code} happened",
-            hint="do something",
-            detail="trace",
+            error=jobs.JobError(kind, code, f"{code} happened", "do something", "trace"),
             worker_id="w1",
-            base_delay=0.01,
-            max_delay=0.02,
+            retry=jobs.RetryPolicy(base_delay=0.01, max_delay=0.02),
         )
 
 
@@ -340,11 +336,8 @@ def test_succeed_makes_the_job_active_and_needs_the_lease(engine):
             session=session,
             job_id=job_id,
             lease=lease + 1,
-            chunk_count=4,
-            page_count=2,
             worker_id="w1",
-            embedded=4,
-            cached=0,
+            built=jobs.Built(chunks=4, pages=2, embedded=4, cached=0),
         )
     with Session(engine) as session:
         assert (
@@ -352,11 +345,8 @@ def test_succeed_makes_the_job_active_and_needs_the_lease(engine):
                 session=session,
                 job_id=job_id,
                 lease=lease,
-                chunk_count=4,
-                page_count=2,
                 worker_id="w1",
-                embedded=3,
-                cached=1,
+                built=jobs.Built(chunks=4, pages=2, embedded=3, cached=1),
             )
             == []
         )
@@ -429,7 +419,7 @@ def test_a_failure_is_recorded_although_its_own_heartbeat_wrote_in_between(engin
                 )
         return job
 
-    monkeypatch.setattr(jobs, "get_job", read_then_beat)
+    monkeypatch.setattr(endings, "get_job", read_then_beat)  # the read that fail and cancel make
     failed = fail(engine, job_id, lease, ErrorKind.permanent, "unreadable_pdf")
     assert beaten and failed is not None
     assert (get(engine, job_id).status, get(engine, job_id).error_code) == (
@@ -468,11 +458,8 @@ def test_retry_dismiss_and_reindex(engine):
             session=session,
             job_id=job_id,
             lease=lease,
-            chunk_count=1,
-            page_count=1,
             worker_id="w1",
-            embedded=1,
-            cached=0,
+            built=jobs.Built(chunks=1, pages=1, embedded=1, cached=0),
         )
         refused = jobs.retry(session=session, job_ids=[job_id], actor="op")[0]
         assert not refused.ok and "reindex" in refused.message
@@ -755,11 +742,8 @@ def test_a_compare_and_set_writes_the_job_row_once(engine):
                 session=session,
                 job_id=job_id,
                 lease=claimed.job.lease,
-                chunk_count=3,
-                page_count=1,
                 worker_id="w1",
-                embedded=3,
-                cached=0,
+                built=jobs.Built(chunks=3, pages=1, embedded=3, cached=0),
             )
         assert len(writes) == 1 and "job.version = " in writes[0], (
             writes

@@ -77,6 +77,7 @@ def test_the_event_tail_forgets_attempts_that_end_without_success_or_failure(ctx
     times attempts must not keep its claim forever (it would grow with every such attempt)."""
     from sqlmodel import Session
 
+    from sluice.errors import ErrorKind
     from sluice.ops.metrics import EventTail
     from sluice.storage import jobs
 
@@ -106,17 +107,10 @@ def test_the_event_tail_forgets_attempts_that_end_without_success_or_failure(ctx
             session=session,
             job_id=ids[1],
             lease=leases[ids[1]],
-            kind=jobs.ErrorKind.transient,
-            code="service_unavailable",
-            message="Chroma down",
-            hint="",
-            detail="",
+            error=jobs.JobError(ErrorKind.transient, "service_unavailable", "Chroma down"),
             worker_id="w",
-            base_delay=1,
-            max_delay=2,
-            waiting_for="Chroma at test",
-            poll_seconds=1,
-            max_wait_seconds=60,
+            retry=jobs.RetryPolicy(base_delay=1, max_delay=2),
+            wait=jobs.WaitPolicy("Chroma at test", poll_seconds=1, max_wait_seconds=60),
         )
     tail.advance()
     assert tail.claimed_at == {} and tail.failures == {}

@@ -200,11 +200,8 @@ def succeed(engine, job_id: int, lease: int):
             session=session,
             job_id=job_id,
             lease=lease,
-            chunk_count=2,
-            page_count=1,
             worker_id="w",
-            embedded=2,
-            cached=0,
+            built=jobs.Built(chunks=2, pages=1, embedded=2, cached=0),
         )
 
 

@@ -82,15 +82,15 @@ def _fail(ctx, job: Job, failure, *, delay: float = 600) -> None:
             session=session,
             job_id=job.id,
             lease=job.lease,
-            kind=kind,
-            code=code,
-            message=message,
-            hint=hint,
-            detail=f"Traceback (most recent call last):\n  ...\n{code}: {message}",
+            error=jobs.JobError(
+                kind,
+                code,
+                message,
+                hint,
+                f"Traceback (most recent call last):\n  ...\n{code}: {message}",
+            ),
             worker_id=SEED_WORKER,
-            base_delay=delay,
-            max_delay=delay,
-            rng=random.Random(0),
+            retry=jobs.RetryPolicy(base_delay=delay, max_delay=delay, rng=random.Random(0)),
         )  # the drawn delay is 0.84 of the ceiling, the same every run
 
 

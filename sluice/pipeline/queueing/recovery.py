@@ -52,7 +52,7 @@ class RecoveryReport:
 
 @dataclass
 class ReapHold:
-    """A loop's reaping held off by the grace after a silence (``jobs.reaper_wait``), kept as state
+    """A loop's reaping held off by the grace after a silence (``jobs.reaper_tick``), kept as state
     so the round goes on to publish instead of waiting in line: the loop reaps once ``due`` (a
     ``time.monotonic`` reading) has passed."""
 
@@ -171,7 +171,7 @@ SILENCES_IN_A_ROUND = 3  # a one-shot round that keeps finding new silences give
 
 def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[int]:
     """Take back stale running jobs, but not within a grace after a silence of every reaper (the job
-    database down, or no worker at all: see ``jobs.reaper_wait``): no worker could write a
+    database down, or no worker at all: see ``jobs.reaper_tick``): no worker could write a
     heartbeat then, so every running job looks stale right after; the live ones beat again within
     the grace. Every round ticks, also while a hold runs and after a wait in line, so a second
     silence that begins within the grace starts a grace of its own before anything is reaped."""

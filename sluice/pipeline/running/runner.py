@@ -145,21 +145,22 @@ class Heartbeat(threading.Thread):
             stage.value,
             silent,
         )
-        kind, hint = timeouts.classify(self.ctx.engine, self.job_id, stage)
+        kind, hint = timeouts.kind_and_hint(self.ctx.engine, self.job_id, stage)
+        error = jobs.JobError(
+            kind,
+            timeouts.TIMEOUT_CODE,
+            f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call did not "
+            f"return for {silent:.0f}s)",
+            hint,
+        )
         with Session(self.ctx.engine, expire_on_commit=False) as session:
             after = jobs.fail(
                 session=session,
                 job_id=self.job_id,
                 lease=self.lease,
-                kind=kind,
-                code="stage_timeout",
-                message=f"{stage.value} took longer than {s.stage_timeout_seconds:.0f}s (one call "
-                f"did not return for {silent:.0f}s)",
-                hint=hint,
-                detail="",
+                error=error,
                 worker_id=self.ctx.worker_id,
-                base_delay=s.retry_base_seconds,
-                max_delay=s.retry_max_seconds,
+                retry=_retry_policy(s),
             )
         if after is not None and after.status.value == "cancelled":
             remove_partial(self.ctx, self.job)
@@ -389,6 +390,11 @@ def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutc
         err.message,
         f" (waiting for {waiting_for})" if waiting_for else "",
     )
+    wait = (
+        jobs.WaitPolicy(waiting_for, s.outage_poll_seconds, s.max_outage_seconds)
+        if waiting_for is not None
+        else None
+    )
 
     def record() -> Job | None:
         with Session(ctx.engine, expire_on_commit=False) as session:
@@ -396,17 +402,10 @@ def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutc
                 session=session,
                 job_id=job_id,
                 lease=job.lease,
-                kind=err.kind,
-                code=err.code,
-                message=err.message,
-                hint=err.hint,
-                detail=err.detail,
+                error=jobs.JobError.of(err),
                 worker_id=ctx.worker_id,
-                base_delay=s.retry_base_seconds,
-                max_delay=s.retry_max_seconds,
-                waiting_for=waiting_for,
-                poll_seconds=s.outage_poll_seconds,
-                max_wait_seconds=s.max_outage_seconds,
+                retry=_retry_policy(s),
+                wait=wait,
                 page_count=report.page_count,
             )
 
@@ -414,6 +413,11 @@ def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutc
     if after is not None and after.status.value == "cancelled":
         remove_partial(ctx, job)
     return RunOutcome(job_id, after.status.value if after else "lost", err.message)
+
+
+def _retry_policy(s: Settings) -> jobs.RetryPolicy:
+    """The backoff of a failed attempt's retry, as the settings give it."""
+    return jobs.RetryPolicy(s.retry_base_seconds, s.retry_max_seconds)
 
 
 def _when_the_database_answers(ctx: Context, job_id: int, write: Callable[[], T]) -> T:
@@ -753,13 +757,15 @@ def _finish(
             session=session,
             job_id=job.id,
             lease=job.lease,
-            chunk_count=total,
-            page_count=parsed.page_count,
             worker_id=ctx.worker_id,
-            embedded=embedded,
-            cached=cached,
-            warnings=parsed.warnings,
-            stages=out.report.stage_seconds(),
+            built=jobs.Built(
+                chunks=total,
+                pages=parsed.page_count,
+                embedded=embedded,
+                cached=cached,
+                warnings=parsed.warnings,
+                stages=out.report.stage_seconds(),
+            ),
             read=read.append,
         )
     now_meta = read[-1].metadata_ if read else out.document.metadata_

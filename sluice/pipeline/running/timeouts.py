@@ -39,7 +39,7 @@ def timed_out_before(engine, job_id: int, stage: Stage) -> bool:
     )
 
 
-def classify(engine, job_id: int, stage: Stage) -> tuple[ErrorKind, str]:
+def kind_and_hint(engine, job_id: int, stage: Stage) -> tuple[ErrorKind, str]:
     """(kind, hint) of a stage timeout of this job now."""
     if timed_out_before(engine, job_id, stage):
         return ErrorKind.permanent, AGAIN_HINT
@@ -47,7 +47,7 @@ def classify(engine, job_id: int, stage: Stage) -> tuple[ErrorKind, str]:
 
 
 def error(engine, job_id: int, stage: Stage, message: str) -> TransientError | PermanentError:
-    kind, hint = classify(engine, job_id, stage)
+    kind, hint = kind_and_hint(engine, job_id, stage)
     if kind == ErrorKind.permanent:
         return PermanentError(TIMEOUT_CODE, f"{message}, again", hint)
     return TransientError(TIMEOUT_CODE, message, hint)

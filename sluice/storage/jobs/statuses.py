@@ -1,0 +1,12 @@
+"""The sets of statuses a transition starts from, and the range of a job id."""
+
+from __future__ import annotations
+
+from sluice.storage.models import JobStatus
+
+CLAIMABLE = (JobStatus.pending, JobStatus.retrying)
+RETRYABLE = (JobStatus.failed, JobStatus.cancelled)
+CANCELLABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.running)
+SUPERSEDABLE = (JobStatus.succeeded, JobStatus.pending, JobStatus.running, JobStatus.retrying)
+RESTAMPABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.failed)
+MAX_ID = 2**31 - 1  # job ids are an INTEGER column
