@@ -22,7 +22,10 @@ from __future__ import annotations
 import socket
 import sys
 import traceback
+from collections.abc import Mapping
 from enum import Enum
+from types import MappingProxyType
+from typing import Any
 
 
 class ErrorKind(str, Enum):
@@ -85,6 +88,8 @@ class OperationError(SluiceError):
     code: str = "operation_refused"
     status: int = 400
     hint: str = ""
+    members: Mapping[str, Any] = MappingProxyType({})  # more members of the problem body
+    headers: Mapping[str, str] = MappingProxyType({})  # headers of the answer (Retry-After)
 
     def __init__(
         self, message: str = "", *, code: str | None = None, hint: str | None = None

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlmodel import Session
 
+from sluice.errors import OperationError
 from sluice.ops.keys import ApiPrincipal
 from sluice.ops.reads import ctx
 from sluice.storage import idempotency_records
@@ -27,16 +28,26 @@ from sluice.storage.idempotency_records import Claim
 KEY_PATTERN = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as a header value carries it
 
 
-class BadIdempotencyKey(ValueError):
+class BadIdempotencyKey(OperationError):
     """The header is empty, too long or not printable ASCII."""
 
+    code, status = "bad_idempotency_key", 422
+    hint = "Send a new key of 1 to 255 visible ASCII characters, e.g. a UUID."
 
-class KeyReused(ValueError):
+
+class KeyReused(OperationError):
     """The key was used for another request (another path or body)."""
 
+    code, status = "idempotency_key_reused", 422
+    hint = "Use a new Idempotency-Key for a new request."
 
-class StillInFlight(RuntimeError):
-    """The first request with this key has not been answered yet."""
+
+class StillInFlight(OperationError):
+    """The first request with this key has not been answered yet; ask again after Retry-After."""
+
+    code, status = "idempotency_in_flight", 409
+    hint = "Send the same request again after Retry-After: it replays the first answer."
+    headers = {"Retry-After": "1"}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Every error of the API as RFC 9457 ``application/problem+json``: ``type``, ``title``, ``status``,
-``detail`` and a stable ``code``; also the routing's 404 and 405 and the validation errors. No input
-gives a 500: an unexpected exception is one answer with no details (the log has them)."""
+``detail`` and a stable ``code``; also the routing's 404 and 405 and the validation errors. Every
+``OperationError`` (sluice.errors) answers here, in one handler, by its own status, code and hint
+(and the ``members`` and ``headers`` it carries): no route translates one by hand. No input gives a
+500: an unexpected exception is one answer with no details (the log has them)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.api.idempotency import BadIdempotencyKey, KeyReused, StillInFlight
-from sluice.api.scoped import Missing, ScopeMissing
-from sluice.ops.keys import KeyRefused
+from sluice.errors import OperationError
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ TITLES = {
 CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 406: "not_acceptable"}
 
 
-class Problem(Exception):
-    """An answer that is an error; raise it anywhere in a route."""
+class Problem(OperationError):
+    """An answer that is an error, made in a route (its status and code are the route's own);
+    raise it anywhere in a route. ``extra`` are more members of the body."""
 
     def __init__(
         self,
@@ -47,17 +48,26 @@ class Problem(Exception):
         detail: str,
         *,
         headers: dict[str, str] | None = None,
+        hint: str | None = None,
         **extra: Any,
     ) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail = status, code, detail
+        super().__init__(detail, code=code, hint=hint)
+        self.status, self.detail = status, detail
         self.headers = headers or {}
-        self.extra = extra
+        self.members = extra
 
     def response(self) -> Response:
-        return problem_response(
-            self.status, self.code, self.detail, headers=self.headers, **self.extra
-        )
+        return answer(self)
+
+
+def answer(exc: OperationError) -> Response:
+    """An OperationError as problem+json: its status and code, its message as ``detail``, its
+    ``hint`` (when it has one), and the ``members`` and ``headers`` it carries."""
+    members = dict(exc.members)
+    if exc.hint:
+        members.setdefault("hint", exc.hint)
+    headers = dict(exc.headers) or None
+    return problem_response(exc.status, exc.code, str(exc), headers=headers, **members)
 
 
 def problem_body(status: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
@@ -91,35 +101,9 @@ def _validation(errors: list[Any]) -> list[dict[str, Any]]:
 
 
 def install(app: FastAPI) -> None:
-    @app.exception_handler(Problem)
-    async def _problem(_: Request, exc: Problem) -> Response:
-        return exc.response()
-
-    @app.exception_handler(Missing)
-    async def _missing(_: Request, exc: Missing) -> Response:
-        return problem_response(404, "not_found", str(exc))
-
-    @app.exception_handler(ScopeMissing)
-    async def _scope(_: Request, exc: ScopeMissing) -> Response:
-        return problem_response(403, "scope_missing", str(exc))
-
-    @app.exception_handler(KeyRefused)
-    async def _key_refused(_: Request, exc: KeyRefused) -> Response:
-        return problem_response(422, "key_refused", str(exc))
-
-    @app.exception_handler(BadIdempotencyKey)
-    async def _bad_key(_: Request, exc: BadIdempotencyKey) -> Response:
-        return problem_response(422, "bad_idempotency_key", str(exc))
-
-    @app.exception_handler(KeyReused)
-    async def _reused(_: Request, exc: KeyReused) -> Response:
-        return problem_response(422, "idempotency_key_reused", str(exc))
-
-    @app.exception_handler(StillInFlight)
-    async def _in_flight(_: Request, exc: StillInFlight) -> Response:
-        return problem_response(
-            409, "idempotency_in_flight", str(exc), headers={"Retry-After": "1"}
-        )
+    @app.exception_handler(OperationError)
+    async def _refused(_: Request, exc: OperationError) -> Response:
+        return answer(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:

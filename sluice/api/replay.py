@@ -10,7 +10,8 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from sluice.api import idempotency
-from sluice.api.problems import Problem
+from sluice.api.problems import answer as problem_answer
+from sluice.errors import OperationError
 from sluice.ops.keys import ApiPrincipal
 
 KEPT_HEADERS = ("location", "retry-after", "content-type")
@@ -34,8 +35,8 @@ def idempotent(
     try:
         try:
             response = answer()
-        except Problem as exc:
-            response = exc.response()
+        except OperationError as exc:  # a refusal (a Problem too) is an answer, kept as any
+            response = problem_answer(exc)
     except BaseException:
         idempotency.abandon(got)
         raise

@@ -33,11 +33,16 @@ def documents_by_external_id(
 ) -> dict:
     """The live document the application calls ``external_id``, in each dataset in reach (or in
     ``dataset``): ``{"documents": [...]}``, empty when there is none."""
+    check_external_id(external_id)
+    return {"documents": scoped.documents_by_external_id(key, external_id, dataset)}
+
+
+def check_external_id(external_id: str) -> None:
+    """``replacing.check_external_id`` for the API: a 422 ``bad_external_id`` naming the fault."""
     try:
         replacing.check_external_id(external_id)
-    except replacing.BadExternalId as err:
-        raise Problem(422, err.code, f"{err}. {replacing.EXTERNAL_ID_RULE}") from None
-    return {"documents": scoped.documents_by_external_id(key, external_id, dataset)}
+    except replacing.BadExternalId as err:  # the API's detail states the rule too, not only hint
+        raise Problem(err.status, err.code, f"{err}. {err.hint}", hint=err.hint) from None
 
 
 @router.get("/{document_id}", response_model=DocumentOut, responses=problems(401, 404, 429))

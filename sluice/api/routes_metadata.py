@@ -16,7 +16,6 @@ from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.schemas import DocumentId, DocumentOut, Strict, problems
 from sluice.ops import metadata as meta
-from sluice.ops.chunks import AmbiguousChunk
 
 router = APIRouter(tags=["documents"])
 ChunkId = Annotated[str, Path(min_length=1, max_length=120, description="a chunk id")]
@@ -57,26 +56,15 @@ class DocumentListPage(BaseModel):
     next_offset: int | None
 
 
-def metadata_problem(err: meta.MetadataError) -> Problem:
-    return Problem(422, err.code, str(err), key=err.key)
-
-
-def filter_problem(err: meta.FilterError) -> Problem:
-    return Problem(422, err.code, str(err), key=err.key)
-
-
 def parse_where_param(value: str | None) -> dict | None:
-    """A ``where`` query parameter (JSON text) as a checked filter, or a 422 problem."""
+    """A ``where`` query parameter (JSON text) as a checked filter (FilterError: a 422 problem)."""
     if value is None or not value.strip():
         return None
     try:
         where = json.loads(value)
     except ValueError:
         raise Problem(422, "invalid_filter", "where: not JSON", key="") from None
-    try:
-        meta.parse_where(where)
-    except meta.FilterError as err:
-        raise filter_problem(err) from None
+    meta.parse_where(where)
     return where
 
 
@@ -88,12 +76,7 @@ def parse_where_param(value: str | None) -> dict | None:
 async def patch_document(document_id: DocumentId, body: MetadataIn, key: Key) -> dict:
     """Replace the document's metadata (the whole object: a key left out is removed). Search sees
     the change at once for every chunk of the document; nothing is embedded again."""
-    try:
-        return await run_in_threadpool(
-            scoped.set_document_metadata, key, document_id, body.metadata
-        )
-    except meta.MetadataError as err:
-        raise metadata_problem(err) from None
+    return await run_in_threadpool(scoped.set_document_metadata, key, document_id, body.metadata)
 
 
 @router.get(
@@ -131,8 +114,5 @@ def list_documents(
 async def patch_chunk(chunk_id: ChunkId, body: ChunkIn, key: Key) -> dict:
     """Switch a chunk off (kept in the index, shown as disabled, left out of every search) or on
     again."""
-    try:
-        state = await run_in_threadpool(scoped.set_chunk_enabled, key, chunk_id, body.enabled)
-    except AmbiguousChunk as err:
-        raise Problem(409, "ambiguous_chunk", str(err)) from None
+    state = await run_in_threadpool(scoped.set_chunk_enabled, key, chunk_id, body.enabled)
     return state.to_dict()

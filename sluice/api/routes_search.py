@@ -8,11 +8,8 @@ from fastapi.responses import JSONResponse, Response
 
 from sluice.api import scoped
 from sluice.api.dependencies import Key
-from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.schemas import SearchIn, SearchOut, problems
-from sluice.ops.metadata import FilterError
-from sluice.ops.search import BadQuery
 
 router = APIRouter(tags=["search"])
 FIELDS = (
@@ -38,22 +35,17 @@ FIELDS = (
 )
 async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Response:
     def answer() -> Response:
-        try:
-            hits = scoped.search(
-                key,
-                dataset=dataset,
-                query=body.query,
-                k=body.k,
-                mode=body.mode,
-                filename=body.filename,
-                pages=body.pages,
-                media_type=body.media_type,
-                where=body.where,
-            )
-        except BadQuery as exc:
-            raise Problem(422, "bad_query", str(exc)) from None
-        except FilterError as exc:
-            raise Problem(422, exc.code, str(exc), key=exc.key) from None
+        hits = scoped.search(  # BadQuery, FilterError: 422 by their own codes (sluice.api.problems)
+            key,
+            dataset=dataset,
+            query=body.query,
+            k=body.k,
+            mode=body.mode,
+            filename=body.filename,
+            pages=body.pages,
+            media_type=body.media_type,
+            where=body.where,
+        )
         return JSONResponse({"hits": [{f: getattr(h, f) for f in FIELDS} for h in hits]})
 
     return await run_in_threadpool(idempotent, request, key, [dataset, body.model_dump()], answer)

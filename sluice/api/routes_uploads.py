@@ -14,10 +14,9 @@ from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
-from sluice.api.routes_documents import deleted
+from sluice.api.routes_documents import check_external_id, deleted
 from sluice.api.schemas import DeleteOut, UploadAccepted, problems
 from sluice.api.uploads import Part, read_upload
-from sluice.ops import replacing
 from sluice.ops.ingest import SNIFF_BYTES, IngestResult
 from sluice.ops.keys import ApiPrincipal
 from sluice.settings import get_settings
@@ -72,10 +71,7 @@ def _check_external_id(parts: list[Part]) -> None:
         return
     if len(parts) > 1:
         raise Problem(422, "external_id_needs_one_file", "an external_id names one file: send one")
-    try:
-        replacing.check_external_id(external)
-    except replacing.BadExternalId as err:
-        raise Problem(422, err.code, f"{err}. {replacing.EXTERNAL_ID_RULE}") from None
+    check_external_id(external)
 
 
 def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:

@@ -23,6 +23,7 @@ class ProblemOut(BaseModel):
     status: int
     detail: str
     code: str
+    hint: str | None = Field(None, description="what to do about it (docs/api.md, Errors)")
 
 
 class Health(BaseModel):

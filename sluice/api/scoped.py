@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from sluice.errors import PipelineError
+from sluice.errors import OperationError, PipelineError
 from sluice.ops import actions, document_view, drain, reads, replacing
 from sluice.ops.actions import ActionReport
 from sluice.ops.chunks import ChunkState, UnknownChunk
@@ -44,12 +44,18 @@ START_STEP_SECONDS = 15
 _rates: dict[int | None, tuple[float, list[tuple], WorkLeft]] = {}
 
 
-class Missing(LookupError):
+class Missing(OperationError):
     """Not there, or not this key's to see: the same answer for both."""
 
+    code, status = "not_found", 404
+    hint = "Check the name or id: a key sees only the things of its own datasets."
 
-class ScopeMissing(PermissionError):
+
+class ScopeMissing(OperationError):
     """The key may see this but not do that."""
+
+    code, status = "scope_missing", 403
+    hint = "Use a key with that scope: sluice keys create NAME --scope ingest (or manage)."
 
 
 def require(key: ApiPrincipal, scope: Scope, action: str) -> None:

@@ -89,19 +89,11 @@ async def _multipart(request: Request) -> list[Part]:
     raw = form.get("metadata")
     if raw is not None and not isinstance(raw, str):
         raise Problem(422, "invalid_metadata", "metadata is a form field of JSON, not a file")
-    metadata = _metadata(lambda: meta.parse_json(raw)) if raw is not None else None
+    metadata = meta.parse_json(raw) if raw is not None else None  # MetadataError: 422 with key
     for part in parts:
         part.external_id = external
         part.metadata = metadata
     return parts
-
-
-def _metadata(check) -> dict:
-    """``check()`` (one of sluice.ops.metadata's validators), or the 422 naming the key."""
-    try:
-        return check()
-    except meta.MetadataError as err:
-        raise Problem(422, err.code, str(err), key=err.key) from None
 
 
 async def _text(request: Request) -> list[Part]:
@@ -117,7 +109,7 @@ async def _text(request: Request) -> list[Part]:
     part = _hashed(body.filename, spool)
     part.external_id = body.external_id
     if body.metadata is not None:
-        part.metadata = _metadata(lambda: meta.validate(body.metadata))
+        part.metadata = meta.validate(body.metadata)
     return [part]
 
 

@@ -11,7 +11,7 @@ import getpass
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.errors import SettingsError
+from sluice.errors import OperationError, SettingsError
 from sluice.settings import Settings
 
 Role = Literal["operator", "readonly"]
@@ -49,8 +49,11 @@ class Operator:
 LOCAL_OPERATOR = Operator("local", "operator")
 
 
-class ReadOnlyOperator(PermissionError):
+class ReadOnlyOperator(OperationError):
     """A read-only operator tried to change something."""
+
+    code, status = "read_only", 403
+    hint = "Ask an operator who may change things, or sign in as one."
 
 
 def require_operator(who: Operator, action: str) -> None:

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Session, col, select
 
 from sluice import faults
+from sluice.errors import OperationError
 from sluice.ops.access import Operator
 from sluice.ops.reads import ctx
 from sluice.storage import audit_log
@@ -48,8 +49,11 @@ _floods_lock = threading.Lock()  # the counts of this process not yet written (`
 FLOOD_FLUSH_SECONDS = 1.0  # a flood's refusals reach its row at most this much later
 
 
-class BadAuditQuery(ValueError):
+class BadAuditQuery(OperationError):
     """A filter of the audit log that cannot be read (a ``since`` that is no time)."""
+
+    code, status = "invalid_request", 422
+    hint = "since is a span back (2h, 30m, 7d) or an ISO time; outcome is done or refused."
 
 
 @dataclass

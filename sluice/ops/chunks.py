@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from sluice.errors import OperationError
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical
 from sluice.storage.models import DisabledChunk
@@ -16,12 +17,18 @@ from sluice.storage.models import DisabledChunk
 log = logging.getLogger(__name__)
 
 
-class UnknownChunk(LookupError):
-    pass
+class UnknownChunk(OperationError):
+    """No chunk has this id (in the datasets asked)."""
+
+    code, status = "not_found", 404
+    hint = "A document's chunks list their ids."
 
 
-class AmbiguousChunk(LookupError):
+class AmbiguousChunk(OperationError):
     """The same chunk id is in several datasets (the same bytes uploaded to each): name one."""
+
+    code, status = "ambiguous_chunk", 409
+    hint = "Name the dataset: --dataset, or a key of that one dataset."
 
 
 @dataclass

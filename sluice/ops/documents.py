@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from sqlmodel import Session, col, func, select
 
+from sluice.errors import OperationError
 from sluice.pipeline.running.cleanup import remove_blob_if_unused
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical, replacements
@@ -25,8 +26,11 @@ log = logging.getLogger(__name__)
 DOC_PREFIX = "doc:"
 
 
-class UnknownReference(LookupError):
+class UnknownReference(OperationError):
     """The reference names no job or document; the message says which and how to write one."""
+
+    code, status = "not_found", 404
+    hint = "Write a job id, or doc:ID for a document id."
 
 
 @dataclass

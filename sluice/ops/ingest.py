@@ -105,8 +105,7 @@ def ingest_stream(
     try:
         clean = None if metadata is None else meta.validate(metadata)
     except meta.MetadataError as err:
-        hint = "Fix the metadata: see the API reference, Metadata and filters."
-        return _refused(display, dataset, UserActionError(err.code, str(err), hint))
+        return _refused(display, dataset, UserActionError(err.code, str(err), err.hint))
     head = stream.read(SNIFF_BYTES)
     try:
         media_type = sniff_type(head, display)
@@ -218,7 +217,7 @@ def _external_id_refusal(
             error_kind="user_action_required",
             error_code=err.code,
             message=str(err),
-            fix_hint=replacing.EXTERNAL_ID_RULE,
+            fix_hint=err.hint,
         )
     return None
 

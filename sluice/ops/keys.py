@@ -17,6 +17,7 @@ from typing import Literal
 
 from sqlmodel import Session
 
+from sluice.errors import OperationError
 from sluice.ops import audit_trail
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
 from sluice.ops.reads import ctx
@@ -31,8 +32,11 @@ TOKEN = re.compile(r"^sluice_([0-9a-f]{12})_([A-Za-z0-9_-]{20,100})$")
 DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
 
 
-class KeyRefused(ValueError):
+class KeyRefused(OperationError):
     """A key cannot be made or revoked as asked; the message says why and what to write."""
+
+    code, status = "key_refused", 422
+    hint = "See `sluice keys --help` for the names, scopes and datasets a key takes."
 
 
 @dataclass(frozen=True)

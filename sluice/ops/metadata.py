@@ -25,6 +25,7 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 from sluice import faults
+from sluice.errors import OperationError
 
 if TYPE_CHECKING:  # the ORM, imported where used: a cold `sluice search` parses filters without it
     from sqlmodel import Session
@@ -44,24 +45,30 @@ CLI_RULE = (
 )
 
 
-class MetadataError(ValueError):
-    """Metadata refused; ``key`` names the field at fault ("" for the object as a whole)."""
+class MetadataError(OperationError):
+    """Metadata refused; ``key`` names the field at fault ("" for the object as a whole), also as
+    the ``key`` member of the API's answer (``members``)."""
 
-    code = "invalid_metadata"
+    code, status = "invalid_metadata", 422
+    hint = "Fix the metadata: see the API reference, Metadata and filters."
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"metadata {key!r}: {message}" if key else f"metadata: {message}")
         self.key = key
+        self.members = {"key": key}
 
 
-class FilterError(ValueError):
-    """A ``where`` filter refused; ``key`` names the field or operator at fault."""
+class FilterError(OperationError):
+    """A ``where`` filter refused; ``key`` names the field or operator at fault, also as the
+    ``key`` member of the API's answer (``members``)."""
 
-    code = "invalid_filter"
+    code, status = "invalid_filter", 422
+    hint = "Fix the filter: see the API reference, Metadata and filters."
 
     def __init__(self, key: str, message: str) -> None:
         super().__init__(f"filter {key!r}: {message}" if key else f"filter: {message}")
         self.key = key
+        self.members = {"key": key}
 
 
 def _is_number(v: Any) -> bool:
@@ -311,8 +318,11 @@ def matching_documents(session: Session, dataset_id: int | None, where: Where) -
 # --- changing a document's metadata ---------------------------------------------------------------
 
 
-class UnknownDocument(LookupError):
-    pass
+class UnknownDocument(OperationError):
+    """No live document has this id (never made, or deleted)."""
+
+    code, status = "not_found", 404
+    hint = "The document may have been deleted: list the dataset's documents."
 
 
 def set_document_metadata(

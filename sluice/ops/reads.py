@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlmodel import Session, select
 
+from sluice.errors import OperationError
 from sluice.ops import documents, drain, reindex
 from sluice.ops import metadata as meta
 from sluice.ops.access import Operator
@@ -96,8 +97,11 @@ def pipeline_of(dataset_id: int | None) -> PipelineView:
     )
 
 
-class UnknownDatasetName(LookupError):
+class UnknownDatasetName(OperationError):
     """A dataset name that no dataset has; the message says where to look."""
+
+    code, status = "not_found", 404
+    hint = "See the datasets' names with `sluice datasets`."
 
 
 def dataset_id(name: str | None) -> int | None:

@@ -18,6 +18,7 @@ from functools import partial
 
 from sqlmodel import Session, col, select
 
+from sluice.errors import OperationError
 from sluice.ops.documents import DeleteResult, delete_document
 from sluice.pipeline.running.cleanup import remove_replaced_blobs
 from sluice.pipeline.running.context import Context
@@ -31,10 +32,11 @@ MAX_EXTERNAL_ID = 512
 EXTERNAL_ID_RULE = "An external id is 1 to 512 characters, none of them a control character."
 
 
-class BadExternalId(ValueError):
+class BadExternalId(OperationError):
     """An external id Sluice refuses; ``code`` is the stable code front ends show."""
 
-    code = "bad_external_id"
+    code, status = "bad_external_id", 422
+    hint = EXTERNAL_ID_RULE
 
 
 def check_external_id(value: str | None) -> str | None:

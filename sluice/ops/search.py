@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sqlalchemy import JSON, bindparam, column, text
 from sqlalchemy.engine import Engine
 
+from sluice.errors import OperationError
 from sluice.ops import metadata as meta
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
@@ -67,16 +68,28 @@ class Reader(Protocol):
     def query_encoder(self) -> Embedder: ...
 
 
-class UnknownDataset(LookupError):
-    pass
+class UnknownDataset(OperationError):
+    """No dataset has this name."""
+
+    code, status = "not_found", 404
+    hint = "See the datasets' names with `sluice datasets`."
 
 
 class DatasetDeleting(UnknownDataset):
     """The dataset is being deleted (sluice.ops.dataset_admin): it answers no search."""
 
+    code, status = "dataset_deleting", 409
+    hint = (
+        "Wait for the delete to finish (or run it again: sluice datasets delete NAME), then make "
+        "the dataset again if you want it."
+    )
 
-class BadQuery(ValueError):
-    pass
+
+class BadQuery(OperationError):
+    """A search's mode or pages that cannot be read; the message says how to write them."""
+
+    code, status = "bad_query", 422
+    hint = "mode is hybrid, dense or lexical; pages is A-B, A-, -B or one page number."
 
 
 @dataclass
