@@ -45,8 +45,6 @@ UPLOAD_PATH: dict[str, tuple[str, ...] | None] = {
     "storage/replacements": ("_conflict",),
     "storage/s3_blobs": ("_outage", "_auth_error"),
 }
-# Not yet OperationErrors, but answered by a route's own translation of their codes.
-TRANSLATED = ("sluice.ops.sources.syncing:SourceError",)
 
 Codes = dict[str, set[int | None]]  # code -> the statuses it answers (None: unknown here)
 
@@ -69,14 +67,6 @@ def operation_errors() -> list[type[OperationError]]:
             found.append(cls)
             stack += cls.__subclasses__()
     return found
-
-
-def _translated() -> list[type]:
-    out = []
-    for ref in TRANSLATED:
-        module, _, name = ref.partition(":")
-        out.append(getattr(importlib.import_module(module), name))
-    return out
 
 
 def _sources(under: str = "") -> Iterator[tuple[Path, ast.Module]]:
@@ -125,7 +115,7 @@ def _add(codes: Codes, code: str | None, status: int | None) -> None:
 
 def class_codes(codes: Codes) -> None:
     """The class codes, and the literal codes raise sites pass (``code=``, or a first ``code``)."""
-    classes = {c.__name__: c for c in [*operation_errors(), *_translated()] if c is not Problem}
+    classes = {c.__name__: c for c in operation_errors() if c is not Problem}
     for cls in classes.values():
         if cls is not OperationError and not _takes_code_first(cls):
             _add(codes, cls.code, cls.status)

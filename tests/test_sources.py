@@ -2,12 +2,15 @@
 server: additions, changes, renames and removals happen exactly; renames embed nothing; removed
 documents leave search at once and are gone after the tombstone time; an empty or failed listing
 removes nothing; a sync killed halfway converges when run again; two syncs at once run once; a
-file changed while it is read is indexed with its final bytes."""
+file changed while it is read is indexed with its final bytes; and a sync does exactly what its
+preview's plan says, for any listing and any state its syncs recorded."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -17,15 +20,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from sluice import faults
 from sluice.ops.search import search
-from sluice.ops.sources import listing, syncing
+from sluice.ops.sources import listing, previewing, syncing
 from sluice.ops.sources.listing import Seen
-from sluice.ops.sources.plan import Known, make_plan
+from sluice.ops.sources.plan import ADD, CHANGE, RENAME, RESTORE, TOUCH, Known, Step, make_plan
 from sluice.pipeline.running.runner import run_job
+from sluice.storage import source_records
+from sluice.storage.clock import db_now
 from sluice.storage.models import Document, Job, JobStatus
 from sluice.storage.source_records import SourceEntry, SourceLease, SourceRun
 from tests.support.object_store import CREDENTIALS, MotoServer, TcpGate, new_bucket, s3_client
@@ -129,14 +136,36 @@ def side(request, tmp_path):
     return request.getfixturevalue("s3side")
 
 
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def reads(contents: dict[str, bytes], files: dict[str, Seen]):
+    """A ``read`` for ``make_plan``: the bytes of ``contents``; any other path cannot be read."""
+
+    def read(path: str) -> tuple[bytes, Seen]:
+        if path not in contents:
+            raise OSError(f"{path}: permission denied")
+        return contents[path], files[path]
+
+    return read
+
+
 def test_the_plan_is_a_pure_function_of_the_listing_and_what_is_known():
-    known = {f"f{i}": Known(f"f{i}", 10, 1, f"sha{i}", i) for i in range(10)}
+    known = {f"f{i}": Known(f"f{i}", 10, 1, sha(b"v%d" % i), i) for i in range(10)}
     files = {f"f{i}": Seen(10, 1) for i in range(10)}
     files["f1"] = Seen(11, 2)  # changed
     files["g2"] = files.pop("f2")  # renamed: same bytes
     del files["f3"]
     files["new"] = Seen(5, 5)
-    plan = make_plan(files, known, {"f1": "other", "g2": "sha2", "new": "shaN"})
+    files["locked"] = Seen(5, 5)  # cannot be read: left out, in failed
+    contents = {"f1": b"other", "g2": b"v2", "new": b"N"}
+    plan = make_plan(files, known, reads(contents, files))
+    assert plan.steps == [
+        Step(CHANGE, "f1", sha(b"other"), Seen(11, 2)),
+        Step(RENAME, "g2", sha(b"v2"), Seen(10, 1), old="f2"),
+        Step(ADD, "new", sha(b"N"), Seen(5, 5)),
+    ]
     assert (plan.add, plan.change, plan.rename, plan.remove) == (
         ["new"],
         ["f1"],
@@ -144,13 +173,160 @@ def test_the_plan_is_a_pure_function_of_the_listing_and_what_is_known():
         ["f3"],
     )
     assert plan.unchanged == 7
-    held = make_plan({}, known, {})
+    assert plan.failed == [{"path": "locked", "error": "locked: permission denied"}]
+    nothing = reads({}, {})
+    held = make_plan({}, known, nothing)
     assert held.remove == [] and len(held.held) == 10 and "empty" in held.held_reason
-    failed = make_plan({}, known, {}, error="ConnectionError", confirmed=True)
+    failed = make_plan({}, known, nothing, error="ConnectionError", confirmed=True)
     assert failed.remove == [] and "listing failed" in failed.held_reason
-    many = make_plan({f"f{i}": Seen(10, 1) for i in range(6)}, known, {})
+    many = make_plan({f"f{i}": Seen(10, 1) for i in range(6)}, known, nothing)
     assert many.remove == [] and len(many.held) == 4 and "30%" in many.held_reason
-    assert make_plan({}, known, {}, confirmed=True).remove == sorted(known)
+    assert make_plan({}, known, nothing, confirmed=True).remove == sorted(known)
+
+    # each step goes to carry_out as it is planned; one refused is a failure, not done
+    handed: list[Step] = []
+
+    def carry_out(step: Step, data: bytes) -> str | None:
+        handed.append(step)
+        return "refused" if step.path == "new" else None
+
+    refused = make_plan(files, known, reads(contents, files), carry_out=carry_out)
+    assert handed == plan.steps == refused.steps and refused.add == []
+    assert (refused.counts()["added"], refused.counts()["failed"]) == (0, 2)
+
+
+# The drift test's world: a few paths; bytes of two sizes (a same-size edit at the same time is
+# "unchanged": not read); two modification times.
+PATHS = ("a.txt", "b.txt", "d/c.txt", "d/e.txt", "f.txt")
+TEXTS = (body(0), body(1), body(2), body(3, 1))
+TIMES = (1_600_000_000 * 10**9, 1_700_000_000 * 10**9)
+KNOWN = st.none() | st.tuples(st.integers(0, 3), st.integers(0, 1), st.booleans())  # tombstone?
+LISTED = st.none() | st.tuples(st.integers(0, 3), st.integers(0, 1))
+STATES = st.tuples(*[st.tuples(KNOWN, LISTED) for _ in PATHS])
+RENAME_ONTO_A_TOMBSTONE = (  # and a touch, a change, an addition, a same-size edit unseen
+    ((0, 0, False), None),
+    ((1, 0, True), (0, 1)),
+    ((2, 0, False), (2, 1)),
+    ((1, 0, False), (3, 0)),
+    (None, (1, 0)),
+)
+RESTORE_AND_MASS_REMOVAL = (
+    ((0, 0, True), (0, 1)),
+    ((1, 0, False), None),
+    ((2, 0, False), None),
+    ((1, 1, False), (1, 1)),
+    ((0, 0, False), (0, 0)),
+)
+
+
+def _entries(ctx, source_id: int) -> dict[str, SourceEntry]:
+    with Session(ctx.engine) as session:
+        rows = session.exec(select(SourceEntry).where(SourceEntry.source_id == source_id))
+        return {e.path: e for e in rows}
+
+
+def _expected(before: dict[str, SourceEntry], plan, refused: set[str]) -> dict[str, tuple]:
+    """The entries a sync that carries out ``plan`` leaves (but the steps ingest ``refused``):
+    path -> (live, sha256, size, time, whose document it names: its path before, or "new")."""
+    out = {p: (e.removed_at is None, e.sha256, e.size, e.mtime_ns, p) for p, e in before.items()}
+    for step in plan.steps:
+        if step.path in refused:
+            continue
+        if step.action == RENAME:
+            origin = out.pop(step.old)[4]
+        elif step.action in (TOUCH, RESTORE):
+            origin = out[step.path][4]
+        else:
+            origin = "new"
+        out[step.path] = (True, step.sha256, step.seen.size, step.seen.mtime_ns, origin)
+    for path in plan.remove:
+        out[path] = (False, *out[path][1:])
+    return out
+
+
+def _observed(before: dict[str, SourceEntry], after: dict[str, SourceEntry]) -> dict[str, tuple]:
+    whose = {e.document_id: p for p, e in before.items()}
+    return {
+        p: (e.removed_at is None, e.sha256, e.size, e.mtime_ns, whose.get(e.document_id, "new"))
+        for p, e in after.items()
+    }
+
+
+def _folder_source(ctx, root: Path, name: str, states) -> int:
+    """A folder source over ``root`` holding the listed side of ``states``, its entries the known
+    side (each naming a document of its own, in no table); its id."""
+    root.mkdir()
+    for path, (_, listed) in zip(PATHS, states, strict=True):
+        if listed is not None:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(TEXTS[listed[0]])
+            os.utime(root / path, ns=(TIMES[listed[1]], TIMES[listed[1]]))
+    syncing.add_source(ctx, name=name, dataset=name, folder=str(root))
+    with Session(ctx.engine) as session:
+        src = source_records.by_name(session, name)
+        assert src is not None
+        now = db_now(session)
+        for i, (path, (known, _)) in enumerate(zip(PATHS, states, strict=True)):
+            if known is not None:
+                text, at, removed = known
+                entry = SourceEntry(
+                    source_id=src.id,
+                    path=path,
+                    size=len(TEXTS[text]),
+                    mtime_ns=TIMES[at],
+                    sha256=sha(TEXTS[text]),
+                    document_id=10**6 + 10 * src.id + i,
+                    removed_at=now if removed else None,
+                )
+                session.add(entry)
+        session.commit()
+        return src.id
+
+
+def test_a_sync_does_exactly_what_its_preview_plans(tmp_path, make_ctx):
+    """For any listing of a folder and any entries its syncs recorded (live or tombstoned), with or
+    without confirmation, and a listing that fails: what the sync does, file by file (the entries it
+    leaves), is the plan the preview shows, and their counts are the same."""
+    ctx = make_ctx()
+    numbers = itertools.count()
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.explicit, Phase.generate],  # an example costs a sync: no slow shrinking
+    )
+    @given(states=STATES, confirm=st.booleans(), broken=st.sampled_from([False] * 5 + [True]))
+    @example(states=RENAME_ONTO_A_TOMBSTONE, confirm=False, broken=False)
+    @example(states=RESTORE_AND_MASS_REMOVAL, confirm=False, broken=False)  # held
+    @example(states=RESTORE_AND_MASS_REMOVAL, confirm=True, broken=False)  # removed
+    @example(states=RESTORE_AND_MASS_REMOVAL, confirm=True, broken=True)  # a failed listing
+    def check(states, confirm: bool, broken: bool) -> None:
+        name = f"p{next(numbers)}"
+        source_id = _folder_source(ctx, tmp_path / name, name, states)
+        if broken:
+            shutil.rmtree(tmp_path / name)
+        before = _entries(ctx, source_id)
+        with Session(ctx.engine) as session:
+            src = source_records.by_name(session, name)
+        assert src is not None
+        planned = previewing.plan_source(ctx, src, confirm=confirm)  # what preview_sync shows
+        shown = syncing.sync(ctx, name, preview=True, confirm=confirm)
+        done = syncing.sync(ctx, name, actor="test", confirm=confirm)
+        assert shown.counts == planned.counts() and planned.failed == []
+        # no preview sees what ingest refuses (the same bytes under two new paths, in one dataset)
+        refused = {f["path"] for f in done.failed}
+        assert refused <= {s.path for s in planned.steps if s.action in (ADD, CHANGE)}
+        after = _entries(ctx, source_id)
+        assert _observed(before, after) == _expected(before, planned, refused), done.message
+        planned.failed = done.failed
+        assert done.counts == planned.counts(), done.message
+        assert done.held_reason == shown.held_reason == planned.held_reason
+        assert done.status == ("failed" if planned.error else "held" if planned.held else "done")
+
+    check()
 
 
 def test_edits_renames_deletes_and_an_addition_happen_exactly(side, make_ctx):

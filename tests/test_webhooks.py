@@ -14,6 +14,7 @@ import hmac
 import json
 import threading
 import time
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -26,6 +27,7 @@ from sluice.pipeline.queueing import webhook_delivery
 from sluice.servers.processes import free_loopback_port
 from sluice.settings import reset_settings_cache
 from sluice.storage import jobs, webhook_records
+from sluice.storage.clock import db_now
 from sluice.storage.db import ensure_dataset, get_engine
 from sluice.storage.models import Document, ErrorKind, Job, JobStatus, WebhookDelivery
 from tests.support.helpers import Background, until
@@ -149,11 +151,8 @@ def succeed(engine, job_id: int, lease: int) -> None:
             session=session,
             job_id=job_id,
             lease=lease,
-            chunk_count=3,
-            page_count=1,
             worker_id="w1",
-            embedded=3,
-            cached=0,
+            built=jobs.Built(chunks=3, pages=1, embedded=3, cached=0),
         )
 
 
@@ -163,14 +162,9 @@ def fail(engine, job_id: int, lease: int, kind: ErrorKind) -> None:
             session=session,
             job_id=job_id,
             lease=lease,
-            kind=kind,
-            code="bad_pdf",
-            message="no text",
-            hint="upload a text PDF",
-            detail="",
+            error=jobs.JobError(kind, "bad_pdf", "no text", "upload a text PDF"),
             worker_id="w1",
-            base_delay=0.1,
-            max_delay=0.2,
+            retry=jobs.RetryPolicy(base_delay=0.1, max_delay=0.2),
         )
 
 
@@ -660,3 +654,112 @@ def test_system_page_shows_the_delivery_log_per_endpoint(one_delivered_one_waiti
     ]
     refused = next(log for log in logs if log["state"][0] == "retrying")
     assert "Connect" in refused["last error"][0]
+
+
+# --- source events -------------------------------------------------------------------------------
+
+
+def test_a_sources_events_wait_for_its_earlier_one_and_hold_no_other(hooked, receivers):
+    """A ``source.synced`` row names its source in ``source_id`` (``job_id`` holds job ids only):
+    an endpoint gets one source's events in order, and a job of the same number waits on none."""
+    receiver = receivers()
+    engine = hooked(receiver.url)
+    with Session(engine) as session:
+        now = db_now(session)
+
+        def row(event_id: str, *, due=now, **owner) -> WebhookDelivery:
+            event = "source.synced" if "source_id" in owner else "job.succeeded"
+            return WebhookDelivery(
+                event_id=event_id,
+                endpoint=receiver.url,
+                event=event,
+                body="{}",
+                created_at=now,
+                next_attempt_at=due,
+                **owner,
+            )
+
+        session.add(row("source-run-1", source_id=3, due=now + timedelta(hours=1)))  # backing off
+        session.add(row("source-run-2", source_id=3))  # waits for it
+        session.add(row("source-run-3", source_id=4))
+        session.add(row("41", job_id=3))  # job 3 is no source
+        session.commit()
+    report = deliver(engine)
+    sent = sorted(r["headers"]["X-Sluice-Event-Id"] for r in receiver.requests)
+    assert sent == ["41", "source-run-3"] and len(report.delivered) == 2
+
+
+OLD_WEBHOOK_DELIVERY = (  # as a Sluice before webhook_delivery.source_id made it
+    "CREATE TABLE webhook_delivery (id INTEGER NOT NULL, event_id VARCHAR(40) NOT NULL, "
+    "endpoint VARCHAR(500) NOT NULL, job_id INTEGER NOT NULL, event VARCHAR(40) NOT NULL, "
+    "body TEXT NOT NULL, created_at {ts} NOT NULL, attempts INTEGER NOT NULL, "
+    "next_attempt_at {ts} NOT NULL, last_status INTEGER, last_error VARCHAR(500), "
+    "delivered_at {ts}, gave_up_at {ts}, PRIMARY KEY (id))"
+)
+
+
+def test_negated_source_ids_of_an_older_database_move_to_source_id(database_url):
+    """An older Sluice kept a source's events under its id negated in a NOT NULL ``job_id``: the
+    schema check (several processes at once) lets ``job_id`` be NULL and moves those ids."""
+    from sqlalchemy import inspect, text
+
+    from sluice.storage.db import dispose_engines, init_schema, make_engine
+
+    engine = get_engine(database_url)
+    ts = "DATETIME" if database_url.startswith("sqlite") else "TIMESTAMP WITHOUT TIME ZONE"
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE webhook_delivery"))
+        conn.execute(text(OLD_WEBHOOK_DELIVERY.format(ts=ts)))
+        conn.execute(text("CREATE INDEX ix_webhook_delivery_job_id ON webhook_delivery (job_id)"))
+        for row_id, job_id, event in ((1, 7, "job.succeeded"), (2, -3, "source.synced")):
+            conn.execute(
+                text(
+                    "INSERT INTO webhook_delivery (id, event_id, endpoint, job_id, event, body, "
+                    "created_at, attempts, next_attempt_at) VALUES "
+                    "(:id, :event_id, 'https://h.example/x', :job_id, :event, '{}', :at, 0, :at)"
+                ),
+                {
+                    "id": row_id,
+                    "event_id": f"e{row_id}",
+                    "job_id": job_id,
+                    "event": event,
+                    "at": datetime(2026, 1, 1),
+                },
+            )
+    dispose_engines()
+    engines = [make_engine(database_url) for _ in range(3)]
+    try:
+        errors: list[BaseException] = []
+
+        def start(e) -> None:
+            try:
+                init_schema(e)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(e,)) for e in engines]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+    finally:
+        for e in engines:
+            e.dispose()
+    again = get_engine(database_url)
+    with Session(again) as session:
+        rows = session.exec(select(WebhookDelivery).order_by(WebhookDelivery.id)).all()
+        assert [(r.id, r.job_id, r.source_id, r.event) for r in rows] == [
+            (1, 7, None, "job.succeeded"),
+            (2, None, 3, "source.synced"),
+        ]
+    inspector = inspect(again)
+    columns = {c["name"]: c for c in inspector.get_columns("webhook_delivery")}
+    assert columns["job_id"]["nullable"] and columns["source_id"]["nullable"]
+    indexes = {ix["name"] for ix in inspector.get_indexes("webhook_delivery")}
+    assert {
+        "ix_webhook_due",
+        "ix_webhook_delivery_job_id",
+        "ix_webhook_delivery_source_id",
+    } <= indexes
+    init_schema(again)  # and a second start finds nothing to do

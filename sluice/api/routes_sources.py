@@ -1,6 +1,8 @@
 """``/v1/sources``: the S3 prefixes and folders datasets follow (manage keys, within their
 datasets): list, add an S3 source, remove one, and sync one now or preview what a sync would do.
-A folder source is a path on the server's host: it is added there (``sluice sources add``)."""
+A folder source is a path on the server's host: it is added there (``sluice sources add``). A
+refusal (``SourceError``, the operator check's) answers by its own status, code and hint
+(``sluice.api.problems``)."""
 
 from __future__ import annotations
 
@@ -14,14 +16,7 @@ from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.schemas import Strict, problems
-from sluice.ops.sources.syncing import SourceError, SourceView
-
-# SourceError codes as problem+json statuses
-STATUS = {
-    "unknown_source": 404,
-    "source_exists": 409,
-    "read_only": 403,
-}
+from sluice.ops.sources.syncing import SourceView
 
 router = APIRouter(prefix="/v1/sources", tags=["sources"])
 
@@ -69,10 +64,6 @@ class SourceRemoved(BaseModel):
     message: str
 
 
-def _problem(exc: SourceError) -> Problem:
-    return Problem(STATUS.get(exc.code, 422), exc.code, exc.message)
-
-
 @router.get("", response_model=SourceList, responses=problems(401, 403, 429))
 def list_sources(key: Key) -> dict:
     return {"sources": [v.to_dict() for v in sources.key_sources(key)]}
@@ -83,10 +74,7 @@ def list_sources(key: Key) -> dict:
 )
 def create_source(body: SourceCreate, request: Request, key: Key) -> Response:
     def answer() -> Response:
-        try:
-            view = sources.key_add(key, **body.model_dump())
-        except SourceError as exc:
-            raise _problem(exc) from None
+        view = sources.key_add(key, **body.model_dump())
         return JSONResponse(view.to_dict(), status_code=201)
 
     return idempotent(request, key, [body.model_dump()], answer)
@@ -99,10 +87,7 @@ def get_source(name: str, key: Key) -> dict:
 
 @router.delete("/{name}", response_model=SourceRemoved, responses=problems(401, 403, 404, 429))
 def delete_source(name: str, key: Key, keep_documents: bool = False) -> dict:
-    try:
-        message = sources.key_remove(key, name, keep_documents=keep_documents)
-    except SourceError as exc:
-        raise _problem(exc) from None
+    message = sources.key_remove(key, name, keep_documents=keep_documents)
     return {"ok": True, "message": message}
 
 
@@ -114,10 +99,7 @@ def sync_source(name: str, body: SyncRequest, request: Request, key: Key) -> Res
     plan's counts and its cost in chunks to embed. 409 while another sync of it runs."""
 
     def answer() -> Response:
-        try:
-            result = sources.key_sync(key, name, preview=body.preview, confirm=body.confirm)
-        except SourceError as exc:
-            raise _problem(exc) from None
+        result = sources.key_sync(key, name, preview=body.preview, confirm=body.confirm)
         if result.status == "busy":
             raise Problem(409, "sync_running", result.message)
         return JSONResponse(result.to_dict())

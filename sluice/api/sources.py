@@ -12,7 +12,7 @@ from sluice.ops.keys import ApiPrincipal
 from sluice.ops.reads import ctx
 from sluice.ops.sources.manage import add, get_source, list_sources, remove, sync
 from sluice.ops.sources.plan import SyncResult
-from sluice.ops.sources.syncing import SourceError, SourceView
+from sluice.ops.sources.syncing import SourceError, SourceView, UnknownSource
 from sluice.storage.queries import dataset_by_name
 
 
@@ -37,7 +37,7 @@ def key_source(key: ApiPrincipal, name: str) -> SourceView:
     require(key, "manage", "reading a source")
     try:
         return _reached(key, get_source(name))
-    except SourceError as exc:
+    except UnknownSource as exc:
         raise Missing(exc.message) from None
 
 
@@ -46,7 +46,11 @@ def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> Sour
     add``), never by a client (it would index whatever the server may read)."""
     require(key, "manage", "adding a source")
     if where.get("folder") is not None:
-        raise SourceError("folder_not_from_api", "folder sources are added on their host")
+        raise SourceError(
+            "folder sources are added on their host",
+            code="folder_not_from_api",
+            hint="Add it on its host: sluice sources add NAME --dataset D --folder PATH.",
+        )
     ds_id = _dataset_id(dataset)
     if ds_id is None and not key.all_datasets:
         raise Missing(f"no dataset named {dataset!r}")

@@ -6,24 +6,24 @@ from __future__ import annotations
 import sys
 
 from sluice.cli.output import listing, print_json
+from sluice.errors import OperationError
 
-# what ``sources add`` hands to sluice.ops.sources.add_source
+# what ``sources add`` hands to sluice.ops.sources.syncing.add_source
 ADD_OPTIONS = ("name", "dataset", "folder", "s3", "include", "exclude", "every")
 
 
-def _fail(exc) -> int:
-    print(f"sluice: {exc.message if hasattr(exc, 'message') else exc}", file=sys.stderr)
+def _fail(exc: OperationError) -> int:
+    print(f"sluice: {exc.message}", file=sys.stderr)
     return 1
 
 
 def add(args) -> int:
     from sluice.ops.access import cli_operator
     from sluice.ops.sources import manage
-    from sluice.ops.sources.syncing import SourceError
 
     try:
         view = manage.add(cli_operator(), **{k: getattr(args, k) for k in ADD_OPTIONS})
-    except SourceError as exc:
+    except OperationError as exc:
         return _fail(exc)
     every = f", every {view.every_seconds}s" if view.every_seconds else ""
     print(f"source {view.name}: {view.kind} {view.location} -> dataset {view.dataset}{every}")
@@ -67,11 +67,10 @@ def _counts(run: dict) -> str:
 def sync(args) -> int:
     from sluice.ops.access import cli_operator
     from sluice.ops.sources import manage
-    from sluice.ops.sources.syncing import SourceError
 
     try:
         result = manage.sync(cli_operator(), args.name, preview=args.preview, confirm=args.yes)
-    except SourceError as exc:
+    except OperationError as exc:
         return _fail(exc)
     if args.json:
         print_json(result.to_dict())
@@ -89,11 +88,10 @@ def sync(args) -> int:
 def remove(args) -> int:
     from sluice.ops.access import cli_operator
     from sluice.ops.sources import manage
-    from sluice.ops.sources.syncing import SourceError
 
     try:
         print(manage.remove(cli_operator(), args.name, keep_documents=args.keep_documents))
-    except SourceError as exc:
+    except OperationError as exc:
         return _fail(exc)
     return 0
 
@@ -101,11 +99,10 @@ def remove(args) -> int:
 def undo(args) -> int:
     from sluice.ops.access import cli_operator
     from sluice.ops.sources import manage
-    from sluice.ops.sources.syncing import SourceError
 
     try:
         print(manage.undo(cli_operator(), args.name))
-    except SourceError as exc:
+    except OperationError as exc:
         return _fail(exc)
     return 0
 

@@ -202,6 +202,7 @@ def init_schema(engine: Engine) -> None:
                 raise
             time.sleep(0.05 * (attempt + 1))
     add_missing_columns(engine)
+    separate_source_events(engine)
     add_missing_indexes(engine)
     fill_outbox_datasets(engine)
     with Session(engine) as session:
@@ -223,6 +224,67 @@ def fill_outbox_datasets(engine: Engine) -> int:
                 "WHERE sent_at IS NULL AND dataset_id IS NULL"
             )
         ).rowcount
+
+
+def separate_source_events(engine: Engine) -> int:
+    """``source.synced`` deliveries written before ``webhook_delivery.source_id`` existed held the
+    source's id negated in ``job_id``: they get it in ``source_id`` and ``job_id`` NULL (which a
+    table made then must first allow). One indexed statement; none to move finds nothing."""
+    from sqlalchemy import text
+
+    allow_null(engine, "webhook_delivery", "job_id")
+    with engine.begin() as conn:
+        return conn.execute(
+            text("UPDATE webhook_delivery SET source_id = -job_id, job_id = NULL WHERE job_id < 0")
+        ).rowcount
+
+
+def allow_null(engine: Engine, table_name: str, column: str) -> bool:
+    """Let a column an older Sluice made NOT NULL take NULL, as the model now says; False when it
+    already does. PostgreSQL alters the column. SQLite cannot, so the table is made again in one
+    transaction (a copy with the model's columns, the rows copied over, the old table dropped, the
+    copy renamed; ``add_missing_indexes`` makes its indexes again): only for a table no foreign
+    key points at. The check is made again under the write lock, so a second process starting at
+    once does nothing."""
+    from sqlalchemy import MetaData, inspect, text
+    from sqlalchemy.schema import CreateTable
+    from sqlmodel import SQLModel
+
+    def nullable(columns) -> bool:
+        return any(c["name"] == column and c["nullable"] for c in columns)
+
+    inspector = inspect(engine)
+    if not inspector.has_table(table_name) or nullable(inspector.get_columns(table_name)):
+        return False
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            conn.execute(text(f'ALTER TABLE "{table_name}" ALTER COLUMN "{column}" DROP NOT NULL'))
+        return True
+    table = SQLModel.metadata.tables[table_name]
+    copy = table.to_metadata(MetaData(), name=f"{table_name}__remade")
+    with engine.connect() as conn:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # pysqlite begins no transaction for DDL itself
+        try:
+            present = {
+                row[1]: not row[3]
+                for row in conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')
+            }
+            if present.get(column, True):
+                conn.rollback()
+                return False  # another process did it meanwhile
+            conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{copy.name}"')
+            conn.execute(CreateTable(copy))
+            names = ", ".join(f'"{c.name}"' for c in table.columns if c.name in present)
+            conn.exec_driver_sql(
+                f'INSERT INTO "{copy.name}" ({names}) SELECT {names} FROM "{table_name}"'
+            )
+            conn.exec_driver_sql(f'DROP TABLE "{table_name}"')
+            conn.exec_driver_sql(f'ALTER TABLE "{copy.name}" RENAME TO "{table_name}"')
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+    return True
 
 
 def ensure_instance(*, session: Session) -> str:

@@ -15,6 +15,12 @@ from sqlmodel import Field, SQLModel
 from sluice.errors import ErrorKind
 from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
 from sluice.storage.hit_tests import HitTestQuery  # noqa: F401  (its table is made with these)
+from sluice.storage.source_records import (  # noqa: F401  (their tables are made with these)
+    Source,
+    SourceEntry,
+    SourceLease,
+    SourceRun,
+)
 
 MAX_ID = 2**31 - 1  # ids are INTEGER columns (PostgreSQL's int4): a larger one names nothing
 
@@ -275,11 +281,14 @@ class Outbox(SQLModel, table=True):
 
 
 class WebhookDelivery(SQLModel, table=True):
-    """One event for one endpoint, written in the transaction that ended the job, delivered later.
+    """One event for one endpoint, written in the transaction that ended the job (or the source's
+    sync run), delivered later.
 
-    No foreign key to the job: the delivery log says what was sent even after retention removed the
-    job. ``next_attempt_at`` is also the claim: a dispatcher moves it past its own timeout before it
-    posts, by compare-and-set, so two dispatchers never post one row at the same time.
+    ``job_id`` names the job of a job event, ``source_id`` the source of a ``source.synced`` one:
+    an endpoint gets the events of one job, or of one source, in order. No foreign keys: the
+    delivery log says what was sent even after retention removed the job (or the source was
+    removed). ``next_attempt_at`` is also the claim: a dispatcher moves it past its own timeout
+    before it posts, by compare-and-set, so two dispatchers never post one row at the same time.
     """
 
     __tablename__ = "webhook_delivery"
@@ -291,7 +300,8 @@ class WebhookDelivery(SQLModel, table=True):
     id: int = Field(default=None, primary_key=True)
     event_id: str = Field(max_length=40, index=True)  # the same for every endpoint of one event
     endpoint: str = Field(max_length=500)
-    job_id: int = Field(index=True)
+    job_id: int | None = Field(default=None, index=True)
+    source_id: int | None = Field(default=None, index=True)
     event: str = Field(max_length=40)
     body: str = Field(sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow)
@@ -348,3 +358,5 @@ class IdempotencyRecord(SQLModel, table=True):
     body: str | None = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow)
     completed_at: datetime | None = None
+    # the API process answering it while in flight: host, pid and the pid's start time
+    owner: str | None = Field(default=None, max_length=300)

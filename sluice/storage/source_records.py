@@ -9,25 +9,20 @@
 - ``SourceLease``: one sync of a source at a time across the fleet: an expiring lease whose token
   grows with every holder (a fencing token: a write of an older holder is refused).
 
-The tables join the schema when this module is imported, and ``ensure_tables`` makes them in a
-database an older Sluice created.
+The tables are made with every other (``sluice.storage.models`` imports them, ``db.init_schema``
+creates and upgrades them); a sync's ``source.synced`` webhook is ``webhook_records.record_synced``.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Column, Text, UniqueConstraint, update
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
-from sluice.settings import get_settings
 from sluice.storage.clock import db_now
-from sluice.storage.models import WebhookDelivery
 
 
 def _now() -> datetime:
@@ -93,25 +88,6 @@ class SourceLease(SQLModel, table=True):
     holder: str = Field(max_length=120)
     token: int = 1
     expires_at: datetime
-
-
-TABLES = [SQLModel.metadata.tables[n] for n in ("source", "source_entry", "source_run")] + [
-    SQLModel.metadata.tables["source_lease"]
-]
-_made: set[int] = set()
-_made_lock = threading.Lock()
-
-
-def ensure_tables(engine: Engine) -> None:
-    """Make the source tables if this database lacks them (once per engine and process)."""
-    if id(engine) in _made:
-        return
-    with _made_lock:
-        try:
-            SQLModel.metadata.create_all(engine, tables=TABLES)
-        except (IntegrityError, OperationalError, ProgrammingError):  # made by another at once
-            SQLModel.metadata.create_all(engine, tables=TABLES)
-        _made.add(id(engine))
 
 
 # -- the lease ------------------------------------------------------------------------------------
@@ -181,17 +157,10 @@ def entries(session: Session, source_id: int) -> list[SourceEntry]:
     return list(session.exec(select(SourceEntry).where(SourceEntry.source_id == source_id)).all())
 
 
-def _ensure_bound(session: Session) -> None:
-    bind = session.get_bind()
-    if isinstance(bind, Engine):
-        ensure_tables(bind)
-
-
 def tombstoned_documents(session: Session, dataset_id: int) -> set[int]:
     """The dataset's documents a sync tombstoned: out of search, their chunks and bytes kept
     until ``SLUICE_SYNC_TOMBSTONE_HOURS`` pass so that ``sources undo`` serves them again
     (reconcile keeps their chunks). A document an entry still names as a live file is not one."""
-    _ensure_bound(session)
     rows = session.exec(
         select(SourceEntry.document_id, SourceEntry.removed_at)
         .join(Source, col(Source.id) == col(SourceEntry.source_id))
@@ -204,7 +173,6 @@ def tombstoned_documents(session: Session, dataset_id: int) -> set[int]:
 def is_tombstoned(session: Session, document_id: int) -> bool:
     """A sync tombstoned this document (an entry of a source names it as removed, none as live):
     its removal must win over a job of it that succeeds late (``storage.jobs``)."""
-    _ensure_bound(session)
     removed = session.exec(
         select(SourceEntry.removed_at).where(SourceEntry.document_id == document_id)
     ).all()
@@ -229,46 +197,6 @@ def mark_interrupted(session: Session, source_id: int) -> int:
         .values(status="interrupted", finished_at=db_now(session))
     )
     return getattr(done, "rowcount", 0) or 0
-
-
-# -- the source.synced webhook --------------------------------------------------------------------
-
-SYNCED = "source.synced"
-
-
-def record_synced(session: Session, *, source: Source, run: SourceRun, dataset: str) -> int:
-    """A ``source.synced`` event (one delivery row per endpoint of ``SLUICE_WEBHOOK_URLS``) in the
-    caller's transaction, the one that finishes the run. Its deliveries are posted, signed and
-    retried like the job events; their ``job_id`` is the source's id negated (so one source's
-    events reach an endpoint in order, and no job's ordering waits on them)."""
-    endpoints = get_settings().webhook_urls
-    if not endpoints:
-        return 0
-    now = db_now(session)
-    event_id = f"source-run-{run.id}"
-    body = json.dumps(
-        {
-            "id": event_id,
-            "type": SYNCED,
-            "occurred_at": now.isoformat(),
-            "source": {"name": source.name, "kind": source.kind, "dataset": dataset},
-            "run": run_counts(run),
-        },
-        sort_keys=True,
-    )
-    for endpoint in endpoints:
-        session.add(
-            WebhookDelivery(
-                event_id=event_id,
-                endpoint=endpoint,
-                job_id=-source.id,
-                event=SYNCED,
-                body=body,
-                created_at=now,
-                next_attempt_at=now,
-            )
-        )
-    return len(endpoints)
 
 
 def run_counts(run: SourceRun) -> dict[str, Any]:

@@ -2,18 +2,20 @@
 
 A job that succeeds, becomes a dead letter or is cancelled gets one ``webhook_delivery`` row per
 endpoint of ``SLUICE_WEBHOOK_URLS``, in the same transaction as its transition: the event exists
-exactly when the transition does. ``sluice.pipeline.queueing.webhook_delivery`` posts the rows
+exactly when the transition does (and a source's sync run, its ``source.synced`` event, with the
+transaction that finishes the run). ``sluice.pipeline.queueing.webhook_delivery`` posts the rows
 later; nothing here touches the network, so a slow or dead endpoint never holds a job.
 
 Signature scheme (what a receiver checks)::
 
     X-Sluice-Timestamp: <unix seconds when this attempt was sent, by the job database's clock>
     X-Sluice-Signature: v1=<hex HMAC-SHA256(SLUICE_WEBHOOK_SECRET, "<timestamp>.<raw body>")>
-    X-Sluice-Event: job.succeeded | job.failed | job.cancelled
+    X-Sluice-Event: job.succeeded | job.failed | job.cancelled | source.synced
     X-Sluice-Event-Id: <the event's id, the same for every endpoint and every retry>
 
 The event id is the id of the transition's row in the job event log (in decimal): the same id the
-API's event stream gives that transition, and the console's timeline shows.
+API's event stream gives that transition, and the console's timeline shows (``source-run-<id>``
+for a sync run).
 
 The receiver recomputes the HMAC over the timestamp, a dot and the raw body bytes, compares in
 constant time, and refuses a timestamp older than a few minutes (a replayed request keeps its old
@@ -35,8 +37,10 @@ from sqlmodel import Session, col, select
 from sluice.settings import get_settings
 from sluice.storage.clock import db_now
 from sluice.storage.models import Dataset, Job, JobEvent, WebhookDelivery
+from sluice.storage.source_records import Source, SourceRun, run_counts
 
 EVENTS = ("job.succeeded", "job.failed", "job.cancelled")
+SYNCED = "source.synced"
 SIGNATURE_VERSION = "v1"
 DEFAULT_TOLERANCE_SECONDS = 300.0
 
@@ -103,6 +107,40 @@ def record(
                 endpoint=endpoint,
                 job_id=job.id,
                 event=event,
+                body=body,
+                created_at=now,
+                next_attempt_at=now,
+            )
+        )
+    return len(endpoints)
+
+
+def record_synced(session: Session, *, source: Source, run: SourceRun, dataset: str) -> int:
+    """Add a ``source.synced`` event (one row per endpoint) to the transaction that finishes the
+    run; returns how many. Its rows name the source in ``source_id``: an endpoint gets one
+    source's events in order, and no job's events wait on them."""
+    endpoints = get_settings().webhook_urls
+    if not endpoints:
+        return 0
+    now = db_now(session)
+    event_id = f"source-run-{run.id}"
+    body = json.dumps(
+        {
+            "id": event_id,
+            "type": SYNCED,
+            "occurred_at": now.isoformat(),
+            "source": {"name": source.name, "kind": source.kind, "dataset": dataset},
+            "run": run_counts(run),
+        },
+        sort_keys=True,
+    )
+    for endpoint in endpoints:
+        session.add(
+            WebhookDelivery(
+                event_id=event_id,
+                endpoint=endpoint,
+                source_id=source.id,
+                event=SYNCED,
                 body=body,
                 created_at=now,
                 next_attempt_at=now,

@@ -8,8 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from sluice.console import ui
+from sluice.errors import OperationError
 from sluice.ops.sources import manage
-from sluice.ops.sources.syncing import SourceError
 
 PREVIEW = "sources_preview"  # the last preview's words, per source: what the person just asked
 
@@ -67,7 +67,7 @@ if chosen.last_run and chosen.last_run.get("message"):
 def _run(*, confirm: bool = False) -> None:
     try:
         result = manage.sync(who, name, confirm=confirm)
-    except SourceError as exc:
+    except OperationError as exc:
         ui.flash("error", exc.message)
         return
     st.session_state.pop(PREVIEW, None)
@@ -82,7 +82,7 @@ if left.button("Preview the sync", key="source_preview"):
     with st.spinner("Listing the source and reading what changed…"):
         try:
             preview = manage.sync(who, name, preview=True)
-        except SourceError as exc:
+        except OperationError as exc:
             st.error(ui.plain(exc.message))
         else:
             st.session_state[PREVIEW] = {"source": name, "result": preview.to_dict()}

@@ -21,7 +21,6 @@ from sqlmodel import Session, col, select
 from sluice.ops.sources import syncing
 from sluice.pipeline.queueing.publishing import publish
 from sluice.pipeline.running.context import Context
-from sluice.storage import source_records as records
 from sluice.storage.clock import as_utc, db_now
 from sluice.storage.source_records import Source
 
@@ -39,7 +38,6 @@ errors: list[BaseException] = []  # what a follow thread raised (the tests look;
 def follow_round(ctx: Context) -> str:
     """Start the due syncs and the folder watchers; purge expired tombstones now and then."""
     global _last_purge
-    records.ensure_tables(ctx.engine)
     with Session(ctx.engine) as session:
         now = db_now(session)
         following = session.exec(select(Source).where(col(Source.every_seconds).is_not(None))).all()
@@ -70,7 +68,7 @@ def _sync(ctx: Context, name: str, actor: str) -> None:
         result = syncing.sync(ctx, name, actor=actor, publish=publish)
         if result.ran:
             log.info("source %s: %s", name, result.message)
-    except syncing.SourceError:  # removed meanwhile
+    except syncing.UnknownSource:  # removed meanwhile
         pass
     except Exception as exc:  # surfaced in the log (and to tests); the next round tries again
         errors.append(exc)

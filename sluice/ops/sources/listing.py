@@ -40,7 +40,6 @@ class Seen:
 class Listing:
     files: dict[str, Seen] = field(default_factory=dict)
     error: str | None = None  # the listing failed: what it holds is incomplete
-    skipped: list[str] = field(default_factory=list)
 
 
 def parse_s3(location: str) -> tuple[str, str]:

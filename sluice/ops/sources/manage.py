@@ -1,24 +1,17 @@
 """Sources as the front ends offer them (the console, the CLI, the API): the operator check, the
-process's context and the queue, around ``syncing``. A refusal is a ``SourceError``
-with a stable code, whichever front end asked."""
+process's context and the queue, around ``syncing``. A refusal is an ``OperationError`` with a
+stable code and status (a ``SourceError``, or ``ReadOnlyOperator``), whichever front end asked."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
+from sluice.ops.access import Operator, require_operator
 from sluice.ops.reads import ctx
 from sluice.ops.sources import syncing
 from sluice.ops.sources.plan import SyncResult
-from sluice.ops.sources.syncing import SourceError, SourceView
+from sluice.ops.sources.syncing import SourceView
 from sluice.pipeline.queueing.publishing import publish
-
-
-def _may(who: Operator, action: str) -> None:
-    try:
-        require_operator(who, action)
-    except ReadOnlyOperator as exc:
-        raise SourceError("read_only", str(exc)) from None
 
 
 def list_sources() -> list[SourceView]:
@@ -32,12 +25,12 @@ def get_source(name: str) -> SourceView:
 def add(who: Operator, **source: Any) -> SourceView:
     """``syncing.add_source`` (its ``name``, ``dataset``, ``folder`` or ``s3``, ``include``,
     ``exclude``, ``every``) by ``who``, an operator."""
-    _may(who, "add a source")
+    require_operator(who, "add a source")
     return syncing.add_source(ctx(), actor=who.actor, **source)
 
 
 def remove(who: Operator, name: str, *, keep_documents: bool = False) -> str:
-    _may(who, "remove a source")
+    require_operator(who, "remove a source")
     return syncing.remove_source(ctx(), name, keep_documents=keep_documents, actor=who.actor)
 
 
@@ -45,12 +38,12 @@ def sync(who: Operator, name: str, *, preview: bool = False, confirm: bool = Fal
     """Sync now (its jobs go on the queue), or only show what it would do (``preview``: read-only
     operators may look)."""
     if not preview:
-        _may(who, "sync a source")
+        require_operator(who, "sync a source")
     return syncing.sync(
         ctx(), name, actor=who.actor, preview=preview, confirm=confirm, publish=publish
     )
 
 
 def undo(who: Operator, name: str) -> str:
-    _may(who, "undo a source's removals")
+    require_operator(who, "undo a source's removals")
     return syncing.undo(ctx(), name, actor=who.actor)

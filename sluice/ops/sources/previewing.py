@@ -1,5 +1,6 @@
-"""What a sync would do, without doing it: the plan with its counts, and its cost in chunks to
-embed in the words of the dataset-settings preview (``sluice.ops.preview.Preview``).
+"""A source's plan as its sync and its preview both make it (``plan_source``), and what a preview
+shows of it: its counts, and its cost in chunks to embed in the words of the dataset-settings
+preview (``sluice.ops.preview.Preview``).
 
 The preview reads the files a sync would read (to know their sha256: a rename costs nothing, a
 touched file nothing) and parses a sample of those it would upload, in a child process with the
@@ -8,7 +9,6 @@ workers' limits, to count their chunks and ask the embedding cache about them.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 import time
@@ -16,10 +16,11 @@ from pathlib import Path
 
 from sqlmodel import Session
 
+from sluice import faults
 from sluice.errors import PipelineError
 from sluice.ops.preview import BUDGET_SECONDS, SAMPLE, Preview, file_texts
 from sluice.ops.sources.listing import reader_for
-from sluice.ops.sources.plan import Known, SyncResult, make_plan, to_read
+from sluice.ops.sources.plan import ADD, CHANGE, CarryOut, Known, Plan, Step, SyncResult, make_plan
 from sluice.pipeline.parsing.parse import sniff_type
 from sluice.pipeline.running.context import Context
 from sluice.storage import source_records as records
@@ -45,39 +46,51 @@ def known_entries(session: Session, source_id: int) -> dict[str, Known]:
     }
 
 
-def preview_sync(ctx: Context, src: Source, ds: Dataset, *, confirm: bool = False):
+def plan_source(
+    ctx: Context,
+    src: Source,
+    *,
+    confirm: bool,
+    carry_out: CarryOut | None = None,
+    into: Plan | None = None,
+) -> Plan:
+    """List the source and make its sync's plan (``make_plan``), each step handed to
+    ``carry_out`` as it is planned: the sync and its preview run this same function."""
     reader = reader_for(src.kind, src.location, src.include, src.exclude, ctx.settings)
     listing = reader.listing()
+    faults.hit("source_listed", source=src.name)
     with Session(ctx.engine) as session:
         known = known_entries(session, src.id)
-    hashes: dict[str, str] = {}
-    blobs: dict[str, bytes] = {}
-    failed = []
-    for path in to_read(listing.files, known):
-        try:
-            data, _ = reader.read(path, max_bytes=ctx.settings.max_upload_bytes)
-        except OSError as exc:
-            failed.append({"path": path, "error": str(exc)})
-            continue
-        hashes[path] = hashlib.sha256(data).hexdigest()
-        blobs[path] = data
-    plan = make_plan(
+    max_bytes = ctx.settings.max_upload_bytes
+    return make_plan(
         listing.files,
         known,
-        hashes,
+        lambda path: reader.read(path, max_bytes=max_bytes),
         error=listing.error,
         max_fraction=ctx.settings.sync_max_remove_fraction,
         confirmed=confirm,
+        carry_out=carry_out,
+        into=into,
     )
-    cost = estimate(ctx, ds, {p: blobs[p] for p in plan.add + plan.change})
-    counts = {**plan.counts(), "failed": len(failed)}
+
+
+def preview_sync(ctx: Context, src: Source, ds: Dataset, *, confirm: bool = False) -> SyncResult:
+    """What a sync of ``src`` would do and cost, doing nothing."""
+    uploads: dict[str, bytes] = {}
+
+    def keep_uploads(step: Step, data: bytes) -> None:
+        if step.action in (ADD, CHANGE):
+            uploads[step.path] = data
+
+    plan = plan_source(ctx, src, confirm=confirm, carry_out=keep_uploads)
+    cost = estimate(ctx, ds, uploads)
     return SyncResult(
         src.name,
         False,
         preview=True,
         status="preview",
-        counts=counts,
-        failed=failed,
+        counts=plan.counts(),
+        failed=plan.failed,
         held_reason=plan.held_reason,
         cost=cost.describe(),
         to_embed=cost.to_embed,

@@ -10,14 +10,14 @@ tombstoned: their documents leave search at once and keep their bytes and chunks
 for good. A listing that failed or came back empty, or a sync that would remove more than
 ``SLUICE_SYNC_MAX_REMOVE_FRACTION`` of the source's documents, removes nothing until confirmed.
 
-One sync of a source runs at a time across the fleet (a lease with a fencing token, renewed by
-every write); a sync killed halfway leaves what it wrote, and the next one goes on from there.
+The sync carries out the plan its preview shows (``plan.make_plan``, through
+``previewing.plan_source``), each file's step as soon as it is planned. One sync of a source runs
+at a time across the fleet (a lease with a fencing token, renewed by every write); a sync killed
+halfway leaves what it wrote, and the next one goes on from there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
 import os
 import re
@@ -31,16 +31,18 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from sluice import faults
+from sluice.errors import OperationError
 from sluice.ops import documents, ingest
 from sluice.ops.documents import delete_document
-from sluice.ops.sources.listing import Listing, Seen, SourceReader, parse_s3, reader_for
-from sluice.ops.sources.plan import Known, Plan, SyncResult, classify, gone, guard, to_read
-from sluice.ops.sources.previewing import known_entries, preview_sync
+from sluice.ops.sources.listing import parse_s3
+from sluice.ops.sources.plan import RENAME, RESTORE, TOUCH, Plan, Step, SyncResult
+from sluice.ops.sources.previewing import plan_source, preview_sync
 from sluice.pipeline.running.context import Context
 from sluice.storage import source_records as records
-from sluice.storage.clock import db_now
+from sluice.storage import webhook_records
+from sluice.storage.clock import as_utc, db_now
 from sluice.storage.db import ensure_dataset
-from sluice.storage.models import Dataset, Document
+from sluice.storage.models import Dataset, Document, Job, JobStatus
 from sluice.storage.source_records import Source, SourceEntry, SourceRun
 
 log = logging.getLogger(__name__)
@@ -50,21 +52,27 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 NAME_RULE = "A source name is 1 to 64 lower-case letters, digits, '.', '_' or '-'."
 EVERY = re.compile(r"^(\d+)\s*([smhd])$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# Issue 28's external ids: pass the path as the document's external id where ingest takes one.
-TAKES_EXTERNAL_ID = "external_id" in inspect.signature(ingest.ingest_bytes).parameters
 
 
-class SourceError(ValueError):
-    """A source request that cannot be done: ``code`` is stable (the API's problem code)."""
+class SourceError(OperationError):
+    """A source request refused: ``code`` says which rule, ``status`` the API's answer."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    code, status = "bad_source", 422
+    hint = "Name one folder on this host or one s3://bucket/prefix (sluice sources add --help)."
 
 
-class LeaseLost(RuntimeError):
-    """Another holder took this source's lease: this sync writes nothing more."""
+class UnknownSource(SourceError):
+    code, status = "unknown_source", 404
+    hint = "See the sources' names with `sluice sources list` (or GET /v1/sources)."
+
+
+class SourceExists(SourceError):
+    code, status = "source_exists", 409
+    hint = "Choose another name, or remove the old source first (sluice sources remove NAME)."
+
+
+class SourceLeaseLost(RuntimeError):
+    """Another sync took this source's lease: this one writes nothing more."""
 
 
 # -- sources --------------------------------------------------------------------------------------
@@ -95,7 +103,9 @@ def parse_every(text: str | None) -> int | None:
     m = EVERY.match(text.strip().lower())
     if not m or int(m.group(1)) * UNITS[m.group(2)] < 60:
         raise SourceError(
-            "bad_every", f"{text!r} is not an interval of at least a minute (e.g. 15m, 1h, 1d)"
+            f"{text!r} is not an interval of at least a minute (e.g. 15m, 1h, 1d)",
+            code="bad_every",
+            hint="Write a number and a unit of s, m, h or d, a minute or more: 15m, 1h, 1d.",
         )
     return int(m.group(1)) * UNITS[m.group(2)]
 
@@ -112,27 +122,34 @@ def add_source(
     every: str | int | None = None,
     actor: str = "system",
 ) -> SourceView:
-    records.ensure_tables(ctx.engine)
+    """A new source of ``dataset`` (made if need be): ``folder`` or ``s3``, synced every ``every``
+    (``15m``) by the workers, or only when asked."""
     if not NAME.match(name or ""):
-        raise SourceError("bad_source_name", f"{name!r} is not a source name. {NAME_RULE}")
+        raise SourceError(
+            f"{name!r} is not a source name. {NAME_RULE}", code="bad_source_name", hint=NAME_RULE
+        )
     if not ingest.DATASET_NAME.match(dataset or ""):
-        raise SourceError("bad_dataset_name", f"{dataset!r}: {ingest.DATASET_NAME_RULE}")
+        raise SourceError(
+            f"{dataset!r}: {ingest.DATASET_NAME_RULE}",
+            code="bad_dataset_name",
+            hint=ingest.DATASET_NAME_RULE,
+        )
     if (folder is None) == (s3 is None):
-        raise SourceError("bad_source", "name exactly one of a folder or an s3://bucket/prefix")
+        raise SourceError("name exactly one of a folder or an s3://bucket/prefix")
     if folder is not None:
         kind, location = "folder", os.path.abspath(os.path.expanduser(folder))
         if not os.path.isdir(location):
-            raise SourceError("bad_source", f"{folder!r} is not a folder on this host")
+            raise SourceError(f"{folder!r} is not a folder on this host")
     else:
         kind, location = "s3", str(s3)
         try:
             parse_s3(location)
         except ValueError as exc:
-            raise SourceError("bad_source", str(exc)) from None
+            raise SourceError(str(exc)) from None
     seconds = every if isinstance(every, int) else parse_every(every)
     with Session(ctx.engine) as session:
         if records.by_name(session, name) is not None:
-            raise SourceError("source_exists", f"a source named {name!r} exists already")
+            raise SourceExists(f"a source named {name!r} exists already")
         ds = ensure_dataset(session=session, name=dataset)
         session.add(
             Source(
@@ -155,7 +172,7 @@ def add_source(
 def _source(session: Session, name: str) -> Source:
     src = records.by_name(session, name)
     if src is None:
-        raise SourceError("unknown_source", f"no source named {name!r} (sluice sources list)")
+        raise UnknownSource(f"no source named {name!r} (sluice sources list)")
     return src
 
 
@@ -179,13 +196,11 @@ def _view(session: Session, src: Source) -> SourceView:
 
 
 def get_source(ctx: Context, name: str) -> SourceView:
-    records.ensure_tables(ctx.engine)
     with Session(ctx.engine) as session:
         return _view(session, _source(session, name))
 
 
 def list_sources(ctx: Context) -> list[SourceView]:
-    records.ensure_tables(ctx.engine)
     with Session(ctx.engine) as session:
         return [_view(session, s) for s in records.all_sources(session)]
 
@@ -194,7 +209,6 @@ def remove_source(
     ctx: Context, name: str, *, keep_documents: bool = False, actor: str = "system"
 ) -> str:
     """Forget a source; its documents are deleted too unless ``keep_documents``."""
-    records.ensure_tables(ctx.engine)
     with Session(ctx.engine) as session:
         src = _source(session, name)
         rows = records.entries(session, src.id)
@@ -235,7 +249,6 @@ def sync(
     publish: Callable[[int], None] | None = None,
 ) -> SyncResult:
     """Sync one source now (or only show what a sync would do: ``preview``)."""
-    records.ensure_tables(ctx.engine)
     with Session(ctx.engine, expire_on_commit=False) as session:
         src = _source(session, name)
         ds = session.get(Dataset, src.dataset_id)
@@ -257,10 +270,10 @@ def sync(
         session.add(run)
         session.commit()
         run_id = run.id
-    job = _Sync(ctx, src, ds, token, run_id, actor=actor, confirm=confirm, publish=publish)
+    job = _Sync(ctx, src, ds, token, run_id, confirm=confirm, publish=publish)
     try:
         return job.run()
-    except LeaseLost:
+    except SourceLeaseLost:
         return job.finish("interrupted", "the lease was taken by another sync; this one stopped")
     finally:
         with Session(ctx.engine) as session:
@@ -268,7 +281,7 @@ def sync(
 
 
 class _Sync:
-    """One running sync: reads, applies each file's change under the lease, then the removals."""
+    """One running sync: carries out each step of its plan under the lease, then the removals."""
 
     def __init__(
         self,
@@ -278,115 +291,80 @@ class _Sync:
         token: int,
         run_id: int,
         *,
-        actor: str,
         confirm: bool,
         publish: Callable[[int], None] | None,
     ) -> None:
         self.ctx, self.src, self.ds, self.token, self.run_id = ctx, src, ds, token, run_id
-        self.actor, self.confirm, self.publish = actor, confirm, publish
-        self.plan = Plan()
-        self.failed: list[dict[str, str]] = []
-        self.started = db_now_of(ctx)
+        self.confirm, self.publish = confirm, publish
+        self.plan = Plan()  # filled as the sync goes: one stopped halfway reports what it did
 
     def run(self) -> SyncResult:
-        reader = reader_for(
-            self.src.kind, self.src.location, self.src.include, self.src.exclude, self.ctx.settings
+        plan = plan_source(
+            self.ctx, self.src, confirm=self.confirm, carry_out=self._carry_out, into=self.plan
         )
-        listing = reader.listing()
-        faults.hit("source_listed", source=self.src.name)
-        with Session(self.ctx.engine) as session:
-            known = known_entries(session, self.src.id)
-        plan = self.plan
-        plan.listed, plan.live = len(listing.files), sum(1 for k in known.values() if not k.removed)
-        reading = to_read(listing.files, known)
-        plan.unchanged = len(listing.files) - len(reading)
-        missing = [] if listing.error else gone(listing.files, known)
-        by_sha: dict[str, list[str]] = {}
-        for path in missing:
-            by_sha.setdefault(known[path].sha256, []).append(path)
-        for path in reading:
-            self._one(reader, path, known, by_sha)
-            faults.hit("source_applied", source=self.src.name, path=path)
-        renamed = {old for old, _ in plan.rename}
-        plan.remove = [p for p in missing if p not in renamed]
-        max_fraction = self.ctx.settings.sync_max_remove_fraction
-        guard(plan, error=listing.error, max_fraction=max_fraction, confirmed=self.confirm)
         self._tombstone(plan.remove)
         purge_expired(self.ctx)
-        status = "failed" if listing.error else "held" if plan.held else "done"
-        return self.finish(status, plan.describe(), listing)
+        status = "failed" if plan.error is not None else "held" if plan.held else "done"
+        return self.finish(status, plan.describe())
 
-    def _one(self, reader: SourceReader, path: str, known: dict[str, Known], by_sha) -> None:
-        try:
-            data, seen = reader.read(path, max_bytes=self.ctx.settings.max_upload_bytes)
-        except OSError as exc:
-            self.failed.append({"path": path, "error": str(exc)})
-            return
-        sha = hashlib.sha256(data).hexdigest()
-        what = classify(path, sha, known, by_sha)
-        if what == "touch":
-            self._write(path, seen, sha, keep=True)
-            self.plan.touch.append(path)
-        elif what == "restore":
-            self._write(path, seen, sha, keep=True, restore=True)
-            self.plan.restore.append(path)
-        elif what.startswith("rename:"):
-            old = what[len("rename:") :]
-            self._rename(old, path, seen)
-            self.plan.rename.append((old, path))
+    def _carry_out(self, step: Step, data: bytes) -> str | None:
+        """One step of the plan, under the lease; why it was refused, if it was."""
+        refused = None
+        if step.action == TOUCH:
+            self._write(step, keep=True)
+        elif step.action == RESTORE:
+            self._write(step, keep=True, restore=True)
+        elif step.action == RENAME:
+            self._rename(step)
         else:
-            if self._ingest(path, data, seen, sha, changed=what == "change"):
-                (self.plan.change if what == "change" else self.plan.add).append(path)
+            refused = self._ingest(step, data)
+        faults.hit("source_applied", source=self.src.name, path=step.path)
+        return refused
 
     def _fence(self, session: Session) -> None:
         if not records.renew_lease(
             session, source_id=self.src.id, token=self.token, seconds=LEASE_SECONDS
         ):
             session.rollback()
-            raise LeaseLost(self.src.name)
+            raise SourceLeaseLost(self.src.name)
 
-    def _ingest(self, path: str, data: bytes, seen: Seen, sha: str, *, changed: bool) -> bool:
-        extra: dict[str, Any] = {"external_id": path} if TAKES_EXTERNAL_ID else {}
+    def _ingest(self, step: Step, data: bytes) -> str | None:
+        """Upload an added or changed file under its path as external id (a change becomes a new
+        version of its document); why ingest refused it, if it did."""
         got = ingest.ingest_bytes(
             self.ctx,
             data,
             dataset=self.ds.name,
-            filename=path.rsplit("/", 1)[-1],
+            filename=step.path.rsplit("/", 1)[-1],
             actor=f"source:{self.src.name}",
             publish=self.publish,
-            **extra,
+            external_id=step.path,
         )
         if not got.accepted:
-            self.failed.append({"path": path, "error": f"{got.error_code}: {got.message}"})
-            return False
-        old = self._write(path, seen, sha, document_id=got.document_id, job_id=got.job_id)
-        if old is not None and old != got.document_id and not TAKES_EXTERNAL_ID:
-            self._drop_unused(old)  # without external ids the old document goes by hand
-        return True
+            return f"{got.error_code}: {got.message}"
+        self._write(step, document_id=got.document_id, job_id=got.job_id)
+        return None
 
     def _write(
         self,
-        path: str,
-        seen: Seen,
-        sha: str,
+        step: Step,
         *,
         keep: bool = False,
         restore: bool = False,
         document_id: int | None = None,
         job_id: int | None = None,
-    ) -> int | None:
-        """Record one file as read (under the lease); the document it named before."""
+    ) -> None:
+        """Record one file as read (under the lease); ``keep`` its document, or name the new one."""
+        seen = step.seen
         with Session(self.ctx.engine) as session:
             self._fence(session)
-            row = session.exec(
-                select(SourceEntry).where(
-                    SourceEntry.source_id == self.src.id, SourceEntry.path == path
-                )
-            ).first()
-            before = row.document_id if row is not None else None
+            row = _entry(session, self.src.id, step.path)
             if row is None:
-                row = SourceEntry(source_id=self.src.id, path=path, size=0, mtime_ns=0, sha256=sha)
-            row.size, row.mtime_ns, row.etag, row.sha256 = seen.size, seen.mtime_ns, seen.etag, sha
+                row = SourceEntry(
+                    source_id=self.src.id, path=step.path, size=0, mtime_ns=0, sha256=step.sha256
+                )
+            row.size, row.mtime_ns, row.etag = seen.size, seen.mtime_ns, seen.etag
+            row.sha256 = step.sha256
             row.updated_at = db_now(session)
             if not keep:
                 row.document_id, row.job_id = document_id, job_id
@@ -396,10 +374,10 @@ class _Sync:
                     _show(session, [row.document_id])
             session.add(row)
             session.commit()
-        return before
 
-    def _rename(self, old: str, new: str, seen: Seen) -> None:
+    def _rename(self, step: Step) -> None:
         """Move an entry to its new path: the same document, its external id and name moved."""
+        old, new, seen = step.old, step.path, step.seen
         with Session(self.ctx.engine) as session:
             self._fence(session)
             stale = _entry(session, self.src.id, new)  # a tombstone under the new path
@@ -414,7 +392,7 @@ class _Sync:
             doc = session.get(Document, row.document_id) if row.document_id else None
             if doc is not None:
                 doc.filename = ingest.sanitize_filename(new)
-                if TAKES_EXTERNAL_ID and getattr(doc, "external_id", None) == old:
+                if doc.external_id == old:
                     doc.external_id = new
                 session.add(doc)
             session.commit()
@@ -437,21 +415,15 @@ class _Sync:
                 session.add(row)
                 if row.document_id is not None:
                     hide.add(row.document_id)
-            hide.update(d for d in serving if d is not None and TAKES_EXTERNAL_ID)
+            hide.update(d for d in serving if d is not None)
             session.flush()
             _hide(session, [d for d in hide if not _live_refs(session, d)], now)
             session.commit()
 
-    def _drop_unused(self, document_id: int) -> None:
-        with Session(self.ctx.engine) as session:
-            if _live_refs(session, document_id):
-                return
-        delete_document(self.ctx, f"doc:{document_id}", actor=self.actor, reason="source changed")
-
-    def finish(self, status: str, message: str, listing: Listing | None = None) -> SyncResult:
+    def finish(self, status: str, message: str) -> SyncResult:
+        """Record the run's end (its counts, the next run's time, the webhook event)."""
         plan = self.plan
         counts = plan.counts()
-        counts["failed"] = len(self.failed)
         with Session(self.ctx.engine) as session:
             run = session.get(SourceRun, self.run_id)
             assert run is not None
@@ -459,18 +431,18 @@ class _Sync:
             run.finished_at = db_now(session)
             run.listed, run.unchanged = plan.listed, plan.unchanged + len(plan.touch)
             run.added, run.changed, run.renamed = len(plan.add), len(plan.change), len(plan.rename)
-            run.removed, run.held, run.failed = len(plan.remove), len(plan.held), len(self.failed)
-            run.counts = {**counts, "failures": self.failed[:50]}
+            run.removed, run.held, run.failed = len(plan.remove), len(plan.held), len(plan.failed)
+            run.counts = {**counts, "failures": plan.failed[:50]}
             src = session.get(Source, self.src.id)
             if src is not None and src.every_seconds:
                 src.next_run_at = run.finished_at + timedelta(seconds=src.every_seconds)
                 session.add(src)
             session.add(run)
-            records.record_synced(session, source=self.src, run=run, dataset=self.ds.name)
+            webhook_records.record_synced(session, source=self.src, run=run, dataset=self.ds.name)
             session.commit()
-            seconds = (run.finished_at - _aware(run.started_at)).total_seconds()
-        if self.failed:
-            message += f"; {len(self.failed)} file(s) could not be read or were refused"
+            seconds = (run.finished_at - as_utc(run.started_at)).total_seconds()
+        if plan.failed:
+            message += f"; {len(plan.failed)} file(s) could not be read or were refused"
         log.info("source %s synced (%s): %s", self.src.name, status, message)
         return SyncResult(
             self.src.name,
@@ -478,22 +450,11 @@ class _Sync:
             status=status,
             run_id=self.run_id,
             counts=counts,
-            failed=self.failed,
+            failed=plan.failed,
             held_reason=plan.held_reason,
             message=message,
             seconds=round(seconds, 3),
         )
-
-
-def db_now_of(ctx: Context) -> datetime:
-    with Session(ctx.engine) as session:
-        return db_now(session)
-
-
-def _aware(value: datetime) -> datetime:
-    from sluice.storage.clock import as_utc
-
-    return as_utc(value)
 
 
 def _entry(session: Session, source_id: int, path: str) -> SourceEntry | None:
@@ -534,8 +495,6 @@ def _show(session: Session, document_ids: list[int]) -> None:
 
 def _still_there(session: Session, doc: Document) -> bool:
     """A tombstoned document comes back only while its jobs were not deleted for good."""
-    from sluice.storage.models import Job, JobStatus
-
     job = session.get(Job, doc.active_job_id)
     return job is not None and job.status == JobStatus.succeeded
 
@@ -546,7 +505,6 @@ def _still_there(session: Session, doc: Document) -> bool:
 def undo(ctx: Context, name: str, *, actor: str = "system") -> str:
     """Bring back what the source's syncs tombstoned (within the tombstone time): its documents
     serve again from the chunks they kept; nothing is embedded."""
-    records.ensure_tables(ctx.engine)
     with Session(ctx.engine) as session:
         src = _source(session, name)
         rows = [r for r in records.entries(session, src.id) if r.removed_at is not None]
@@ -562,14 +520,13 @@ def undo(ctx: Context, name: str, *, actor: str = "system") -> str:
 
 def purge_expired(ctx: Context) -> int:
     """Remove for good what was tombstoned longer than SLUICE_SYNC_TOMBSTONE_HOURS ago."""
-    records.ensure_tables(ctx.engine)
     hours = ctx.settings.sync_tombstone_hours
     with Session(ctx.engine) as session:
         cutoff = db_now(session) - timedelta(hours=hours)
         rows = session.exec(
             select(SourceEntry).where(col(SourceEntry.removed_at).is_not(None))
         ).all()
-        due = [r for r in rows if r.removed_at is not None and _aware(r.removed_at) <= cutoff]
+        due = [r for r in rows if r.removed_at is not None and as_utc(r.removed_at) <= cutoff]
         doc_ids = {r.document_id for r in due if r.document_id is not None}
         for row in due:
             session.delete(row)
@@ -610,6 +567,6 @@ def metric_families(ctx: Context) -> list:
             files.add_metric([v.name, change], run[change])
         finish = datetime.fromisoformat(run["finished_at"])
         start = datetime.fromisoformat(run["started_at"])
-        took.add_metric([v.name], (_aware(finish) - _aware(start)).total_seconds())
-        ended.add_metric([v.name], _aware(finish).timestamp())
+        took.add_metric([v.name], (as_utc(finish) - as_utc(start)).total_seconds())
+        ended.add_metric([v.name], as_utc(finish).timestamp())
     return [docs, files, took, ended]

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import exists, update
+from sqlalchemy import exists, or_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
@@ -121,15 +121,18 @@ def deliver_due(
 
 
 def _earlier_waiting():
-    """An older event of the same job for the same endpoint is still to be delivered: this one
-    waits for it, so an endpoint receives a job's events in the order they happened (a retried
-    job's success never overtakes its failure that is backing off). One given up no longer holds
-    the next."""
+    """An older event of the same job (or the same source) for the same endpoint is still to be
+    delivered: this one waits for it, so an endpoint receives a job's events in the order they
+    happened (a retried job's success never overtakes its failure that is backing off). One given
+    up no longer holds the next."""
     earlier = aliased(WebhookDelivery)
     return (
         exists()
         .where(
-            earlier.job_id == WebhookDelivery.job_id,
+            or_(
+                earlier.job_id == WebhookDelivery.job_id,
+                earlier.source_id == WebhookDelivery.source_id,
+            ),
             earlier.endpoint == WebhookDelivery.endpoint,
             earlier.id < WebhookDelivery.id,
             earlier.delivered_at.is_(None),
