@@ -409,4 +409,6 @@ def ensure_dataset(*, session: Session, name: str, description: str = "") -> Dat
             raise
         return dataset
     session.refresh(dataset)
+    bind = session.get_bind()
+    lexical.ensure_dataset_index(bind if isinstance(bind, Engine) else bind.engine, dataset.id)
     return dataset

@@ -188,10 +188,36 @@ def _fts_exists(conn: Connection, dataset_id: int) -> bool:
     return found is not None
 
 
+_known: set[tuple[str, int]] = set()  # (database, dataset id): full-text tables this process saw
+
+
+def _key(engine: Connection | Engine, dataset_id: int) -> tuple[str, int]:
+    return str(engine.engine.url if isinstance(engine, Connection) else engine.url), int(dataset_id)
+
+
 def _ensure_fts(conn: Connection, dataset_id: int) -> None:
     if not _fts_exists(conn, dataset_id):
         for stmt in _fts_statements(dataset_id):
             conn.execute(text(stmt))
+
+
+def ensure_dataset_index(engine: Engine, dataset_id: int) -> None:
+    """Make a new dataset's own full-text table (SQLite), so that its first job pays nothing."""
+    if _postgres(engine):
+        return
+    with engine.begin() as conn:
+        _ensure_fts(conn, dataset_id)
+    _known.add(_key(engine, dataset_id))
+
+
+def _remember_tables(conn: Connection) -> None:
+    names = conn.execute(
+        text("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'lexical_fts_%'")
+    ).scalars()
+    for name in names:
+        suffix = name.removeprefix("lexical_fts_")
+        if suffix.isdigit():
+            _known.add(_key(conn, int(suffix)))
 
 
 def _split_shared_fts(conn: Connection) -> None:
@@ -219,17 +245,6 @@ def _split_shared_fts(conn: Connection) -> None:
         )
 
 
-def drop_dataset_index(engine: Engine, dataset_id: int) -> None:
-    """Forget a deleted dataset's own full-text table and triggers (its rows are gone already)."""
-    if _postgres(engine):
-        return
-    d = int(dataset_id)
-    with engine.begin() as conn:
-        for suffix in ("ai", "ad", "au"):
-            conn.execute(text(f"DROP TRIGGER IF EXISTS lexical_chunk_{suffix}_{d}"))
-        conn.execute(text(f"DROP TABLE IF EXISTS {fts_table(d)}"))
-
-
 _POSTGRES = [
     _TABLE.format(id="BIGSERIAL", terms="tsv TSVECTOR"),
     *_INDEXES,
@@ -249,6 +264,7 @@ def init_schema(engine: Engine) -> None:
             conn.execute(text(stmt))
         if not _postgres(engine):
             _split_shared_fts(conn)
+            _remember_tables(conn)
 
 
 # --- writing and removing -------------------------------------------------------------------------
@@ -309,10 +325,12 @@ def write_job(
         conn.execute(text("DELETE FROM lexical_chunk WHERE job_id = :job_id"), {"job_id": job_id})
         if lease is not None:
             _still_ours(conn, job_id, lease, pg)
-        if not pg and params:
-            _ensure_fts(conn, dataset_id)
+        if not pg and params and _key(engine, dataset_id) not in _known:
+            _ensure_fts(conn, dataset_id)  # a dataset made before its table was
         for start in range(0, len(params), BATCH):
             conn.execute(insert, params[start : start + BATCH])
+    if not pg and params:
+        _known.add(_key(engine, dataset_id))
     return len(params)
 
 
@@ -579,8 +597,10 @@ def _run(
     )
     params["m"] = max(CANDIDATES, 4 * n)
     with engine.connect() as conn:
-        if not pg and not _fts_exists(conn, dataset_id):
-            return []  # nothing of this dataset was ever indexed
+        if not pg and _key(engine, dataset_id) not in _known:
+            if not _fts_exists(conn, dataset_id):
+                return []  # nothing of this dataset was ever indexed
+            _known.add(_key(engine, dataset_id))
         while True:
             rows = conn.execute(text(sql).bindparams(*expanding), params).all()
             if (
