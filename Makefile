@@ -82,7 +82,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness, the HTTP API, LlamaIndex and Haystack beside): about 18 minutes
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness, the HTTP API, reconcile at 200,000 chunks, LlamaIndex and Haystack beside): about 22 minutes
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
 bench: setup ocr browser
 	$(BIN)/pip install -q -e '.[bench,peer-haystack]'
@@ -91,6 +91,7 @@ bench: setup ocr browser
 	$(BIN)/python -m bench.cpu --out BENCHMARKS.md
 	$(BIN)/python -m bench.fairness --fifo
 	$(BIN)/python -m bench.api --out BENCHMARKS.md
+	$(BIN)/python -m bench.reconcile_scale --out BENCHMARKS.md
 
 ## bench-api: the HTTP API under load: 500 uploads by 8 clients, GET of a job at 100,000 jobs, events on 50 streams
 bench-api: setup

@@ -166,12 +166,13 @@ def header(
     precision: str,
     corpus: str,
     extra: list[str],
+    mode: str | None = None,
 ) -> str:
     from sluice.pipeline.running.embed import cpu_has_bf16
 
     vers = ", ".join(f"{k} {v}" for k, v in versions().items())
     lines = [
-        f"Run: {started} ({'quick' if quick else 'full'} mode, {seconds / 60:.1f} min).",
+        f"Run: {started} ({mode or ('quick' if quick else 'full')} mode, {seconds / 60:.1f} min).",
         f"Machine: {os.cpu_count()} CPUs, {cpu_model()}; native bf16: "
         f"{'yes' if cpu_has_bf16() else 'no'}; `auto` precision resolves to **{precision}**.",
         "Load average (1/5/15 min) at start "

@@ -2,6 +2,8 @@
 
     python -m bench.run            full run (about 15 minutes), writes BENCHMARKS.md
     python -m bench.run --quick    a small version (under 2 minutes)
+    python -m bench.run --smoke    the smallest input: every figure once, for the suite's check
+                                   that each still comes out a number (tests/test_bench_run.py)
     python -m bench.run --out X    write the table to X instead
 
 It starts its own queue Redis, cache Redis and Chroma server on free ports, and real huey_consumer
@@ -50,9 +52,32 @@ class Plan:
     memory_runs: int
     small_documents: int
     cold_starts: int
+    smoke: bool = False  # the smallest input: generated documents only, no shared samples
+
+    @property
+    def mode(self) -> str:
+        return "smoke" if self.smoke else "quick" if self.quick else "full"
 
     @classmethod
-    def make(cls, quick: bool, rounds: int | None) -> Plan:
+    def make(cls, quick: bool, rounds: int | None, *, smoke: bool = False) -> Plan:
+        if smoke:
+            return cls(
+                True,
+                rounds or 1,
+                documents=2,
+                pages=2,
+                tiny_jobs=20,
+                noop_tasks=100,
+                dedupe_repeats=2,
+                crash_pages=20,
+                console_jobs=1_000,
+                console_repeats=3,
+                big_pages=30,
+                memory_runs=1,
+                small_documents=4,
+                cold_starts=1,
+                smoke=True,
+            )
         if quick:
             return cls(
                 True,
@@ -155,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a small version, under 2 minutes")
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest input (every figure once; its numbers mean little): the suite's check",
+    )
+    parser.add_argument(
         "--out", type=Path, default=ROOT / "BENCHMARKS.md", help="Markdown file to write"
     )
     parser.add_argument("--json", type=Path, help="also write every raw measurement as JSON here")
@@ -163,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    plan = Plan.make(args.quick, args.rounds)
+    plan = Plan.make(args.quick, args.rounds, smoke=args.smoke)
     clean_environment()
     started = datetime.now(UTC)
     t_start = time.monotonic()
@@ -181,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             load_start=load_start,
             load_end=load_end,
             quick=plan.quick,
+            mode=plan.mode,
             precision=precision,
             corpus=corpus_text,
             extra=extra,
@@ -209,7 +240,7 @@ def measure(svc: Services, plan: Plan) -> dict:
     gen_paths, facts = corpus_mod.generate(
         work / "corpus", documents=plan.documents, pages=plan.pages
     )
-    paths = gen_paths + corpus_mod.sample_pdfs(SAMPLES, quick=plan.quick)
+    paths = gen_paths + ([] if plan.smoke else corpus_mod.sample_pdfs(SAMPLES, quick=plan.quick))
     small_paths = corpus_mod.generate_small(work / "small", documents=plan.small_documents)
     warm_doc = corpus_mod.generate_big(work / "warm" / "warm-up.pdf", pages=2, seed=99)
     fact_dicts = [f.__dict__ for f in facts]
@@ -896,10 +927,15 @@ def build_table(raw: dict, plan: Plan) -> tuple[Table, str, str, list[str]]:
         )
 
     corpus = raw["corpus"]
+    samples = (
+        ", plus the text PDFs of the shared sample set"
+        if corpus["files"] > corpus["generated"]
+        else ""
+    )
     corpus_text = (
         f"{corpus['files']} PDFs ({corpus['generated']} generated reports of {corpus['pages']} "
-        f"pages with {corpus['facts']} known-answer facts, plus the text PDFs of the shared sample "
-        f"set); {chunks:,} chunks in Sluice (800 characters, 100 overlap; raw limits encode the "
+        f"pages with {corpus['facts']} known-answer facts{samples}); {chunks:,} chunks in Sluice "
+        "(800 characters, 100 overlap; raw limits encode the "
         f"same {raw_chunks:,}); all-MiniLM-L6-v2, batch {BATCH}; {plan.rounds} round(s)"
     )
     extra = []

@@ -1,22 +1,27 @@
 """Reconcile against a real Chroma server: problems made behind the system's back are found exactly,
 repaired, and a second run is clean; leftovers of cancelled, failed and crashed runs are orphans."""
 
-import hashlib
 import json
 import time
-import tracemalloc
 
 import numpy as np
 import pytest
-from sqlmodel import Session, select
+from sqlmodel import Session
 
 from sluice.cli.main import main as cli
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.reconcile.audit import reconcile
 from sluice.pipeline.running.runner import run_job
 from sluice.storage import jobs
-from sluice.storage.models import Dataset, Document, Job, JobStatus, Stage, utcnow
+from sluice.storage.models import Document, JobStatus
 from sluice.storage.vectors import chunk_id
+from tests.support.big_store import (
+    ALIENS,
+    MISSING,
+    add_problems,
+    synthetic_store,
+    traced_reconcile,
+)
 from tests.support.helpers import Background, collection, events, ids_of_job, job, wait_for
 
 
@@ -345,105 +350,30 @@ def test_crash_leftovers_of_a_job_the_reaper_cancels_are_removed_by_it(ctx, star
 # --- a large store --------------------------------------------------------------------------------
 
 
-def synthetic_sha(n: int) -> str:
-    return hashlib.sha256(str(n).encode()).hexdigest()
-
-
-def _synthetic_store(
-    ctx, *, documents: int, chunks_each: int, dim: int = 2
-) -> tuple[str, list[Job]]:
-    """Documents and succeeded jobs in the database, and their chunks in a collection of its own
-    (tiny synthetic vectors: the audit reads ids and metadata only)."""
-    version = ctx.pipeline_version
-    with Session(ctx.engine) as session:
-        ds = Dataset(name="big", collection=f"sluice-big-{time.time_ns()}")
-        session.add(ds)
-        session.commit()
-        session.refresh(ds)
-        made = []
-        for d in range(documents):
-            sha = synthetic_sha(d)
-            doc = Document(
-                dataset_id=ds.id,
-                sha256=sha,
-                size=1,
-                media_type="text/plain",
-                filename=f"f{d}.txt",
-                blob_key=sha,
-            )
-            session.add(doc)
-            session.flush()
-            j = Job(
-                document_id=doc.id,
-                dataset_id=ds.id,
-                filename=doc.filename,
-                idempotency_key=f"{ds.id}:{sha}:{version}",
-                pipeline_version=version,
-                status=JobStatus.succeeded,
-                stage=Stage.done,
-                chunk_count=chunks_each,
-                finished_at=utcnow(),
-                lease=1,
-            )
-            session.add(j)
-            session.flush()
-            doc.active_job_id = j.id
-            made.append((doc.id, sha, j.id))
-        session.commit()
-        name = ds.collection
-        jobs_made = list(session.exec(select(Job).where(Job.dataset_id == ds.id)).all())
-    rng = np.random.default_rng(1)
-    batch = 5000
-    ids, metas = [], []
-    for doc_id, sha, jid in made:
-        for p in range(chunks_each):
-            ids.append(chunk_id(sha, version, p))
-            metas.append(
-                {"job_id": jid, "document_id": doc_id, "pipeline_version": version, "position": p}
-            )
-            if len(ids) == batch:
-                ctx.vectors.collection(name).add(
-                    ids=ids, embeddings=rng.random((batch, dim), dtype=np.float32), metadatas=metas
-                )
-                ids, metas = [], []
-    if ids:
-        ctx.vectors.collection(name).add(
-            ids=ids, embeddings=rng.random((len(ids), dim), dtype=np.float32), metadatas=metas
-        )
-    return name, jobs_made
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # a traced walk of 200,000 chunks: over 200 s on a loaded 2-core machine
-def test_reconcile_of_200k_chunks_in_bounded_memory(ctx, capsys):
-    name, made = _synthetic_store(ctx, documents=200, chunks_each=1000)
+def test_reconcile_walks_a_large_store_in_bounded_memory(ctx, capsys):
+    """20,000 chunks walked in pages of 5,000 (the default): the traced peak is about one page's
+    worth (some 13 MB), while loading every id with its metadata at once would take about 45 MB.
+    ``make bench`` walks 200,000 (bench/reconcile_scale.py) and reports its time and peak."""
+    documents, chunks_each = 20, 1000
+    name, _ = synthetic_store(ctx, documents=documents, chunks_each=chunks_each)
     coll = ctx.vectors.collection(name)
-    assert coll.count() == 200_000
-    # A few problems among them, so the audit has something to find.
-    coll.delete(ids=[chunk_id(synthetic_sha(7), ctx.pipeline_version, p) for p in range(10, 15)])
-    coll.add(
-        ids=["alien-1", "alien-2"],
-        embeddings=np.ones((2, 2), dtype=np.float32),
-        metadatas=[{"z": 1}] * 2,
-    )
+    assert coll.count() == documents * chunks_each
+    add_problems(ctx, name)  # a few problems among them, so the audit has something to find
 
-    started = time.perf_counter()
-    tracemalloc.start()  # one walk, traced (tracing slows Python down: the time is only a hint)
-    report = reconcile(ctx, dataset="big", save=False)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    seconds = time.perf_counter() - started
+    walk = traced_reconcile(ctx, "big")
 
+    report = walk.report
     [summary] = report.datasets
-    assert summary.chunks == 200_000 - 5 + 2 and summary.expected == 200_000
-    assert (report.missing, report.orphans, report.mismatched) == (5, 2, 0)
-    # Loading all ids with their metadata would take well over 100 MB in Python objects.
-    assert peak < 32 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    total = documents * chunks_each
+    assert summary.chunks == total - MISSING + ALIENS and summary.expected == total
+    assert summary.pages == 4  # walked page by page, not in one request
+    assert (report.missing, report.orphans, report.mismatched) == (MISSING, ALIENS, 0)
+    # Loading all ids with their metadata would take about 45 MB in Python objects.
+    assert walk.peak < 24 * 1024 * 1024, f"peak {walk.peak / 1e6:.1f} MB"
     with capsys.disabled():
         print(
             f"\nreconcile of {summary.chunks:,} chunks in {summary.pages} pages: "
-            f"{seconds:.1f} s traced, "
-            f"peak traced memory {peak / 1e6:.1f} MB"
+            f"{walk.seconds:.1f} s traced, peak traced memory {walk.peak / 1e6:.1f} MB"
         )
     ctx.vectors.drop_collection(name)
 

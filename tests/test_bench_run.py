@@ -1,5 +1,6 @@
-"""`python -m bench.run --quick` still runs end to end and fills every figure of the table with
-numbers.
+"""`python -m bench.run` still runs end to end and fills every figure of the table with numbers:
+on its smallest input (``--smoke``: two generated 2-page reports, no shared samples, a few jobs of
+each kind), which goes through every step that ``make bench`` and ``make bench-quick`` take.
 
 It writes into a temporary file, never into BENCHMARKS.md. No timing is asserted: the machine is
 shared; the bench's own figures are what it reports.
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-# The quick bench is about two minutes on an idle machine; a loaded one (CI) may take a few times
+# The smallest input shortens the measured work; what is left is every process the bench starts
+# (each loads the model), a few minutes on an idle machine; a loaded one (CI) may take a few times
 # that.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -77,7 +79,7 @@ def rows(markdown: str) -> dict[str, str]:
     return out
 
 
-def test_quick_bench_produces_every_figure(tmp_path):
+def test_bench_on_its_smallest_input_produces_every_figure(tmp_path):
     out = tmp_path / "BENCH.md"
     committed = ROOT / "BENCHMARKS.md"
     before = committed.read_bytes() if committed.exists() else None
@@ -91,7 +93,7 @@ def test_quick_bench_produces_every_figure(tmp_path):
             sys.executable,
             "-m",
             "bench.run",
-            "--quick",
+            "--smoke",
             "--out",
             str(out),
             "--json",

@@ -1,5 +1,6 @@
-"""Interleavings of the features added since the first audit (dataset settings, unlock, delete,
-prune, the recovery grace, webhooks), forced with hooks and fault points, on SQLite and PostgreSQL.
+"""Interleavings of the operator's operations with the job engine (dataset settings, unlock,
+delete, prune, the recovery grace, webhooks), forced with hooks and fault points, on SQLite and
+PostgreSQL; tests/test_races.py holds those of the job engine alone.
 
 Issue 25's nine confirmed races, one test each (numbered as in the issue), then its suspected ones.
 Every test pins the window with a hook; none sleeps.
@@ -233,11 +234,8 @@ def succeed_now(engine, job_id: int, lease: int) -> None:
             session=session,
             job_id=job_id,
             lease=lease,
-            chunk_count=1,
-            page_count=1,
             worker_id="w",
-            embedded=1,
-            cached=0,
+            built=jobs.Built(chunks=1, pages=1, embedded=1, cached=0),
         )
 
 

@@ -1,0 +1,71 @@
+"""The Hit testing page: each ranker's rank and score of every hit, the same ranking as the
+Search page's, and each operator's last 20 queries kept in the job database to run again."""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from tests.support.apptest import open_console, texts
+from tests.support.helpers import run_file
+
+
+def test_hit_testing_shows_each_rankers_view_and_runs_a_past_query_again(ctx):
+    from sluice.ops import reads
+
+    run_file(ctx, b"The lighthouse keeper lit the lamp at dusk. " * 30, "keeper.txt")
+    run_file(ctx, b"Orchards of the valley bloom in spring. " * 30, "orchard.txt")
+    run_file(ctx, b"A harbour wall shelters the fishing boats. " * 30, "harbour.txt")
+
+    at = open_console("hit_testing")
+    at.text_area(key="hit_query").set_value("lighthouse keeper")
+    at.button(key="FormSubmitter:hit_test_form-Test").click().run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    for column in ("rank", "score", "dense rank", "similarity", "distance", "lexical rank"):
+        assert column in table.columns
+    first = table.iloc[0]
+    assert first["file"] == "keeper.txt" and first["found by"] == "dense and lexical"
+    assert first["dense rank"] == 1 and first["lexical rank"] == 1 and first["lexical score"] > 0
+    assert abs(first["distance"] - (1 - first["similarity"])) < 1e-3
+    # The ranking is the Search page's own: the same chunks in the same order.
+    same = reads.search("lighthouse keeper", "default", 10, mode="hybrid")
+    assert list(table["score"]) == [h.score for h in same]
+    assert table["dense rank"].notna().all()  # every hybrid hit here was also found by meaning
+
+    at.text_area(key="hit_query").set_value("orchards in spring")
+    at.selectbox(key="hit_mode").set_value("lexical")
+    at.button(key="FormSubmitter:hit_test_form-Test").click().run()
+    table = at.dataframe[0].value
+    assert table.iloc[0]["file"] == "orchard.txt" and table["dense rank"].isna().all()
+
+    at = open_console("hit_testing")  # a new session: the history is in the job database
+    page = texts(at)
+    assert page.index("orchards in spring") < page.index("lighthouse keeper")  # newest first
+    again = [b for b in at.button if b.key and b.key.startswith("hit_again_")]
+    assert len(again) == 2
+    again[-1].click().run()  # the oldest: lighthouse keeper, hybrid
+    assert at.text_area(key="hit_query").value == "lighthouse keeper"
+    assert at.dataframe[0].value.iloc[0]["file"] == "keeper.txt"
+    assert "hits in default (hybrid)" in texts(at)
+
+
+def test_the_hit_test_history_keeps_the_last_20_of_each_operator(ctx):
+    from sluice.storage import hit_tests
+
+    with Session(ctx.engine) as session:
+        for i in range(25):
+            hit_tests.record(
+                session=session,
+                operator="ana",
+                dataset="d",
+                query=f"q{i}",
+                mode="hybrid",
+                k=5,
+                hits=i,
+            )
+        hit_tests.record(
+            session=session, operator="ben", dataset="d", query="b", mode="dense", k=5, hits=0
+        )
+        kept = hit_tests.recent(session=session, operator="ana")
+        assert [r.query for r in kept] == [f"q{i}" for i in range(24, 4, -1)]
+        assert [r.query for r in hit_tests.recent(session=session, operator="ben")] == ["b"]
