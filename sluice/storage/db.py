@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Integer, create_engine, event
 from sqlalchemy.engine import CursorResult, Engine, make_url
 from sqlalchemy.sql import Executable
 
@@ -191,6 +191,7 @@ def init_schema(engine: Engine) -> None:
 
     import sluice.storage.models  # noqa: F401  (every table, in SQLModel.metadata)
 
+    id_tables()  # AUTOINCREMENT on SQLite, before any table is made
     for attempt in range(10):
         try:
             SQLModel.metadata.create_all(engine)
@@ -203,6 +204,7 @@ def init_schema(engine: Engine) -> None:
             time.sleep(0.05 * (attempt + 1))
     add_missing_columns(engine)
     separate_source_events(engine)
+    make_ids_never_reused(engine)
     add_missing_indexes(engine)
     fill_outbox_datasets(engine)
     with Session(engine) as session:
@@ -241,14 +243,8 @@ def separate_source_events(engine: Engine) -> int:
 
 def allow_null(engine: Engine, table_name: str, column: str) -> bool:
     """Let a column an older Sluice made NOT NULL take NULL, as the model now says; False when it
-    already does. PostgreSQL alters the column. SQLite cannot, so the table is made again in one
-    transaction (a copy with the model's columns, the rows copied over, the old table dropped, the
-    copy renamed; ``add_missing_indexes`` makes its indexes again): only for a table no foreign
-    key points at. The check is made again under the write lock, so a second process starting at
-    once does nothing."""
-    from sqlalchemy import MetaData, inspect, text
-    from sqlalchemy.schema import CreateTable
-    from sqlmodel import SQLModel
+    already does. PostgreSQL alters the column; SQLite makes the table again (``remake_table``)."""
+    from sqlalchemy import inspect, text
 
     def nullable(columns) -> bool:
         return any(c["name"] == column and c["nullable"] for c in columns)
@@ -260,31 +256,104 @@ def allow_null(engine: Engine, table_name: str, column: str) -> bool:
         with engine.begin() as conn:
             conn.execute(text(f'ALTER TABLE "{table_name}" ALTER COLUMN "{column}" DROP NOT NULL'))
         return True
+
+    def still_not_null(conn) -> bool:
+        info = conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')
+        return any(row[1] == column and row[3] for row in info)
+
+    return remake_table(engine, table_name, needed=still_not_null)
+
+
+def remake_table(engine: Engine, table_name: str, *, needed: Callable[[Any], bool]) -> bool:
+    """Make an SQLite table again as the model says (SQLite alters little in place): a copy made by
+    the model's own CREATE TABLE, the rows copied over, the old table dropped, the copy renamed;
+    ``add_missing_indexes`` makes its indexes again. One transaction with foreign keys off (the
+    rows keep their ids, so every reference still holds; checked before the commit). ``needed`` is
+    asked again under the write lock, so a second process starting at once does nothing."""
+    from sqlalchemy.schema import CreateTable
+    from sqlmodel import SQLModel
+
     table = SQLModel.metadata.tables[table_name]
-    copy = table.to_metadata(MetaData(), name=f"{table_name}__remade")
+    copy_name = f"{table_name}__remade"
+    create = str(CreateTable(table).compile(dialect=engine.dialect)).strip()
+    head = f"CREATE TABLE {engine.dialect.identifier_preparer.format_table(table)} "
+    if not create.startswith(head):
+        raise RuntimeError(f"cannot remake {table_name}: unexpected DDL {create[:80]!r}")
+    create = f'CREATE TABLE "{copy_name}" ' + create[len(head) :]
     with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")  # only outside a transaction
         conn.exec_driver_sql("BEGIN IMMEDIATE")  # pysqlite begins no transaction for DDL itself
         try:
-            present = {
-                row[1]: not row[3]
-                for row in conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')
-            }
-            if present.get(column, True):
+            if not needed(conn):
                 conn.rollback()
                 return False  # another process did it meanwhile
-            conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{copy.name}"')
-            conn.execute(CreateTable(copy))
+            present = {row[1] for row in conn.exec_driver_sql(f'PRAGMA table_info("{table_name}")')}
+            lacking = [
+                c.name
+                for c in table.columns
+                if c.name not in present and not c.nullable and c.server_default is None
+            ]
+            if lacking:  # too old to remake: the schema check says which columns it lacks
+                conn.rollback()
+                return False
+            conn.exec_driver_sql(f'DROP TABLE IF EXISTS "{copy_name}"')
+            conn.exec_driver_sql(create)
             names = ", ".join(f'"{c.name}"' for c in table.columns if c.name in present)
             conn.exec_driver_sql(
-                f'INSERT INTO "{copy.name}" ({names}) SELECT {names} FROM "{table_name}"'
+                f'INSERT INTO "{copy_name}" ({names}) SELECT {names} FROM "{table_name}"'
             )
             conn.exec_driver_sql(f'DROP TABLE "{table_name}"')
-            conn.exec_driver_sql(f'ALTER TABLE "{copy.name}" RENAME TO "{table_name}"')
+            conn.exec_driver_sql(f'ALTER TABLE "{copy_name}" RENAME TO "{table_name}"')
+            broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"remaking {table_name} broke references: {broken[:5]}")
             conn.commit()
         except BaseException:
             conn.rollback()
             raise
+        finally:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
     return True
+
+
+def id_tables() -> list[Any]:
+    """The tables whose rows are named by an integer ``id`` across time (events behind
+    Last-Event-ID, webhook event ids, a stream's datasets, cached ids): every table of the model
+    with one. On SQLite they are AUTOINCREMENT, so a deleted newest row's id is never handed out
+    again (PostgreSQL's sequences never reuse)."""
+    from sqlmodel import SQLModel
+
+    import sluice.storage.models  # noqa: F401  (every table, in SQLModel.metadata)
+
+    found = []
+    for table in SQLModel.metadata.sorted_tables:
+        pk = list(table.primary_key.columns)
+        if len(pk) == 1 and pk[0].name == "id" and isinstance(pk[0].type, Integer):
+            table.dialect_kwargs["sqlite_autoincrement"] = True
+            found.append(table)
+    return found
+
+
+def make_ids_never_reused(engine: Engine) -> list[str]:
+    """Tables an older Sluice made on SQLite without AUTOINCREMENT are made again with it; the
+    tables this Sluice makes have it from the start. Returns the tables remade."""
+    if engine.dialect.name != "sqlite":
+        return []
+    remade = []
+    for table in id_tables():
+
+        def plain(conn, name: str = table.name) -> bool:
+            row = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+            ).first()
+            return row is not None and "AUTOINCREMENT" not in (row[0] or "").upper()
+
+        with engine.connect() as conn:
+            if not plain(conn):
+                continue
+        if remake_table(engine, table.name, needed=plain):
+            remade.append(table.name)
+    return remade
 
 
 def ensure_instance(*, session: Session) -> str:
