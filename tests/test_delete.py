@@ -4,6 +4,7 @@ again."""
 
 import time
 
+import pytest
 from sqlmodel import Session
 
 from sluice.cli.main import main as cli
@@ -38,12 +39,13 @@ def test_delete_removes_vectors_and_keeps_a_shared_blob_until_its_last_document_
     a2 = ingest_and_run(ctx, ALPHA, "other", "alpha-copy.txt")  # same bytes, another dataset
     blob = ctx.blobs.path(document(ctx, a.document_id).blob_key)
     preview = document_info(ctx, a.document_id)
-    assert preview.blob_shared_with == 1 and preview.vectors == job(ctx, a.job_id).chunk_count > 0
+    # what a delete reports is of its own dataset: the copy in "other" is not this key's to learn
+    assert preview.blob_shared_with == 0 and preview.vectors == job(ctx, a.job_id).chunk_count > 0
 
     result = delete_document(ctx, f"doc:{a.document_id}", actor="test")
 
-    assert result.ok and result.jobs_deleted == [a.job_id] and not result.blob_removed
-    assert result.vectors_removed == preview.vectors and "1 other document(s)" in result.message
+    assert result.ok and result.jobs_deleted == [a.job_id] and result.blob_removed
+    assert result.vectors_removed == preview.vectors and "other document" not in result.message
     assert ids_of_job(ctx, a.job_id) == []
     assert len(ids_of_job(ctx, b.job_id)) == job(ctx, b.job_id).chunk_count
     assert len(ids_of_job(ctx, a2.job_id, "other")) == job(ctx, a2.job_id).chunk_count
@@ -130,3 +132,30 @@ def test_references_and_refusals(ctx, capsys):
     assert cli(["delete", "9999"]) == 1
     assert "no job 9999 (write doc:9999 for a document id)" in capsys.readouterr().err
     assert cli(["delete", "doc:9999"]) == 1
+
+
+def _delete_report(ctx, other_holds_the_bytes: bool) -> tuple:
+    a = ingest_and_run(ctx, ALPHA, "default", "alpha.txt")
+    if other_holds_the_bytes:
+        ingest_and_run(ctx, ALPHA, "other", "alpha-copy.txt")
+    preview = document_info(ctx, a.document_id)
+    result = delete_document(ctx, f"doc:{a.document_id}", actor="test")
+    [removed] = [e for e in events(ctx, a.job_id) if e.kind == "vectors_removed"]
+    return (
+        preview.blob_shared_with,
+        result.ok,
+        result.message,
+        result.blob_removed,
+        result.vectors_removed,
+        removed.message,
+        removed.data,
+    )
+
+
+@pytest.mark.parametrize("other_holds_the_bytes", [False, True])
+def test_a_delete_says_nothing_of_another_datasets_copy(ctx, other_holds_the_bytes):
+    """Before: a delete answered blob_removed false and "1 other document(s) use the same bytes"
+    when another dataset held the file, telling a key whether it did."""
+    report = _delete_report(ctx, other_holds_the_bytes)
+    assert report[0] == 0 and report[1] and report[3]
+    assert "other document" not in report[2] and report[6]["blob_shared_with"] == 0

@@ -2,7 +2,7 @@
 
 The job rows and their events stay, so the audit trail shows who deleted what and when. Blobs are
 content-addressed and shared by every dataset: a blob is removed only when no other live document,
-in any dataset, has the same bytes.
+in any dataset, has the same bytes; what a delete reports counts its own dataset's documents only.
 
 A reference names the document directly (``doc:42``) or by any of its jobs (``17``).
 """
@@ -46,7 +46,7 @@ class DocumentInfo:
     active_job_id: int | None
     jobs: list[dict] = field(default_factory=list)  # id, status, pipeline_version, chunk_count
     vectors: int = 0  # chunks of this document in its dataset's collection now
-    blob_shared_with: int = 0  # other live documents (any dataset) with the same bytes
+    blob_shared_with: int = 0  # other live documents of its dataset with the same bytes
     running: list[int] = field(default_factory=list)
 
 
@@ -111,7 +111,7 @@ def document_info(ctx: Context, document_id: int) -> DocumentInfo:
         rows = session.exec(
             select(Job).where(Job.document_id == document_id).order_by(col(Job.id))
         ).all()
-        shared = blob_users(session, doc)
+        shared = blob_users(session, doc, dataset_only=True)
     info = DocumentInfo(
         document_id=doc.id,
         dataset=ds.name,
@@ -154,12 +154,16 @@ def delete_document(
             return DeleteResult(False, "; ".join(r.message for r in refused), before)
         doc = stored(session, Document, document_id)
         collection = stored(session, Dataset, doc.dataset_id).collection
-        blob_key, shared = doc.blob_key, blob_users(session, doc)
+        blob_key, users = doc.blob_key, blob_users(session, doc)
+        shared = blob_users(session, doc, dataset_only=True)
     job_ids = [j["id"] for j in before.jobs]
     ids = _vector_ids(ctx, collection, document_id, job_ids)
     ctx.vectors.delete(collection, ids=ids)
     lexical.delete_jobs(ctx.engine, job_ids)
-    blob_removed = remove_blob_if_unused(ctx, blob_key) if shared == 0 else False
+    # The bytes stay while any document uses them, but what the delete reports is of this dataset
+    # alone: whether another dataset holds the same file is not its key's to learn.
+    removed = remove_blob_if_unused(ctx, blob_key) if users == 0 else False
+    blob_removed = shared == 0 and (removed or users > 0)
     newly = [j["id"] for j in before.jobs if j["status"] != JobStatus.deleted.value]
     noted = newly or (job_ids[-1:] if ids or blob_removed else [])
     with Session(ctx.engine) as session:
@@ -202,17 +206,17 @@ def delete_document(
     )
 
 
-def blob_users(session: Session, doc: Document) -> int:
-    """Other live documents, in any dataset, whose bytes are the same blob."""
-    return session.exec(
-        select(func.count())
-        .select_from(Document)
-        .where(
-            Document.blob_key == doc.blob_key,
-            Document.id != doc.id,
-            col(Document.deleted_at).is_(None),
-        )
-    ).one()
+def blob_users(session: Session, doc: Document, *, dataset_only: bool = False) -> int:
+    """Other live documents whose bytes are the same blob: in any dataset (whether the bytes may
+    go), or in the document's own (what may be said of them)."""
+    where = [
+        Document.blob_key == doc.blob_key,
+        Document.id != doc.id,
+        col(Document.deleted_at).is_(None),
+    ]
+    if dataset_only:
+        where.append(Document.dataset_id == doc.dataset_id)
+    return session.exec(select(func.count()).select_from(Document).where(*where)).one()
 
 
 def _vector_ids(ctx: Context, collection: str, document_id: int, job_ids: list[int]) -> list[str]:
