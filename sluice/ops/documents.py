@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from sqlmodel import Session, col, func, select
 
@@ -209,7 +210,7 @@ def delete_document(
 def blob_users(session: Session, doc: Document, *, dataset_only: bool = False) -> int:
     """Other live documents whose bytes are the same blob: in any dataset (whether the bytes may
     go), or in the document's own (what may be said of them)."""
-    where = [
+    where: list[Any] = [
         Document.blob_key == doc.blob_key,
         Document.id != doc.id,
         col(Document.deleted_at).is_(None),

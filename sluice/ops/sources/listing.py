@@ -3,15 +3,20 @@ each file by its source-relative path with its size and modification time; and r
 bytes so that what is hashed is what was read.
 
 A folder's links are followed only when they point at a file inside the folder (a link out of it
-would index a private file); linked folders are never walked. Names starting with a dot are
-skipped (editors' swap files, ``.git``). Without ``--include`` only the file types Sluice reads
-are listed.
+would index a private file); linked folders are never walked, and a link loop is skipped with a
+warning. A file is opened one path part at a time from a handle on the folder, none of them
+followed if it is a link, so a link swapped in between the check and the open leads nowhere.
+Names starting with a dot are skipped (editors' swap files, ``.git``). Without ``--include`` only
+the file types Sluice reads are listed.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
+import logging
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,6 +26,9 @@ from typing import Any
 from sluice import faults
 from sluice.ops.ingest import SUPPORTED_SUFFIXES
 from sluice.settings import Settings
+
+log = logging.getLogger(__name__)
+LINK_HOPS = 8  # links followed to reach one file, at most (a loop ends here)
 
 
 class SourceUnreadable(OSError):
@@ -98,10 +106,13 @@ class SourceReader:
             if entry.is_dir(follow_symlinks=False):
                 yield from self._walk(root, path)
             elif entry.is_symlink():
-                target = Path(entry.path).resolve()
-                if target.is_relative_to(root) and target.is_file():
-                    st = target.stat()
-                    yield path, Seen(st.st_size, st.st_mtime_ns)
+                try:
+                    target = Path(entry.path).resolve(strict=True)
+                    if target.is_relative_to(root) and target.is_file():
+                        st = target.stat()
+                        yield path, Seen(st.st_size, st.st_mtime_ns)
+                except (OSError, RuntimeError) as exc:  # a loop, or a link to nothing
+                    log.warning("source %s: skipped the link %s (%s)", root, path, exc)
             elif entry.is_file(follow_symlinks=False):
                 try:
                     st = entry.stat(follow_symlinks=False)
@@ -113,18 +124,19 @@ class SourceReader:
         """The file's bytes and the size and time they had: read again when the file changed
         while it was read, so the bytes hashed and indexed are the file's last ones."""
         root = Path(self.location).resolve()
-        path = root / rel
         try:
-            if not path.resolve().is_relative_to(root):
-                raise SourceUnreadable(f"{rel} leads out of {root}")
             for _ in range(5):
-                before = _seen(path)
-                if before.size > max_bytes:
-                    raise SourceUnreadable(f"{rel} is larger than the upload limit")
-                faults.hit("source_before_read", path=rel)
-                with open(path, "rb") as fh:
-                    data = fh.read(max_bytes + 1)
-                after = _seen(path)
+                fd = open_inside(root, rel)
+                try:
+                    before = _fd_seen(fd)
+                    if before.size > max_bytes:
+                        raise SourceUnreadable(f"{rel} is larger than the upload limit")
+                    faults.hit("source_before_read", path=rel)
+                    with os.fdopen(os.dup(fd), "rb") as fh:
+                        data = fh.read(max_bytes + 1)
+                    after = _fd_seen(fd)
+                finally:
+                    os.close(fd)
                 if after == before and len(data) == after.size:
                     return data, after
             raise SourceUnreadable(f"{rel} kept changing while it was read")
@@ -134,8 +146,60 @@ class SourceReader:
             raise SourceUnreadable(f"{rel}: {type(exc).__name__}: {exc.strerror or exc}") from exc
 
 
-def _seen(path: Path) -> Seen:
-    st = path.stat()
+def open_inside(root: Path, rel: str) -> int:
+    """A descriptor of the regular file ``rel`` names inside ``root``, opened one path part at a
+    time from a handle on ``root`` without following any link; a link to a file inside ``root`` is
+    followed the same way (at most ``LINK_HOPS``), any other one refused."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    for _ in range(LINK_HOPS):
+        if not parts or ".." in parts:
+            raise SourceUnreadable(f"{rel} leads out of {root}")
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i, part in enumerate(parts[:-1]):
+                try:
+                    step = os.open(
+                        part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd
+                    )
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise SourceUnreadable(
+                            f"{rel}: {'/'.join(parts[: i + 1])} is a link"
+                        ) from exc
+                    raise
+                os.close(dir_fd)
+                dir_fd = step
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                target = os.readlink(parts[-1], dir_fd=dir_fd)
+                parts = _inside(root, parts[:-1], target, rel)
+                continue
+        finally:
+            os.close(dir_fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SourceUnreadable(f"{rel} is not a regular file")
+        return fd
+    raise SourceUnreadable(f"{rel}: more than {LINK_HOPS} links (a loop?)")
+
+
+def _inside(root: Path, folder: list[str], target: str, rel: str) -> list[str]:
+    """The parts, from ``root``, of a link's target (read from the link itself), or a refusal
+    when it points out of ``root``."""
+    if os.path.isabs(target):
+        absolute = os.path.normpath(target)
+    else:
+        absolute = os.path.normpath(os.path.join(root, *folder, target))
+    if not Path(absolute).is_relative_to(root):
+        raise SourceUnreadable(f"{rel} leads out of {root}")
+    return [p for p in Path(absolute).relative_to(root).parts]
+
+
+def _fd_seen(fd: int) -> Seen:
+    st = os.fstat(fd)
     return Seen(st.st_size, st.st_mtime_ns)
 
 
