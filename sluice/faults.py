@@ -13,6 +13,8 @@ not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, befor
 ``before_document_insert`` (an upload found no document with its bytes, before it adds one),
 ``redeliver_selected`` (recovery picked a stranded job, before it publishes it again),
 ``before_supersede`` (a success read the document's other jobs, before it writes),
+``before_cleanup`` (an ended attempt's cleanup, ``remove_partial``, has the job as its caller ended
+it, before its fenced delete),
 ``after_switch`` (a success committed, the chunks of the jobs it superseded or replaced not yet
 removed),
 ``before_fail_write`` (a failure read the job, before it writes), ``before_verify`` (the runner
@@ -28,7 +30,8 @@ aside, before it looks at the users again), ``blob_migrated`` (``sluice blobs mi
 blob, before it removes the local file), ``dataset_delete_marked`` (a dataset delete marked the
 dataset deleting, before it cancels its jobs), ``dataset_delete_document`` (it removed one of the
 dataset's documents, before the next), ``dataset_delete_documents_removed`` (every document went,
-before it drops the collection and the rows).
+before it drops the collection and the rows), ``api_warm_up`` (an API process warmed
+up everything its first request needs, before ``/v1/health`` says ``ready``).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the

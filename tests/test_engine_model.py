@@ -46,6 +46,7 @@ from sluice.storage.models import (
     Document,
     Instance,
     Job,
+    JobEvent,
     JobStatus,
     Outbox,
 )
@@ -496,6 +497,24 @@ class EngineModel(RuleBasedStateMachine):
                 if active.status == JobStatus.succeeded:
                     assert len(served) == active.chunk_count, (doc.id, len(served), active)
                     assert lexical.count_job(self.ctx.engine, active.id) == active.chunk_count
+
+    @invariant()
+    def every_change_of_a_jobs_status_is_an_event(self) -> None:
+        """The status each job is in is the one its last event that changed a status says (what
+        the event stream and the timeline show): no transition went without its event."""
+        all_jobs, _, _, _ = self._state()
+        with Session(self.ctx.engine) as session:
+            rows = session.exec(
+                select(JobEvent.job_id, JobEvent.to_status)
+                .where(JobEvent.to_status.is_not(None))
+                .order_by(JobEvent.id)
+            ).all()
+        last = {job_id: status for job_id, status in rows}
+        for job in all_jobs.values():
+            assert last.get(job.id) == job.status.value, (
+                f"job {job.id} is {job.status.value}, its last transition event says "
+                f"{last.get(job.id)}"
+            )
 
     @invariant()
     def at_most_one_live_version_per_external_id(self) -> None:

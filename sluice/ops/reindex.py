@@ -258,6 +258,27 @@ def plan(
     )
 
 
+def _move_waiting(ctx: Context, *, actor: str, dataset: str | None) -> list[ActionResult]:
+    """Each dataset's waiting jobs of another version than its own, moved to its version."""
+    moved: list[ActionResult] = []
+    with Session(ctx.engine) as session:
+        stmt = select(Dataset).order_by(col(Dataset.id))
+        if dataset:
+            stmt = stmt.where(Dataset.name == dataset)
+        for ds in session.exec(stmt).all():
+            if ds.deleting_at is not None:
+                continue
+            version = ctx.version_for(ds)
+            moved += jobs.move_waiting(
+                session=session,
+                dataset_id=ds.id,
+                to_version=version,
+                actor=actor,
+                reason=f"reindex --all to pipeline {version}",
+            )
+    return moved
+
+
 def reindex_all(
     ctx: Context,
     *,
@@ -265,11 +286,16 @@ def reindex_all(
     dataset: str | None = None,
     publish: Callable[[int], None] | None = None,
 ) -> ReindexResult:
-    """Queue a job of the current pipeline version for every document still on another version."""
+    """Queue a job of the current pipeline version for every document still on another version.
+    Jobs of another version that wait to be claimed move first (``jobs.move_waiting``): one that
+    waits for a worker of its version would otherwise wait out SLUICE_MAX_OUTAGE_SECONDS, counted
+    as under way, before it builds the version in force."""
+    moved = _move_waiting(ctx, actor=actor, dataset=dataset)
     found = candidates(ctx, dataset=dataset)
     result = ReindexResult(
         target_version(ctx, dataset, found), underway=sum(c.action == "underway" for c in found)
     )
+    result.results.extend(moved)
     todo = [c for c in found if c.action != "underway"]
     for start in range(0, len(todo), BATCH):
         with Session(ctx.engine) as session:

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlmodel import Session
 
@@ -54,9 +55,11 @@ class RecoveryReport:
 class ReapHold:
     """A loop's reaping held off by the grace after a silence (``jobs.reaper_tick``), kept as state
     so the round goes on to publish instead of waiting in line: the loop reaps once ``due`` (a
-    ``time.monotonic`` reading) has passed."""
+    ``time.monotonic`` reading) has passed, unless the fleet has a newer hold by then (another
+    reaper found a later silence): then ``due`` follows that one."""
 
     due: float | None = None
+    fleet: datetime | None = None  # the fleet's hold (``ReaperTick.hold``) that ``due`` follows
 
     def remaining(self) -> float:
         return 0.0 if self.due is None else max(0.0, self.due - _monotonic())
@@ -184,8 +187,9 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
         if tick is None:
             return []
         if hold is not None:
-            if tick.silence or (tick.wait > 0 and hold.due is None):
-                hold.due = _monotonic() + tick.wait
+            newer = tick.wait > 0 and (hold.due is None or not _same(tick.hold, hold.fleet))
+            if tick.silence or newer:
+                hold.due, hold.fleet = _monotonic() + tick.wait, tick.hold
             report.reap_held_seconds = hold.remaining()
             if report.reap_held_seconds > 0:
                 return []
@@ -208,6 +212,7 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
             lease_seconds=s.lease_seconds,
             base_delay=s.retry_base_seconds,
             max_delay=s.retry_max_seconds,
+            fleet_hold=tick.hold,
         )
         # A job whose cancel was requested is cancelled by the reaper: what its attempt wrote goes,
         # as its own worker would have removed it.
@@ -216,6 +221,13 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
         if job is not None and job.status == JobStatus.cancelled:
             remove_partial(ctx, job)
     return taken
+
+
+def _same(a: datetime | None, b: datetime | None) -> bool:
+    """One hold of the fleet's, as two ticks read it (a driver may give it with or without zone)."""
+    if a is None or b is None:
+        return a is b
+    return a.replace(tzinfo=None) == b.replace(tzinfo=None)
 
 
 _sleep = (

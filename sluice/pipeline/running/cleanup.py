@@ -6,31 +6,48 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy import text
 from sqlmodel import Session, col, func, select
 
 from sluice import faults
 from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
-from sluice.storage import lexical
-from sluice.storage.db import stored
-from sluice.storage.models import Dataset, Document, Job
+from sluice.storage import jobs
+from sluice.storage.models import Document, Job
 
 log = logging.getLogger(__name__)
 
 
-def remove_partial(ctx: Context, job: Job) -> None:
-    """Delete what this job wrote (vectors and lexical rows), unless those chunks are the ones
-    search serves (a reindex of the active job rewrites the same ids)."""
-    with Session(ctx.engine, expire_on_commit=False) as session:
-        document = stored(session, Document, job.document_id)
-        dataset = stored(session, Dataset, job.dataset_id)
-    if document.active_job_id == job.id:
-        return
+def remove_partial(ctx: Context, job: Job) -> bool:
+    """Delete what the attempt of ``job.lease`` (and those before it) wrote, vectors and lexical
+    rows, unless those chunks are the ones search serves (a reindex of the active job rewrites the
+    same ids). True if it removed them.
+
+    Fenced on that attempt: ``job`` is the job as its caller ended it (or as its own running
+    attempt holds it). Once another attempt claimed the job (a retry, a revive, an upload of the
+    same bytes again: the lease moved on), that attempt owns the chunks, which it took over from
+    this one, and nothing is removed. The check and the deletes are one transaction holding the
+    job's row (``jobs.hold_for_cleanup``), so a claim waits until they are done instead of landing
+    between them and writing chunks that this cleanup then deletes."""
+    faults.hit("before_cleanup", job_id=job.id, lease=job.lease)
     try:
-        ctx.vectors.delete(dataset.collection, where={"job_id": job.id})
-        lexical.delete_job(ctx.engine, job.id)
+        with ctx.engine.begin() as conn:
+            # The lexical delete comes first, as in ``lexical.write_job``: on SQLite it takes the
+            # write lock, so the fence below reads the latest row and no claim lands before this
+            # commits; on PostgreSQL both take the lexical rows, then the job's row, in that order.
+            conn.execute(_DELETE_LEXICAL, {"j": job.id})
+            collection = jobs.hold_for_cleanup(conn, job.id, job.lease)
+            if collection is None:  # another attempt owns the job, or its chunks serve search
+                conn.rollback()
+                return False
+            ctx.vectors.delete(collection, where={"job_id": job.id})
     except Exception as exc:  # reconcile finds and removes such orphans later
         log.warning("job %s: could not remove partial vectors: %s", job.id, exc)
+        return False
+    return True
+
+
+_DELETE_LEXICAL = text("DELETE FROM lexical_chunk WHERE job_id = :j")  # as lexical.delete_job
 
 
 def remove_blob_if_unused(ctx: Context, key: str) -> bool:

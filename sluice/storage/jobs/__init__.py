@@ -24,6 +24,7 @@ the final ones (succeeded, failed, cancelled) their webhook events (``storage.we
 
 from __future__ import annotations
 
+from sluice.storage.jobs.attempt_fence import hold_for_cleanup
 from sluice.storage.jobs.claiming import claim, heartbeat, progress
 from sluice.storage.jobs.conditional import CLAIMABLE_UNPAUSED, RUNNING_UNCANCELLED, Condition
 from sluice.storage.jobs.creation import create_job, create_upload, idempotency_key
@@ -59,6 +60,7 @@ from sluice.storage.jobs.version_moves import (
     ACTION_FOR_STATUS,
     ensure_version_job,
     follow_version,
+    move_waiting,
     restamp,
     stamped_before,
 )
@@ -99,8 +101,10 @@ __all__ = [
     "get_job",
     "hand_back",
     "heartbeat",
+    "hold_for_cleanup",
     "idempotency_key",
     "mark_deleted",
+    "move_waiting",
     "owns",
     "progress",
     "reap",

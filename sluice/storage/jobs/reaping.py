@@ -21,6 +21,8 @@ from sluice.storage.models import Instance, Job, JobStatus
 class ReaperTick:
     wait: float  # seconds before the reapers may take running jobs back (0: now)
     silence: bool  # this tick found a silence of every reaper (and started a new grace)
+    # the fleet's hold this tick read (``instance.reap_after``): a later silence makes a new one
+    hold: datetime | None = None
 
 
 def reaper_tick(
@@ -54,9 +56,10 @@ def reaper_tick(
         row.reap_after = now + timedelta(seconds=grace_seconds)
     row.reaper_tick_at = now
     wait = _held_for(row, now)
+    hold = row.reap_after
     session.add(row)
     session.commit()
-    return ReaperTick(wait, silence)
+    return ReaperTick(wait, silence, hold)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,20 @@ def _held_for(row: Instance, now: datetime) -> float:
     return max(0.0, (row.reap_after - now).total_seconds()) if row.reap_after is not None else 0.0
 
 
+def _newer_hold(session: Session, seen: object) -> bool:
+    """Is a hold other than ``seen`` in force now (a silence recorded since)?"""
+    now = db_now(session)
+    row = session.exec(select(Instance)).first()
+    session.rollback()
+    if row is None or row.reap_after is None or _held_for(row, now) <= 0:
+        return False
+    return seen is None or _as_naive(row.reap_after) != _as_naive(seen)  # type: ignore[arg-type]
+
+
+def _as_naive(value: datetime) -> datetime:
+    return value.replace(tzinfo=None) if value.tzinfo is not None else value
+
+
 def reap(
     *,
     session: Session,
@@ -87,6 +104,7 @@ def reap(
     base_delay: float,
     max_delay: float,
     now: datetime | None = None,
+    fleet_hold: datetime | None | object = ...,
 ) -> list[int]:
     """Take back running jobs whose heartbeat is older than the lease; returns their ids.
 
@@ -94,6 +112,11 @@ def reap(
     never touched here. Each job is taken back by compare-and-set on what the reaper read: the same
     lease, still running, heartbeat still stale. A beat that lands after the read, or a claim by a
     healthy worker meanwhile, wins over the reaper.
+
+    ``fleet_hold`` (a recovery round's: the hold its tick read, ``ReaperTick.hold``): before each
+    job is taken back the fleet's hold is read again, and once another reaper recorded a newer
+    silence (its grace running now) nothing more is taken back: this round's idea of the heartbeats
+    is older than that outage.
     """
     now = now or db_now(session)
     cutoff = now - timedelta(seconds=lease_seconds)
@@ -109,6 +132,8 @@ def reap(
     taken = []
     for job_id, lease, beat, worker, stage, done, total in stale:
         faults.hit("reap_selected", job_id=job_id)
+        if fleet_hold is not ... and _newer_hold(session, fleet_hold):
+            break
         silent = (now - beat).total_seconds()
         lost = JobError(
             ErrorKind.transient,

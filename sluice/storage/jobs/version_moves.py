@@ -26,6 +26,7 @@ from sluice.storage.jobs.event_log import add_event
 from sluice.storage.jobs.job_values import ActionResult
 from sluice.storage.jobs.lookups import get_job
 from sluice.storage.jobs.operator_actions import reindex, retry, revive
+from sluice.storage.jobs.outbox_row import publish
 from sluice.storage.jobs.statuses import RESTAMPABLE
 from sluice.storage.models import Document, Job, JobEvent, JobStatus, Stage
 
@@ -186,43 +187,9 @@ def _replace_rebuild(
     """The document's active job was to be rebuilt on a version no longer in force: it serves its
     chunks again as succeeded (unless it is running that rebuild now: then the new version's job
     supersedes it), and a job of ``to_version`` is queued for the document."""
-    status = job.status
-    if status != JobStatus.running:
-        now = db_now(session)
-        if not compare_and_set(
-            session,
-            job,
-            IN_STATUS,
-            bound={"w_status": status},
-            status=JobStatus.succeeded,
-            stage=Stage.done,
-            done=job.chunk_count or 0,
-            total=job.chunk_count or 0,
-            finished_at=job.finished_at or now,
-            next_attempt_at=None,
-            cancel_requested=False,
-            error_kind=None,
-            error_code=None,
-            error_message=None,
-            fix_hint=None,
-            error_detail=None,
-            waiting_for=None,
-            waiting_since=None,
-            now=now,
-        ):
-            session.rollback()
-            return
-        add_event(
-            session,
-            job,
-            "rebuild_dropped",
-            actor=actor,
-            from_status=status,
-            to_status=JobStatus.succeeded,
-            message=f"the dataset's parse settings changed: pipeline {to_version} is built "
-            f"instead of rebuilding {job.pipeline_version}; search keeps serving this job's chunks",
-            data={"to_version": to_version},
-        )
+    if job.status != JobStatus.running and not _drop_rebuild(session, job, to_version, actor):
+        session.rollback()
+        return
     try:
         create_job(
             session=session,
@@ -235,6 +202,134 @@ def _replace_rebuild(
         session.commit()
     except IntegrityError:  # another change or reindex queued it at the same moment
         session.rollback()
+
+
+def _drop_rebuild(
+    session: Session,
+    job: Job,
+    to_version: str,
+    actor: str,
+    because: str = "the dataset's parse settings changed",
+) -> bool:
+    """The active job's waiting rebuild dropped: it is succeeded again and serves its chunks, by
+    compare-and-set (the caller commits). False when the job changed meanwhile."""
+    status, now = job.status, db_now(session)
+    if not compare_and_set(
+        session,
+        job,
+        IN_STATUS,
+        bound={"w_status": status},
+        status=JobStatus.succeeded,
+        stage=Stage.done,
+        done=job.chunk_count or 0,
+        total=job.chunk_count or 0,
+        finished_at=job.finished_at or now,
+        next_attempt_at=None,
+        cancel_requested=False,
+        error_kind=None,
+        error_code=None,
+        error_message=None,
+        fix_hint=None,
+        error_detail=None,
+        waiting_for=None,
+        waiting_since=None,
+        now=now,
+    ):
+        return False
+    add_event(
+        session,
+        job,
+        "rebuild_dropped",
+        actor=actor,
+        from_status=status,
+        to_status=JobStatus.succeeded,
+        message=f"{because}: pipeline {to_version} is built instead of rebuilding "
+        f"{job.pipeline_version}; search keeps serving this job's chunks",
+        data={"to_version": to_version},
+    )
+    return True
+
+
+def move_waiting(
+    *, session: Session, dataset_id: int, to_version: str, actor: str, reason: str
+) -> list[ActionResult]:
+    """``reindex --all``: the dataset's jobs of another version than ``to_version`` that wait to
+    be claimed (pending, or retrying: a backoff, or a wait such as one for a worker of their
+    version, which after a change of the workers' settings never comes and ends only at
+    SLUICE_MAX_OUTAGE_SECONDS) move to ``to_version`` now. A document's active job waiting to be
+    rebuilt gets its rebuild dropped (it is succeeded again; the reindex then queues the
+    document's job of ``to_version`` like any other); any other such job builds ``to_version``
+    instead, due at once, unless the document has a job of that version already (which supersedes
+    it when it succeeds). Each by compare-and-set, committed; a job that changed meanwhile is left
+    as it is. Returns a result for each job moved (a dropped rebuild has its document's new job)."""
+    found = session.exec(
+        select(Job)
+        .where(
+            Job.dataset_id == dataset_id,
+            Job.pipeline_version != to_version,
+            col(Job.status).in_((JobStatus.pending, JobStatus.retrying)),
+        )
+        .order_by(col(Job.id))
+    ).all()
+    done: list[ActionResult] = []
+    for job in found:
+        document = stored(session, Document, job.document_id)
+        if document.deleted_at is not None:
+            continue
+        active = document.active_job_id == job.id
+        if active:
+            ok = _drop_rebuild(session, job, to_version, actor, because=reason)
+        else:
+            ok = _move_waiting_one(session, job, document, to_version=to_version, actor=actor)
+        if not ok:
+            session.rollback()
+            continue
+        session.commit()
+        if not active:
+            done.append(
+                ActionResult(job.id, True, f"job {job.id} builds pipeline {to_version} now")
+            )
+    return done
+
+
+def _move_waiting_one(
+    session: Session, job: Job, document: Document, *, to_version: str, actor: str
+) -> bool:
+    key = idempotency_key(
+        dataset_id=job.dataset_id, sha256=document.sha256, pipeline_version=to_version
+    )
+    if session.exec(select(Job.id).where(Job.idempotency_key == key)).first() is not None:
+        return False
+    status, from_version, now = job.status, job.pipeline_version, db_now(session)
+    try:
+        ok = compare_and_set(
+            session,
+            job,
+            IN_STATUS_OF_VERSION,
+            bound={"w_status": status, "w_version": from_version},
+            pipeline_version=to_version,
+            idempotency_key=key,
+            next_attempt_at=None if status == JobStatus.pending else now,
+            waiting_for=None,
+            waiting_since=None,
+            now=now,
+        )
+        if not ok:
+            return False
+        add_event(
+            session,
+            job,
+            "restamped",
+            actor=actor,
+            message=f"reindex --all: this job builds pipeline {to_version} instead of "
+            f"{from_version}, now",
+            data={"from_version": from_version, "to_version": to_version},
+        )
+        publish(session, job, now)
+        session.flush()
+    except IntegrityError:  # a job of the new version was just made for this document
+        return False
+    return True
 
 
 def stamped_before(*, session: Session, job: Job, moment: datetime | None) -> bool:
