@@ -95,7 +95,9 @@ def rename_dataset(dataset: str, body: DatasetRename, key: Key) -> dict:
     the same (keys name datasets by id)."""
     scoped.dataset(key, dataset)  # 404 for a dataset the key does not reach
     scoped.require(key, "manage", "renaming a dataset")
-    result = dataset_admin.rename(get_context(), key.operator, dataset, body.name)
+    # discreet: a name another dataset has is refused in the same words whether this key reaches
+    # that dataset or not (nothing tells a key that a dataset it cannot see is there)
+    result = dataset_admin.rename(get_context(), key.operator, dataset, body.name, discreet=True)
     if not result.ok:
         raise _refused(result)
     return {

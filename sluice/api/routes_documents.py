@@ -21,6 +21,7 @@ from sluice.api.schemas import (
 )
 from sluice.ops import replacing
 from sluice.ops.documents import DeleteResult
+from sluice.ops.replacing import EXTERNAL_ID_PATTERN
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 
@@ -28,7 +29,9 @@ router = APIRouter(prefix="/v1/documents", tags=["documents"])
 @router.get("", response_model=DocumentList, responses=problems(401, 404, 422, 429))
 def documents_by_external_id(
     key: Key,
-    external_id: Annotated[str, Query(min_length=1, max_length=512)],
+    external_id: Annotated[
+        str, Query(min_length=1, max_length=512, json_schema_extra={"pattern": EXTERNAL_ID_PATTERN})
+    ],
     dataset: Annotated[str | None, Query(max_length=64)] = None,
 ) -> dict:
     """The live document the application calls ``external_id``, in each dataset in reach (or in

@@ -15,8 +15,16 @@ from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
-from sluice.api.routes_metadata import parse_where_param
-from sluice.api.schemas import ActionOut, JobId, JobList, JobOut, UnlockIn, problems
+from sluice.api.routes_metadata import Where
+from sluice.api.schemas import (
+    ActionOut,
+    JobId,
+    JobList,
+    JobOut,
+    UnlockIn,
+    problems,
+    where_parameter,
+)
 from sluice.ops.actions import ActionReport
 from sluice.ops.keys import ApiPrincipal
 
@@ -70,16 +78,19 @@ def get_job(
     return Response(body, media_type="application/json", headers=headers)
 
 
-@router.get("", response_model=JobList, responses=problems(401, 404, 422, 429))
+@router.get(
+    "",
+    response_model=JobList,
+    responses=problems(401, 404, 422, 429),
+    openapi_extra={"parameters": [where_parameter("jobs of documents this filter allows")]},
+)
 def list_jobs(
     key: Key,
+    where: Where,
     dataset: str | None = None,
     status: Annotated[list[str] | None, Status] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,10}$")] = None,
-    where: Annotated[
-        str | None, Query(max_length=8192, description="jobs of documents this filter allows")
-    ] = None,
 ) -> dict:
     unknown = [s for s in status or [] if s not in STATUSES]
     if unknown:
@@ -92,7 +103,7 @@ def list_jobs(
         statuses=status or [],
         limit=limit,
         cursor=cursor,
-        where=parse_where_param(where),
+        where=where,
     )
     return {"jobs": page.jobs, "next_cursor": page.next_cursor}
 

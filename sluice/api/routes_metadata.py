@@ -4,17 +4,22 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from sluice.api import scoped
 from sluice.api.dependencies import Key
-from sluice.api.problems import Problem
-from sluice.api.schemas import DocumentId, DocumentOut, Strict, problems
+from sluice.api.schemas import (
+    METADATA_SCHEMA,
+    DocumentId,
+    DocumentOut,
+    Strict,
+    problems,
+    where_parameter,
+)
 from sluice.ops import metadata as meta
 
 router = APIRouter(tags=["documents"])
@@ -23,8 +28,11 @@ ChunkId = Annotated[str, Path(min_length=1, max_length=120, description="a chunk
 
 class MetadataIn(Strict):
     metadata: dict[str, Any] = Field(
-        description="the document's new metadata, in full: keys left out are removed",
-        examples=[{"lang": "de", "team": ["a", "b"]}],
+        json_schema_extra={
+            **METADATA_SCHEMA,
+            "description": "the document's new metadata, in full: keys left out are removed; "
+            + METADATA_SCHEMA["description"],
+        },
     )
 
 
@@ -56,16 +64,28 @@ class DocumentListPage(BaseModel):
     next_offset: int | None
 
 
+MAX_WHERE_CHARS = 8192
+
+
 def parse_where_param(value: str | None) -> dict | None:
-    """A ``where`` query parameter (JSON text) as a checked filter (FilterError: a 422 problem)."""
+    """A ``where`` query parameter (JSON text) as a checked filter (FilterError: a 422 problem;
+    also for text too long, or too deep for the JSON reader)."""
     if value is None or not value.strip():
         return None
-    try:
-        where = json.loads(value)
-    except ValueError:
-        raise Problem(422, "invalid_filter", "where: not JSON", key="") from None
+    if len(value) > MAX_WHERE_CHARS:
+        raise meta.FilterError("", f"{len(value)} characters; at most {MAX_WHERE_CHARS}")
+    where = meta.loads(value, meta.FilterError)
     meta.parse_where(where)
     return where
+
+
+def where_query(request: Request) -> dict | None:
+    """The ``where`` query parameter, checked: a dependency, because /openapi.json declares it
+    itself (``where_parameter``: JSON content of a WhereFilter; FastAPI's Query cannot say so)."""
+    return parse_where_param(request.query_params.get("where"))
+
+
+Where = Annotated[dict | None, Depends(where_query)]
 
 
 @router.patch(
@@ -83,20 +103,17 @@ async def patch_document(document_id: DocumentId, body: MetadataIn, key: Key) ->
     "/v1/datasets/{dataset}/documents",
     response_model=DocumentListPage,
     responses=problems(401, 404, 422, 429),
+    openapi_extra={"parameters": [where_parameter("only the documents this filter allows")]},
 )
 def list_documents(
     dataset: Annotated[str, Path(min_length=1, max_length=64)],
     key: Key,
-    where: Annotated[
-        str | None, Query(max_length=8192, description="a metadata filter, as JSON")
-    ] = None,
+    where: Where,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict:
     """The dataset's live documents, oldest first, those a ``where`` filter allows."""
-    rows = scoped.list_documents(
-        key, dataset, where=parse_where_param(where), offset=offset, limit=limit + 1
-    )
+    rows = scoped.list_documents(key, dataset, where=where, offset=offset, limit=limit + 1)
     more = len(rows) > limit
     return {
         "documents": rows[:limit],

@@ -10,6 +10,7 @@ from sluice.api import scoped
 from sluice.api.dependencies import Key
 from sluice.api.replay import idempotent
 from sluice.api.schemas import SearchIn, SearchOut, problems
+from sluice.ops import metadata as meta
 
 router = APIRouter(tags=["search"])
 FIELDS = (
@@ -34,6 +35,11 @@ FIELDS = (
     responses=problems(401, 404, 409, 422, 429),
 )
 async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Response:
+    # The filter is judged before anything else reads it (the idempotency fingerprint serialises
+    # the body): a refusal is 422 invalid_filter, never a RecursionError of a deep one.
+    where = body.where_filter()
+    meta.parse_where(where)
+
     def answer() -> Response:
         hits = scoped.search(  # BadQuery, FilterError: 422 by their own codes (sluice.api.problems)
             key,
@@ -44,7 +50,7 @@ async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Re
             filename=body.filename,
             pages=body.pages,
             media_type=body.media_type,
-            where=body.where,
+            where=where,
         )
         return JSONResponse({"hits": [{f: getattr(h, f) for f in FIELDS} for h in hits]})
 

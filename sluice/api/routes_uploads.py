@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Any, BinaryIO, cast
+from typing import Annotated, Any, BinaryIO, cast
 
 from fastapi import APIRouter, Request
+from fastapi import Path as FastApiPath
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
@@ -15,7 +16,13 @@ from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.routes_documents import check_external_id, deleted
-from sluice.api.schemas import DeleteOut, UploadAccepted, problems
+from sluice.api.schemas import (
+    EXTERNAL_ID_SCHEMA,
+    METADATA_SCHEMA,
+    DeleteOut,
+    UploadAccepted,
+    problems,
+)
 from sluice.api.uploads import Part, read_upload
 from sluice.ops.ingest import SNIFF_BYTES, IngestResult
 from sluice.ops.keys import ApiPrincipal
@@ -40,10 +47,14 @@ BODY = {
                 "type": "object",
                 "properties": {
                     "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
-                    "external_id": {"type": "string", "minLength": 1, "maxLength": 512},
+                    "external_id": {"type": "string", **EXTERNAL_ID_SCHEMA},
                     "metadata": {
                         "type": "string",
                         "description": "the documents' metadata, a JSON object (docs/api.md)",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {
+                            k: v for k, v in METADATA_SCHEMA.items() if k != "examples"
+                        },
                     },
                 },
                 "required": ["file"],
@@ -123,7 +134,12 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     """One or more files (multipart ``file`` parts), or ``{"filename", "text"}``. The same bytes
     already in the dataset answer with the existing job (``existing: true``)."""
     await run_in_threadpool(scoped.check_upload, key, dataset)
-    parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
+    try:
+        parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
+    except RecursionError:  # a JSON body nested deeper than Python's json reader goes
+        raise Problem(
+            422, "invalid_request", "a JSON upload is {filename, text}: JSON nested too deeply"
+        ) from None
     fingerprint = [
         dataset,
         *[[p.filename, p.sha256, *([p.external_id] if p.external_id else [])] for p in parts],
@@ -143,7 +159,11 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     response_model=DeleteOut,
     responses=problems(401, 403, 404, 409, 422, 429),
 )
-def delete_by_external_id(dataset: str, external_id: str, key: Key) -> Response:
+def delete_by_external_id(
+    dataset: str,
+    external_id: Annotated[str, FastApiPath(json_schema_extra=EXTERNAL_ID_SCHEMA)],
+    key: Key,
+) -> Response:
     """Delete the document the application calls ``external_id`` in the dataset: the live version
     and a replacement still being built. 404 when the dataset has no such document."""
     _check_external_id([Part("", cast(BinaryIO, None), "", external_id)])

@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, RootModel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from sluice.ops import metadata as meta
+from sluice.ops.replacing import EXTERNAL_ID_PATTERN, MAX_EXTERNAL_ID
+from sluice.ops.search import PAGES_PATTERN
 from sluice.storage.models import MAX_ID
 
 JobId = Annotated[int, Path(ge=1, le=MAX_ID, description="a job id")]
@@ -15,6 +20,121 @@ DocumentId = Annotated[int, Path(ge=1, le=MAX_ID, description="a document id")]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# --- the rules of sluice.ops.metadata and sluice.ops.replacing, as JSON Schema --------------------
+# The validators decide (and answer their own codes: invalid_metadata, invalid_filter,
+# bad_external_id); these say the same rules in /openapi.json, so that a client, and the fuzzing
+# run, can read them.
+
+# exclusiveMaximum 2**63: a bound a float holds exactly (OpenAPI writes bounds as floats)
+INT64 = {"type": "integer", "minimum": meta.INT_MIN, "exclusiveMaximum": meta.INT_MAX + 1}
+SCALAR = {
+    "anyOf": [
+        {"type": "string"},
+        INT64,
+        {"type": "number", "description": "a finite float"},
+        {"type": "boolean"},
+    ]
+}
+METADATA_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "the document's own fields: keys ^[a-z][a-z0-9_]{0,63}$ (none starting with _), "
+    "values strings, numbers (integers of at most 64 bits, finite floats), booleans or lists of "
+    f"strings, at most {meta.MAX_BYTES} bytes as JSON; no string may hold a lone surrogate "
+    "(docs/api.md, Metadata and filters)",
+    "propertyNames": {"pattern": meta.KEY.pattern},
+    "additionalProperties": {
+        "anyOf": [*SCALAR["anyOf"], {"type": "array", "items": {"type": "string"}}]
+    },
+    "examples": [{"lang": "de", "year": 2024, "team": ["a", "b"]}],
+}
+_COMPARED = {
+    "anyOf": [
+        INT64,
+        {"type": "number"},
+        {"type": "string", "description": "an ISO date: 2024-05-01 or 2024-05-01T12:00:00Z"},
+    ]
+}
+_LIST = {"type": "array", "minItems": 1, "items": SCALAR}
+OPERATORS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "operators on one key, all of which must hold",
+    "minProperties": 1,
+    "additionalProperties": False,
+    "properties": {
+        "$eq": SCALAR,
+        "$ne": SCALAR,
+        "$in": _LIST,
+        "$nin": _LIST,
+        **{op: _COMPARED for op in meta.COMPARE},
+        "$exists": {"type": "boolean"},
+    },
+}
+assert set(OPERATORS_SCHEMA["properties"]) == set(meta.OPERATORS)  # the validator's own list
+WHERE_REF = "#/components/schemas/WhereFilter"
+WHERE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "WhereFilter",
+    "description": "a metadata filter in Chroma's style, every key must hold (and): a key's value "
+    "is the value it equals, or an object of operators ($eq $ne $in $nin $gt $gte $lt $lte "
+    f"$exists); $and holds a list of filters, nested at most {meta.MAX_DEPTH} levels deep (a "
+    "deeper one is 422 invalid_filter). $or and other operators are refused (docs/api.md, "
+    "Metadata and filters)",
+    "propertyNames": {"pattern": f"^(\\$and|{meta.KEY.pattern[1:-1]})$"},
+    "properties": {"$and": {"type": "array", "items": {"$ref": WHERE_REF}}},
+    "additionalProperties": {"anyOf": [*SCALAR["anyOf"], OPERATORS_SCHEMA]},
+    "examples": [{"lang": "de", "year": {"$gte": 2020}}],
+}
+
+
+class WhereFilter(RootModel[dict[str, Any]]):
+    """A ``where`` filter: checked by sluice.ops.metadata.parse_where; this only publishes its
+    grammar (``WHERE_SCHEMA``, recursive through ``$and``)."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        # the self-reference as the generator writes it: #/components/schemas/WhereFilter in
+        # /openapi.json, a #/$defs/ one in pydantic's own model_json_schema
+        generator = getattr(handler, "generate_json_schema", None)
+        ref = core_schema.get("ref") if isinstance(core_schema, dict) else None
+        if generator is None or ref is None:
+            return dict(WHERE_SCHEMA)
+        _, self_ref = generator.get_cache_defs_ref_schema(ref)
+        return _with_ref(WHERE_SCHEMA, self_ref["$ref"])
+
+
+def _with_ref(schema: Any, ref: str) -> Any:
+    """``schema`` with every ``$ref`` to WHERE_REF made ``ref``."""
+    if isinstance(schema, dict):
+        return {
+            k: ref if k == "$ref" and v == WHERE_REF else _with_ref(v, ref)
+            for k, v in schema.items()
+        }
+    if isinstance(schema, list):
+        return [_with_ref(v, ref) for v in schema]
+    return schema
+
+
+def where_parameter(description: str) -> dict[str, Any]:
+    """The ``where`` query parameter as /openapi.json declares it: JSON text of a WhereFilter
+    (``content``, so that a client or the fuzzing run sends one serialised)."""
+    return {
+        "name": "where",
+        "in": "query",
+        "required": False,
+        "description": f"{description}: a metadata filter as JSON text (at most 8192 characters)",
+        "content": {"application/json": {"schema": {"$ref": WHERE_REF}}},
+    }
+
+
+EXTERNAL_ID_SCHEMA: dict[str, Any] = {
+    "minLength": 1,
+    "maxLength": MAX_EXTERNAL_ID,
+    "pattern": EXTERNAL_ID_PATTERN,
+}
 
 
 class ProblemOut(BaseModel):
@@ -57,13 +177,14 @@ class TextUpload(Strict):
     filename: str = Field(min_length=1, max_length=255, examples=["note.txt"])
     text: str = Field(min_length=1)
     external_id: str | None = Field(
-        None, description="the application's own id: new bytes under it replace the live version"
+        None,
+        description="the application's own id: new bytes under it replace the live version; 1 to "
+        "512 characters, none a control character (422 bad_external_id otherwise)",
+        json_schema_extra=EXTERNAL_ID_SCHEMA,
     )
     metadata: dict[str, Any] | None = Field(
-        None,
-        description="the document's own fields: keys ^[a-z][a-z0-9_]{0,63}$, values strings, "
-        "numbers, booleans or lists of strings, at most 8 KB (docs/api.md, Metadata)",
-        examples=[{"lang": "de", "year": 2024}],
+        None,  # the rules beside the "object or null" pydantic writes (so no "type" of its own)
+        json_schema_extra={k: v for k, v in METADATA_SCHEMA.items() if k != "type"},
     )
 
 
@@ -207,14 +328,18 @@ class SearchIn(Strict):
     k: int = Field(5, ge=1, le=100)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     filename: str | None = Field(None, max_length=255, description="file name contains this")
-    pages: str | None = Field(None, max_length=40, description="A-B, A-, -B or one page")
-    media_type: str | None = Field(None, max_length=100)
-    where: dict[str, Any] | None = Field(
+    pages: str | None = Field(
         None,
-        description="a metadata filter in Chroma's style: $eq $ne $in $nin $gt $gte $lt $lte "
-        "$exists, keys and $and combined with and (docs/api.md, Filters)",
-        examples=[{"lang": "de", "year": {"$gte": 2020}}],
+        max_length=40,
+        description="A-B, A-, -B or one page; page numbers 0 to 2**63-1 (422 bad_query otherwise)",
+        json_schema_extra={"pattern": PAGES_PATTERN},
     )
+    media_type: str | None = Field(None, max_length=100)
+    where: WhereFilter | None = None
+
+    def where_filter(self) -> dict[str, Any] | None:
+        """``where`` as the plain object sluice.ops.metadata reads."""
+        return None if self.where is None else self.where.root
 
 
 class HitOut(BaseModel):

@@ -93,8 +93,19 @@ def _refused(who: Operator, action: str) -> AdminResult | None:
     return None
 
 
-def rename(ctx: Context, who: Operator, old: str, new: str) -> AdminResult:
-    """Give the dataset ``old`` the name ``new`` (a change of its row only); audited."""
+def name_unusable(new: str) -> str:
+    """A rename's refusal for a name another dataset has, in words that do not say so: the answer
+    of a key that does not reach that dataset is the same as of one that does (docs/api.md,
+    Keys). The code stays ``dataset_name_taken``."""
+    return f"the name {new!r} cannot be used: choose another"
+
+
+def rename(
+    ctx: Context, who: Operator, old: str, new: str, *, discreet: bool = False
+) -> AdminResult:
+    """Give the dataset ``old`` the name ``new`` (a change of its row only); audited.
+    ``discreet``: a clash with another dataset's name is told without naming that dataset (an API
+    key's answer; the console's and the CLI's operators see every dataset)."""
     with audit_trail.recording(  # its one commit is the rename
         who,
         "dataset.rename",
@@ -105,7 +116,9 @@ def rename(ctx: Context, who: Operator, old: str, new: str) -> AdminResult:
         check=lambda session: True,
     ) as rec:
         result = _rename(ctx, who, old, new)
-    rec.settle(result.ok, result.message, code=result.code or None)
+    rec.settle(result.ok, result.message, code=result.code or None)  # the log sees every dataset
+    if discreet and result.code == "dataset_name_taken":
+        return AdminResult(False, name_unusable(new.strip()), result.code)
     return result
 
 

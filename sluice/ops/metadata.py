@@ -8,10 +8,15 @@ alone, read in the same statement (lexical) or the same read (dense) that checks
 
 A filter (``where``) follows Chroma's style: ``{"lang": "de", "year": {"$gte": 2020}}`` with
 ``$eq $ne $in $nin $gt $gte $lt $lte $exists``, keys combined with and (implicitly, or by
-``$and``). On a list value ``$eq`` means "holds", ``$in`` "holds one of"; ``$ne`` and ``$nin`` are
-their negations and match a document without the key. ``$gt``-``$lte`` compare numbers as numbers
-and ISO dates (``2024-05-01``, ``2024-05-01T12:00:00Z``) as dates; a value of another kind does not
-match.
+``$and``, nested at most ``MAX_DEPTH`` deep). On a list value ``$eq`` means "holds", ``$in``
+"holds one of"; ``$ne`` and ``$nin`` are their negations and match a document without the key.
+``$gt``-``$lte`` compare numbers as numbers and ISO dates (``2024-05-01``,
+``2024-05-01T12:00:00Z``) as dates; a value of another kind does not match.
+
+Everything a client can send is judged here, before anything is stored or compared: an integer is
+at most 64 bits (what the job database and the vector store can hold), a float is finite, a string
+is Unicode that can be stored (no lone surrogate), a filter nests ``$and`` at most ``MAX_DEPTH``
+deep. A refusal names the key (shortened, and with a lone surrogate shown as U+FFFD).
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ log = logging.getLogger(__name__)
 
 KEY = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_BYTES = 8192
+MAX_DEPTH = 8  # levels of $and a filter may nest
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # what the job database and the vector store hold
+SHOWN_KEY = 100  # characters of a refused key echoed in the answer
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "$exists")
 COMPARE = ("$gt", "$gte", "$lt", "$lte")
 CLI_RULE = (
@@ -53,6 +61,7 @@ class MetadataError(OperationError):
     hint = "Fix the metadata: see the API reference, Metadata and filters."
 
     def __init__(self, key: str, message: str) -> None:
+        key = shown(key)
         super().__init__(f"metadata {key!r}: {message}" if key else f"metadata: {message}")
         self.key = key
         self.members = {"key": key}
@@ -66,13 +75,44 @@ class FilterError(OperationError):
     hint = "Fix the filter: see the API reference, Metadata and filters."
 
     def __init__(self, key: str, message: str) -> None:
+        key = shown(key)
         super().__init__(f"filter {key!r}: {message}" if key else f"filter: {message}")
         self.key = key
         self.members = {"key": key}
 
 
+def shown(key: Any) -> str:
+    """A key as a refusal names it: text that can be stored and sent (a lone surrogate is U+FFFD),
+    at most ``SHOWN_KEY`` characters (then "…")."""
+    text = str(key)
+    if not storable(text):
+        text = "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)
+    return text if len(text) <= SHOWN_KEY else text[:SHOWN_KEY] + "…"
+
+
+def storable(text: str) -> bool:
+    """Whether a string is Unicode a database can store: no lone surrogate (JSON's "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _number_fault(v: int | float) -> str | None:
+    """Why a number cannot be stored or compared (None: it can)."""
+    if isinstance(v, float):
+        return None if math.isfinite(v) else "a number must be finite"
+    if not INT_MIN <= v <= INT_MAX:
+        return "an integer is at most 64 bits (-2**63 to 2**63-1)"
+    return None
+
+
+UNSTORABLE = "a string may not hold a lone surrogate (\\ud800-\\udfff): send valid Unicode"
 
 
 def validate(metadata: Any) -> dict[str, Any]:
@@ -94,10 +134,15 @@ def validate(metadata: Any) -> dict[str, Any]:
         if isinstance(value, list):
             if not all(isinstance(v, str) for v in value):
                 raise MetadataError(key, "a list holds strings only")
+            if not all(storable(v) for v in value):
+                raise MetadataError(key, UNSTORABLE)
             out[key] = list(value)
         elif isinstance(value, str | bool) or _is_number(value):
-            if isinstance(value, float) and not math.isfinite(value):
-                raise MetadataError(key, "a number must be finite")
+            fault = _number_fault(value) if _is_number(value) else None
+            if isinstance(value, str) and not storable(value):
+                fault = UNSTORABLE
+            if fault:
+                raise MetadataError(key, fault)
             out[key] = value
         else:
             raise MetadataError(
@@ -113,11 +158,18 @@ def parse_json(value: str | None) -> dict[str, Any]:
     """Metadata sent as JSON text (a multipart form field), validated."""
     if value is None or not value.strip():
         return {}
+    return validate(loads(value, MetadataError))
+
+
+def loads(text: str, error: type[MetadataError] | type[FilterError]) -> Any:
+    """JSON text sent by a client, or ``error`` (naming no key): not JSON, or nested deeper than
+    Python's json reader goes (a RecursionError)."""
     try:
-        parsed = json.loads(value)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MetadataError("", f"not JSON ({exc.msg})") from None
-    return validate(parsed)
+        raise error("", f"not JSON ({exc.msg})") from None
+    except RecursionError:
+        raise error("", "JSON nested too deeply") from None
 
 
 def _cli_value(raw: str) -> Any:
@@ -167,6 +219,10 @@ def _as_date(v: Any) -> datetime | None:
 
 
 def _scalar(key: str, op: str, v: Any) -> Any:
+    if isinstance(v, str) and not storable(v):
+        raise FilterError(key, UNSTORABLE)
+    if _is_number(v) and (fault := _number_fault(v)):
+        raise FilterError(key, fault)
     if isinstance(v, str | bool) or _is_number(v):
         return v
     raise FilterError(key, f"{op} takes a string, a number or a boolean")
@@ -185,7 +241,7 @@ def _condition(key: str, op: str, operand: Any) -> Condition:
         return Condition(key, op, operand)
     if op in COMPARE:
         if _is_number(operand):
-            return Condition(key, op, operand)
+            return Condition(key, op, _scalar(key, op, operand))
         when = _as_date(operand)
         if when is None:
             raise FilterError(key, f"{op} takes a number or an ISO date")
@@ -193,8 +249,9 @@ def _condition(key: str, op: str, operand: Any) -> Condition:
     return Condition(key, op, _scalar(key, op, operand))
 
 
-def parse_where(where: Any) -> Where:
-    """A ``where`` object as conditions, or FilterError naming the key or operator at fault."""
+def parse_where(where: Any, *, depth: int = 0) -> Where:
+    """A ``where`` object as conditions, or FilterError naming the key or operator at fault
+    (``$and`` nested deeper than ``MAX_DEPTH`` included: refused before it is walked further)."""
     if where is None:
         return ()
     if not isinstance(where, dict):
@@ -202,10 +259,12 @@ def parse_where(where: Any) -> Where:
     out: list[Condition] = []
     for key, value in where.items():
         if key == "$and":
+            if depth >= MAX_DEPTH:
+                raise FilterError("$and", f"nested too deeply: at most {MAX_DEPTH} levels of $and")
             if not isinstance(value, list):
                 raise FilterError("$and", "takes a list of filters")
             for part in value:
-                out.extend(parse_where(part))
+                out.extend(parse_where(part, depth=depth + 1))
             continue
         if not isinstance(key, str) or not KEY.match(key):
             raise FilterError(str(key), "not a metadata key (nor $and)")
@@ -396,10 +455,7 @@ def parse_filter_text(value: str | None) -> dict | None:
         return None
     value = value.strip()
     if value.startswith("{"):
-        try:
-            where = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise FilterError("", f"not JSON ({exc.msg})") from None
+        where = loads(value, FilterError)
         parse_where(where)
         return where
     return parse_cli_where([p for p in value.split(";") if p.strip()]) or None

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 MAX_EXTERNAL_ID = 512
 EXTERNAL_ID_RULE = "An external id is 1 to 512 characters, none of them a control character."
+# The rule as a JSON Schema ``pattern`` (the API's schema publishes it): no control character (Cc:
+# U+0000-U+001F, U+007F-U+009F) and no lone surrogate (Cs); ``check_external_id`` decides the same.
+EXTERNAL_ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\ud800-\udfff]{1,512}$"
 
 
 class BadExternalId(OperationError):

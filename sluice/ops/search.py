@@ -20,6 +20,7 @@ rankers asking for more until ``k`` enabled ones are found or none are left.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -165,16 +166,25 @@ def searched_dataset(ctx: Reader, name: str) -> Searched:
     return Searched(id=row.id, name=name, collection=row.collection)
 
 
+PAGE_MAX = 2**63 - 1  # a page number the job database can compare (64 bits)
+PAGES_PATTERN = r"^\s*[0-9]{0,19}\s*(-\s*[0-9]{0,19}\s*)?$"  # the API's schema says the same
+_PAGES = re.compile(r"^\s*([0-9]*)\s*(?:(-)\s*([0-9]*)\s*)?$")
+PAGES_RULE = "write A-B, A-, -B or one page number (0 to 2**63-1)"
+
+
 def parse_pages(value: str | None) -> tuple[int | None, int | None]:
-    """``"3-7"``, ``"3-"``, ``"-7"`` or ``"5"`` as (first, last) page numbers."""
+    """``"3-7"``, ``"3-"``, ``"-7"`` or ``"5"`` as (first, last) page numbers; BadQuery for any
+    other text, and for a number past 64 bits (no page is, and the database cannot compare it)."""
     if not value:
         return None, None
-    first, sep, last = value.strip().partition("-")
-    try:
-        a = int(first) if first.strip() else None
-        b = (int(last) if last.strip() else None) if sep else a
-    except ValueError:
-        raise BadQuery(f"pages {value!r}: write A-B, A-, -B or one page number") from None
+    m = _PAGES.match(value)
+    if m is None:
+        raise BadQuery(f"pages {value[:40]!r}: {PAGES_RULE}")
+    first, sep, last = m.groups()
+    a = int(first) if first else None
+    b = (int(last) if last else None) if sep else a
+    if any(n is not None and n > PAGE_MAX for n in (a, b)):
+        raise BadQuery(f"pages {value[:40]!r}: a page number is at most 2**63-1")
     if a is not None and b is not None and a > b:
         raise BadQuery(f"pages {value!r}: the first page is after the last")
     return a, b
