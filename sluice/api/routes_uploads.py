@@ -134,12 +134,7 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     """One or more files (multipart ``file`` parts), or ``{"filename", "text"}``. The same bytes
     already in the dataset answer with the existing job (``existing: true``)."""
     await run_in_threadpool(scoped.check_upload, key, dataset)
-    try:
-        parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
-    except RecursionError:  # a JSON body nested deeper than Python's json reader goes
-        raise Problem(
-            422, "invalid_request", "a JSON upload is {filename, text}: JSON nested too deeply"
-        ) from None
+    parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
     fingerprint = [
         dataset,
         *[[p.filename, p.sha256, *([p.external_id] if p.external_id else [])] for p in parts],

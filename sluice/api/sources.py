@@ -12,7 +12,7 @@ from sluice.ops.keys import ApiPrincipal
 from sluice.ops.reads import ctx
 from sluice.ops.sources.manage import add, get_source, list_sources, remove, sync
 from sluice.ops.sources.plan import SyncResult
-from sluice.ops.sources.syncing import SourceError, SourceView, UnknownSource
+from sluice.ops.sources.syncing import SourceError, SourceExists, SourceView, UnknownSource
 from sluice.storage.queries import dataset_by_name
 
 
@@ -24,7 +24,9 @@ def _dataset_id(name: str) -> int | None:
 
 def _reached(key: ApiPrincipal, view: SourceView) -> SourceView:
     if not key.reaches(_dataset_id(view.dataset)):
-        raise Missing(f"no source named {view.name!r}")
+        raise Missing(
+            f"no source named {view.name!r} (sluice sources list)"
+        )  # a missing one's words
     return view
 
 
@@ -56,7 +58,10 @@ def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> Sour
         raise Missing(f"no dataset named {dataset!r}")
     if ds_id is not None and not key.reaches(ds_id):
         raise Missing(f"no dataset named {dataset!r}")
-    return add(key.operator, name=name, dataset=dataset, **where)
+    try:
+        return add(key.operator, name=name, dataset=dataset, **where)
+    except SourceExists:  # the same words whether the key can see the source or not
+        raise SourceExists(f"the name {name!r} cannot be used: choose another") from None
 
 
 def key_remove(key: ApiPrincipal, name: str, *, keep_documents: bool = False) -> str:

@@ -100,8 +100,14 @@ async def _text(request: Request) -> list[Part]:
     raw = await request.body()
     try:
         body = TextUpload.model_validate(json.loads(raw))
-    except (ValueError, ValidationError) as exc:
-        detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "not JSON"
+    except (ValueError, ValidationError, RecursionError) as exc:
+        detail = (
+            exc.errors()[0]["msg"]
+            if isinstance(exc, ValidationError)
+            else "JSON nested too deeply"
+            if isinstance(exc, RecursionError)
+            else "not JSON"
+        )
         detail = f"a JSON upload is {{filename, text}}: {detail}"
         raise Problem(422, "invalid_request", detail) from None
     spool: IO[bytes] = SpooledTemporaryFile(max_size=SPOOL_BYTES)
