@@ -142,10 +142,10 @@ def test_changing_the_precision_misses_the_embedding_cache(make_ctx):
     assert fp32.pipeline_version == pipeline_version(fp32.settings)
     assert ":fp32:" in fp32.cache.namespace and ":bf16:" in bf16.cache.namespace
 
-    fp32.cache.put_many(texts, vectors)
-    assert all(v is not None for v in fp32.cache.get_many(texts))
-    assert bf16.cache.get_many(texts) == [None, None]
-    assert bf16.cache.contains_many(texts) == 0
+    fp32.cache.put_many(texts, vectors, dataset_id=1)
+    assert all(v is not None for v in fp32.cache.get_many(texts, dataset_id=1))
+    assert bf16.cache.get_many(texts, dataset_id=1) == [None, None]
+    assert bf16.cache.contains_many(texts, dataset_id=1) == 0
 
     auto = make_ctx(SLUICE_EMBEDDER="sentence-transformers", SLUICE_EMBED_PRECISION="auto")
     same = bf16 if resolve_precision("auto") == "bf16" else fp32

@@ -142,7 +142,11 @@ def count_work(
     todo = [
         t for i, t in enumerate(texts) if chunk_id(document.sha256, pipeline_version, i) not in held
     ]
-    return _Count(len(texts), len(texts) - len(todo), ctx.cache.contains_many(todo))
+    return _Count(
+        len(texts),
+        len(texts) - len(todo),
+        ctx.cache.contains_many(todo, dataset_id=document.dataset_id),
+    )
 
 
 def accumulate(

@@ -1,4 +1,6 @@
-"""The cache Redis namespace: embeddings keyed by model, precision, pipeline version and text hash.
+"""The cache Redis namespace: embeddings keyed by model, precision, pipeline version, dataset and
+text hash. Per dataset, so that what a job or a preview of one dataset reports as cached never
+depends on what another dataset embedded.
 
 The cache only saves time. When its Redis is down or flushed, lookups miss and writes are dropped;
 no job and no queue message depends on it.
@@ -42,14 +44,14 @@ class EmbeddingCache:
         self.ttl = ttl_seconds
         self._warned = False
 
-    def key(self, text: str) -> str:
-        return f"{PREFIX}:{self.namespace}:{text_hash(text)}"
+    def key(self, text: str, *, dataset_id: int) -> str:
+        return f"{PREFIX}:{self.namespace}:d{int(dataset_id)}:{text_hash(text)}"
 
-    def get_many(self, texts: Sequence[str]) -> list[np.ndarray | None]:
+    def get_many(self, texts: Sequence[str], *, dataset_id: int) -> list[np.ndarray | None]:
         if not texts:
             return []
         try:
-            raw = self.client.mget([self.key(t) for t in texts])
+            raw = self.client.mget([self.key(t, dataset_id=dataset_id) for t in texts])
         except redis.RedisError as exc:
             self._warn(exc)
             return [None] * len(texts)
@@ -61,25 +63,26 @@ class EmbeddingCache:
                 out.append(np.frombuffer(value, dtype=np.float32))
         return out
 
-    def put_many(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+    def put_many(self, texts: Sequence[str], vectors: np.ndarray, *, dataset_id: int) -> None:
         if not texts:
             return
         try:
             pipe = self.client.pipeline(transaction=False)
             for text, vec in zip(texts, vectors, strict=True):
-                pipe.set(self.key(text), np.asarray(vec, dtype=np.float32).tobytes(), ex=self.ttl)
+                value = np.asarray(vec, dtype=np.float32).tobytes()
+                pipe.set(self.key(text, dataset_id=dataset_id), value, ex=self.ttl)
             pipe.execute()
         except redis.RedisError as exc:
             self._warn(exc)
 
-    def contains_many(self, texts: Sequence[str]) -> int:
+    def contains_many(self, texts: Sequence[str], *, dataset_id: int) -> int:
         """How many of these texts are cached (for retry and reindex previews)."""
         if not texts:
             return 0
         try:
             pipe = self.client.pipeline(transaction=False)
             for t in texts:
-                pipe.exists(self.key(t))
+                pipe.exists(self.key(t, dataset_id=dataset_id))
             return sum(int(x) for x in pipe.execute())
         except redis.RedisError as exc:
             self._warn(exc)

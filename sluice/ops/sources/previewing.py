@@ -115,7 +115,7 @@ def estimate(ctx: Context, ds: Dataset, files: dict[str, bytes]) -> Preview:
                 p.unreadable += 1
                 continue
             p.chunks += len(texts)
-            p.cached += ctx.cache.contains_many(texts)
+            p.cached += ctx.cache.contains_many(texts, dataset_id=ds.id)
     if p.sampled and len(files) > p.sampled:
         factor = len(files) / p.sampled
         p.chunks, p.cached = round(p.chunks * factor), round(p.cached * factor)

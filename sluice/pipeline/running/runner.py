@@ -689,7 +689,9 @@ def _embed_and_write(
                 for cid, c in zip(ids[start : start + bs], chunks[start : start + bs], strict=True)
                 if cid not in existing
             ]
-            ahead = _Batch.start(out.ctx, batch, end=min(total, start + bs))
+            ahead = _Batch.start(
+                out.ctx, batch, end=min(total, start + bs), dataset_id=out.job.dataset_id
+            )
             try:
                 if in_flight is not None:
                     write(in_flight)
@@ -733,7 +735,9 @@ def _verify(out: _Output, ids: list[str], chunks: list[Chunk], bs: int) -> tuple
             total,
         )
         for start in range(0, len(missing), bs):
-            e, c = out.finish(_Batch.start(out.ctx, missing[start : start + bs], end=0))
+            e, c = out.finish(
+                _Batch.start(out.ctx, missing[start : start + bs], end=0, dataset_id=job.dataset_id)
+            )
             embedded += e
             cached += c
     else:
@@ -801,16 +805,19 @@ class _Batch:
     missing: list[int]
     encoding: embed.Encoding | embed.Deferred | None
     end: int  # chunks of the document up to this batch's end (for progress)
+    dataset_id: int  # the cache is per dataset
 
     @classmethod
-    def start(cls, ctx: Context, items: list[tuple[str, Chunk]], *, end: int) -> _Batch:
+    def start(
+        cls, ctx: Context, items: list[tuple[str, Chunk]], *, end: int, dataset_id: int
+    ) -> _Batch:
         if not items:
-            return cls(items, [], [], None, end)
+            return cls(items, [], [], None, end, dataset_id)
         texts = [c.text for _, c in items]
-        vectors = ctx.cache.get_many(texts)
+        vectors = ctx.cache.get_many(texts, dataset_id=dataset_id)
         missing = [i for i, v in enumerate(vectors) if v is None]
         encoding = embed.submit(ctx.embedder, [texts[i] for i in missing]) if missing else None
-        return cls(items, vectors, missing, encoding, end)
+        return cls(items, vectors, missing, encoding, end, dataset_id)
 
     def finish(
         self,
@@ -827,7 +834,8 @@ class _Batch:
             texts = [c.text for _, c in self.items]
             if self.encoding is not None:
                 fresh = self.encoding.result()
-                ctx.cache.put_many([texts[i] for i in self.missing], fresh)
+                missed = [texts[i] for i in self.missing]
+                ctx.cache.put_many(missed, fresh, dataset_id=self.dataset_id)
                 for i, vec in zip(self.missing, fresh, strict=True):
                     self.vectors[i] = vec
             metadatas = [
