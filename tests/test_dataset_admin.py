@@ -314,3 +314,27 @@ def test_a_late_read_or_delete_of_a_dropped_collection_does_not_make_it_again(ct
         assert store.query_ids(name, [[0.0] * 384], n=3) == [[]]
         assert store.set_metadata_fields(name, [cid], {"k": "v"}) == 0
         assert not collection_exists(ctx, name)
+
+
+def test_a_dataset_that_a_source_follows_is_deleted_with_its_sources(ctx, tmp_path, capsys):
+    """Before: the delete failed on the sources' foreign keys (a 500, a traceback), the dataset
+    stayed "deleting" for good and recovery stopped at it."""
+    from sluice.ops.sources import syncing
+    from sluice.storage.source_records import Source, SourceEntry, SourceRun
+
+    folder = tmp_path / "share"
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(ALPHA)
+    syncing.add_source(ctx, name="share", dataset="alpha", folder=str(folder))
+    assert syncing.sync(ctx, "share", actor="test", confirm=True).counts["added"] == 1
+    indexed(ctx, BETA, "beta", "bees.txt")
+    syncing.add_source(ctx, name="other", dataset="beta", folder=str(folder))
+    with Session(ctx.engine) as session:
+        ids = {s.name: s.id for s in session.exec(select(Source)).all()}
+        assert session.exec(select(SourceEntry).where(SourceEntry.source_id == ids["share"])).all()
+    assert cli(["datasets", "delete", "alpha", "--yes"]) == 0, capsys.readouterr().err
+    assert dataset_row(ctx, "alpha") is None
+    with Session(ctx.engine) as session:
+        assert [s.name for s in session.exec(select(Source)).all()] == ["other"]
+        for table in (SourceEntry, SourceRun):
+            assert not session.exec(select(table).where(table.source_id == ids["share"])).all()

@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import text
@@ -170,15 +171,31 @@ def _drop_collection(ctx: Context, collection: str) -> None:
     raise RuntimeError(f"the Chroma collection {collection} is still there after its drop")
 
 
+def _owners(tables: list[Any], dataset_id: int) -> dict[str, Any]:
+    """Each table that belongs to the dataset, directly or through a parent (documents, jobs,
+    sources and their entries and runs), and the ids of its rows of the dataset (None for the
+    dataset's own table), parents first: a table added later is covered by its foreign keys."""
+    owners: dict[str, Any] = {"dataset": None}
+    for table in tables:
+        if table.name in owners or "id" not in table.c:
+            continue
+        for fk in table.foreign_keys:
+            parent = fk.column.table.name
+            if parent in owners and fk.column.name == "id":
+                ids = owners[parent]
+                where = fk.parent == dataset_id if ids is None else fk.parent.in_(ids)
+                owners[table.name] = select(table.c.id).where(where)
+                break
+    return owners
+
+
 def _remove_rows(ctx: Context, dataset_id: int) -> None:
     """Every row of the dataset, children first (found by their foreign keys, so a table added
     later is covered; ``disabled_chunk`` has none and is named), then the dataset's row; its id
     leaves every API key's datasets."""
     tables = SQLModel.metadata.sorted_tables
     with Session(ctx.engine) as session:
-        doc_ids = select(col(Document.id)).where(Document.dataset_id == dataset_id)
-        job_ids = select(col(Job.id)).where(Job.dataset_id == dataset_id)
-        owners = {"dataset": None, "document": doc_ids, "job": job_ids}
+        owners = _owners(tables, dataset_id)
         for table in reversed(tables):
             if table.name == "dataset":
                 continue
