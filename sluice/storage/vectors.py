@@ -99,9 +99,9 @@ class GroupCommit:
     """Group commit for the adds of one collection: rows that several threads add at the same
     moment travel in one request, and each caller returns once its own rows are written.
 
-    Chroma's server pays for a request about what it pays for 25 vectors (BENCHMARKS.md). A caller finding no write under way writes its
-    rows at once (a lone caller waits for nobody); callers arriving meanwhile queue, and when the
-    write ends the first of them writes everything queued. When a combined write fails, each
+    Chroma's server pays for a request about what it pays for 25 vectors (BENCHMARKS.md). A caller
+    finding no write under way writes its rows at once (a lone caller waits for nobody); callers
+    arriving meanwhile queue, and when the write ends the first of them writes everything queued. When a combined write fails, each
     caller's rows are tried alone, so every caller gets its own answer.
     """
 
