@@ -101,8 +101,9 @@ class GroupCommit:
 
     Chroma's server pays for a request about what it pays for 25 vectors (BENCHMARKS.md). A caller
     finding no write under way writes its rows at once (a lone caller waits for nobody); callers
-    arriving meanwhile queue, and when the write ends the first of them writes everything queued. When a combined write fails, each
-    caller's rows are tried alone, so every caller gets its own answer.
+    arriving meanwhile queue, and when the write ends the first of them writes everything queued.
+    When a combined write fails, each caller's rows are tried alone, so every caller gets its own
+    answer.
     """
 
     def __init__(self) -> None:
