@@ -201,6 +201,10 @@ class Settings(BaseSettings):
     api_rate_per_minute: int = Field(600, ge=0, description="0 = no limit")
     # A comment on a quiet event stream this often, so that proxies do not close it.
     api_keepalive_seconds: float = Field(15.0, gt=0, le=3600)
+    # Event streams one key may hold open at once in one API process (the next is 429).
+    api_max_streams_per_key: int = Field(5, ge=1, le=1000)
+    # The largest JSON body a route other than an upload reads (413 beyond it, before reading it).
+    api_max_json_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
 
     # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is
     # cancelled.

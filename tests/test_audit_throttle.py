@@ -134,3 +134,48 @@ def test_an_api_process_that_stops_writes_the_count_it_still_held(database_url, 
         assert row.params.get("repeats", 0) == 0  # the first only, so far
     [row] = _refusals(context)
     assert (row.actor_key, row.params.get("repeats")) == ("00aa11bb22cc", 29)
+
+
+def test_varying_the_lookup_id_buys_no_rows_and_the_map_stays_bounded(database_url, monkeypatch):
+    """2,000 refused tokens with 2,000 lookup ids from one address: before, 2,000 rows and 2,000
+    commits, and 2,000 floods remembered; now the address's first few tokens get a row each, the
+    rest share one (lookup id ``*``), all counted. Then 2,000 addresses: the floods remembered
+    stay at the map's size, the oldest written and forgotten."""
+    from sqlalchemy import event
+
+    from sluice.api.authentication import record_refusal
+
+    # the once-a-second writes of a flood's count (the test above) wait here: the burst's writes
+    # are then exactly the rows it makes
+    monkeypatch.setattr(audit_trail, "FLOOD_FLUSH_SECONDS", 3600.0)
+    context = Context(get_settings())
+    set_context(context)
+    seen: list[str] = []
+    listener = _audit_writes(context.engine, seen)
+    event.listen(context.engine, "before_cursor_execute", listener)
+    try:
+        for i in range(2000):
+            record_refusal(f"sluice_{i:012x}_" + "z" * 43, "198.51.100.7")
+        burst = len(seen)
+        most = audit_trail.flood_count()
+        audit_trail.flush_refusals()
+        flushed = len(seen) - burst
+    finally:
+        event.remove(context.engine, "before_cursor_execute", listener)
+    per_address = audit_trail.FLOOD_KEYS_PER_ADDRESS
+    # a row for each of the address's own few tokens and one they share (before: 2,000 rows)
+    assert burst == per_address + 1, seen
+    assert flushed == 1, seen  # the shared row's count, once
+    assert most <= per_address + 1  # before: 2,000
+    rows = _refusals(context)
+    assert len(rows) == per_address + 1, [(r.actor_key, r.reason) for r in rows]
+    shared = rows[-1]
+    assert (shared.actor_key, shared.address) == ("*", "198.51.100.7")
+    assert 1 + shared.params["repeats"] + per_address == 2000  # every refusal counted once
+    assert shared.reason.startswith("tokens of many keys from one address (and ")
+
+    monkeypatch.setattr(audit_trail, "FLOOD_MAP_SIZE", 100)
+    for i in range(2000):  # many addresses: the map keeps its size
+        record_refusal("sluice_00000000beef_" + "z" * 43, f"10.0.{i // 250}.{i % 250}")
+        assert audit_trail.flood_count() <= 100
+    audit_trail.flush_refusals()

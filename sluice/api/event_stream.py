@@ -9,6 +9,11 @@ before id 10 is. So a reader stops before a gap in the ids until the event after
 ``GAP_WAIT_SECONDS`` old by the database's clock (a transaction still open commits within that; a
 gap that stays is a rolled-back insert or a pruned row). Without that, a client that saw 11 would
 never see 10.
+
+A stream is only as good as its key: every poll reads the key's row again (a revoked key, or one
+gone, ends the stream: ``StreamEnded``) and checks that each dataset it reached at the start is
+still the same dataset (its id and its creation time: a dataset deleted and a new one that got its
+id is not the old one). A dataset gone leaves the stream's reach; the last one gone ends it.
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ from sqlmodel import Session, col, select
 from sluice.api.scoped import Missing
 from sluice.ops import reads
 from sluice.ops.keys import ApiPrincipal
-from sluice.storage import api_queries, queries
+from sluice.storage import api_keys, api_queries, queries
 from sluice.storage.clock import as_utc, db_now
-from sluice.storage.models import MAX_ID, Job, JobEvent
+from sluice.storage.models import MAX_ID, Dataset, Job, JobEvent
 
 GAP_WAIT_SECONDS = 2.0
 BATCH = 500
@@ -52,13 +57,21 @@ class StreamEvent:
     data: dict[str, Any]
 
 
+class StreamEnded(Exception):
+    """The stream may deliver nothing more: its key was revoked, or its datasets are gone. The
+    message says why, in words for the stream's last comment."""
+
+
 @dataclass
 class EventCursor:
-    """Where one stream is in the log, and which datasets it may see."""
+    """Where one stream is in the log, which datasets it may see, and for which key."""
 
     after: int
     reach: list[int] | None
     names: dict[int, str] = field(default_factory=dict)
+    key: ApiPrincipal | None = None  # None: nobody to check again (a cursor made by hand)
+    # The datasets of ``reach`` as they were at the start: id -> created_at.
+    born: dict[int, Any] = field(default_factory=dict)
 
 
 def open_cursor(key: ApiPrincipal, *, dataset: str | None, after: int | None) -> EventCursor:
@@ -72,9 +85,38 @@ def open_cursor(key: ApiPrincipal, *, dataset: str | None, after: int | None) ->
             reach = [ds.id]
         else:
             reach = key.reach
+        born: dict[int, Any] = {}
+        if reach is not None:
+            rows = session.exec(select(Dataset).where(col(Dataset.id).in_(reach))).all()
+            born = {d.id: as_utc(d.created_at) for d in rows}
+            reach = sorted(
+                born
+            )  # a dataset already gone is not reached (nor one with its id later)
         last = api_queries.last_event_id(session=session)
         start = last if after is None else max(0, min(after, MAX_ID))
-        return EventCursor(start, reach, queries.dataset_names(session=session))
+        names = queries.dataset_names(session=session)
+        return EventCursor(start, reach, names, key=key, born=born)
+
+
+def check_reach(session: Session, cursor: EventCursor) -> None:
+    """Raise StreamEnded when the cursor's key is no longer live, or all its datasets are gone;
+    drop the datasets that went (or whose id is another dataset's now) from its reach."""
+    key = cursor.key
+    if key is None:
+        return
+    row = api_keys.key_by_lookup(session=session, lookup=key.lookup) if key.lookup else None
+    if row is None or row.id != key.id or row.revoked_at is not None:
+        raise StreamEnded("the key was revoked")
+    if cursor.reach is None:
+        return
+    rows = session.exec(select(Dataset).where(col(Dataset.id).in_(cursor.reach))).all()
+    now = {d.id: as_utc(d.created_at) for d in rows}
+    kept = [i for i in cursor.reach if i in now and now[i] == cursor.born.get(i)]
+    if not kept:
+        raise StreamEnded(
+            "the dataset was deleted" if len(cursor.born) == 1 else "its datasets were deleted"
+        )
+    cursor.reach = kept
 
 
 def _settled_upto(session: Session, after: int) -> int:
@@ -119,8 +161,9 @@ def _data(e: JobEvent, job: Job, names: dict[int, str]) -> dict[str, Any]:
 
 def poll(cursor: EventCursor) -> list[StreamEvent]:
     """The events after the cursor that are settled, of its datasets; moves the cursor past them
-    (and past the events of other datasets in between)."""
+    (and past the events of other datasets in between). StreamEnded when it may deliver no more."""
     with Session(reads.ctx().engine) as session:
+        check_reach(session, cursor)
         upto = _settled_upto(session, cursor.after)
         if upto == cursor.after:
             return []

@@ -1,11 +1,21 @@
 """The FastAPI application, and ``sluice serve api`` (uvicorn on
-SLUICE_API_ADDRESS:SLUICE_API_PORT)."""
+SLUICE_API_ADDRESS:SLUICE_API_PORT).
+
+Its lifespan starts the warm-up (a thread: ``/v1/health`` says ``ready`` once it finished) and
+makes the event that ends every open event stream when the process is told to stop: uvicorn waits
+for open requests before it runs the lifespan's shutdown, so a stream would hold the stop for as
+long as it lasts; the lifespan therefore listens to SIGINT and SIGTERM itself (before uvicorn's own
+handler, which it then calls), and every stream ends at once with a last comment."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -23,16 +33,82 @@ from sluice.api import (
     routes_sources,
     routes_uploads,
 )
+from sluice.api.dependencies import KeyGate
 from sluice.api.guard import Guard
-from sluice.api.routes_meta import package_version
+from sluice.api.routes_events import streams
+from sluice.api.routes_meta import package_version, warmed
 from sluice.api.schemas import TextUpload
+from sluice.ops import health
 
 log = logging.getLogger(__name__)
+WARM_RETRY_SECONDS = 5.0
+WARM_JOIN_SECONDS = 5.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _warm(stop: threading.Event) -> None:
+    """The warm-up thread: ``health.warm_up`` until it succeeds (each failure logged, with its
+    traceback), then ``warmed``; gives up when the process stops."""
+    while not stop.is_set():
+        try:
+            health.warm_up()
+        except Exception:
+            log.exception("the API's warm-up failed; trying again in %.0f s", WARM_RETRY_SECONDS)
+            stop.wait(WARM_RETRY_SECONDS)
+            continue
+        warmed.set()
+        return
+
+
+def _listen_for_stop(closing: asyncio.Event) -> Callable[[], None]:
+    """On SIGINT or SIGTERM: set ``closing`` (on the loop), then the handler there was (uvicorn's,
+    which starts its shutdown). Returns what puts the handlers back. Only the main thread may set
+    signal handlers: elsewhere (the app in a test's thread) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    before: dict[int, Any] = {}
+
+    def on_signal(sig: int, frame: Any) -> None:
+        loop.call_soon_threadsafe(closing.set)
+        previous = before.get(sig)
+        if callable(previous):
+            previous(sig, frame)
+        elif sig == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    for sig in STOP_SIGNALS:
+        before[sig] = signal.getsignal(sig)
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        for sig, previous in before.items():
+            if signal.getsignal(sig) is on_signal:
+                signal.signal(sig, previous)
+
+    return restore
 
 
 @asynccontextmanager
 async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
-    yield
+    closing = asyncio.Event()
+    streams.closing = closing
+    restore = _listen_for_stop(closing)
+    warmed.clear()
+    stop_warming = threading.Event()
+    # A daemon: a warm-up stuck on a dead service must not hold the process's exit (it logs what
+    # fails; the shutdown waits a few seconds for it, then lets it go).
+    warming = threading.Thread(
+        target=_warm, args=(stop_warming,), name="sluice-warm-up", daemon=True
+    )
+    warming.start()
+    try:
+        yield
+    finally:
+        closing.set()
+        restore()
+        stop_warming.set()
+        await asyncio.to_thread(warming.join, WARM_JOIN_SECONDS)
     # On the way out: the refused calls this process counted and had not written yet
     # (``audit_trail.refused_once_per`` writes a flood's count once a second).
     from sluice.ops import audit_trail
@@ -53,7 +129,7 @@ def create_app() -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    for module in (
+    modules = (
         routes_meta,
         routes_datasets,
         routes_uploads,
@@ -64,9 +140,12 @@ def create_app() -> FastAPI:
         routes_events,
         routes_audit,
         routes_sources,
-    ):
+    )
+    for module in modules:
         app.include_router(module.router)
     problems.install(app)
+    # inside the Guard: the key before any body is read (the routes as included: no prefix)
+    app.add_middleware(KeyGate, routes=[r for m in modules for r in m.router.routes])
     app.add_middleware(Guard)
     app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app

@@ -24,6 +24,9 @@ CONSOLE_LAUNCHER = "sluice.console.launcher"  # named, not imported, like the AP
 WORKER_MAIN = "sluice.worker.consumer"  # named, not imported: no pipeline at start
 METRICS_MAIN = "sluice.exporter"  # named, not imported, like the worker
 API_APP = "sluice.api.server:app"  # named, not imported: the front ends do not import each other
+# On SIGINT/SIGTERM the API ends its event streams itself (sluice.api.server); a request still
+# running this long after is cancelled, so a stop never waits on a slow client.
+API_GRACEFUL_SHUTDOWN_SECONDS = 10
 
 
 def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
@@ -59,6 +62,8 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
             str(s.api_port),
             "--no-server-header",
             "--no-proxy-headers",
+            "--timeout-graceful-shutdown",
+            str(API_GRACEFUL_SHUTDOWN_SECONDS),
         ]
     check_bind(s)
     return [

@@ -16,10 +16,11 @@ import logging
 import re
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -152,25 +153,82 @@ class _Flood:
     pending: int = 0  # refusals since, counted here only
     latest: tuple[timedelta, Operator, str, dict[str, Any]] | None = None
     engine: Any = None  # the job database they were counted for
+    span: timedelta = FLOOD_SPAN  # remembered this long after its last write
 
 
-_floods: dict[tuple[str, str | None, str | None], _Flood] = {}
+FloodKey = tuple[str, str | None, str | None]  # action, API key lookup id (or none), address
+# Bounds of what this process remembers of floods, so that no flood can grow it: an address has
+# at most FLOOD_KEYS_PER_ADDRESS floods of its own tokens; the refusals of its further tokens
+# share one flood (and one row) under the lookup id MANY_KEYS; and at most FLOOD_MAP_SIZE floods
+# are remembered in all: the oldest is written (what it counted) and forgotten for a new one.
+FLOOD_KEYS_PER_ADDRESS = 4
+FLOOD_MAP_SIZE = 4096
+MANY_KEYS = "*"
+_floods: OrderedDict[FloodKey, _Flood] = OrderedDict()  # oldest first
+_per_address: Counter[tuple[str, str | None]] = Counter()  # (action, address) -> floods held
 _flusher: list[threading.Thread] = []
+
+_Due = tuple[str, int, tuple[timedelta, Operator, str, dict[str, Any]], Any]
+
+
+def _forget(key: FloodKey) -> _Flood | None:  # under _floods_lock
+    flood = _floods.pop(key, None)
+    if flood is not None:
+        place = (key[0], key[2])
+        _per_address[place] -= 1
+        if _per_address[place] <= 0:
+            del _per_address[place]
+    return flood
+
+
+def _remember(key: FloodKey, flood: _Flood) -> list[_Due]:  # under _floods_lock
+    """Put ``flood`` in the map as the newest; what the floods it pushed out still counted."""
+    due: list[_Due] = []
+    if key not in _floods:
+        while len(_floods) >= FLOOD_MAP_SIZE:
+            old_key = next(iter(_floods))
+            old = _forget(old_key)
+            if old is not None and old.pending and old.latest is not None:
+                due.append((old_key[0], old.pending, old.latest, old.engine))
+        _per_address[(key[0], key[2])] += 1
+    _floods[key] = flood
+    _floods.move_to_end(key)
+    return due
+
+
+def _write_due(due: Iterable[_Due]) -> None:
+    for action, pending, (span, who, reason, kw), engine in due:
+        _write_refusals(engine, span, who, action, reason, pending, **kw)
+
+
+def flood_count() -> int:
+    """How many floods this process remembers now (at most FLOOD_MAP_SIZE)."""
+    with _floods_lock:
+        return len(_floods)
 
 
 def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, **kw: Any) -> None:
     """A refusal that can come in a flood (a bad token, hammered): at most one row per (action,
     API key lookup id or none, address) in ``span`` of the database's clock from that row's time;
     the refusals after it in the span only count, in the row's ``params["repeats"]`` and reason.
+    Beyond FLOOD_KEYS_PER_ADDRESS lookup ids from one address, the refusals of every further one
+    count in one row of that address (lookup id ``*``): varying the token buys no rows.
 
     A flood costs the job database one write a second, not one per refusal: the refusals that
     follow a write within ``FLOOD_FLUSH_SECONDS`` are counted in this process and written
     together by a background thread (``flush_refusals`` writes them at once)."""
     engine = ctx().engine
-    key = (action, who.key or None, (who.address or None) and who.address[:64])
+    address = (who.address or None) and who.address[:64]
+    key: FloodKey = (action, who.key or None, address)
     now = time.monotonic()
     with _floods_lock:
         flood = _floods.get(key)
+        if flood is None and _per_address[(action, address)] >= FLOOD_KEYS_PER_ADDRESS:
+            key = (action, MANY_KEYS, address)  # one more token of a busy address: the shared row
+            who = replace(who, name="many keys", key=MANY_KEYS)
+            reason = "tokens of many keys from one address"
+            kw = {**kw, "target_id": "many keys"}
+            flood = _floods.get(key)
         if (
             flood is not None
             and flood.engine is engine
@@ -178,11 +236,13 @@ def refused_once_per(span: timedelta, who: Operator, action: str, reason: str, *
         ):
             flood.pending += 1
             flood.latest = (span, who, reason, kw)
+            _floods.move_to_end(key)
             _start_flusher()
             return
         # what was counted for another job database (a test's process moved on) is not this one's
         earlier = flood.pending if flood is not None and flood.engine is engine else 0
-        _floods[key] = _Flood(written=now, engine=engine)
+        due = _remember(key, _Flood(written=now, engine=engine, span=span))
+    _write_due(due)
     _write_refusals(engine, span, who, action, reason, 1 + earlier, **kw)
 
 
@@ -190,31 +250,28 @@ def flush_refusals() -> int:
     """Write every refusal counted and not yet written, and forget the floods (the next refusal
     of each is written at once). Returns how many were written."""
     with _floods_lock:
-        due = [(key, f.pending, f.latest, f.engine) for key, f in _floods.items() if f.pending]
+        due = [(key[0], f.pending, f.latest, f.engine) for key, f in _floods.items() if f.pending]
         _floods.clear()
-    for (action, _, _), pending, latest, engine in due:
-        assert latest is not None
-        span, who, reason, kw = latest
-        _write_refusals(engine, span, who, action, reason, pending, **kw)
+        _per_address.clear()
+    _write_due((a, p, latest, e) for a, p, latest, e in due if latest is not None)
     return sum(pending for _, pending, _, _ in due)
 
 
 def _flush_due() -> None:
     """The background thread's round: the floods whose count waited a flush interval are written;
-    floods quiet for longer than that are forgotten."""
+    floods quiet for their span are forgotten (until then they hold their address's place)."""
     now = time.monotonic()
-    due = []
+    due: list[_Due] = []
     with _floods_lock:
         for key, flood in list(_floods.items()):
             if now - flood.written < FLOOD_FLUSH_SECONDS:
                 continue
             if flood.pending and flood.latest is not None:
                 due.append((key[0], flood.pending, flood.latest, flood.engine))
-                _floods[key] = _Flood(written=now, engine=flood.engine)
-            else:
-                del _floods[key]
-    for action, pending, (span, who, reason, kw), engine in due:
-        _write_refusals(engine, span, who, action, reason, pending, **kw)
+                _floods[key] = _Flood(written=now, engine=flood.engine, span=flood.span)
+            elif now - flood.written >= flood.span.total_seconds():
+                _forget(key)
+    _write_due(due)
 
 
 def _start_flusher() -> None:  # under _floods_lock
