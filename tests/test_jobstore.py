@@ -288,7 +288,6 @@ def test_each_progress_write_is_a_job_progress_event_of_the_log(engine):
     the one log: the stream sends them as job.progress; a write that lost its lease leaves none."""
     from sluice.api import event_stream
     from sluice.ops import reads
-    from sluice.ops.keys import ApiPrincipal
 
     job_id = new_job(engine, 1)
     lease = claim(engine, job_id).job.lease
@@ -319,7 +318,7 @@ def test_each_progress_write_is_a_job_progress_event_of_the_log(engine):
         ("embedding 32/100 chunks", {"done": 32, "total": 100}, "embedding", 1),
         ("embedding 64/100 chunks", {"done": 64, "total": 100}, "embedding", 1),
     ]
-    key = ApiPrincipal(1, "reader", "read", True, frozenset())
+    key = _reader()
     streamed = event_stream.poll(event_stream.open_cursor(key, dataset=None, after=0))
     progress = [e for e in streamed if e.data["kind"] == "progress"]
     assert [(e.id, e.type) for e in progress] == [(e.id, "job.progress") for e in logged]
@@ -755,4 +754,34 @@ def test_a_compare_and_set_writes_the_job_row_once(engine):
         JobStatus.succeeded,
         3,
         claimed.job.version + 1,
+    )
+
+
+def _reader():
+    """A live read key of every dataset, as a stream re-checks its key on every poll."""
+    from sluice.api.authentication import authenticate
+    from tests.support.api_server import make_key
+
+    key = authenticate(make_key("reader", datasets=None, scope="read"))
+    assert key is not None
+    return key
+
+
+def test_a_hand_back_is_an_event_of_the_stream(engine):
+    """A job a stopping worker gives back goes from running to pending: a stream client that saw
+    it running must see it queued again (before: the stream left the hand-back out)."""
+    from sluice.api import event_stream
+
+    job_id = new_job(engine, 1)
+    lease = claim(engine, job_id).job.lease
+    with Session(engine) as session:
+        assert jobs.hand_back(
+            session=session, job_id=job_id, lease=lease, worker_id="w1", reason="worker stopping"
+        )
+    streamed = event_stream.poll(event_stream.open_cursor(_reader(), dataset=None, after=0))
+    last = [e for e in streamed if e.data["job"]["id"] == job_id][-1]
+    assert (last.type, last.data["kind"], last.data["job"]["status"]) == (
+        "job.queued",
+        "handed_back",
+        "pending",
     )

@@ -38,6 +38,8 @@ EVENT_TYPES = {  # job event kind -> the stream's (and the webhooks') event type
     "retried": "job.queued",
     "reindex_requested": "job.queued",
     "reuploaded": "job.queued",
+    "handed_back": "job.queued",  # a stopping worker gave it back: pending again
+    "revived": "job.queued",
     "claimed": "job.progress",
     "progress": "job.progress",  # stage counts, written once per batch at most twice a second
     "waiting": "job.progress",
