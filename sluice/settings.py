@@ -205,6 +205,9 @@ class Settings(BaseSettings):
     api_max_streams_per_key: int = Field(5, ge=1, le=1000)
     # The largest JSON body a route other than an upload reads (413 beyond it, before reading it).
     api_max_json_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Where an API key may add an S3 source: buckets, or bucket/prefix/ entries (comma-separated);
+    # empty: nowhere (the deployment's credentials may reach buckets no key should read).
+    api_source_s3_allowed: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is
     # cancelled.
@@ -232,6 +235,7 @@ class Settings(BaseSettings):
         "webhook_urls",
         "metrics_hosts",
         "api_hosts",
+        "api_source_s3_allowed",
         mode="before",
     )
     @classmethod

@@ -601,12 +601,16 @@ def test_the_workers_follow_a_source_on_schedule_and_as_its_folder_changes(tmp_p
     assert not follow.errors
 
 
-def test_the_api_manages_s3_sources_for_manage_keys_of_their_dataset(s3side, ctx):
+def test_the_api_manages_s3_sources_for_manage_keys_of_their_dataset(s3side, ctx, monkeypatch):
     import httpx
 
     from sluice.ops import actions
     from sluice.ops.access import cli_operator
+    from sluice.settings import reset_settings_cache
     from tests.support.api_server import InProcessApi, auth, make_key
+
+    monkeypatch.setenv("SLUICE_API_SOURCE_S3_ALLOWED", f"{s3side.bucket}/team")
+    reset_settings_cache()
 
     for name in ("docs", "other"):
         assert actions.create_dataset(cli_operator(), name)[0]
@@ -755,3 +759,47 @@ def test_a_late_success_does_not_bring_back_a_file_removed_while_its_job_ran(
     jobs_before = job_count(ctx)
     assert "1 tombstoned" in syncing.undo(ctx, "src")  # its chunks were kept: back, not embedded
     assert found(ctx, "zq1v0") == {"f1.txt"} and job_count(ctx) == jobs_before
+
+
+def test_a_key_adds_s3_sources_only_where_the_operator_allows(s3side, ctx, monkeypatch):
+    """Before: a manage key could add a source on any bucket the deployment's credentials reach
+    (the blob store's own included: every dataset's uploads became its documents), an ARN sent
+    requests to hosts it chose, and a preview passed botocore's words back."""
+    import httpx
+
+    from sluice.ops import actions
+    from sluice.ops.access import cli_operator
+    from sluice.settings import reset_settings_cache
+    from tests.support.api_server import InProcessApi, auth, make_key
+
+    monkeypatch.setenv("SLUICE_API_SOURCE_S3_ALLOWED", f"{s3side.bucket}/team/,missing-bucket-x1")
+    reset_settings_cache()
+    assert actions.create_dataset(cli_operator(), "docs")[0]
+    manage = auth(make_key("m", datasets=["docs"], scope="manage"))
+
+    def add(name: str, where: str) -> httpx.Response:
+        body = {"name": name, "dataset": "docs", "s3": where}
+        return client.post("/v1/sources", json=body, headers=manage)
+
+    with InProcessApi() as api, httpx.Client(base_url=api.url, timeout=30) as client:
+        for where in (f"s3://{s3side.bucket}/other/", f"s3://another-{s3side.bucket}/team/"):
+            refused = add("nope", where)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["code"] == "source_location_refused"
+        arn = add("arn", "s3://arn:aws:s3:us-east-1:123456789012:accesspoint/x/team/")
+        assert arn.status_code == 422 and arn.json()["code"] == "bad_source"
+        assert add("team", f"s3://{s3side.bucket}/team/sub/").status_code == 201
+        assert add("ghost", "s3://missing-bucket-x1/").status_code == 201
+        look = client.post("/v1/sources/ghost/sync", json={"preview": True}, headers=manage)
+        text = look.text
+        assert "S3 refused: NoSuchBucket" in text, text
+        assert (
+            "127.0.0.1" not in text and "botocore" not in text.lower() and "ListObjects" not in text
+        )
+
+
+def test_no_source_follows_the_blob_stores_own_bucket(s3side, make_ctx):
+    ctx = make_ctx(SLUICE_BLOB_STORE="s3", SLUICE_S3_BUCKET=s3side.bucket)
+    with pytest.raises(syncing.SourceError) as refused:
+        syncing.add_source(ctx, name="blobs", dataset="docs", s3=f"s3://{s3side.bucket}/")
+    assert refused.value.code == "source_location_refused"

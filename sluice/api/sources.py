@@ -10,9 +10,11 @@ from sqlmodel import Session
 from sluice.api.scoped import Missing, require
 from sluice.ops.keys import ApiPrincipal
 from sluice.ops.reads import ctx
+from sluice.ops.sources.listing import parse_s3
 from sluice.ops.sources.manage import add, get_source, list_sources, remove, sync
 from sluice.ops.sources.plan import SyncResult
 from sluice.ops.sources.syncing import SourceError, SourceExists, SourceView, UnknownSource
+from sluice.settings import get_settings
 from sluice.storage.queries import dataset_by_name
 
 
@@ -53,6 +55,13 @@ def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> Sour
             code="folder_not_from_api",
             hint="Add it on its host: sluice sources add NAME --dataset D --folder PATH.",
         )
+    if where.get("s3") is not None and not s3_allowed(str(where["s3"])):
+        raise SourceError(
+            "S3 sources may be added from the API only where SLUICE_API_SOURCE_S3_ALLOWED allows",
+            code="source_location_refused",
+            hint="Ask the operator to list the bucket (or bucket/prefix/) in "
+            "SLUICE_API_SOURCE_S3_ALLOWED, or add the source on the host: sluice sources add.",
+        )
     ds_id = _dataset_id(dataset)
     if ds_id is None and not key.all_datasets:
         raise Missing(f"no dataset named {dataset!r}")
@@ -62,6 +71,23 @@ def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> Sour
         return add(key.operator, name=name, dataset=dataset, **where)
     except SourceExists:  # the same words whether the key can see the source or not
         raise SourceExists(f"the name {name!r} cannot be used: choose another") from None
+
+
+def s3_allowed(location: str) -> bool:
+    """Whether ``s3://bucket/prefix/`` lies within an entry of SLUICE_API_SOURCE_S3_ALLOWED (a
+    bucket, or a bucket/prefix/); never the blob store's bucket."""
+    try:
+        bucket, prefix = parse_s3(location)
+    except ValueError:
+        return True  # add_source refuses it with its own words
+    s = get_settings()
+    if s.blob_store == "s3" and bucket == s.s3_bucket:
+        return False
+    for entry in s.api_source_s3_allowed:
+        allowed_bucket, _, allowed_prefix = entry.strip().removeprefix("s3://").partition("/")
+        if bucket == allowed_bucket and (prefix or "").startswith(allowed_prefix):
+            return True
+    return False
 
 
 def key_remove(key: ApiPrincipal, name: str, *, keep_documents: bool = False) -> str:

@@ -16,6 +16,7 @@ import errno
 import fnmatch
 import logging
 import os
+import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from sluice.ops.ingest import SUPPORTED_SUFFIXES
 from sluice.settings import Settings
 
 log = logging.getLogger(__name__)
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 LINK_HOPS = 8  # links followed to reach one file, at most (a loop ends here)
 
 
@@ -57,6 +59,8 @@ def parse_s3(location: str) -> tuple[str, str]:
     bucket, _, prefix = location[5:].partition("/")
     if not bucket:
         raise ValueError(f"{location!r} names no bucket (s3://bucket/prefix)")
+    if not BUCKET.match(bucket):  # an ARN or an access point would send requests to other hosts
+        raise ValueError(f"{bucket!r} is not an S3 bucket name (3-63 of a-z, 0-9, '.' and '-')")
     if prefix and not prefix.endswith("/"):
         prefix += "/"
     return bucket, prefix
@@ -247,7 +251,10 @@ class S3Reader(SourceReader):
                         int(obj["Size"]), _ns(obj["LastModified"]), obj.get("ETag", "")
                     )
         except Exception as exc:  # any failure of the listing: it is incomplete
-            out.error = f"{type(exc).__name__}: {exc}"
+            out.error = s3_failure(exc)
+            log.warning(
+                "S3 source %s: listing failed: %s: %s", self.location, type(exc).__name__, exc
+            )
         return out
 
     def read(self, rel: str, *, max_bytes: int) -> tuple[bytes, Seen]:
@@ -262,7 +269,22 @@ class S3Reader(SourceReader):
         except SourceUnreadable:
             raise
         except Exception as exc:
-            raise SourceUnreadable(f"{rel}: {type(exc).__name__}: {exc}") from exc
+            log.warning(
+                "S3 source %s: %s unreadable: %s: %s", self.location, rel, type(exc).__name__, exc
+            )
+            raise SourceUnreadable(f"{rel}: {s3_failure(exc)}") from exc
+
+
+def s3_failure(exc: BaseException) -> str:
+    """What an S3 failure may say to whoever asked: its error code (``AccessDenied``,
+    ``NoSuchBucket``) or its class, never botocore's text (it names hosts and ARNs; the log has
+    it)."""
+    code = (
+        getattr(exc, "response", {}).get("Error", {}).get("Code")
+        if hasattr(exc, "response")
+        else None
+    )
+    return f"S3 refused: {code}" if code else f"S3 unreachable: {type(exc).__name__}"
 
 
 def _ns(when: datetime) -> int:

@@ -143,9 +143,15 @@ def add_source(
     else:
         kind, location = "s3", str(s3)
         try:
-            parse_s3(location)
+            bucket, _ = parse_s3(location)
         except ValueError as exc:
             raise SourceError(str(exc)) from None
+        if ctx.settings.blob_store == "s3" and bucket == ctx.settings.s3_bucket:
+            raise SourceError(
+                "that bucket is Sluice's own blob store: it holds every dataset's uploads",
+                code="source_location_refused",
+                hint="Name a bucket of the files to follow, not SLUICE_S3_BUCKET.",
+            )
     seconds = every if isinstance(every, int) else parse_every(every)
     with Session(ctx.engine) as session:
         if records.by_name(session, name) is not None:
