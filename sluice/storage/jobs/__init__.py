@@ -50,7 +50,6 @@ from sluice.storage.jobs.retry_policy import RetryPolicy, WaitPolicy, backoff_de
 from sluice.storage.jobs.statuses import (
     CANCELLABLE,
     CLAIMABLE,
-    MAX_ID,
     RESTAMPABLE,
     RETRYABLE,
     SUPERSEDABLE,
@@ -64,6 +63,7 @@ from sluice.storage.jobs.version_moves import (
     restamp,
     stamped_before,
 )
+from sluice.storage.models import MAX_ID
 
 __all__ = [
     "ACTION_FOR_STATUS",

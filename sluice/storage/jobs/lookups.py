@@ -11,8 +11,7 @@ from sqlmodel import Session, col, select
 
 from sluice.storage.clock import as_utc, current_time
 from sluice.storage.jobs.conditional import JOB
-from sluice.storage.jobs.statuses import MAX_ID
-from sluice.storage.models import Dataset, Document, Job, JobStatus
+from sluice.storage.models import MAX_ID, Dataset, Document, Job, JobStatus
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:

@@ -1,4 +1,4 @@
-"""The sets of statuses a transition starts from, and the range of a job id."""
+"""The sets of statuses a transition starts from."""
 
 from __future__ import annotations
 
@@ -9,4 +9,3 @@ RETRYABLE = (JobStatus.failed, JobStatus.cancelled)
 CANCELLABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.running)
 SUPERSEDABLE = (JobStatus.succeeded, JobStatus.pending, JobStatus.running, JobStatus.retrying)
 RESTAMPABLE = (JobStatus.pending, JobStatus.retrying, JobStatus.failed)
-MAX_ID = 2**31 - 1  # job ids are an INTEGER column
