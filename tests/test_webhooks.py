@@ -250,7 +250,8 @@ def test_final_transitions_write_one_event_per_endpoint_in_their_transaction(hoo
 def test_a_webhook_carries_the_event_log_id_the_stream_gives_the_same_transition(hooked):
     """One event log: a webhook's event id is the job event's id, which the API's stream sends."""
     from sluice.api import event_stream
-    from sluice.ops.keys import ApiPrincipal
+    from sluice.api.authentication import authenticate
+    from tests.support.api_server import make_key
 
     engine = hooked("http://127.0.0.1:9/a", "http://127.0.0.1:9/b")
     ok, lease = running_job(engine, 1)
@@ -261,7 +262,8 @@ def test_a_webhook_carries_the_event_log_id_the_stream_gives_the_same_transition
     with Session(engine) as session:
         jobs.request_cancel(session=session, job_ids=[stopped], actor="ops")
         jobs.acknowledge_cancel(session=session, job_id=stopped, lease=lease, worker_id="w1")
-    key = ApiPrincipal(1, "reader", "read", True, frozenset())
+    key = authenticate(make_key("reader", datasets=None, scope="read"))  # a stream checks its key
+    assert key is not None
     cursor = event_stream.open_cursor(key, dataset=None, after=0)
     streamed = {
         (e.data["job"]["id"], e.type): e.id
