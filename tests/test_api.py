@@ -14,6 +14,7 @@ import pytest
 from sqlmodel import Session, func, select
 
 from sluice import faults
+from sluice.api.rate_limit import RateLimiter
 from sluice.ops import actions
 from sluice.ops.access import cli_operator
 from sluice.storage.models import Document, Job, JobEvent
@@ -378,3 +379,43 @@ def test_a_key_over_its_rate_is_told_when_to_come_back(
         assert codes[-1].json()["code"] == "rate_limited"
     finally:
         server.stop()
+
+
+def test_every_keyed_answer_tells_what_is_left_of_the_budget(
+    database_url, sluice_env, monkeypatch, tmp_path
+):
+    """RateLimit-Policy and RateLimit (the IETF draft's fields) on each keyed answer, the 429 too,
+    so a client slows down before it is refused; an answer that needs no key has none."""
+    monkeypatch.setenv("SLUICE_API_RATE_PER_MINUTE", "3")
+    server = ApiServer(dict(os.environ), tmp_path / "api.log")
+    server.start()
+    try:
+        token = make_key("app", datasets=None, scope="read")
+        answers = [httpx.get(f"{server.url}/v1/datasets", headers=auth(token)) for _ in range(4)]
+        assert {r.headers["ratelimit-policy"] for r in answers} == {'"per-key";q=3;w=60'}
+        left = [r.headers["ratelimit"] for r in answers]
+        assert [v.split(";")[1] for v in left] == ["r=2", "r=1", "r=0", "r=0"]
+        assert all(1 <= int(v.split(";t=")[1]) <= 60 for v in left)
+        assert answers[-1].status_code == 429
+        other = auth(make_key("b", datasets=None, scope="read"))
+        missing = httpx.get(f"{server.url}/v1/jobs/999999", headers=other)
+        assert missing.status_code == 404
+        assert missing.headers["ratelimit"].startswith('"per-key";r=2;')
+        health = httpx.get(f"{server.url}/v1/health")
+        assert "ratelimit" not in health.headers and "ratelimit-policy" not in health.headers
+    finally:
+        server.stop()
+
+
+def test_the_budget_comes_back_as_the_window_slides():
+    """``t`` counts down to the moment the oldest request leaves the minute."""
+    now = [100.0]
+    limiter = RateLimiter(2, clock=lambda: now[0])
+    assert limiter.spend(7).headers()["RateLimit"] == '"per-key";r=1;t=60'
+    now[0] = 130.0
+    assert limiter.spend(7).headers()["RateLimit"] == '"per-key";r=0;t=30'
+    refused = limiter.spend(7)
+    assert refused.wait == 30.0 and refused.headers()["RateLimit"] == '"per-key";r=0;t=30'
+    now[0] = 160.5
+    assert limiter.spend(7).headers()["RateLimit"] == '"per-key";r=0;t=30'
+    assert RateLimiter(0).spend(7).headers() == {}

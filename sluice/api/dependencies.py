@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.api.authentication import authenticate, record_refusal
 from sluice.api.problems import Problem, answer, problem_response
-from sluice.api.rate_limit import RateLimiter
+from sluice.api.rate_limit import Budget, RateLimiter
 from sluice.errors import OperationError
 from sluice.ops.keys import ApiPrincipal
 from sluice.settings import get_settings
@@ -64,6 +64,11 @@ def _token(authorization: str | None) -> str | None:
 def check_key(token: str | None, address: str) -> ApiPrincipal:
     """The live key of ``token`` with the request's address, or Problem 401 (the refusal recorded
     in the audit log) or 429 (the key over its rate)."""
+    return checked_key(token, address)[0]
+
+
+def checked_key(token: str | None, address: str) -> tuple[ApiPrincipal, Budget]:
+    """``check_key``, and what the request left of the key's budget (for the answer's fields)."""
     key = authenticate(token)
     if key is None:
         if token:  # a token that is no live key: the audit log says who tried, from where
@@ -74,16 +79,16 @@ def check_key(token: str | None, address: str) -> ApiPrincipal:
             "a live API key is needed: Authorization: Bearer <key> (sluice keys create)",
             headers={"WWW-Authenticate": 'Bearer realm="sluice"'},
         )
-    wait = limiter().take(key.id)
-    if wait:
+    budget = limiter().spend(key.id)
+    if budget.wait:
         raise Problem(
             429,
             "rate_limited",
             f"key {key.name!r} made {limiter().per_minute} requests in the last minute "
             "(SLUICE_API_RATE_PER_MINUTE)",
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            headers={"Retry-After": str(max(1, math.ceil(budget.wait))), **budget.headers()},
         )
-    return replace(key, address=address)
+    return replace(key, address=address), budget
 
 
 def current_key(
@@ -138,8 +143,9 @@ class KeyGate:
                 client = scope.get("client")
                 address = client[0] if client else ""
                 token = _token(headers.get("authorization"))
-                key = await run_in_threadpool(check_key, token, address)
+                key, budget = await run_in_threadpool(checked_key, token, address)
                 scope.setdefault("state", {})[CHECKED] = key
+                send = _with_headers(send, budget.headers())
             if json_body:
                 receive = await _json_body(receive, headers, get_settings().api_max_json_bytes)
         except OperationError as exc:
@@ -157,6 +163,22 @@ class KeyGate:
 
 class _Gone(Exception):
     pass
+
+
+def _with_headers(send: Send, extra: dict[str, str]) -> Send:
+    """``send`` that adds ``extra`` to the answer's head (a route's own value of one is kept)."""
+    if not extra:
+        return send
+    encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            present = {name.lower() for name, _ in message.get("headers", [])}
+            added = [(k, v) for k, v in encoded if k not in present]
+            message = {**message, "headers": [*message.get("headers", []), *added]}
+        await send(message)
+
+    return sending
 
 
 def _too_large(limit: int) -> JsonTooLarge:
