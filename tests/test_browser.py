@@ -19,6 +19,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from sqlmodel import Session, select
@@ -322,7 +323,10 @@ def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(
     start_worker()
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(TIMEOUT_MS)
+    asked: list[str] = []  # every URL the page asked for: the console loads nothing from outside
+    page.on("request", lambda request: asked.append(request.url))
     _open(page, f"{console}/?dataset=kb", "Overview")
+    _assert_local_icon(page)
     page.get_by_text("Pause dataset kb").first.click()  # the expander
     reason = page.get_by_label("Reason (shown to other operators)")
     reason.fill("nightly index rebuild")
@@ -356,3 +360,13 @@ def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(
     page.reload()
     page.get_by_role("heading", name="Overview", exact=True).wait_for()
     assert page.get_by_text("nightly index rebuild").count() == 0
+    outside = [u for u in asked if urlsplit(u).scheme not in ("data", "blob")]
+    outside = [u for u in outside if urlsplit(u).hostname != "127.0.0.1"]
+    assert not outside, f"the console asked hosts other than its own: {outside[:5]}"
+
+
+def _assert_local_icon(page) -> None:
+    """The tab's icon is served by the console itself (no favicon from fonts.gstatic.com)."""
+    page.wait_for_function("document.querySelector('link[rel~=\"icon\"]') !== null")
+    icons = page.eval_on_selector_all('link[rel~="icon"]', "links => links.map(l => l.href)")
+    assert icons and all(urlsplit(href).hostname == "127.0.0.1" for href in icons), icons

@@ -24,7 +24,7 @@ from sluice.files import use_private_umask  # noqa: E402
 from sluice.ops import actions, reads  # noqa: E402
 from sluice.ops.access import Operator  # noqa: E402
 
-st.set_page_config(page_title="Sluice", page_icon=":material/water:", layout="wide")
+st.set_page_config(page_title="Sluice", page_icon=ui.page_icon(), layout="wide")
 # Streamlit's table toolbar exports CSV with formulas left live; exports go through ops.exports.
 st.set_option("client.disableDataExport", True)
 use_private_umask()  # whatever launched the console: what it writes into the data dir is private

@@ -11,9 +11,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 import streamlit as st
+from PIL import Image, ImageDraw
 
 from sluice.ops.access import LOCAL_OPERATOR, Operator
 from sluice.ops.actions import ActionReport
@@ -25,6 +27,22 @@ OPERATOR_KEY = "sluice_operator"
 FLASH_KEY = "sluice_flash"
 JOBS_PAGE = "views/jobs_page.py"
 DOCUMENT_PAGE = "views/document_page.py"
+
+
+@lru_cache(maxsize=1)
+def page_icon() -> Image.Image:
+    """The tab's icon, drawn here: Streamlit serves an image from its own media store, whereas a
+    material or emoji ``page_icon`` becomes a favicon link to fonts.gstatic.com or a CDN (a request
+    that fails offline and tells a third party the console was opened)."""
+    size = 64
+    icon = Image.new("RGBA", (size, size), (0, 0, 0, 0))
+    draw = ImageDraw.Draw(icon)
+    blue = (30, 110, 200, 255)
+    draw.ellipse((12, 24, 52, 62), fill=blue)  # a drop: a round body under a point
+    draw.polygon([(32, 2), (14, 36), (50, 36)], fill=blue)
+    draw.arc((20, 34, 40, 54), 100, 190, fill=(255, 255, 255, 220), width=3)
+    return icon
+
 
 STATUS_ICON = {  # Material icons: they come with Streamlit's own font, so every browser draws them
     "pending": ":material/schedule:",
