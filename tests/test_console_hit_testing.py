@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlmodel import Session
 
+from sluice.console import ui
 from tests.support.apptest import open_console, texts
 from tests.support.helpers import run_file
 
@@ -37,6 +38,8 @@ def test_hit_testing_shows_each_rankers_view_and_runs_a_past_query_again(ctx):
     at.button(key="FormSubmitter:hit_test_form-Test").click().run()
     table = at.dataframe[0].value
     assert table.iloc[0]["file"] == "orchard.txt" and table["dense rank"].isna().all()
+    shown = ui.hit_table(table.to_dict("records")).to_html()  # as the page renders its cells
+    assert ">None<" not in shown and ">nan<" not in shown and ">—<" in shown
 
     at = open_console("hit_testing")  # a new session: the history is in the job database
     page = texts(at)

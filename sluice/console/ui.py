@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import streamlit as st
@@ -296,3 +297,11 @@ def read_only_note(who: Operator) -> None:
 
 def scope_caption(sc: Scope) -> None:
     st.caption(f"Showing {sc.label}. Pick another dataset in the sidebar.")
+
+
+def hit_table(rows: list[dict]) -> Any:
+    """Hits as a table whose empty cells (a ranker that did not find the hit) read "—", not
+    "None"; the numbers stay numbers, so the columns still sort."""
+    import pandas as pd
+
+    return pd.DataFrame(rows).style.format(na_rep="—", precision=4)

@@ -4,7 +4,6 @@ kept in the job database, to run again with one click."""
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from sluice.console import ui
@@ -60,7 +59,8 @@ elif request:
     else:
         st.subheader(f"{ui.count(len(test.hits), 'hit')} in {test.dataset} ({test.mode})")
         if test.hits:
-            st.dataframe(pd.DataFrame(test.rows()), hide_index=True, key="hit_test_hits")
+            st.dataframe(ui.hit_table(test.rows()), hide_index=True, key="hit_test_hits")
+            st.caption("— : that ranker did not find the hit (lexical mode has no dense rank).")
         else:
             st.info("No chunk answers this query. Only documents whose job succeeded are searched.")
 
