@@ -174,6 +174,7 @@ def test_user_action_error_is_tried_once_with_its_hint(ctx, samples):
     assert j.status == JobStatus.failed and j.attempt == 1
     assert j.error_kind.value == "user_action_required" and j.error_code == "password_protected"
     assert "--password-stdin" in j.fix_hint and "remove the password and upload" in j.fix_hint
+    assert "POST /v1/jobs/JOB/unlock" in j.fix_hint  # an API client learns its own way too
 
 
 def test_heartbeat_advances_during_one_long_batch(make_ctx):
