@@ -104,6 +104,18 @@ def test_a_failed_replacement_leaves_the_old_version_serving_and_says_so(databas
         assert "External id handbook: replacement failed; version 1 still serving" in texts(at)
 
 
+def test_a_first_version_that_failed_is_not_called_live(ctx):
+    """Nothing serves the id when its only version failed: not "version 1 (live)"."""
+    bad = upload_and_run(ctx, CORRUPT, filename="handbook.pdf")
+    assert job(ctx, bad.job_id).status == JobStatus.failed
+    state = version_state(ctx, bad.document_id)
+    assert state.state == "failed"
+    assert state.message == "version 1 failed: no version serving"
+    assert served(ctx) == set()
+    fixed = upload_and_run(ctx, OLD)  # a good version afterwards is live as usual
+    assert version_state(ctx, fixed.document_id).message == "version 2 (live)"
+
+
 def test_the_bytes_of_a_replaced_version_come_back_as_the_newest_version(ctx):
     v1 = upload_and_run(ctx, OLD)
     v2 = upload_and_run(ctx, NEW)

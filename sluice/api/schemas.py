@@ -204,10 +204,12 @@ class UploadAccepted(BaseModel):
 
 
 class Waiting(BaseModel):
-    reason: Literal["paused", "outage", "backoff", "queue"]
+    reason: Literal["paused", "queue_unreachable", "no_worker", "outage", "backoff", "queue"]
     detail: str
+    waiting_for: str | None = None
     starts_at: str | None = None
     ahead: int | None = None
+    basis: str | None = Field(None, description="what the start estimate stands on, or why none")
 
 
 class JobOut(BaseModel):
@@ -287,7 +289,8 @@ class DocumentOut(BaseModel):
     external_id: str | None = None
     version: int | None = None
     version_state: str = Field(
-        "", description="serving, replacing, replacement_failed, replaced, superseded, deleted"
+        "",
+        description="serving, failed, replacing, replacement_failed, replaced, superseded, deleted",
     )
     version_message: str = Field("", examples=["replacement failed; version 1 still serving"])
     replaces_document_id: int | None = None

@@ -64,7 +64,8 @@ class VersionState:
 
     external_id: str | None
     version: int | None
-    state: str  # serving | replacing | replacement_failed | replaced | superseded | deleted | ""
+    # serving, failed, replacing, replacement_failed, replaced, superseded, deleted; "" (no id)
+    state: str
     message: str
     replaces_document_id: int | None = None
     replaced_by: int | None = None
@@ -99,7 +100,12 @@ def version_state(ctx: Context, document_id: int) -> VersionState:
         serving_version=serving.doc_version if serving else None,
     )
     still = f"version {serving.doc_version} still serving" if serving else "no version serving"
-    if serving is not None and serving.id == doc.id:
+    unbuilt = job is not None and job.status in (JobStatus.failed, JobStatus.cancelled)
+    if serving is not None and serving.id == doc.id and doc.active_job_id is None and unbuilt:
+        assert job is not None
+        state.state = "failed"  # the newest version, but no job of it ever served search
+        state.message = f"version {doc.doc_version} {job.status.value}: no version serving"
+    elif serving is not None and serving.id == doc.id:
         state.state, state.message = "serving", f"version {doc.doc_version} (live)"
         if pending is not None:
             state.message += f"; version {pending[0]} {pending[1]}"

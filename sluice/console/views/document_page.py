@@ -49,7 +49,7 @@ for col, (label, value) in zip(st.columns(len(facts)), facts, strict=True):
 st.caption(f"sha256 {info.sha256}")
 version = replacing.version_state(reads.ctx(), info.document_id)
 if version.external_id is not None:  # "replacement failed; version 1 still serving"
-    shown = st.warning if version.state == "replacement_failed" else st.info
+    shown = st.warning if version.state in ("failed", "replacement_failed") else st.info
     shown(ui.plain(f"External id {version.external_id}: {version.message}"))
 if info.deleted:
     st.warning(

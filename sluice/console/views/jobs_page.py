@@ -4,10 +4,11 @@ from functools import partial
 
 import pandas as pd
 import streamlit as st
+from sqlmodel import Session
 from streamlit_autorefresh import st_autorefresh
 
 from sluice.console import diagnose, ui
-from sluice.ops import actions, exports, health, reads, replacing
+from sluice.ops import actions, diagnosis, exports, health, reads, replacing
 from sluice.storage.models import ErrorKind, JobStatus, Stage, utcnow
 from sluice.storage.queries import SORTABLE, JobFilter
 
@@ -99,7 +100,7 @@ def _detail_version(box, d: reads.JobDetail) -> None:
     version = replacing.job_version(reads.ctx(), d.row["id"])
     if version is None:
         return
-    failed = version.version_state == "replacement_failed"
+    failed = version.version_state in ("failed", "replacement_failed")
     shown = box.warning if failed else box.info if version.version_message else box.caption
     shown(ui.plain(version.message[0].upper() + version.message[1:] + "."))
 
@@ -146,17 +147,20 @@ def _detail_waiting(box, d: reads.JobDetail) -> None:
         )
     elif r["status"] in reads.ACTIVE:
         position = health.queue_position(r["id"]) if r["status"] == "pending" else None
-        queue = health.queue_state()
+        ctx = reads.ctx()
+        with Session(ctx.engine) as session:  # the API's measures: the same start estimate
+            measured = diagnosis.measured(session, ctx.engine, ctx.instance_id)
         why = diagnose.why_waiting(
             r,
             position=position,
-            workers=len(queue.workers) if queue.reachable else None,
+            workers=measured.fleet.workers if measured.fleet.reachable else None,
             unsent=d.unsent,
             ahead=d.waiting_ahead,
-            lease_seconds=reads.ctx().settings.lease_seconds,
+            lease_seconds=ctx.settings.lease_seconds,
             now=reads.database_now(),
             published_at=d.published_at,
-            redeliver_after=reads.ctx().settings.redeliver_after_seconds,
+            redeliver_after=ctx.settings.redeliver_after_seconds,
+            measured=measured,
         )
         if why:
             getattr(box, why[0])(why[1])
