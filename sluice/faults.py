@@ -10,7 +10,9 @@ test in another process holds a child at a point, looks at it, and lets it go), 
 
 Points: ``after_claim``, ``after_parse``, ``embed_batch``, ``after_index`` (vectors written, job
 not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, before it takes it back),
-``before_document_insert`` (an upload found no document with its bytes, before it adds one),
+``upload_resolved`` (an upload read its dataset, by id or name, before it stores the bytes and
+writes its rows), ``before_document_insert`` (an upload found no document with its bytes, before it
+adds one),
 ``redeliver_selected`` (recovery picked a stranded job, before it publishes it again),
 ``before_supersede`` (a success read the document's other jobs, before it writes),
 ``before_cleanup`` (an ended attempt's cleanup, ``remove_partial``, has the job as its caller ended
@@ -31,7 +33,13 @@ blob, before it removes the local file), ``dataset_delete_marked`` (a dataset de
 dataset deleting, before it cancels its jobs), ``dataset_delete_document`` (it removed one of the
 dataset's documents, before the next), ``dataset_delete_documents_removed`` (every document went,
 before it drops the collection and the rows), ``api_warm_up`` (an API process warmed
-up everything its first request needs, before ``/v1/health`` says ``ready``).
+up everything its first request needs, before ``/v1/health`` says ``ready``), ``source_listed`` (a
+sync or preview listed its source, before it reads what its syncs recorded),
+``source_before_read`` (a source's file was stat-ed, before its bytes are read),
+``source_uploaded`` (a sync uploaded an added or changed file, before it records its entry),
+``source_applied`` (a sync carried out one file's step), ``source_purge_selected`` (the tombstone
+purge found the sources with expired tombstones, before it takes their leases), ``query_export``
+(the query encoder's export holds its lock and found no export, before it loads the model).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the

@@ -34,7 +34,7 @@ from sluice.pipeline.running.runner import run_job
 from sluice.storage import source_records
 from sluice.storage.clock import db_now
 from sluice.storage.models import Document, Job, JobStatus
-from sluice.storage.source_records import SourceEntry, SourceLease, SourceRun
+from sluice.storage.source_records import Source, SourceEntry, SourceLease, SourceRun
 from tests.support.object_store import CREDENTIALS, MotoServer, TcpGate, new_bucket, s3_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,6 +266,8 @@ def _folder_source(ctx, root: Path, name: str, states) -> int:
         src = source_records.by_name(session, name)
         assert src is not None
         now = db_now(session)
+        src.unconfirmed_since = None  # synced before (its entries below)
+        session.add(src)
         for i, (path, (known, _)) in enumerate(zip(PATHS, states, strict=True)):
             if known is not None:
                 text, at, removed = known
@@ -334,7 +336,7 @@ def test_edits_renames_deletes_and_an_addition_happen_exactly(side, make_ctx):
     for i in range(20):
         side.put(f"d{i // 10}/f{i}.txt", body(i))
     side.add_source(ctx)
-    first = syncing.sync(ctx, "src", actor="test")
+    first = syncing.sync(ctx, "src", actor="test", confirm=True)
     assert first.status == "done", first.message
     assert first.counts["added"] == 20 and run_pending(ctx) == 20
     assert found(ctx, "zq7v0") == {"f7.txt"}
@@ -391,7 +393,7 @@ def test_an_emptied_folder_and_a_failed_listing_remove_nothing(tmp_path, make_ct
     for i in range(5):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    syncing.sync(ctx, "src")
+    syncing.sync(ctx, "src", confirm=True)
     run_pending(ctx)
     for i in range(5):
         share.delete(f"f{i}.txt")
@@ -415,7 +417,7 @@ def test_a_failed_s3_listing_removes_nothing(s3side, moto, make_ctx):
     for i in range(4):
         s3side.put(f"f{i}.txt", body(i))
     s3side.add_source(ctx)
-    assert syncing.sync(ctx, "src").counts["added"] == 4
+    assert syncing.sync(ctx, "src", confirm=True).counts["added"] == 4
     moto.gate.close()
     failed = syncing.sync(ctx, "src", confirm=True)
     assert failed.status == "failed" and failed.counts["removed"] == 0
@@ -435,7 +437,8 @@ def test_an_s3_edit_of_the_same_size_in_the_same_second_is_seen_by_its_etag(
     ctx = make_ctx()
     s3side.put("a.txt", body(1).replace(b"zq1v0", b"zq1aa"))
     s3side.add_source(ctx)
-    assert syncing.sync(ctx, "src", actor="test").counts["added"] == 1 and run_pending(ctx) == 1
+    first = syncing.sync(ctx, "src", actor="test", confirm=True)
+    assert first.counts["added"] == 1 and run_pending(ctx) == 1
     assert found(ctx, "zq1aa") == {"a.txt"}
     s3side.put("a.txt", body(1).replace(b"zq1v0", b"zq1bb"))  # the same size, other words
     again = syncing.sync(ctx, "src", actor="test")
@@ -452,7 +455,7 @@ def test_a_sync_killed_halfway_converges_when_run_again(tmp_path, make_ctx, slui
         share.put(f"f{i:02}.txt", body(i))
     share.add_source(ctx)
     killed = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "sync", "src"],
+        [sys.executable, "-m", "sluice.cli", "sync", "src", "--yes"],
         env={**os.environ, "SLUICE_FAULTS": "source_applied@5=exit"},
         cwd=ROOT,
         capture_output=True,
@@ -490,7 +493,7 @@ def test_two_syncs_of_one_source_at_once_run_once(database_url, tmp_path, make_c
 
     def run(name: str) -> None:
         try:
-            results[name] = syncing.sync(ctx, "src", actor=name)
+            results[name] = syncing.sync(ctx, "src", actor=name, confirm=True)
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -531,7 +534,7 @@ def test_a_file_changed_while_it_is_read_is_indexed_with_its_final_bytes(
             share.put(path, final)
 
     with faults.hook("source_before_read", rewrite):
-        result = syncing.sync(ctx, "src")
+        result = syncing.sync(ctx, "src", confirm=True)
     assert changed == ["f1.txt"] and result.counts["added"] == 1
     with Session(ctx.engine) as session:
         entry = session.exec(select(SourceEntry)).one()
@@ -558,7 +561,7 @@ def test_a_sync_is_a_recorded_run_with_a_webhook_and_metrics(tmp_path, make_ctx)
     for i in range(3):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    result = syncing.sync(ctx, "src", actor="test")
+    result = syncing.sync(ctx, "src", actor="test", confirm=True)
     with Session(ctx.engine) as session:
         run = session.get(SourceRun, result.run_id)
         [hook] = session.exec(select(WebhookDelivery)).all()
@@ -582,6 +585,13 @@ def test_the_workers_follow_a_source_on_schedule_and_as_its_folder_changes(tmp_p
     syncing.add_source(ctx, name="src", dataset="docs", folder=str(share.root), every="1m")
     try:
         rounds = [follow.follow_round]
+        assert (
+            recovery.run_extra_rounds(ctx, rounds) == []
+        )  # not before its first sync is confirmed
+        assert "src" not in follow._watching and syncing.get_source(ctx, "src").documents == 0
+        with Session(ctx.engine) as session:  # the confirmed first sync ran a minute ago
+            session.execute(update(Source).values(unconfirmed_since=None, next_run_at=None))
+            session.commit()
         assert recovery.run_extra_rounds(ctx, rounds) == ["sources: started src"]  # due at once
         follow._running["src"].join(60)
         assert syncing.get_source(ctx, "src").documents == 1
@@ -635,7 +645,11 @@ def test_the_api_manages_s3_sources_for_manage_keys_of_their_dataset(s3side, ctx
         look = client.post("/v1/sources/team/sync", json={"preview": True}, headers=manage)
         assert look.status_code == 200 and look.json()["counts"]["added"] == 3
         assert client.get("/v1/sources/team", headers=manage).json()["documents"] == 0
-        ran = client.post("/v1/sources/team/sync", json={}, headers=manage).json()
+        waits = client.post("/v1/sources/team/sync", json={}, headers=manage).json()
+        assert waits["status"] == "unconfirmed" and waits["counts"]["added"] == 3
+        assert client.get("/v1/sources/team", headers=manage).json()["documents"] == 0
+        yes = {"confirm": True}
+        ran = client.post("/v1/sources/team/sync", json=yes, headers=manage).json()
         assert ran["status"] == "done" and ran["counts"]["added"] == 3
         listed = client.get("/v1/sources", headers=manage).json()["sources"]
         assert [(s["name"], s["documents"]) for s in listed] == [("team", 3)]
@@ -652,12 +666,16 @@ def test_the_console_shows_each_source_previews_and_confirms_held_removals(tmp_p
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
     at = open_console("sources")
-    assert at.dataframe[0].value["Result"].tolist() == ["never synced"]
+    assert at.dataframe[0].value["Result"].tolist() == ["waits for confirmation"]
     at.button(key="source_preview").click().run()
     assert_ok(at)
     assert "Preview: 4 file(s) listed: 4 to add" in texts(at)
     assert "to embed" in texts(at) and syncing.get_source(ctx, "src").documents == 0
-    at.button(key="source_sync").click().run()
+    at.button(key="source_sync").click().run()  # a new source's first sync waits: nothing done
+    assert syncing.get_source(ctx, "src").documents == 0
+    at.button(key="source_first").click().run()
+    at.button(key="source_first:yes").click().run()
+    assert_ok(at)
     assert syncing.get_source(ctx, "src").documents == 4
     assert at.dataframe[0].value["Added"].tolist() == [4]
     for i in range(4):
@@ -688,7 +706,9 @@ def test_the_cli_adds_lists_previews_syncs_and_removes_a_source(tmp_path, ctx, c
     assert "exists already" in capsys.readouterr().err
     assert main(["sync", "s", "--preview"]) == 0
     assert "3 to add" in capsys.readouterr().out
-    assert main(["sync", "s"]) == 0 and "3 to add" in capsys.readouterr().out
+    assert main(["sync", "s"]) == 3 and "waits for confirmation" in capsys.readouterr().out
+    assert syncing.get_source(ctx, "s").documents == 0
+    assert main(["sync", "s", "--yes"]) == 0 and "3 to add" in capsys.readouterr().out
     assert main(["sources", "list", "--json"]) == 0
     [listed] = json.loads(capsys.readouterr().out)
     assert (listed["name"], listed["documents"], listed["last_run"]["added"]) == ("s", 3, 3)
@@ -711,7 +731,7 @@ def test_reconcile_repair_keeps_the_chunks_of_tombstoned_documents_for_undo(tmp_
     for i in range(4):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    syncing.sync(ctx, "src")
+    syncing.sync(ctx, "src", confirm=True)
     run_pending(ctx)
     share.delete("f1.txt")
     assert syncing.sync(ctx, "src").counts["removed"] == 1 and found(ctx, "zq1v0") == set()
@@ -736,7 +756,7 @@ def test_a_late_success_does_not_bring_back_a_file_removed_while_its_job_ran(
     for i in range(4):
         share.put(f"f{i}.txt", body(i))
     share.add_source(ctx)
-    syncing.sync(ctx, "src")
+    syncing.sync(ctx, "src", confirm=True)
     removed: list[int] = []
 
     def remove(job_id: int, **info) -> None:  # the job has read its document, before it writes

@@ -1,5 +1,6 @@
 """``/v1/sources``: the S3 prefixes and folders datasets follow (manage keys, within their
-datasets): list, add an S3 source, remove one, and sync one now or preview what a sync would do.
+datasets): list, add an S3 source (its first sync waits for ``confirm``), remove one, and sync
+one now or preview what a sync would do.
 A folder source is a path on the server's host: it is added there (``sluice sources add``). A
 refusal (``SourceError``, the operator check's) answers by its own status, code and hint
 (``sluice.api.problems``)."""
@@ -62,6 +63,9 @@ class SyncOut(BaseModel):
 class SourceRemoved(BaseModel):
     ok: bool
     message: str
+    deleted: int  # documents the source made, deleted
+    kept: int  # documents the source made, kept (``keep_documents``)
+    adopted: int  # documents that were in the dataset before the source: released, not deleted
 
 
 @router.get("", response_model=SourceList, responses=problems(401, 403, 429))
@@ -85,18 +89,29 @@ def get_source(name: str, key: Key) -> dict:
     return sources.key_source(key, name).to_dict()
 
 
-@router.delete("/{name}", response_model=SourceRemoved, responses=problems(401, 403, 404, 429))
+@router.delete("/{name}", response_model=SourceRemoved, responses=problems(401, 403, 404, 409, 429))
 def delete_source(name: str, key: Key, keep_documents: bool = False) -> dict:
-    message = sources.key_remove(key, name, keep_documents=keep_documents)
-    return {"ok": True, "message": message}
+    """Forget the source: the documents it made are deleted (unless ``keep_documents``), those
+    that were in the dataset before it are released. 409 ``sync_running`` while a sync of it
+    runs."""
+    done = sources.key_remove(key, name, keep_documents=keep_documents)
+    return {
+        "ok": True,
+        "message": done.message,
+        "deleted": done.deleted,
+        "kept": done.kept,
+        "adopted": done.adopted,
+    }
 
 
 @router.post(
     "/{name}/sync", response_model=SyncOut, responses=problems(401, 403, 404, 409, 422, 429)
 )
 def sync_source(name: str, body: SyncRequest, request: Request, key: Key) -> Response:
-    """Sync now (``confirm`` lets through removals the guard holds), or ``preview`` only: the
-    plan's counts and its cost in chunks to embed. 409 while another sync of it runs."""
+    """Sync now (``confirm`` lets through removals the guard holds, and runs a new source's first
+    sync: without it that answers ``status`` ``unconfirmed`` and the plan, nothing done), or
+    ``preview`` only: the plan's counts and its cost in chunks to embed. 409 while another sync of
+    it runs."""
 
     def answer() -> Response:
         result = sources.key_sync(key, name, preview=body.preview, confirm=body.confirm)

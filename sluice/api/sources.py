@@ -13,7 +13,13 @@ from sluice.ops.reads import ctx
 from sluice.ops.sources.listing import parse_s3
 from sluice.ops.sources.manage import add, get_source, list_sources, remove, sync
 from sluice.ops.sources.plan import SyncResult
-from sluice.ops.sources.syncing import SourceError, SourceExists, SourceView, UnknownSource
+from sluice.ops.sources.syncing import (
+    RemovedSource,
+    SourceError,
+    SourceExists,
+    SourceView,
+    UnknownSource,
+)
 from sluice.settings import get_settings
 from sluice.storage.queries import dataset_by_name
 
@@ -47,7 +53,9 @@ def key_source(key: ApiPrincipal, name: str) -> SourceView:
 
 def key_add(key: ApiPrincipal, *, name: str, dataset: str, **where: Any) -> SourceView:
     """An S3 source only: a folder is a path on the server's host, added there (``sluice sources
-    add``), never by a client (it would index whatever the server may read)."""
+    add``), never by a client (it would index whatever the server may read). The answer is the
+    source, ``confirmed`` false, with the plan of its first sync (``preview``): nothing is
+    uploaded until a sync with ``confirm``."""
     require(key, "manage", "adding a source")
     if where.get("folder") is not None:
         raise SourceError(
@@ -90,11 +98,14 @@ def s3_allowed(location: str) -> bool:
     return False
 
 
-def key_remove(key: ApiPrincipal, name: str, *, keep_documents: bool = False) -> str:
+def key_remove(key: ApiPrincipal, name: str, *, keep_documents: bool = False) -> RemovedSource:
+    """Remove a source of the key's datasets (409 ``sync_running`` while a change of it runs)."""
     key_source(key, name)
     return remove(key.operator, name, keep_documents=keep_documents)
 
 
 def key_sync(key: ApiPrincipal, name: str, *, preview: bool, confirm: bool) -> SyncResult:
+    """Sync (or preview) a source of the key's datasets; a new source's first sync runs only
+    with ``confirm``."""
     key_source(key, name)
     return sync(key.operator, name, preview=preview, confirm=confirm)

@@ -1,5 +1,5 @@
 """``sluice sources add|list|remove|undo`` and ``sluice sync NAME [--preview] [--yes]``: folders
-and S3 prefixes a dataset follows."""
+and S3 prefixes a dataset follows. ``add`` prints the first sync's plan; ``--yes`` runs it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,15 @@ def add(args) -> int:
         return _fail(exc)
     every = f", every {view.every_seconds}s" if view.every_seconds else ""
     print(f"source {view.name}: {view.kind} {view.location} -> dataset {view.dataset}{every}")
-    print(f"  sync it now: sluice sync {view.name} --preview, then sluice sync {view.name}")
+    plan = view.preview or {}
+    if plan.get("message"):
+        print(f"  its first sync: {plan['message']}")
+    for failure in plan.get("failed", [])[:20]:
+        print(f"  cannot read: {failure['path']}: {failure['error']}")
+    print(
+        f"  nothing is uploaded until you confirm it: sluice sync {view.name} --yes"
+        + (" (the workers follow it from then on)" if view.every_seconds else "")
+    )
     return 0
 
 
@@ -52,7 +60,7 @@ def _row(v: dict) -> dict:
         "docs": v["documents"],
         "last": (run.get("finished_at") or run.get("started_at") or "never")[:19],
         "result": _counts(run) if run else "",
-        "next": (v["next_run_at"] or "when asked")[:19],
+        "next": "after --yes" if not v["confirmed"] else (v["next_run_at"] or "when asked")[:19],
     }
 
 
@@ -82,7 +90,7 @@ def sync(args) -> int:
             print(f"  removals held: {result.held_reason}")
     if result.status == "busy":
         return 1
-    return 3 if result.status in ("held", "failed") else 0
+    return 3 if result.status in ("held", "failed", "unconfirmed") else 0
 
 
 def remove(args) -> int:
@@ -90,7 +98,7 @@ def remove(args) -> int:
     from sluice.ops.sources import manage
 
     try:
-        print(manage.remove(cli_operator(), args.name, keep_documents=args.keep_documents))
+        print(manage.remove(cli_operator(), args.name, keep_documents=args.keep_documents).message)
     except OperationError as exc:
         return _fail(exc)
     return 0
@@ -110,7 +118,11 @@ def undo(args) -> int:
 def add_source_commands(sub) -> None:
     p = sub.add_parser("sources", help="folders and S3 prefixes a dataset follows")
     s = p.add_subparsers(dest="sources_command", required=True)
-    a = s.add_parser("add", help="a folder or an s3://bucket/prefix that a dataset follows")
+    a = s.add_parser(
+        "add",
+        help="a folder or an s3://bucket/prefix that a dataset follows: shows the first sync's "
+        "plan; nothing is uploaded until `sluice sync NAME --yes`",
+    )
     a.add_argument("name")
     a.add_argument("--dataset", required=True)
     where = a.add_mutually_exclusive_group(required=True)
@@ -123,7 +135,11 @@ def add_source_commands(sub) -> None:
     a = s.add_parser("list", help="each source with its last sync and the next one")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=list_)
-    a = s.add_parser("remove", help="forget a source and delete its documents")
+    a = s.add_parser(
+        "remove",
+        help="forget a source and delete the documents it made (those that were in the dataset "
+        "before it are kept)",
+    )
     a.add_argument("name")
     a.add_argument("--keep-documents", action="store_true", help="keep its documents")
     a.set_defaults(func=remove)
@@ -133,6 +149,10 @@ def add_source_commands(sub) -> None:
     a = sub.add_parser("sync", help="sync a source now: additions, changes, renames, removals")
     a.add_argument("name")
     a.add_argument("--preview", action="store_true", help="only show what it would do and cost")
-    a.add_argument("--yes", action="store_true", help="confirm removals the guard holds back")
+    a.add_argument(
+        "--yes",
+        action="store_true",
+        help="confirm a new source's first sync, and removals the guard holds back",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=sync)

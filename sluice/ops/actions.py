@@ -254,6 +254,7 @@ def upload(
     stream: BinaryIO,
     external_id: str | None = None,
     metadata: dict | None = None,
+    dataset_id: int | None = None,  # the dataset as the caller resolved it (sluice.ops.ingest)
 ) -> IngestResult:
     params = {"filename": filename, **({"external_id": external_id} if external_id else {})}
     try:
@@ -288,6 +289,7 @@ def upload(
         result = ingest_stream(
             ctx(),
             dataset=dataset,
+            dataset_id=dataset_id,
             filename=filename,
             stream=stream,
             actor=who.actor,
@@ -312,6 +314,7 @@ def upload_path(
     dataset: str,
     external_id: str | None = None,
     metadata: dict | None = None,
+    dataset_id: int | None = None,
 ) -> IngestResult:
     with open(path, "rb") as fh:
         return upload(
@@ -321,6 +324,7 @@ def upload_path(
             stream=fh,
             external_id=external_id,
             metadata=metadata,
+            dataset_id=dataset_id,
         )
 
 

@@ -139,6 +139,31 @@ def recording(who: Operator, action: str, **kw: Any) -> Iterator[Watch]:
         _current.reset(token)
 
 
+def add_row(
+    session: Session,
+    who: Operator,
+    action: str,
+    *,
+    target_kind: str = "",
+    target_id: str | int | None = None,
+    dataset: str | None = None,
+    params: dict[str, Any] | None = None,
+    **kw: Any,
+) -> None:
+    """The row of a change made in steps of its own (a source's sync, remove, undo or purge),
+    added to ``session``, the transaction of the step that settles it, to commit with it.
+    ``kw``: ``outcome``, ``code``, ``reason``."""
+    watch = Watch(
+        who,
+        action,
+        target_kind=target_kind,
+        target_id=target_id,
+        dataset=dataset,
+        params=params or {},
+    )
+    session.add(watch.row(**kw))
+
+
 def refused(who: Operator, action: str, reason: str, **kw: Any) -> None:
     """Record a refusal (a read-only operator, a bad password, a dead key) at once."""
     code = kw.pop("code", "refused")

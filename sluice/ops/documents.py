@@ -1,8 +1,9 @@
 """Delete a document: its vectors, its blob when nothing else needs it, and its jobs marked deleted.
 
 The job rows and their events stay, so the audit trail shows who deleted what and when. Blobs are
-content-addressed and shared by every dataset: a blob is removed only when no other live document,
-in any dataset, has the same bytes; what a delete reports counts its own dataset's documents only.
+content-addressed and shared by every dataset: a blob is removed only when no other document, in
+any dataset, needs the same bytes (a live one, or a source's tombstone that undo may bring back);
+what a delete reports counts its own dataset's documents only.
 
 A reference names the document directly (``doc:42``) or by any of its jobs (``17``).
 """
@@ -13,6 +14,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sqlalchemy import or_
 from sqlmodel import Session, col, func, select
 
 from sluice.errors import OperationError
@@ -21,6 +23,7 @@ from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical, replacements
 from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus
+from sluice.storage.source_records import can_come_back
 
 log = logging.getLogger(__name__)
 
@@ -208,12 +211,13 @@ def delete_document(
 
 
 def blob_users(session: Session, doc: Document, *, dataset_only: bool = False) -> int:
-    """Other live documents whose bytes are the same blob: in any dataset (whether the bytes may
-    go), or in the document's own (what may be said of them)."""
+    """Other documents that need the same blob: live ones, and hidden ones that can come back (a
+    source's tombstone names them: ``sources undo`` serves them again); in any dataset (whether
+    the bytes may go), or in the document's own (what may be said of them)."""
     where: list[Any] = [
         Document.blob_key == doc.blob_key,
         Document.id != doc.id,
-        col(Document.deleted_at).is_(None),
+        or_(col(Document.deleted_at).is_(None), can_come_back(Document.id)),
     ]
     if dataset_only:
         where.append(Document.dataset_id == doc.dataset_id)

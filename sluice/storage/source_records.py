@@ -1,13 +1,20 @@
 """Sources in the job database: what each one is, what a sync saw of it, its runs, and its lease.
 
 - ``Source``: a folder or an S3 prefix that a dataset follows (``sluice.ops.sources``).
-- ``SourceEntry``: one file of a source as the last sync saw it: its source-relative path (the
-  document's external id), size, modification time and sha256, and the document it became.
-  ``removed_at`` marks a tombstone: the file left the source, its document left search, its
-  bytes and chunks stay until ``SLUICE_SYNC_TOMBSTONE_HOURS`` have passed.
+  ``unconfirmed_since``: added, its plan shown, and nothing uploaded until an operator confirms
+  its first sync (the schedule and the folder watch start after it).
+- ``SourceEntry``: one file of a source as the last sync saw it: its source-relative path, size,
+  modification time and sha256, the document it became and the external id its versions carry
+  (``<source>:<path>``; an entry written before that rule names none: its path is its id).
+  ``owned`` says whether the source made that document or found it in the dataset already (then
+  the source never hides nor deletes it). ``removed_at`` marks a tombstone: the file left the
+  source, its document left search, its bytes and chunks stay until
+  ``SLUICE_SYNC_TOMBSTONE_HOURS`` have passed.
 - ``SourceRun``: one recorded sync, with its counts.
-- ``SourceLease``: one sync of a source at a time across the fleet: an expiring lease whose token
-  grows with every holder (a fencing token: a write of an older holder is refused).
+- ``SourceLease``: one change of a source at a time across the fleet (a sync, a remove, an undo,
+  a purge): an expiring lease whose token grows with every holder (a fencing token: a write of an
+  older holder is refused). A tombstone's restore and its purge are each one conditional statement
+  on the entry's row (``restore_entry``, ``purge_entry``), so the database orders them.
 
 The tables are made with every other (``sluice.storage.models`` imports them, ``db.init_schema``
 creates and upgrades them); a sync's ``source.synced`` webhook is ``webhook_records.record_synced``.
@@ -18,7 +25,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Text, UniqueConstraint, update
+from sqlalchemy import JSON, BigInteger, Column, Text, UniqueConstraint, delete, exists, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -41,6 +48,9 @@ class Source(SQLModel, table=True):
     created_at: datetime = Field(default_factory=_now)
     created_by: str = Field(default="", max_length=120)
     next_run_at: datetime | None = None
+    # Set when added: its first sync waits for an operator's confirmation (None: confirmed, and
+    # every source made before this rule).
+    unconfirmed_since: datetime | None = None
 
 
 class SourceEntry(SQLModel, table=True):
@@ -58,6 +68,12 @@ class SourceEntry(SQLModel, table=True):
     job_id: int | None = None
     removed_at: datetime | None = None
     updated_at: datetime = Field(default_factory=_now)
+    # The external id of the entry's documents (None: an entry of before, whose id is its path).
+    external_id: str | None = Field(default=None, max_length=512)
+    # True: the source made the document; False: it was in the dataset before the source named it
+    # (released on removal, never deleted); None: an entry of before (judged by the document's
+    # first job: ``sluice.ops.sources.ownership``).
+    owned: bool | None = None
 
 
 class SourceRun(SQLModel, table=True):
@@ -142,6 +158,52 @@ def lease_of(session: Session, source_id: int) -> SourceLease | None:
     return session.get(SourceLease, source_id, populate_existing=True)
 
 
+def holder_of(session: Session, source_id: int) -> str:
+    """Who holds the source's lease now, in words (for a refusal)."""
+    lease = lease_of(session, source_id)
+    return lease.holder if lease is not None else "another process"
+
+
+# -- tombstones, by compare-and-set ---------------------------------------------------------------
+
+
+def restore_entry(session: Session, entry_id: int) -> bool:
+    """In the caller's transaction: a tombstone back to a live entry, if it is still one. False:
+    it is gone (purged) or live already; the caller reads the row again to know which."""
+    done = session.execute(
+        update(SourceEntry)
+        .where(col(SourceEntry.id) == entry_id, col(SourceEntry.removed_at).is_not(None))
+        .values(removed_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return getattr(done, "rowcount", 0) == 1
+
+
+def purge_entry(session: Session, entry_id: int, cutoff: datetime) -> bool:
+    """In the caller's transaction: delete a tombstone older than ``cutoff``, if it still is one
+    (a restore or an undo that landed first wins). True: this purge removed it."""
+    done = session.execute(
+        delete(SourceEntry)
+        .where(
+            col(SourceEntry.id) == entry_id,
+            col(SourceEntry.removed_at).is_not(None),
+            col(SourceEntry.removed_at) <= cutoff,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return getattr(done, "rowcount", 0) == 1
+
+
+def named_documents(session: Session, document_ids: list[int]) -> set[int]:
+    """Which of these documents an entry of any source still names (live or tombstoned)."""
+    if not document_ids:
+        return set()
+    found = session.exec(
+        select(SourceEntry.document_id).where(col(SourceEntry.document_id).in_(document_ids))
+    ).all()
+    return {d for d in found if d is not None}
+
+
 # -- reads ----------------------------------------------------------------------------------------
 
 
@@ -170,12 +232,27 @@ def tombstoned_documents(session: Session, dataset_id: int) -> set[int]:
     return removed - {doc for doc, at in rows if at is None}
 
 
-def is_tombstoned(session: Session, document_id: int) -> bool:
+def can_come_back(document_id: Any) -> Any:
+    """A clause on a document id column: a source's entry (a tombstone, or a live file) names the
+    document, in a dataset not being deleted: ``sources undo`` (or the next sync) may serve it
+    again, so its bytes must stay (the blob users count it)."""
+    dataset = SQLModel.metadata.tables["dataset"]
+    return exists(
+        select(SourceEntry.id)
+        .join(Source, col(Source.id) == col(SourceEntry.source_id))
+        .join(dataset, dataset.c.id == col(Source.dataset_id))
+        .where(col(SourceEntry.document_id) == document_id, dataset.c.deleting_at.is_(None))
+    )
+
+
+def is_tombstoned(session: Session, document_id: int, *, lock: bool = False) -> bool:
     """A sync tombstoned this document (an entry of a source names it as removed, none as live):
-    its removal must win over a job of it that succeeds late (``storage.jobs``)."""
-    removed = session.exec(
-        select(SourceEntry.removed_at).where(SourceEntry.document_id == document_id)
-    ).all()
+    its removal must win over a job of it that succeeds late (``storage.jobs``). ``lock``: hold
+    the entries' rows to the caller's commit (PostgreSQL), so an undo of them waits for it."""
+    query = select(SourceEntry.removed_at).where(SourceEntry.document_id == document_id)
+    if lock:
+        query = query.with_for_update()
+    removed = session.exec(query).all()
     return bool(removed) and all(at is not None for at in removed)
 
 

@@ -1,6 +1,7 @@
 """Sources: each folder or S3 prefix a dataset follows, with its last sync (when, how long, what
 it added, changed, renamed, removed and failed) and the next one; a preview of what a sync would
-do and cost, the sync itself, and the confirmation the guard asks for before mass removals.
+do and cost, the sync itself, the confirmation a new source's first sync waits for, and the one
+the guard asks for before mass removals.
 
 The same functions as ``sluice sources`` and ``sluice sync``."""
 
@@ -16,7 +17,8 @@ PREVIEW = "sources_preview"  # the last preview's words, per source: what the pe
 who = ui.operator()
 st.title("Sources")
 st.caption(
-    "Folders and S3 prefixes that datasets follow (add one with `sluice sources add`). A sync "
+    "Folders and S3 prefixes that datasets follow (add one with `sluice sources add`). A new "
+    "source uploads nothing until you confirm its first sync. A sync "
     "uploads new files, makes a changed file a new version, moves renamed ones without embedding "
     "them, and takes removed ones out of search (kept for SLUICE_SYNC_TOMBSTONE_HOURS, undo "
     "brings them back). A sync that would remove many documents, or saw an empty or failed "
@@ -45,14 +47,18 @@ def _row(v) -> dict:
         "Tombstoned": v.tombstoned,
         "Last sync": ui.local_time(run.get("finished_at") or run.get("started_at")),
         "Took": took,
-        "Result": run.get("status", "never synced"),
+        "Result": run.get("status", "never synced" if v.confirmed else "waits for confirmation"),
         "Added": run.get("added", 0),
         "Changed": run.get("changed", 0),
         "Renamed": run.get("renamed", 0),
         "Removed": run.get("removed", 0),
         "Failed": run.get("failed", 0),
         "Held": run.get("held", 0),
-        "Next": ui.local_time(v.next_run_at) if v.next_run_at else "when asked",
+        "Next": "after confirmation"
+        if not v.confirmed
+        else ui.local_time(v.next_run_at)
+        if v.next_run_at
+        else "when asked",
     }
 
 
@@ -77,6 +83,13 @@ def _run(*, confirm: bool = False) -> None:
         ui.flash("warning", f"Removals held: {result.held_reason}")
 
 
+def _undo() -> None:
+    try:
+        ui.flash("success", manage.undo(who, name))
+    except OperationError as exc:
+        ui.flash("error", exc.message)
+
+
 left, middle, right = st.columns(3)
 if left.button("Preview the sync", key="source_preview"):
     with st.spinner("Listing the source and reading what changed…"):
@@ -95,7 +108,7 @@ with right:
         key="source_undo",
         disabled=not who.can_act or not chosen.tombstoned,
         prompt=f"Bring the {chosen.tombstoned} tombstoned document(s) of {name} back into search?",
-        on_confirm=lambda: ui.flash("success", manage.undo(who, name)),
+        on_confirm=lambda: _undo(),
         danger=False,
     )
 
@@ -115,6 +128,24 @@ def _confirm(box, held: int, reason: str) -> None:
 
 shown = st.session_state.get(PREVIEW)
 last = chosen.last_run or {}
+if not chosen.confirmed:
+    first = st.container(border=True)
+    first.info(
+        ui.plain(
+            f"{name} is new: nothing is uploaded until you confirm its first sync. Preview it "
+            "to see what it would add."
+        )
+    )
+    with first:
+        ui.confirm_button(
+            "Confirm the first sync",
+            key="source_first",
+            disabled=not who.can_act,
+            prompt=f"Sync {name} now and upload what its plan adds? The workers follow it from "
+            "then on.",
+            on_confirm=lambda: _run(confirm=True),
+            danger=False,
+        )
 if shown and shown["source"] == name:
     result = shown["result"]
     box = st.container(border=True)

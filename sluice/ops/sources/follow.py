@@ -1,12 +1,14 @@
 """Following sources from the workers: each recovery round starts the syncs that are due (those
-added with ``--every``), each in a thread of its own so a long listing never holds the round, and
-removes for good what was tombstoned longer than SLUICE_SYNC_TOMBSTONE_HOURS. A folder source on
-this worker's host is also watched (watchfiles, debounced): a change syncs it within seconds, and
-the periodic full listing stays the safety net for a missed event.
+added with ``--every`` whose first sync was confirmed), each in a thread of its own so a long
+listing never holds the round, and removes for good what was tombstoned longer than
+SLUICE_SYNC_TOMBSTONE_HOURS. A confirmed folder source on this worker's host is also watched
+(watchfiles, debounced): a change syncs it within seconds, and the periodic full listing stays
+the safety net for a missed event.
 
-One sync of a source runs at a time across the fleet: every worker may start one, the lease lets
-one through (``sluice.ops.sources``). The recovery round calls ``follow_round`` by name
-(``sluice.pipeline.queueing.recovery.EXTRA_ROUNDS``): the pipeline imports nothing of ops.
+One change of a source runs at a time across the fleet: every worker may start a sync, the lease
+lets one through (``sluice.ops.sources.leases``); the purge takes each source's lease too. The
+recovery round calls ``follow_round`` by name (``sluice.pipeline.queueing.recovery.EXTRA_ROUNDS``):
+the pipeline imports nothing of ops.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ def follow_round(ctx: Context) -> str:
     global _last_purge
     with Session(ctx.engine) as session:
         now = db_now(session)
-        following = session.exec(select(Source).where(col(Source.every_seconds).is_not(None))).all()
+        following = session.exec(
+            select(Source).where(
+                col(Source.every_seconds).is_not(None), col(Source.unconfirmed_since).is_(None)
+            )
+        ).all()
     due = [s.name for s in following if s.next_run_at is None or as_utc(s.next_run_at) <= now]
     started = [name for name in due if _start(ctx, name, actor="schedule")]
     _watch(ctx, [s for s in following if s.kind == "folder" and os.path.isdir(s.location)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import text
+from sqlalchemy import or_, text
 from sqlmodel import Session, col, func, select
 
 from sluice import faults
@@ -14,6 +14,7 @@ from sluice.errors import WaitingError
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
 from sluice.storage.models import Document, Job
+from sluice.storage.source_records import can_come_back
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,16 @@ def remove_blob_if_unused(ctx: Context, key: str) -> bool:
 
 
 def _live_users(ctx: Context, key: str) -> int:
+    """Documents that need the blob: live ones, and hidden ones that can come back (a source's
+    tombstone names them: an undo serves them again, and a rebuild reads these bytes)."""
     with Session(ctx.engine) as session:
         return session.exec(
             select(func.count())
             .select_from(Document)
-            .where(Document.blob_key == key, col(Document.deleted_at).is_(None))
+            .where(
+                Document.blob_key == key,
+                or_(col(Document.deleted_at).is_(None), can_come_back(Document.id)),
+            )
         ).one()
 
 

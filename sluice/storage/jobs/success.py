@@ -84,12 +84,15 @@ def _succeed_once(
         raise LookupError(f"no Document {job.document_id!r}")
     serving = document.active_job_id
     hidden = document.deleted_at is not None  # a source's removal stays: see _make_active
-    keep_hidden = hidden and source_records.is_tombstoned(session, document.id)
     others = session.scalars(_OTHERS, {"document_id": job.document_id, "job_id": job_id}).all()
     faults.hit("before_supersede", job_id=job_id)
     if not _mark_succeeded(session, job, lease, now=now, built=built):
         session.rollback()
         return None  # a beat of our own heartbeat, a cancel, or a reaper: read again and see
+    # Whether a source's tombstone still hides the document is read inside the writing
+    # transaction, its entries held (SQLite: the write lock is ours): an undo that committed since
+    # the read above is seen, and one still to come waits for this commit and then finds the job.
+    keep_hidden = hidden and source_records.is_tombstoned(session, document.id, lock=True)
     _record_success(session, job, worker_id, built)
     superseded, lost = _supersede(session, job, others, now=now)
     older = replacements.others_to_retire(session, document)
