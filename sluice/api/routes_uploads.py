@@ -37,6 +37,7 @@ REFUSAL_STATUS = {
     "blob_store_unavailable": 503,  # the object store does not answer: nothing was stored
     "blob_store_auth_failed": 503,
     "external_id_conflict": 409,
+    "not_found": 404,  # the key's dataset was deleted while the upload came in
 }
 
 BODY = {
@@ -85,7 +86,7 @@ def _check_external_id(parts: list[Part]) -> None:
     check_external_id(external)
 
 
-def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
+def _ingest(key: ApiPrincipal, dataset: str, dataset_id: int, parts: list[Part]) -> Response:
     _check_external_id(parts)
     for part in parts:  # every file is judged by its bytes before any is stored
         refusal = scoped.type_refusal(part.file.read(SNIFF_BYTES), part.filename)
@@ -98,6 +99,7 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
         result = scoped.upload(
             key,
             dataset=dataset,
+            dataset_id=dataset_id,
             filename=part.filename,
             stream=stream,
             external_id=part.external_id,
@@ -132,8 +134,9 @@ def _ingest(key: ApiPrincipal, dataset: str, parts: list[Part]) -> Response:
 )
 async def upload(dataset: str, request: Request, key: Key) -> Response:
     """One or more files (multipart ``file`` parts), or ``{"filename", "text"}``. The same bytes
-    already in the dataset answer with the existing job (``existing: true``)."""
-    await run_in_threadpool(scoped.check_upload, key, dataset)
+    already in the dataset answer with the existing job (``existing: true``). The dataset is
+    resolved here, once: renamed while the body comes in, it still gets the files."""
+    dataset_id = await run_in_threadpool(scoped.check_upload, key, dataset)
     parts = await read_upload(request, max_bytes=get_settings().max_upload_bytes)
     fingerprint = [
         dataset,
@@ -142,7 +145,7 @@ async def upload(dataset: str, request: Request, key: Key) -> Response:
     ]
     try:
         return await run_in_threadpool(
-            idempotent, request, key, fingerprint, lambda: _ingest(key, dataset, parts)
+            idempotent, request, key, fingerprint, lambda: _ingest(key, dataset, dataset_id, parts)
         )
     finally:
         for part in parts:

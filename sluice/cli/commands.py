@@ -57,10 +57,17 @@ def ingest(args) -> int:
         return _fail(str(err), 2)
     who = cli_operator()
     results = []
+    dataset_id = None  # the dataset the first upload resolved: a rename meanwhile makes no other
     for path in files:
         r = actions.upload_path(
-            who, path, dataset=args.dataset, external_id=args.external_id, metadata=metadata
+            who,
+            path,
+            dataset=args.dataset,
+            dataset_id=dataset_id,
+            external_id=args.external_id,
+            metadata=metadata,
         )
+        dataset_id = dataset_id or r.dataset_id
         results.append(r)
         if not args.json:
             if r.accepted:

@@ -2,6 +2,11 @@
 
 Bad input is refused here, before anything is stored: over the size limit, or a type the bytes
 show Sluice cannot read. The display name is sanitised; the blob's path comes from its hash.
+
+The dataset is resolved once, at the start, and named by id from then on: a dataset renamed while
+the bytes come in still gets them, and one deleted meanwhile refuses the upload; neither is made
+again under the name it had. Only a name no dataset had at the start makes one, when the rows are
+written.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import BinaryIO
 
 from sqlmodel import Session, select
 
+from sluice import faults
 from sluice.errors import PipelineError, UserActionError, WaitingError
 from sluice.ops import metadata as meta
 from sluice.ops import replacing
@@ -28,7 +34,7 @@ from sluice.pipeline.queueing.publishing import dispatch_now
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs
 from sluice.storage.blobs import BlobTooLarge
-from sluice.storage.db import ensure_dataset
+from sluice.storage.db import ensure_dataset, refuse_if_deleting
 from sluice.storage.models import Dataset, JobStatus
 
 log = logging.getLogger(__name__)
@@ -68,6 +74,7 @@ class IngestResult:
     external_id: str | None = None
     version: int | None = None  # of the document under its external id (1, 2, ...)
     replaces_document_id: int | None = None  # the version this one replaces once it succeeds
+    dataset_id: int | None = None  # the dataset it went into (or was resolved to), by id
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,10 +91,20 @@ def sanitize_filename(name: str) -> str:
     return cleaned[:MAX_NAME] or "unnamed"
 
 
+@dataclass(frozen=True)
+class _Target:
+    """The dataset an upload writes into: its id once resolved (None: no dataset had the name, so
+    the upload makes it), and its name as last read."""
+
+    id: int | None
+    name: str
+
+
 def ingest_stream(
     ctx: Context,
     *,
-    dataset: str,
+    dataset: str = "",
+    dataset_id: int | None = None,
     filename: str,
     stream: BinaryIO,
     actor: str = "system",
@@ -96,12 +113,20 @@ def ingest_stream(
     external_id: str | None = None,
 ) -> IngestResult:
     """Store the bytes and queue their job. ``metadata`` (sluice.ops.metadata) replaces the
-    document's (None keeps it); new bytes under a known ``external_id`` are a new version."""
+    document's (None keeps it); new bytes under a known ``external_id`` are a new version.
+
+    ``dataset_id`` names the dataset as the caller resolved it (``dataset`` is then only its name
+    for the answer); without it ``dataset`` is resolved here, once."""
     s = ctx.settings
     display = sanitize_filename(filename)
-    refused = _refusal(ctx, dataset, display, external_id)
+    found = _resolve(ctx, dataset, dataset_id, display)
+    if isinstance(found, IngestResult):
+        return found
+    dataset = found.name
+    refused = _external_id_refusal(external_id, display, dataset)
     if refused is not None:
         return refused
+    faults.hit("upload_resolved", dataset_id=found.id, dataset=dataset)
     try:
         clean = None if metadata is None else meta.validate(metadata)
     except meta.MetadataError as err:
@@ -110,15 +135,7 @@ def ingest_stream(
     try:
         media_type = sniff_type(head, display)
     except PipelineError as err:
-        return IngestResult(
-            display,
-            False,
-            dataset=dataset,
-            error_kind=err.kind.value,
-            error_code=err.code,
-            message=err.message,
-            fix_hint=err.hint,
-        )
+        return _refused(display, dataset, err)
     try:
         got = ctx.blobs.receive(_Prepend(head, stream), max_bytes=s.max_upload_bytes)
     except BlobTooLarge:
@@ -140,8 +157,8 @@ def ingest_stream(
         if media_type == ZIP:  # which archive it is, or a bomb, shows in its directory
             with ctx.blobs.local_copy(key) as path:
                 media_type = archive_type(path, name=display, limits=ParseLimits.from_settings(s))
-        made = _commit_upload(ctx, dataset, key, size, media_type, display, actor, external_id)
-        document, job, created = made
+        made = _commit_upload(ctx, found, key, size, media_type, display, actor, external_id)
+        document, job, created, dataset = made
     except PipelineError as err:  # refused archives are not kept (unless another document has them)
         ctx.blobs.release(got.held)
         remove_blob_if_unused(ctx, key)
@@ -165,15 +182,30 @@ DATASET_NAME_RULE = (
 )
 
 
-def _dataset_refusal(ctx: Context, dataset: str, display: str) -> IngestResult | None:
-    """An upload into a dataset not yet there makes it: the name follows the one rule for names
-    (every front end: the console's Create, the CLI's --dataset, the API), so no name can carry
-    Markdown or a code span onto a page. A dataset that already exists is taken as it is."""
-    if DATASET_NAME.match(dataset):
-        return None
+def _resolve(
+    ctx: Context, dataset: str, dataset_id: int | None, display: str
+) -> _Target | IngestResult:
+    """The upload's dataset, read once: by id (a dataset renamed since is still the one; one
+    deleted, or being deleted, refuses the upload), else by name. A name no dataset has makes one
+    when the rows are written, and follows the one rule for names (every front end: the console's
+    Create, the CLI's --dataset, the API), so no name can carry Markdown or a code span onto a
+    page; a dataset that already exists is taken as it is."""
     with Session(ctx.engine) as session:
-        if session.exec(select(Dataset).where(Dataset.name == dataset)).first() is not None:
-            return None
+        if dataset_id is not None:
+            ds = session.get(Dataset, dataset_id)
+        else:
+            ds = session.exec(select(Dataset).where(Dataset.name == dataset)).first()
+    if ds is not None:
+        try:
+            refuse_if_deleting(ds)
+        except PipelineError as err:
+            return _refused(display, ds.name, err)
+        assert ds.id is not None
+        return _Target(ds.id, ds.name)
+    if dataset_id is not None:
+        return _refused(display, dataset, _gone(dataset, dataset_id))
+    if DATASET_NAME.match(dataset):
+        return _Target(None, dataset)
     return IngestResult(
         display,
         False,
@@ -182,6 +214,15 @@ def _dataset_refusal(ctx: Context, dataset: str, display: str) -> IngestResult |
         error_code="bad_dataset_name",
         message=f"{dataset!r} is not a dataset name",
         fix_hint=DATASET_NAME_RULE,
+    )
+
+
+def _gone(dataset: str, dataset_id: int) -> UserActionError:
+    """The dataset the caller resolved was deleted before the upload's rows were written."""
+    return UserActionError(
+        "not_found",
+        f"no dataset named {dataset!r}" if dataset else f"no dataset {dataset_id}",
+        "The dataset was deleted: make it again (or choose another), then upload again.",
     )
 
 
@@ -194,13 +235,6 @@ def _refused(display: str, dataset: str, err: PipelineError) -> IngestResult:
         error_code=err.code,
         message=err.message,
         fix_hint=err.hint,
-    )
-
-
-def _refusal(ctx: Context, dataset: str, display: str, external_id: str | None):
-    """Why an upload is refused before its bytes are read (the dataset's name, the external id)."""
-    return _dataset_refusal(ctx, dataset, display) or _external_id_refusal(
-        external_id, display, dataset
     )
 
 
@@ -224,7 +258,7 @@ def _external_id_refusal(
 
 def _commit_upload(
     ctx: Context,
-    dataset: str,
+    target: _Target,
     key: str,
     size: int,
     media_type: str,
@@ -232,10 +266,21 @@ def _commit_upload(
     actor: str,
     external_id: str | None = None,
 ):
+    """Document + Job + Outbox in the dataset ``target`` names (by id once resolved; the name
+    only when no dataset had it); also the dataset's name as this transaction read it."""
     s = ctx.settings
     with Session(ctx.engine, expire_on_commit=False) as session:
-        ds = ensure_dataset(session=session, name=dataset)
-        return jobs.create_upload(
+        if target.id is None:
+            ds = ensure_dataset(session=session, name=target.name)
+        else:
+            # held (PostgreSQL: FOR SHARE) until the rows are in: a delete cannot remove it between
+            found = session.get(Dataset, target.id, with_for_update={"read": True})
+            if found is None:
+                raise _gone(target.name, target.id)
+            refuse_if_deleting(found)
+            ds = found
+        assert ds.id is not None
+        document, job, created = jobs.create_upload(
             session=session,
             dataset_id=ds.id,
             sha256=key,
@@ -247,6 +292,7 @@ def _commit_upload(
             actor=actor,
             external_id=external_id,
         )
+        return document, job, created, ds.name
 
 
 def _answer(
@@ -269,6 +315,7 @@ def _answer(
         external_id=document.external_id,
         version=document.doc_version,
         replaces_document_id=document.replaces_document_id,
+        dataset_id=document.dataset_id,
     )
     if created and document.external_id is not None:
         replacing.remove_superseded(ctx, document.id)
@@ -353,7 +400,8 @@ def ingest_path(
     ctx: Context,
     path: Path,
     *,
-    dataset: str,
+    dataset: str = "",
+    dataset_id: int | None = None,
     actor: str = "cli",
     publish: Callable[[int], None] | None = None,
     metadata: dict | None = None,
@@ -363,6 +411,7 @@ def ingest_path(
         return ingest_stream(
             ctx,
             dataset=dataset,
+            dataset_id=dataset_id,
             filename=path.name,
             stream=fh,
             actor=actor,
@@ -376,7 +425,8 @@ def ingest_bytes(
     ctx: Context,
     data: bytes,
     *,
-    dataset: str,
+    dataset: str = "",
+    dataset_id: int | None = None,
     filename: str,
     actor: str = "system",
     publish: Callable[[int], None] | None = None,
@@ -386,6 +436,7 @@ def ingest_bytes(
     return ingest_stream(
         ctx,
         dataset=dataset,
+        dataset_id=dataset_id,
         filename=filename,
         stream=io.BytesIO(data),
         actor=actor,

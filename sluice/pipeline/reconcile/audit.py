@@ -7,7 +7,8 @@ is, for the job its id names:
 
 - **present**: the job serves search for its document (it is the document's active job, finished)
   and ``position < chunk_count``. Its metadata must name that job, document, version and position,
-  or it is a **metadata mismatch**.
+  and carry the document's file name and metadata as the row has them now (``chunk_copies``: a
+  rename by a sync, a metadata change), or it is a **metadata mismatch**.
 - **in flight**: the job is pending, running or retrying. A running job's chunks are never touched.
 - **kept**: the job is the active one of a document a source's sync tombstoned: out of search, its
   chunks wait for ``sluice sources undo`` until the tombstone time is over. Never touched.
@@ -417,7 +418,8 @@ class DatasetAudit:
                 if f.mismatched:
                     lines.append(
                         f"rewrite the metadata of {f.mismatched} chunk(s) to name their job, "
-                        "document, pipeline version and position"
+                        "document, pipeline version and position, and their document's file name "
+                        "and metadata"
                     )
             f.repair[:0] = lines
             who = f"document {doc_id}" if doc_id is not None else "foreign chunks"

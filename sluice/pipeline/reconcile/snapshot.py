@@ -15,14 +15,10 @@ from dataclasses import dataclass
 
 from sqlmodel import Session, select
 
+from sluice.pipeline.running import chunk_copies
 from sluice.storage.models import Document, Job, JobStatus
 from sluice.storage.source_records import tombstoned_documents
-from sluice.storage.vectors import (
-    chunk_prefix,
-    metadata_fields,
-    split_chunk_id,
-    stored_metadata_fields,
-)
+from sluice.storage.vectors import chunk_prefix, split_chunk_id
 
 BATCH = 1000  # ids per confirm / delete / update request
 SAMPLE = 10  # ids kept per document and kind in the report
@@ -47,7 +43,8 @@ class PromisedJob:
     active: bool  # the job whose chunks search serves for its document
     row_version: int = 0  # the job row's compare-and-set version when read
     seen: bytearray | None = None  # positions found in the store, for expected jobs
-    fields: dict | None = None  # the document's metadata as its chunks carry it (meta_<key>)
+    # the copies of its document its chunks carry: file name and metadata (chunk_copies.copies)
+    fields: dict | None = None
     kept: bool = False  # the active job of a tombstoned document: its chunks wait for an undo
 
     @property
@@ -103,7 +100,7 @@ class Snapshot:
                 live,
                 live and active_id == jid,
                 row_version,
-                fields=metadata_fields(doc_metadata),
+                fields=chunk_copies.copies(filename, doc_metadata),
                 kept=not live and doc_id in tombstoned and active_id == jid,
             )
 
@@ -167,8 +164,8 @@ def wrong_fields(job: PromisedJob, pos: int, meta: dict | None) -> dict[str, lis
         "position": pos,
     }
     wrong = {k: [meta.get(k), v] for k, v in want.items() if meta.get(k) != v}
-    # the copy of the document's metadata (None as the wanted value: a key that must go)
-    fields, carried = job.fields or {}, stored_metadata_fields(meta)
+    # the copies of the document: its file name and metadata (None wanted: a key that must go)
+    fields, carried = job.fields or {}, chunk_copies.carried(meta)
     for k in sorted(set(fields) | set(carried)):
         if carried.get(k) != fields.get(k):
             wrong[k] = [carried.get(k), fields.get(k)]

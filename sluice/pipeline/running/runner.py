@@ -772,14 +772,18 @@ def _finish(
             ),
             read=read.append,
         )
-    now_meta = read[-1].metadata_ if read else out.document.metadata_
+    now, was = read[-1] if read else out.document, out.document
     faults.hit("after_switch", job_id=job.id)  # search serves this job; older chunks still there
-    if (now_meta or {}) != (out.document.metadata_ or {}):
+    if chunk_copies.copies(now.filename, now.metadata_) != chunk_copies.copies(
+        was.filename, was.metadata_
+    ):
         # Changed while this attempt wrote: the change's own rewrite ran before these chunks were
         # all there (it saw this job inactive or its chunks not yet written). This read comes
         # after the last batch, so a change later than it finds them all and rewrites them itself.
         try:
-            chunk_copies.rewrite(ctx, out.collection, {"job_id": job.id}, now_meta)
+            chunk_copies.rewrite(
+                ctx, out.collection, {"job_id": job.id}, now.metadata_, filename=now.filename
+            )
         except Exception as exc:  # search filters on the document row; reconcile repairs copies
             log.warning("job %s: could not bring its chunks' metadata up to date: %s", job.id, exc)
     for old in superseded:
