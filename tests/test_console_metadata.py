@@ -60,9 +60,13 @@ def test_document_page_metadata_and_chunk_switch(ctx):
     assert switches and all(t.value for t in switches)
     first = switches[0]
     cid = first.key.removeprefix("document_chunk_on_")
+    served = f"{len(switches) - 1} (1 switched off)"  # a switched-off chunk is not served
+    assert served not in texts(at)
     first.set_value(False).run()
     assert_ok(at)
     assert "disabled" in texts(at)
+    shown = [m.value.replace("\\", "") for m in at.markdown]  # ui.plain escapes markdown
+    assert f"**Chunks served**  \n{served}" in shown
     hits = search(ctx, query="harbour", dataset="default", k=100, mode="lexical")
     assert hits and cid not in {h.chunk_id for h in hits}
     at.toggle(key=f"document_chunk_on_{cid}").set_value(True).run()

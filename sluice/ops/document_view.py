@@ -33,9 +33,15 @@ class DocumentView:
     info: DocumentInfo
     media_type: str
     created_at: str
-    chunk_count: int  # chunks of the active job (what search serves)
+    chunk_count: int  # chunks of the active job, switched off ones too
     page_count: int | None
     metadata: dict = field(default_factory=dict)  # the application's fields (sluice.ops.metadata)
+    disabled_count: int = 0  # of those, switched off: kept, but no search answers them
+
+    @property
+    def served_count(self) -> int:
+        """The chunks search answers from: the active job's, less those switched off."""
+        return self.chunk_count - self.disabled_count
 
     def to_dict(self) -> dict:
         return {
@@ -62,6 +68,7 @@ def view(ctx: Context, ref: str | int) -> DocumentView:
         active.chunk_count or 0 if active else 0,
         active.page_count if active else None,
         dict(doc.metadata_ or {}),
+        lexical.count_job_disabled(ctx.engine, active.id) if active and active.id else 0,
     )
 
 

@@ -485,6 +485,15 @@ def chunk_places(engine: Engine, chunk_id: str) -> list[tuple[int, int, int]]:
         return [(int(a), int(b), int(c)) for a, b, c in rows]
 
 
+def count_job_disabled(engine: Engine, job_id: int) -> int:
+    """A job's chunks that are switched off (kept, left out of search)."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(f"SELECT COUNT(*) FROM lexical_chunk l WHERE l.job_id = :j AND NOT {_ENABLED}"),
+            {"j": job_id},
+        ).scalar_one()
+
+
 def count_disabled(engine: Engine, dataset_id: int) -> int:
     """Chunks switched off in a dataset, of its live documents."""
     with engine.connect() as conn:

@@ -41,7 +41,12 @@ facts = [
     ("Type", doc.media_type),
     ("Size", f"{info.size:,} bytes"),
     ("Pages", doc.page_count),
-    ("Chunks served", doc.chunk_count),
+    (
+        "Chunks served",
+        f"{doc.served_count:,} ({doc.disabled_count:,} switched off)"
+        if doc.disabled_count
+        else doc.served_count,
+    ),
     ("Uploaded", doc.created_at[:19]),
 ]
 for col, (label, value) in zip(st.columns(len(facts)), facts, strict=True):
@@ -166,7 +171,7 @@ left, right = st.columns([1, 1])
 with left:
     for c in rows:
         with st.container(border=True):
-            head, switch = st.columns([3, 1])
+            head, switch = st.columns([2, 1])  # room for the switch's whole label
             if c is rows[picked]:  # the chosen chunk is scrolled into view (below)
                 st.html(f'<div id="chunk-{c.position}"></div>')
             head.caption(
