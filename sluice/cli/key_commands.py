@@ -77,7 +77,10 @@ def add_key_commands(sub) -> None:
     a.add_argument("--scope", choices=list(SCOPES), default="read")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=create)
-    a = keys_sub.add_parser("list", help="keys with their scope, datasets and last use")
+    a = keys_sub.add_parser(
+        "list",
+        help="keys with their scope, datasets and last use (written at most once a minute per key)",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=list_)
     a = keys_sub.add_parser("revoke", help="revoke a key: its requests answer 401 from now on")

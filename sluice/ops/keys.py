@@ -25,6 +25,8 @@ from sluice.storage import api_keys, queries
 from sluice.storage.clock import as_utc
 from sluice.storage.models import ApiKey
 
+LAST_USED_EVERY = api_keys.TOUCH_EVERY  # a key's last use is written at most this often
+
 Scope = Literal["read", "ingest", "manage"]
 SCOPES: tuple[Scope, ...] = ("read", "ingest", "manage")
 KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
