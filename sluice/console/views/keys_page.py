@@ -68,9 +68,9 @@ st.dataframe(
     hide_index=True,
     width="stretch",
 )
-every = int(keys.LAST_USED_EVERY.total_seconds())
+touch_seconds = int(keys.LAST_USED_EVERY.total_seconds())
 st.caption(
-    f"Last used is written at most once every {every} s per key (a busy key's every request "
+    f"Last used is written at most once every {touch_seconds} s per key (a busy key's every request "
     "would otherwise be a write), so it can be that much behind."
 )
 
