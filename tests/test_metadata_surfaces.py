@@ -92,6 +92,7 @@ def test_the_api_takes_metadata_filters_and_chunk_switches(api):
     assert chunks[0]["enabled"] is True
     r = httpx.patch(f"{url}/v1/chunks/{cid}", json={"enabled": False}, headers=h)
     assert r.status_code == 200 and r.json()["enabled"] is False, r.text
+    assert r.json()["dataset"] == "default" and "dataset_id" not in r.json()  # named, as elsewhere
     chunks = httpx.get(f"{url}/v1/documents/{b['document_id']}/chunks", headers=h).json()["chunks"]
     assert chunks[0]["enabled"] is False
     hits = httpx.post(

@@ -21,6 +21,7 @@ from sluice.api.schemas import (
     where_parameter,
 )
 from sluice.ops import metadata as meta
+from sluice.ops import reads
 
 router = APIRouter(tags=["documents"])
 ChunkId = Annotated[str, Path(min_length=1, max_length=120, description="a chunk id")]
@@ -42,7 +43,7 @@ class ChunkIn(Strict):
 
 class ChunkStateOut(BaseModel):
     chunk_id: str
-    dataset_id: int
+    dataset: str = Field(description="the chunk's dataset, by name as every other answer names it")
     document_id: int
     enabled: bool
 
@@ -132,4 +133,6 @@ async def patch_chunk(chunk_id: ChunkId, body: ChunkIn, key: Key) -> dict:
     """Switch a chunk off (kept in the index, shown as disabled, left out of every search) or on
     again."""
     state = await run_in_threadpool(scoped.set_chunk_enabled, key, chunk_id, body.enabled)
-    return state.to_dict()
+    names = {d.id: d.name for d in await run_in_threadpool(reads.datasets)}
+    out = state.to_dict()
+    return {**out, "dataset": names.get(out.pop("dataset_id"), "")}

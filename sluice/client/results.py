@@ -172,12 +172,15 @@ class UploadedJob(Result):
 
 @result
 class Waiting(Result):
-    """Why a job that is not running waits (Waiting): paused, outage, backoff or queue."""
+    """Why a job that is not running waits (Waiting): paused, queue_unreachable, no_worker,
+    outage, backoff or queue; what it waits for, and what its start estimate stands on."""
 
     reason: str
     detail: str
+    waiting_for: str | None = None
     starts_at: str | None = None
     ahead: int | None = None
+    basis: str | None = None
 
 
 @result
@@ -320,7 +323,7 @@ class ChunkState(Result):
     """A chunk after its switch (ChunkStateOut)."""
 
     chunk_id: str
-    dataset_id: int
+    dataset: str
     document_id: int
     enabled: bool
 
