@@ -68,6 +68,41 @@ def resolve_redis_password(url: str, data_dir: Path, role: str) -> str:
     return url_password(url) or shared_secret(redis_password_path(data_dir, role))
 
 
+def chroma_token_path(data_dir: Path) -> Path:
+    """Where the token of the local Chroma gate is kept when SLUICE_CHROMA_TOKEN is unset (0600)."""
+    return Path(data_dir) / "chroma-gate" / "token"
+
+
+class MadeSecret(SecretStr):
+    """A secret no variable sets: the one in ``path``, made on first use by whoever asks first
+    (``shared_secret``), as the Redis passwords are. Read when first asked for, so that building the
+    settings writes nothing."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("")
+        self.path = Path(path)
+
+    def get_secret_value(self) -> str:
+        if not self._secret_value:
+            self._secret_value = shared_secret(self.path)
+        return self._secret_value
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self.get_secret_value())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MadeSecret) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(self.path)
+
+    def _display(self) -> str:
+        return "**********"
+
+
 def _check_s3(s: Settings) -> None:
     if not s.s3_bucket:
         raise ValueError(
@@ -106,6 +141,7 @@ class Settings(BaseSettings):
     # Name of the Huey queue (its Redis keys are huey.redis.<name> etc.).
     queue_name: str = "sluice"
     chroma_url: str = "http://127.0.0.1:8100"
+    # Unset with a loopback URL: the token made on first start into <data dir>/chroma-gate/token.
     chroma_token: SecretStr | None = None
     chroma_auth_header: str = "Authorization"
     # Where uploaded bytes live: "local" ($SLUICE_DATA_DIR/blobs, one host) or "s3" (any
@@ -208,6 +244,15 @@ class Settings(BaseSettings):
     # Where an API key may add an S3 source: buckets, or bucket/prefix/ entries (comma-separated);
     # empty: nowhere (the deployment's credentials may reach buckets no key should read).
     api_source_s3_allowed: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # A connection must send a whole request head within this many seconds (of its start, or of
+    # the last answer on it); slower ones are closed (slowloris).
+    api_header_timeout_seconds: float = Field(10.0, gt=0, le=600)
+    # Connections one client address may hold open at once (the next is refused); the trusted
+    # proxies below are not counted per address.
+    api_connections_per_address: int = Field(64, ge=1, le=100_000)
+    # Proxies whose X-Forwarded-For is believed (comma-separated addresses or networks): from them
+    # the client's address is the last one they forwarded that is not a proxy's. Empty: none.
+    api_trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     # Webhooks: a signed JSON event per endpoint when a job succeeds, fails (dead letter) or is
     # cancelled.
@@ -236,6 +281,7 @@ class Settings(BaseSettings):
         "metrics_hosts",
         "api_hosts",
         "api_source_s3_allowed",
+        "api_trusted_proxies",
         mode="before",
     )
     @classmethod
@@ -244,7 +290,7 @@ class Settings(BaseSettings):
             return [item.strip() for item in v.split(",") if item.strip()]
         return v
 
-    @field_validator("console_trusted_proxies")
+    @field_validator("console_trusted_proxies", "api_trusted_proxies")
     @classmethod
     def _networks(cls, v: list[str]) -> list[str]:
         for item in v:
@@ -334,6 +380,8 @@ class Settings(BaseSettings):
                     f"SLUICE_{name.upper()} is a placeholder; set a real secret or unset it"
                 )
         _check_webhooks(self)
+        if self.chroma_token is None:  # on loopback (beyond it a token is required above)
+            self.chroma_token = MadeSecret(chroma_token_path(self.data_dir))
         return self
 
     def __repr_args__(self):
@@ -386,7 +434,8 @@ class Settings(BaseSettings):
         return {
             "SLUICE_CONSOLE_PASSWORD": self.console_password is not None,
             "SLUICE_CONSOLE_READONLY_PASSWORD": self.console_readonly_password is not None,
-            "SLUICE_CHROMA_TOKEN": self.chroma_token is not None,
+            "SLUICE_CHROMA_TOKEN": self.chroma_token is not None
+            and not isinstance(self.chroma_token, MadeSecret),
             "SLUICE_WEBHOOK_SECRET": self.webhook_secret is not None,
             "SLUICE_METRICS_TOKEN": self.metrics_token is not None,
             "queue Redis password": bool(url_password(self.queue_redis_url)),
@@ -408,7 +457,9 @@ class Settings(BaseSettings):
         for name in type(self).model_fields:
             value = getattr(self, name)
             key = f"SLUICE_{name.upper()}"
-            if isinstance(value, SecretStr) or name.endswith(("password", "token", "secret")):
+            if isinstance(value, MadeSecret):
+                out[key] = "made in the data directory"
+            elif isinstance(value, SecretStr) or name.endswith(("password", "token", "secret")):
                 out[key] = "set" if value else "not set"
             elif name.endswith("_url"):
                 out[key] = redact_url(str(value)) if value else ""

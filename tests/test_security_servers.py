@@ -267,12 +267,14 @@ def test_local_state_is_private_under_umask_022(base_env, tmp_path):
         assert ingest.returncode == 0, ingest.stderr
         from sluice.storage.vectors import VectorStore
 
-        store = VectorStore(env["SLUICE_CHROMA_URL"])
+        made = data / "chroma-gate" / "token"  # the gate's token, made on its first start
+        store = VectorStore(env["SLUICE_CHROMA_URL"], token=made.read_text().strip())
         store.heartbeat()
         files = [
             data / "sluice.db",
             data / "chroma" / "chroma.sqlite3",
             redis_password_path(data, "queue"),
+            made,
             *sorted((data / "redis-queue").rglob("*.aof")),
         ]
         assert len(files) > 2, sorted(str(p) for p in data.rglob("*"))
@@ -339,11 +341,12 @@ def test_chroma_answers_only_its_own_host_names(base_env, tmp_path):
             headers={"Host": f"rebind.attacker.example:{port}"},
             timeout=10,
         )
-        assert forged.status_code == 403, (
+        # without SLUICE_CHROMA_TOKEN the gate requires the token it made (a page has none)
+        assert forged.status_code in (401, 403), (
             f"a forged Host got {forged.status_code}: {forged.text[:200]}"
         )
-        assert httpx.get(f"{url}/api/v2/heartbeat", timeout=10).status_code == 200
-        _use(VectorStore(url))
+        made = (Path(base_env["SLUICE_DATA_DIR"]) / "chroma-gate" / "token").read_text().strip()
+        _use(VectorStore(url, token=made))
     finally:
         proc.stop()
 

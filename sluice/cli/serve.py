@@ -24,6 +24,8 @@ CONSOLE_LAUNCHER = "sluice.console.launcher"  # named, not imported, like the AP
 WORKER_MAIN = "sluice.worker.consumer"  # named, not imported: no pipeline at start
 METRICS_MAIN = "sluice.exporter"  # named, not imported, like the worker
 API_APP = "sluice.api.server:app"  # named, not imported: the front ends do not import each other
+# uvicorn's h11 protocol with a deadline for each request head and a cap per address (named too)
+API_PROTOCOL = "sluice.api.guard:ConnectionGuard"
 # On SIGINT/SIGTERM the API ends its event streams itself (sluice.api.server); a request still
 # running this long after is cancelled, so a stop never waits on a slow client.
 API_GRACEFUL_SHUTDOWN_SECONDS = 10
@@ -61,7 +63,11 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
             "--port",
             str(s.api_port),
             "--no-server-header",
-            "--no-proxy-headers",
+            "--http",
+            API_PROTOCOL,
+            "--ws",
+            "none",  # no route speaks WebSocket: an upgrade is an ordinary request
+            *_forwarding(s.api_trusted_proxies),
             "--timeout-graceful-shutdown",
             str(API_GRACEFUL_SHUTDOWN_SECONDS),
         ]
@@ -85,6 +91,15 @@ def argv_for(what: str, *, workers: int = 2, kind: str = "thread") -> list[str]:
         "--server.maxUploadSize",
         str(max(1, s.max_upload_bytes // (1024 * 1024))),
     ] + [arg for host in sorted(allowed_hosts(s)) for arg in ("--server.allowedHosts", host)]
+
+
+def _forwarding(proxies: list[str]) -> list[str]:
+    """uvicorn's proxy headers for the trusted proxies alone: the client address is the last one
+    of ``X-Forwarded-For`` that is none of them (and ``X-Forwarded-Proto`` the scheme), from them
+    only. Without any, no forwarded header is believed (uvicorn would trust loopback)."""
+    if not proxies:
+        return ["--no-proxy-headers"]
+    return ["--proxy-headers", "--forwarded-allow-ips", ",".join(proxies)]
 
 
 def _link(s) -> str:

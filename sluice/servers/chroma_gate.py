@@ -5,13 +5,16 @@ token.
 that rebinds its DNS name to 127.0.0.1 could read every chunk. The gate listens where
 ``SLUICE_CHROMA_URL`` says and forwards to a ``chroma run`` on a random loopback port:
 
-- with ``SLUICE_CHROMA_TOKEN`` set, a request must carry it (``Authorization: Bearer <token>``, or
-  the raw token in the header named by ``SLUICE_CHROMA_AUTH_HEADER``), compared in constant time;
-- without a token, the Host must be a loopback name or the URL's own host, which a page of
-  another site cannot send.
+- a request must carry the token (``Authorization: Bearer <token>``, or the raw token in the
+  header named by ``SLUICE_CHROMA_AUTH_HEADER``), compared in constant time:
+  ``SLUICE_CHROMA_TOKEN``, or without it the one made on first start in
+  ``$SLUICE_DATA_DIR/chroma-gate/token`` (0600, as the Redis passwords are), which every client
+  of this data directory sends;
+- ``make_app`` without a token (no longer what ``serve`` runs) checks that the Host is a loopback
+  name or the URL's own host, which a page of another site cannot send.
 
 It does not keep out a local user who finds the inner port; the data directory's mode does that
-for the files, and a deployment that shares the machine sets a token (docs/security.md).
+for the files (docs/security.md).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from urllib.parse import urlsplit
 
 from sluice.files import private_dir, use_private_umask
 from sluice.servers.processes import chroma_argv, free_loopback_port, wait_listening
-from sluice.settings import Settings
+from sluice.settings import MadeSecret, Settings, chroma_token_path
 
 HOP_BY_HOP = {
     b"connection",
@@ -187,9 +190,11 @@ def serve(settings: Settings) -> int:
     chroma = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     try:
         wait_listening(inner, 60, exited=lambda: chroma.poll() is not None)
+        # SLUICE_CHROMA_TOKEN, or the one in the data directory, made now if this is the first start
         token = (
             settings.chroma_token.get_secret_value() if settings.chroma_token is not None else None
         )
+        made = isinstance(settings.chroma_token, MadeSecret)
         app = make_app(
             upstream=f"http://127.0.0.1:{inner}",
             token=token,
@@ -198,7 +203,8 @@ def serve(settings: Settings) -> int:
         )
         print(
             f"sluice: Chroma at http://{host}:{port} "
-            f"({'token required' if token else 'loopback Host only'})",
+            f"({'token required' if token else 'loopback Host only'}"
+            f"{f': the one in {chroma_token_path(settings.data_dir)}' if made else ''})",
             file=sys.stderr,
             flush=True,
         )
