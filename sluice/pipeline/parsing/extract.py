@@ -22,9 +22,9 @@ can read: not even the file's name), and writes the PDF without its encryption t
 itself undumpable (``keep_private``): no core file, no reading of its memory by another process of
 the same user.
 
-This module imports nothing from Sluice but the reading order and the fault points, so the child
-starts in about a tenth of a second; the ``Refusal`` it raises becomes a PipelineError in the
-parent.
+This module imports nothing from Sluice but the reading order, the table and heading finders, the
+chunker's marks and the fault points, so the child starts in about a tenth of a second; the
+``Refusal`` it raises becomes a PipelineError in the parent.
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from dataclasses import dataclass, field
 
 from sluice import faults
 from sluice.pipeline.parsing import formats, ocr
-from sluice.pipeline.parsing.reading import page_text
-from sluice.pipeline.running.chunk import meaningful
+from sluice.pipeline.parsing.headings import PdfHeadings, markdown_headings, text_pages
+from sluice.pipeline.parsing.reading import lines_of, ordered_text
+from sluice.pipeline.parsing.tables import take_tables
+from sluice.pipeline.running.chunk import meaningful, strip_marks
 
 PDF = "application/pdf"
 TEXT = "text/plain"
@@ -249,7 +251,9 @@ def _read_text(req: Request) -> Iterator[dict]:
     if os.path.getsize(req.path) > 4 * req.max_document_chars:  # refused before it is read
         raise _too_much_text(req)
     with open(req.path, "rb") as fh:
-        text = clean_text(decode_text(fh.read()))
+        text = clean_text(strip_marks(decode_text(fh.read())))
+    if req.media_type == MARKDOWN:
+        text = markdown_headings(text)
     if not meaningful(text):
         raise Refusal(
             "user_action_required",
@@ -268,12 +272,8 @@ def _read_text(req: Request) -> Iterator[dict]:
             "Split the file, or raise SLUICE_MAX_PAGES.",
         )
     yield {"t": "open", "pages": pages, "warnings": []}
-    for number in range(pages):
-        yield {
-            "t": "page",
-            "n": number + 1,
-            "text": text[number * TEXT_PAGE_CHARS : (number + 1) * TEXT_PAGE_CHARS],
-        }
+    for number, page in enumerate(text_pages(text, TEXT_PAGE_CHARS), start=1):
+        yield {"t": "page", "n": number, "text": page}
     yield {"t": "end", "warnings": []}
 
 
@@ -395,6 +395,7 @@ class _PdfTally:
     ocr_missing: str = ""  # why OCR could not run (Tesseract or the language not installed)
     placeholder: bool = False
     first_error: str = ""
+    headings: PdfHeadings = field(default_factory=PdfHeadings)  # the outline and the path so far
 
 
 def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
@@ -403,7 +404,7 @@ def _pdf_pages(doc, req: Request, count: int, repaired: bool) -> Iterator[dict]:
     import pymupdf
 
     flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_IMAGES
-    tally = _PdfTally()
+    tally = _PdfTally(headings=PdfHeadings.of(doc))
     for index in range(count):
         faults.hit("extract_page")
         yield from _pdf_page(doc, req, index + 1, flags, repaired, tally)
@@ -446,7 +447,8 @@ def _pdf_page_text(
 ) -> Generator[dict, None, str]:
     """A page's text layer, or what OCR reads of it ("ocr" announced first); returns the text."""
     page = doc.load_page(number - 1)
-    raw = page_text(page.get_text("dict", flags=flags, sort=False))
+    start = tally.headings.start()  # the headings in force where the page starts
+    raw = _structured_text(page, number, flags, tally.headings)
     if _undecodable(raw):  # glyph ids, not characters: its fonts map no text
         (tally.lost if repaired else tally.undecodable).append(number)
         raw = ""
@@ -465,6 +467,17 @@ def _pdf_page_text(
     if wants_ocr and not tally.ocr_missing:
         yield {"t": "ocr", "n": number}
         text = _ocr_pdf_page(page, req, number, text, tally)
+    return f"{start}\n{text}" if start and meaningful(text) else text
+
+
+def _structured_text(page, number: int, flags: int, headings: PdfHeadings) -> str:
+    """The page's text in reading order, its tables as Markdown rows and its headings marked
+    (``headings`` follows them into the next page)."""
+    lines = lines_of(page.get_text("dict", flags=flags, sort=False))
+    lines = take_tables(page, lines)
+    lines = headings.mark(number, lines, page.rect.height)
+    text = ordered_text(lines)
+    headings.outline.follow(text)
     return text
 
 
@@ -473,7 +486,7 @@ def _ocr_pdf_page(page, req: Request, number: int, text: str, tally: _PdfTally) 
     tally.ocr_tried.append(number)
     try:
         png, dpi = ocr.render(page, req.ocr_dpi, cleanup=req.ocr_cleanup)
-        seen = clean_text(ocr.recognise(png, dpi=dpi, language=req.ocr_language))
+        seen = clean_text(strip_marks(ocr.recognise(png, dpi=dpi, language=req.ocr_language)))
         del png
     except ocr.OcrUnavailable as exc:
         tally.ocr_missing = str(exc)

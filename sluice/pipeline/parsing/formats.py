@@ -19,6 +19,14 @@ import zipfile
 from collections.abc import Iterator
 from xml.etree import ElementTree
 
+from sluice.pipeline.running.chunk import (
+    Outline,
+    heading_line,
+    parse_heading,
+    strip_marks,
+    table_lines,
+)
+
 DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
 EPUB = "application/epub+zip"
@@ -123,11 +131,59 @@ class BoundedZip:
 
 
 def _cut(label: str, text: str) -> Iterator[tuple[str, str]]:
+    """A section in parts of at most SECTION_CHARS, cut between lines where it can; a part that
+    starts inside a table starts with the table's header row."""
     if len(text) <= SECTION_CHARS:
         yield label, text
         return
-    for part, start in enumerate(range(0, len(text), SECTION_CHARS), start=1):
-        yield f"{label}, part {part}", text[start : start + SECTION_CHARS]
+    parts: list[list[str]] = [[]]
+    used = 0
+    header: list[str] = []
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if not _is_row(line):
+            header = []
+        elif not header and i + 1 < len(lines) and _is_rule(lines[i + 1]):
+            header = [line, lines[i + 1]]
+        for piece in [line[k : k + SECTION_CHARS] for k in range(0, len(line), SECTION_CHARS)] or [
+            ""
+        ]:
+            if parts[-1] and used + len(piece) + 1 > SECTION_CHARS:
+                carried = header if header and piece not in header else []
+                parts.append(list(carried))
+                used = sum(len(h) + 1 for h in carried)
+            parts[-1].append(piece)
+            used += len(piece) + 1
+    for number, part in enumerate(parts, start=1):
+        yield f"{label}, part {number}", "\n".join(part)
+
+
+def _is_row(line: str) -> bool:
+    return len(line) > 2 and line.startswith("|") and line.endswith("|")
+
+
+def _is_rule(line: str) -> bool:
+    return _is_row(line) and set(line) <= set("|-: ")
+
+
+def _with_paths(
+    sections: list[tuple[str, str]], outline: Outline | None = None
+) -> list[tuple[str, str]]:
+    """Each section's text opened by the heading lines in force where it starts (those it does
+    not open with itself), so its first chunk knows its place in the document too."""
+    outline = outline if outline is not None else Outline()
+    out = []
+    for label, text in sections:
+        start = outline.lines()
+        outline.follow(text)
+        out.append((label, "\n".join(start + [text]) if start else text))
+    return out
+
+
+def _heading_label(prefix: str, number: int, first_line: str) -> str:
+    heading = parse_heading(first_line)
+    text = (heading[1] if heading else first_line.strip())[:60]
+    return f"{prefix}section {number}" + (f": {text}" if text else "")
 
 
 # --- HTML and EPUB --------------------------------------------------------------------------------
@@ -219,40 +275,92 @@ def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
 
 
 def html_sections(
-    data: bytes | str, *, prefix: str = "", name: str = "the page"
+    data: bytes | str, *, prefix: str = "", name: str = "the page", title: str | None = None
 ) -> list[tuple[str, str]]:
     """Visible text of an HTML page in sections that start at its h1-h3 headings; scripts, styles
     and hidden elements (``_drop_invisible``) are removed before any text is taken (nothing is
-    ever executed). A page nested deeper than ``MAX_DEPTH`` is refused before it is parsed."""
+    ever executed). A page nested deeper than ``MAX_DEPTH`` is refused before it is parsed.
+    Tables are Markdown rows, h1-h6 heading lines, and the page's <title> (or ``title``; "" for
+    none) the document's title; each section starts with the heading path in force."""
+    found, sections = _html_parts(data, prefix=prefix, name=name)
+    outline = Outline()
+    if found if title is None else title:
+        outline.enter(0, found if title is None else title)
+    return _with_paths(sections, outline)
+
+
+def _html_parts(data: bytes | str, *, prefix: str, name: str) -> tuple[str, list[tuple[str, str]]]:
+    """The page's <title> and its sections, without the heading paths (``html_sections``)."""
     from selectolax.lexbor import LexborHTMLParser
 
     text = data if isinstance(data, str) else data.decode("utf-8", "replace")
     if nesting_depth(text) > MAX_DEPTH:
         raise _too_deep(name)
-    tree = LexborHTMLParser(text)
+    tree = LexborHTMLParser(strip_marks(text))
+    node = tree.css_first("title")
+    title = " ".join(node.text().split()) if node is not None else ""
     for node in tree.css(_HIDDEN):
         node.decompose()
     _drop_invisible(tree)
+    _html_tables(tree)
     for node in tree.css(_BLOCKS):
         node.insert_before("\n")
-    for node in tree.css("h1,h2,h3"):
-        node.insert_before(_MARK)
+    for level in range(1, 7):
+        for node in tree.css(f"h{level}"):
+            if level <= 3:
+                node.insert_before(_MARK)
+            node.insert_before(f"{_HEADING}{'#' * level} ")
+            node.insert_after("\n")
     root = tree.body or tree.root
     text = root.text(separator="") if root is not None else ""
     sections: list[tuple[str, str]] = []
+    heads = ""  # a part of headings alone opens the next part
     for part in text.split(_MARK):
         part = re.sub(r"[ \t\r\f\v]+", " ", part)
         part = re.sub(r"\n\s*\n+", "\n\n", part).strip()
+        part = "\n".join(_heading_fixed(line) for line in part.split("\n"))
         if not part:
             continue
-        heading = part.split("\n", 1)[0].strip()[:60]
-        label = f"{prefix}section {len(sections) + 1}" + (f": {heading}" if heading else "")
+        part = f"{heads}\n{part}" if heads else part
+        if all(parse_heading(line) for line in part.split("\n") if line.strip()):
+            heads = part
+            continue
+        heads = ""
+        label = _heading_label(prefix, len(sections) + 1, part.split("\n", 1)[0])
         sections.extend(_cut(label, part))
-    return sections
+    if heads:
+        label = _heading_label(prefix, len(sections) + 1, heads.split("\n", 1)[0])
+        sections.append((label, heads))
+    return title, sections
+
+
+_HEADING = heading_line(0, "")[0]  # the mark a heading line starts with
+
+
+def _heading_fixed(line: str) -> str:
+    """A heading line as the chunker makes them (its words on one line, cut to length)."""
+    heading = parse_heading(line)
+    return line if heading is None else heading_line(*heading)
+
+
+def _html_tables(tree) -> None:
+    """Every table replaced by its Markdown rows (inner tables first: an outer cell holds an inner
+    table's rows as its text)."""
+    for table in reversed(tree.css("table")):
+        rows = [
+            [" ".join(cell.text(separator=" ").split()) for cell in row.css("th,td")]
+            for row in table.css("tr")
+        ]
+        rows = [row for row in rows if any(row)]
+        if rows:
+            table.replace_with("\n" + "\n".join(table_lines(rows)) + "\n")
+        else:
+            table.decompose()
 
 
 _OPF = "{http://www.idpf.org/2007/opf}"
 _CONTAINER = "{urn:oasis:names:tc:opendocument:xmlns:container}"
+_DC = "{http://purl.org/dc/elements/1.1/}"
 
 
 def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
@@ -271,6 +379,10 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
     base = posixpath.dirname(opf_path)
     manifest = {item.get("id"): item.get("href") for item in opf.iter(f"{_OPF}item")}
     sections: list[tuple[str, str]] = []
+    outline = Outline()
+    titles = [" ".join((t.text or "").split()) for t in opf.iter(f"{_DC}title")]
+    if titles and titles[0]:  # the book's title heads every chapter's path
+        outline.enter(0, titles[0])
     for number, ref in enumerate(opf.iter(f"{_OPF}itemref"), start=1):
         href = manifest.get(ref.get("idref"))
         if not href:
@@ -280,9 +392,8 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
             data = book.read(entry)
         except KeyError:
             continue
-        sections.extend(
-            html_sections(data, prefix=f"chapter {number}, ", name=f"{book.name} ({entry})")
-        )
+        _, chapter = _html_parts(data, prefix=f"chapter {number}, ", name=f"{book.name} ({entry})")
+        sections.extend(_with_paths(chapter, outline))
     return sections
 
 
@@ -290,53 +401,80 @@ def epub_sections(book: BoundedZip) -> list[tuple[str, str]]:
 
 
 def docx_sections(path) -> list[tuple[str, str]]:
-    """Paragraphs and tables in document order, in sections that start at each Heading paragraph."""
+    """Paragraphs and tables (as Markdown rows) in document order, in sections that start at each
+    Title or Heading paragraph (a heading line of its level); the file's title property, when
+    it has one and no Title paragraph, is the document's title."""
     import docx
     from docx.table import Table
     from docx.text.paragraph import Paragraph
 
     document = docx.Document(path)
     sections: list[tuple[str, list[str]]] = [("", [])]
+    titled = False
     for block in document.iter_inner_content():
         if isinstance(block, Paragraph):
-            text = block.text.strip()
-            style = (block.style.name if block.style is not None else "") or ""
-            if text and (style.startswith("Heading") or style == "Title"):
-                sections.append((text[:60], [text]))
+            text = strip_marks(block.text).strip()
+            level = _docx_level((block.style.name if block.style is not None else "") or "")
+            if text and level is not None:
+                titled = titled or level == 0
+                if sections[-1][1] and all(parse_heading(ln) for ln in sections[-1][1]):
+                    sections[-1][1].append(heading_line(level, text))  # headings alone: one part
+                else:
+                    sections.append((text[:60], [heading_line(level, text)]))
             elif text:
                 sections[-1][1].append(text)
         elif isinstance(block, Table):
-            for row in block.rows:
-                cells = [c.text.strip() for c in row.cells]
-                if any(cells):
-                    sections[-1][1].append(" | ".join(cells))
+            rows = [[strip_marks(c.text) for c in row.cells] for row in block.rows]
+            sections[-1][1].extend(table_lines([r for r in rows if any(c.strip() for c in r)]))
+    title = " ".join(strip_marks(document.core_properties.title or "").split())
+    if title and not titled:
+        sections[0][1].insert(0, heading_line(0, title))
     out: list[tuple[str, str]] = []
     for heading, lines in sections:
         if lines:
             label = f"section {len(out) + 1}" + (f": {heading}" if heading else "")
             out.extend(_cut(label, "\n".join(lines)))
-    return out
+    return _with_paths(out)
+
+
+def _docx_level(style: str) -> int | None:
+    """The heading level of a paragraph style: Title 0, Heading N its N; None for body text."""
+    if style == "Title":
+        return 0
+    if not style.startswith("Heading"):
+        return None
+    digits = "".join(ch for ch in style if ch.isdigit())
+    return int(digits) if digits else 1
 
 
 def pptx_sections(path) -> list[tuple[str, str]]:
-    """One section per slide: its text frames, tables and speaker notes."""
+    """One section per slide: its title (a heading line, under the deck's title when it has one),
+    its text frames, tables (as Markdown rows) and speaker notes."""
     import pptx
 
     deck = pptx.Presentation(path)
+    title = " ".join(strip_marks(deck.core_properties.title or "").split())
     out: list[tuple[str, str]] = []
     for number, slide in enumerate(deck.slides, start=1):
         lines: list[str] = []
+        heading = slide.shapes.title
+        if heading is not None and heading.has_text_frame and heading.text_frame.text.strip():
+            lines.append(heading_line(1, strip_marks(heading.text_frame.text)))
         for shape in slide.shapes:
+            if heading is not None and shape.shape_id == heading.shape_id:
+                continue
             if shape.has_text_frame and shape.text_frame.text.strip():
-                lines.append(shape.text_frame.text.strip())
+                lines.append(strip_marks(shape.text_frame.text).strip())
             if getattr(shape, "has_table", False) and shape.has_table:
-                for row in shape.table.rows:
-                    lines.append(" | ".join(c.text.strip() for c in row.cells))
+                rows = [[strip_marks(c.text) for c in row.cells] for row in shape.table.rows]
+                lines.extend(table_lines([r for r in rows if any(c.strip() for c in r)]))
         if slide.has_notes_slide and slide.notes_slide.notes_text_frame is not None:
-            notes = slide.notes_slide.notes_text_frame.text.strip()
+            notes = strip_marks(slide.notes_slide.notes_text_frame.text).strip()
             if notes:
                 lines.append(notes)
-        out.extend(_cut(f"slide {number}", "\n".join(lines)))
+        if title and lines:  # the deck's title heads every slide's path
+            lines.insert(0, heading_line(0, title))
+        out.extend(_with_paths(list(_cut(f"slide {number}", "\n".join(lines)))))
     return out
 
 
@@ -357,30 +495,34 @@ def looks_like_csv(text: str) -> bool:
 
 
 def csv_sections(text: str) -> list[tuple[str, str]]:
-    """Rows as "column: value" lines, in sections of CSV_ROWS_PER_SECTION rows labelled by row range
-    (row 1 is the header)."""
+    """Rows as Markdown table rows under the header row (row 1), in sections of
+    CSV_ROWS_PER_SECTION rows labelled by row range; every section, and so every chunk, repeats
+    the header row."""
     sample = "\n".join(text[:20_000].splitlines()[:50])
     try:
         dialect = csv.Sniffer().sniff(sample, delimiters=",;\t|")
     except csv.Error:
         dialect = csv.excel
-    rows = csv.reader(io.StringIO(text), dialect)
-    header = next(rows, [])
+    rows = csv.reader(io.StringIO(strip_marks(text)), dialect)
+    header = [h.strip() for h in next(rows, [])]
     out: list[tuple[str, str]] = []
-    lines: list[str] = []
+    taken: list[list[str]] = []
     first = 2
+
+    def close(last: int) -> None:
+        width = max(len(header), *(len(r) for r in taken))
+        names = [(header[i] if i < len(header) else "") or f"column {i + 1}" for i in range(width)]
+        out.append((f"rows {first}-{last}", "\n".join(table_lines([names] + taken))))
+
+    last = 1
     for number, row in enumerate(rows, start=2):
-        cells = [
-            f"{h.strip() or f'column {i + 1}'}: {v.strip()}"
-            for i, (h, v) in enumerate(
-                zip(header + [""] * (len(row) - len(header)), row, strict=False)
-            )
-            if v.strip()
-        ]
-        lines.append("; ".join(cells))
-        if len(lines) == CSV_ROWS_PER_SECTION:
-            out.append((f"rows {first}-{number}", "\n".join(lines)))
-            lines, first = [], number + 1
-    if lines:
-        out.append((f"rows {first}-{first + len(lines) - 1}", "\n".join(lines)))
+        last = number
+        if any(v.strip() for v in row):
+            taken.append([v.strip() for v in row])
+        if number - first + 1 == CSV_ROWS_PER_SECTION:
+            if taken:
+                close(number)
+            taken, first = [], number + 1
+    if taken:
+        close(last)
     return out

@@ -9,14 +9,20 @@ row by row, a Japanese producer writes vertical text one glyph at a time. Here:
 - horizontal lines are cut into columns wherever a vertical gutter runs through a region; lines
   that cross the gutter (a title, a footer, a wide figure caption) cut the region into bands read
   top to bottom, and each band's columns are read left to right (a recursive XY cut);
+- a region where no gutter runs through but which holds bands apart by blank space (a full-width
+  abstract above two columns) is cut into those bands first when one of them has columns;
 - anything else (rotated lines) follows in the order the producer wrote it.
 
-Only the order changes; the text of every line is kept as PyMuPDF gives it.
+Only the order changes; the text of every line is kept as PyMuPDF gives it. The extraction turns
+a page's tables into lines of Markdown rows (sluice.pipeline.parsing.tables) and marks its headings
+(sluice.pipeline.parsing.headings) before it orders the lines here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from sluice.pipeline.running.chunk import strip_marks
 
 MIN_GUTTER = 9.0  # points of clear space between two columns
 MIN_SIDE_SHARE = 0.15  # each column spans at least this share of the region's width
@@ -38,6 +44,19 @@ class Line:
     order: int  # position in content-stream order
     vertical: bool = False
     horizontal: bool = True
+    size: float = 0.0  # the font size most of its characters are set in
+    bold: bool = False  # every span of it is bold
+    # (x0, x1, text) of each span, where a line has several: a table's cells may share a line
+    spans: list[tuple[float, float, str]] = field(default_factory=list)
+
+
+_BOLD_NAMES = ("bold", "black", "heavy", "semibold", "demi")
+
+
+def _bold(span: dict) -> bool:
+    return bool(span.get("flags", 0) & 16) or any(
+        n in span.get("font", "").lower() for n in _BOLD_NAMES
+    )
 
 
 def lines_of(page_dict: dict) -> list[Line]:
@@ -46,19 +65,43 @@ def lines_of(page_dict: dict) -> list[Line]:
         if block.get("type", 0) != 0:
             continue
         for line in block.get("lines", ()):
-            text = "".join(span.get("text", "") for span in line.get("spans", ()))
+            spans = [s for s in line.get("spans", ()) if s.get("text", "").strip()]
+            text = strip_marks("".join(span.get("text", "") for span in line.get("spans", ())))
             if not text.strip():
                 continue
             x0, y0, x1, y1 = line["bbox"]
             dx, dy = line.get("dir", (1.0, 0.0))
             vertical = line.get("wmode", 0) == 1
             horizontal = not vertical and abs(dx) > 0.9 and dx > 0
-            out.append(Line(x0, y0, x1, y1, text, b, len(out), vertical, horizontal))
+            main = max(spans, key=lambda s: len(s["text"]), default=None)
+            out.append(
+                Line(
+                    x0,
+                    y0,
+                    x1,
+                    y1,
+                    text,
+                    b,
+                    len(out),
+                    vertical,
+                    horizontal,
+                    float(main.get("size", 0.0)) if main else 0.0,
+                    bool(spans) and all(_bold(s) for s in spans),
+                    [(s["bbox"][0], s["bbox"][2], strip_marks(s["text"])) for s in spans]
+                    if len(spans) > 1
+                    else [],
+                )
+            )
     return out
 
 
 def page_text(page_dict: dict) -> str:
-    lines = lines_of(page_dict)
+    """The page's text in reading order, as lines (no tables, no headings)."""
+    return ordered_text(lines_of(page_dict))
+
+
+def ordered_text(lines: list[Line]) -> str:
+    """Lines in reading order: vertical columns, horizontal columns and bands, the rest."""
     singles = [ln for ln in lines if ln.horizontal and _is_cjk(ln.text.strip())]
     if len(singles) >= 8 and len(singles) > 0.6 * len(lines):
         # Vertical writing set as upright glyphs one below the other (Chromium prints
@@ -107,6 +150,11 @@ def _segment(lines: list[Line], depth: int) -> list[list[Line]]:
         return [sorted(lines, key=lambda ln: ln.order)]
     gutter = _find_gutter(lines)
     if gutter is None:
+        bands = _bands(lines)
+        if len(bands) > 1 and any(
+            len(band) >= 2 * MIN_SIDE_LINES and _find_gutter(band) for band in bands
+        ):
+            return [group for band in bands for group in _segment(band, depth + 1)]
         return [sorted(lines, key=lambda ln: ln.order)]
     g0, g1 = gutter
     groups: list[list[Line]] = []
@@ -135,6 +183,21 @@ def _segment(lines: list[Line], depth: int) -> list[list[Line]]:
             band.append(ln)
     close_band()
     return groups
+
+
+def _bands(lines: list[Line]) -> list[list[Line]]:
+    """The region cut across at every blank strip taller than half a line: bands top to bottom."""
+    ordered = sorted(lines, key=lambda ln: (ln.y0, ln.x0))
+    heights = sorted(ln.y1 - ln.y0 for ln in ordered)
+    gap = 0.5 * heights[len(heights) // 2]
+    bands: list[list[Line]] = [[]]
+    bottom = ordered[0].y1
+    for ln in ordered:
+        if bands[-1] and ln.y0 - bottom > gap:
+            bands.append([])
+        bands[-1].append(ln)
+        bottom = max(bottom, ln.y1)
+    return bands
 
 
 def _peel(side: list[Line], other: list[Line]) -> tuple[list[Line], list[Line], list[Line]]:

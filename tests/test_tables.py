@@ -1,0 +1,215 @@
+"""Tables survive parsing (issue 41.1): a table of a PDF (ruled or not), Word, PowerPoint, HTML,
+EPUB or CSV file becomes Markdown rows, one row a line with its cells in order, and every chunk of
+a table that spans chunks starts with its header row. Real files, made here, read by the real
+extraction code."""
+
+import zipfile
+
+import pymupdf
+
+from sluice.pipeline.parsing import formats
+from sluice.pipeline.parsing.extract import Request, read
+from sluice.pipeline.running.chunk import chunk_pages, heading_of, split_text
+
+HEADER = "| Region | Sales | Growth |"
+REGIONS = [
+    ("North", "120", "5%"),
+    ("South", "98", "3%"),
+    ("East", "143", "7%"),
+    ("West", "77", "-2%"),
+    ("Harbour", "61", "11%"),
+    ("Uplands", "55", "0%"),
+]
+ROWS = [f"| {a} | {b} | {c} |" for a, b, c in REGIONS]
+
+
+def pages_of(path, media_type: str) -> list[tuple[int, str]]:
+    return [
+        (m["n"], m["text"])
+        for m in read(Request(path=str(path), media_type=media_type))
+        if m["t"] == "page"
+    ]
+
+
+def body_lines(text: str) -> list[str]:
+    return [line for line in heading_of(text)[1].split("\n") if line.strip()]
+
+
+def make_pdf(path, *, ruled: bool) -> None:
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 72), "Sales by region in the year under review:", fontsize=11)
+    y, xs = 90.0, [72, 200, 300, 400]
+    for cells in [("Region", "Sales", "Growth"), *REGIONS]:
+        for x, cell in zip(xs, cells, strict=False):
+            page.insert_text((x + 4, y + 12), cell, fontsize=11)
+        y += 18
+    if ruled:
+        for k in range(len(REGIONS) + 2):
+            page.draw_line((72, 90 + 18 * k), (400, 90 + 18 * k))
+        for x in xs:
+            page.draw_line((x, 90), (x, 90 + 18 * (len(REGIONS) + 1)))
+    page.insert_text((72, y + 30), "The harbour region grew fastest of all.", fontsize=11)
+    doc.save(str(path))
+
+
+def make_two_columns(path) -> None:
+    """A page of two columns of prose: gutters between them in every line, and no table."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    words = "the ferry leaves the harbour at dawn and returns before the evening tide".split()
+    for i in range(30):
+        left = " ".join(words[i % 5 :] + words[: i % 5])[:38]
+        right = " ".join(words[(i + 3) % 7 :] + words[: (i + 3) % 7])[:38]
+        page.insert_text((50, 80 + 14 * i), left, fontsize=10)
+        page.insert_text((320, 80 + 14 * i), right, fontsize=10)
+    doc.save(str(path))
+
+
+def test_a_ruled_pdf_table_is_read_as_rows_in_order(tmp_path):
+    make_pdf(tmp_path / "ruled.pdf", ruled=True)
+    [(_, text)] = pages_of(tmp_path / "ruled.pdf", "application/pdf")
+    lines = text.split("\n")
+    start = lines.index(HEADER)
+    assert lines[start : start + 2 + len(ROWS)] == [HEADER, "| --- | --- | --- |", *ROWS]
+    assert text.index("year under review") < text.index(HEADER) < text.index("grew fastest")
+
+
+def test_an_unruled_pdf_table_is_read_as_rows_too(tmp_path):
+    make_pdf(tmp_path / "plain.pdf", ruled=False)
+    [(_, text)] = pages_of(tmp_path / "plain.pdf", "application/pdf")
+    lines = text.split("\n")
+    assert lines[lines.index(HEADER) + 2 :][: len(ROWS)] == ROWS
+
+
+def test_two_columns_of_prose_are_not_a_table(tmp_path):
+    make_two_columns(tmp_path / "columns.pdf")
+    [(_, text)] = pages_of(tmp_path / "columns.pdf", "application/pdf")
+    assert "|" not in text
+    assert "harbour" in text
+
+
+def test_every_chunk_of_a_table_that_spans_chunks_keeps_its_header(tmp_path):
+    make_pdf(tmp_path / "ruled.pdf", ruled=True)
+    chunks = list(
+        chunk_pages(pages_of(tmp_path / "ruled.pdf", "application/pdf"), size=110, overlap=20)
+    )
+    tabled = [c.text for c in chunks if any(row in c.text for row in ROWS)]
+    assert len(tabled) >= 3
+    for text in tabled:
+        lines = body_lines(text)
+        at = lines.index(HEADER)  # the words before the table may open its first chunk
+        assert lines[at + 1] == "| --- | --- | --- |", text
+        assert all(line in ROWS for line in lines[at + 2 :]), text  # cut between rows only
+    seen = [line for text in tabled for line in body_lines(text) if line in ROWS]
+    assert seen == ROWS  # every row once, in order
+
+
+def test_a_re_run_makes_the_same_chunks(tmp_path):
+    make_pdf(tmp_path / "ruled.pdf", ruled=True)
+    runs = [
+        list(chunk_pages(pages_of(tmp_path / "ruled.pdf", "application/pdf"), size=110, overlap=20))
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and runs[0]
+
+
+def docx_with_table(path) -> None:
+    import docx
+
+    document = docx.Document()
+    document.add_paragraph("Sales by region:")
+    table = document.add_table(rows=1 + len(REGIONS), cols=3)
+    for i, cells in enumerate([("Region", "Sales", "Growth"), *REGIONS]):
+        for j, cell in enumerate(cells):
+            table.rows[i].cells[j].text = cell
+    document.add_paragraph("The harbour grew fastest.")
+    document.save(str(path))
+
+
+def pptx_with_table(path) -> None:
+    import pptx
+    from pptx.util import Inches
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])
+    slide.shapes.title.text = "Sales"
+    shape = slide.shapes.add_table(1 + len(REGIONS), 3, Inches(1), Inches(2), Inches(6), Inches(3))
+    for i, cells in enumerate([("Region", "Sales", "Growth"), *REGIONS]):
+        for j, cell in enumerate(cells):
+            shape.table.cell(i, j).text = cell
+    deck.save(str(path))
+
+
+HTML_TABLE = (
+    "<html><body><p>Sales by region:</p><table><thead><tr><th>Region</th><th>Sales</th>"
+    "<th>Growth</th></tr></thead><tbody>"
+    + "".join(f"<tr><td>{a}</td><td>{b}</td><td>{c}</td></tr>" for a, b, c in REGIONS)
+    + "</tbody></table><p>The harbour grew fastest.</p></body></html>"
+)
+
+
+def epub_with_table(path) -> None:
+    with zipfile.ZipFile(path, "w") as book:
+        book.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip")
+        book.writestr(
+            "META-INF/container.xml",
+            '<?xml version="1.0"?><container version="1.0" '
+            'xmlns="urn:oasis:names:tc:opendocument:xmlns:container"><rootfiles>'
+            '<rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+            "</rootfiles></container>",
+        )
+        book.writestr(
+            "OEBPS/content.opf",
+            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
+            '<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>Almanac</dc:title>'
+            '</metadata><manifest><item id="c1" href="c1.xhtml" '
+            'media-type="application/xhtml+xml"/></manifest><spine><itemref idref="c1"/></spine>'
+            "</package>",
+        )
+        book.writestr("OEBPS/c1.xhtml", HTML_TABLE)
+
+
+def test_office_web_and_book_tables_are_rows(tmp_path):
+    docx_with_table(tmp_path / "t.docx")
+    pptx_with_table(tmp_path / "t.pptx")
+    (tmp_path / "t.html").write_text(HTML_TABLE)
+    epub_with_table(tmp_path / "t.epub")
+    for name, media_type in (
+        ("t.docx", formats.DOCX),
+        ("t.pptx", formats.PPTX),
+        ("t.html", formats.HTML),
+        ("t.epub", formats.EPUB),
+    ):
+        text = "\n".join(text for _, text in pages_of(tmp_path / name, media_type))
+        lines = text.split("\n")
+        assert HEADER in lines, (name, text)
+        at = lines.index(HEADER)
+        assert lines[at + 1 : at + 2 + len(ROWS)] == ["| --- | --- | --- |", *ROWS], (name, text)
+
+
+def test_csv_keeps_its_header_in_every_chunk(tmp_path):
+    rows = [("id", "name", "city")] + [
+        (str(i), f"person {i}", f"town {i % 7}") for i in range(1, 61)
+    ]
+    (tmp_path / "people.csv").write_text("\n".join(",".join(r) for r in rows) + "\n")
+    pages = pages_of(tmp_path / "people.csv", formats.CSV)
+    chunks = list(chunk_pages(pages, size=200, overlap=30))
+    assert len(chunks) > 5
+    for c in chunks:
+        assert c.text.split("\n")[:2] == ["| id | name | city |", "| --- | --- | --- |"], c.text
+    seen = [line for c in chunks for line in c.text.split("\n")[2:]]
+    assert seen == [f"| {i} | person {i} | town {i % 7} |" for i in range(1, 61)]
+
+
+def test_a_table_row_is_never_cut_and_a_runaway_row_is_cut_as_text():
+    table = "\n".join([HEADER, "| --- | --- | --- |", *ROWS])
+    for size in (60, 90, 140):
+        pieces = split_text("Before.\n" + table, size=size, overlap=10)
+        assert [line for p in pieces for line in p.split("\n") if line in ROWS] == ROWS
+        for text in pieces:
+            assert all(line.endswith("|") for line in text.split("\n") if line.startswith("|"))
+            assert HEADER in text or "|" not in text, text
+    huge = "| " + "word " * 400 + "| x | y |"
+    pieces = split_text("\n".join([HEADER, "| --- | --- | --- |", huge]), size=100, overlap=0)
+    assert all(len(p) <= 100 for p in pieces)
