@@ -10,8 +10,9 @@
      │    ├── PermanentError      unreadable or corrupt input: failed at once, never retried
      │    └── UserActionError     the operator must act (password, OCR, type, size): failed at once
      ├── OperationError           an operation a front end asked for is refused: a stable code, the
- │                            HTTP status it answers, a fix hint (sluice.ops raises these)
- ├── JobCancelled             the operator asked the running job to stop
+     │    │                       HTTP status it answers, a fix hint (sluice.ops raises these)
+     │    └── VectorStoreUnavailable   a search's read of Chroma failed on the way: 503
+     ├── JobCancelled             the operator asked the running job to stop
      └── LeaseLost                another claim owns the job now; this attempt must stop quietly
 
 ``classify`` turns any other exception into a PipelineError.
@@ -100,6 +101,19 @@ class OperationError(SluiceError):
             self.code = code
         if hint is not None:
             self.hint = hint
+
+
+class VectorStoreUnavailable(OperationError):
+    """A read of the vector store failed on the way (a refused or dropped connection, a 502, 503 or
+    504 of the gate in front of Chroma, no answer in time): the request is fine, and the same one
+    succeeds once the store answers again."""
+
+    code, status = "vector_store_unavailable", 503
+    hint = (
+        "Search again in a few seconds (the API says when, in Retry-After); if it keeps failing, "
+        "check Chroma: the console's System page shows whether it answers."
+    )
+    headers = MappingProxyType({"Retry-After": "5"})
 
 
 class JobCancelled(SluiceError):

@@ -179,7 +179,9 @@ def test_upload_poll_and_conditional_poll(api, start_worker):
     assert job["existing"] is False
     c = httpx.Client(base_url=api.url, headers=auth(token), timeout=30)
     pending = c.get(f"/v1/jobs/{job['job_id']}")
-    assert pending.json()["waiting"]["reason"] == "queue" and "retry-after" in pending.headers
+    # no worker yet: no start promised, and it says so (sluice.ops.diagnosis)
+    assert pending.json()["waiting"]["reason"] == "no_worker" and "retry-after" in pending.headers
+    assert pending.json()["waiting_for"] == "a worker: none is alive"
     again = c.get(f"/v1/jobs/{job['job_id']}", headers={"If-None-Match": pending.headers["etag"]})
     assert again.status_code == 304 and again.content == b""
     start_worker()

@@ -163,6 +163,10 @@ def test_a_key_of_one_dataset_sees_its_place_among_its_own_jobs_only(database_ur
 
     monkeypatch.setenv("SLUICE_DISPATCH_PER_THREAD", "2")  # a window: datasets take turns
     reset_settings_cache()
+    from sluice.ops import diagnosis
+
+    # a worker of two threads alive (its presence key, as sluice.ops.diagnosis reads it)
+    monkeypatch.setattr(diagnosis, "fleet", lambda _instance: diagnosis.Fleet(True, 1, 2))
     engine = get_engine(database_url)
     for n in range(6):
         make_job(engine, "other", n)

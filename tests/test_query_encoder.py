@@ -97,22 +97,14 @@ def test_a_cold_cli_search_uses_the_export_and_never_loads_sentence_transformers
 
 
 # Run in a fresh interpreter: the model thread is held as it starts importing transformers (from
-# inside torch's own import) until the export thread has entered query_encoder.export, so the two
-# imports overlap every time instead of now and then.
+# inside torch's own import) until the export's child process has started, so the two overlap every
+# time instead of now and then.
 RACE_PROBE = """
 import json, logging, pathlib, sys, threading, time
 logging.basicConfig()
 
 def export_thread_inside_export():
-    for t in threading.enumerate():
-        frame = sys._current_frames().get(t.ident) if t.name == "sluice-export" else None
-        while frame is not None:
-            if frame.f_code.co_name == "export" and frame.f_code.co_filename.endswith(
-                "query_encoder.py"
-            ):
-                return True
-            frame = frame.f_back
-    return False
+    return worker._exporter._child is not None
 
 class HoldTheModelThread:
     held = False
@@ -125,8 +117,8 @@ class HoldTheModelThread:
             HoldTheModelThread.held = True
         return None
 
-sys.meta_path.insert(0, HoldTheModelThread())
 from sluice.worker import hooks as worker
+sys.meta_path.insert(0, HoldTheModelThread())
 for t in worker.start_model_threads():
     t.join(300)
 found = [str(p) for p in pathlib.Path(sys.argv[1]).rglob("*.onnx")]
@@ -135,8 +127,9 @@ print(json.dumps({"held": HoldTheModelThread.held, "exported": found}))
 
 
 def test_the_worker_builds_the_export_in_its_own_threads_at_start(model_dir, tmp_path):
-    """The worker loads the model and exports the encoder in two threads at once: their imports of
-    transformers must not race (every start used to log "cannot import name 'AutoModel'")."""
+    """The worker loads the model and exports the encoder at once, the export in a child process:
+    nothing races (every start used to log "cannot import name 'AutoModel'" when both imported
+    transformers in the worker's own threads)."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",

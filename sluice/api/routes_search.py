@@ -32,7 +32,7 @@ FIELDS = (
 @router.post(
     "/v1/datasets/{dataset}/search",
     response_model=SearchOut,
-    responses=problems(401, 404, 409, 422, 429),
+    responses=problems(401, 404, 409, 422, 429, 503),
 )
 async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Response:
     # The filter is judged before anything else reads it (the idempotency fingerprint serialises
@@ -41,7 +41,9 @@ async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Re
     meta.parse_where(where)
 
     def answer() -> Response:
-        hits = scoped.search(  # BadQuery, FilterError: 422 by their own codes (sluice.api.problems)
+        # BadQuery, FilterError: 422 by their own codes (sluice.api.problems); a vector store that
+        # does not answer: 503 vector_store_unavailable with Retry-After (sluice.ops.search)
+        hits = scoped.search(
             key,
             dataset=dataset,
             query=body.query,

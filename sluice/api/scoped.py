@@ -10,19 +10,17 @@ lacks a scope (``ScopeMissing``) only about things it can see.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlmodel import Session
 
 from sluice.errors import OperationError, PipelineError
-from sluice.ops import actions, document_view, drain, reads, replacing
+from sluice.ops import actions, diagnosis, document_view, reads, replacing
 from sluice.ops.actions import ActionReport
 from sluice.ops.chunks import ChunkState, UnknownChunk
 from sluice.ops.documents import UnknownReference, find_by_external_id
-from sluice.ops.drain import WorkLeft
 from sluice.ops.ingest import IngestResult, sanitize_filename
 from sluice.ops.keys import ApiPrincipal, Scope
 from sluice.ops.metadata import (
@@ -39,9 +37,7 @@ from sluice.storage.jobs import get_job
 from sluice.storage.models import MAX_ID, Document, Job, JobStatus
 
 FINAL = {s.value for s in JobStatus.final()}
-RATE_SECONDS = 10.0
 START_STEP_SECONDS = 15
-_rates: dict[int | None, tuple[float, list[tuple], WorkLeft]] = {}
 
 
 class Missing(OperationError):
@@ -120,11 +116,19 @@ def create_dataset(key: ApiPrincipal, name: str) -> tuple[bool, str]:
 # --- uploads --------------------------------------------------------------------------------------
 
 
-def upload(key: ApiPrincipal, *, dataset: str, **upload: Any) -> IngestResult:
+def upload(
+    key: ApiPrincipal, *, dataset: str, dataset_id: int | None = None, **upload: Any
+) -> IngestResult:
     """``actions.upload`` (its ``filename``, ``stream``, ``external_id``, ``metadata``) by the
-    key's operator, once ``check_upload`` lets it through."""
-    check_upload(key, dataset)
-    return actions.upload(key.operator, dataset=dataset, **upload)
+    key's operator, once ``check_upload`` lets it through; into ``dataset_id`` when the route
+    resolved it already (renamed since: still that one), never into a dataset made anew."""
+    if dataset_id is None:
+        dataset_id = check_upload(key, dataset)
+    elif not key.reaches(dataset_id):
+        raise Missing(f"no dataset named {dataset!r}")
+    else:
+        require(key, "ingest", "uploading")
+    return actions.upload(key.operator, dataset=dataset, dataset_id=dataset_id, **upload)
 
 
 def type_refusal(head: bytes, filename: str) -> IngestResult | None:
@@ -144,74 +148,70 @@ def type_refusal(head: bytes, filename: str) -> IngestResult | None:
     return None
 
 
-def check_upload(key: ApiPrincipal, dataset: str) -> None:
-    """Refuse an upload before its body is read: a dataset out of reach, or a key without ingest."""
+def check_upload(key: ApiPrincipal, dataset: str) -> int:
+    """Refuse an upload before its body is read: a dataset out of reach, or a key without ingest.
+    The dataset's id: the upload names it by that from here on."""
     with _session() as session:
-        _dataset(session, key, dataset)
+        ds = _dataset(session, key, dataset)
     require(key, "ingest", "uploading")
+    return ds.id
 
 
 # --- jobs -----------------------------------------------------------------------------------------
 
 
 def waiting(session: Session, job: Job, key: ApiPrincipal | None = None) -> dict[str, Any] | None:
-    """Why a job that is not running waits, in words, with what is known of when it starts."""
-    if job.status not in (JobStatus.pending, JobStatus.retrying):
+    """Why a job that is not running waits, and when it should start: the console's diagnosis
+    (``sluice.ops.diagnosis``), in the API's words. With a key that does not see every dataset the
+    place, the running work and the pace are those of the job's dataset alone: other datasets' jobs
+    take turns with it, and nothing says how many."""
+    found = diagnosis_of(session, job, None if key is None or key.all_datasets else job.dataset_id)
+    if found is None or job.status not in (JobStatus.pending, JobStatus.retrying):
         return None
-    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
-    if held is not None:
-        return {"reason": "paused", "detail": pauses.describe(held), "starts_at": None}
-    due = job.next_attempt_at.isoformat() if job.next_attempt_at else None
-    if job.waiting_for:
-        return {"reason": "outage", "detail": f"waiting for {job.waiting_for}", "starts_at": due}
-    if job.status == JobStatus.retrying:
-        detail = f"attempt {job.attempt + 1} of {job.max_attempts} is due"
-        return {"reason": "backoff", "detail": detail, "starts_at": due}
-    return in_queue(session, job, None if key is None or key.all_datasets else job.dataset_id)
-
-
-def _throughput(session: Session, dataset_id: int | None) -> tuple[list[tuple], WorkLeft]:
-    """The successes of the last hour the start estimate's rate stands on, and what the running
-    jobs have left (of one dataset, or of all); read again at most every ``RATE_SECONDS``, so that
-    a poll stays cheap (the estimate is on a 15 s grid anyway)."""
-    at, rows, running = _rates.get(dataset_id, (float("-inf"), [], WorkLeft()))
-    if time.monotonic() - at > RATE_SECONDS:
-        since = db_now(session) - timedelta(hours=1)
-        rows = queries.recent_attempts(session=session, since=since, dataset_id=dataset_id)
-        running = WorkLeft(
-            *queries.remaining_work(
-                session=session, dataset_id=dataset_id, statuses=[JobStatus.running]
-            )
-        )
-        _rates[dataset_id] = (time.monotonic(), rows, running)
-    return rows, running
-
-
-def in_queue(session: Session, job: Job, dataset_id: int | None) -> dict[str, Any]:
-    """A pending job's place in the fair queue and when it should start. With ``dataset_id`` (a
-    key that does not see every dataset) the place, the running work and the rate are those of
-    that dataset alone: other datasets' jobs take turns with it, and nothing says how many."""
-    ahead = outbox.queue_place(
-        session=session,
-        job_id=int(job.id or 0),
-        dataset_ids=None if dataset_id is None else [dataset_id],
-        window=bool(reads.ctx().settings.dispatch_per_thread),
-    )
-    finished, running = _throughput(session, dataset_id)
-    after = drain.starts_in(finished=finished, ahead=ahead, running=running)
-    starts = None
-    if after is not None:  # on a 15 s grid, so that a poll of an unchanged queue gets its 304
-        moment = as_utc(db_now(session) + after).timestamp()
+    if found.reason in ("outage", "backoff"):
+        starts = job.next_attempt_at
+    elif found.starts_in is not None:  # on a 15 s grid, so that a poll of an unchanged queue: 304
+        moment = as_utc(db_now(session) + found.starts_in).timestamp()
         starts = datetime.fromtimestamp(
             math.ceil(moment / START_STEP_SECONDS) * START_STEP_SECONDS, UTC
         )
-    where = " of its dataset (the other datasets take turns with it)" if dataset_id else ""
-    return {
-        "reason": "queue",
-        "detail": f"{ahead} job(s){where} start before this one",
-        "ahead": ahead,
+    else:
+        starts = None
+    out: dict[str, Any] = {
+        "reason": found.reason,
+        "detail": found.detail,
+        "waiting_for": found.waiting_for or None,
         "starts_at": as_utc(starts).isoformat() if starts is not None else None,
+        "basis": found.basis or None,
     }
+    if found.ahead is not None:
+        out["ahead"] = found.ahead
+    return out
+
+
+def diagnosis_of(session: Session, job: Job, dataset_id: int | None) -> diagnosis.Diagnosis | None:
+    """The job's diagnosis from what the API reads: its pause, its place in the dispatcher's order
+    (of ``dataset_id``'s jobs alone, when given) and the measures."""
+    held = pauses.pause_for(session=session, dataset_id=job.dataset_id)
+    ctx = reads.ctx()
+    ahead = 0
+    if job.status == JobStatus.pending and held is None:
+        ahead = outbox.queue_place(
+            session=session,
+            job_id=int(job.id or 0),
+            dataset_ids=None if dataset_id is None else [dataset_id],
+            window=bool(ctx.settings.dispatch_per_thread),
+        )
+    facts = diagnosis.Facts(
+        row=queries.job_row(job),
+        now=db_now(session),
+        measured=diagnosis.measured(session, ctx.engine, ctx.instance_id, dataset_id),
+        ahead=ahead,
+        paused=pauses.describe(held) if held is not None else "",
+        lease_seconds=ctx.settings.lease_seconds,
+        own_dataset=dataset_id is not None,
+    )
+    return diagnosis.diagnose(facts)
 
 
 def job_state(session: Session, job: Job, key: ApiPrincipal | None = None) -> dict[str, Any]:
@@ -219,11 +219,14 @@ def job_state(session: Session, job: Job, key: ApiPrincipal | None = None) -> di
     for private in ("worker_id", "dataset_id", "dismissed"):
         row.pop(private, None)
     names = queries.dataset_names(session=session)
+    waits = waiting(session, job, key)
     return {
         **row,
         "dataset": names.get(job.dataset_id, ""),
         "final": row["status"] in FINAL,
-        "waiting": waiting(session, job, key),
+        "waiting": waits,
+        # what it waits for, whatever holds it (a worker, a resume, its turn), not only an outage
+        "waiting_for": waits["waiting_for"] if waits else row["waiting_for"],
     }
 
 

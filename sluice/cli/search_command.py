@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import text
 
 from sluice.cli.output import print_json, table
+from sluice.errors import VectorStoreUnavailable
 from sluice.ops.metadata import CLI_RULE, FilterError, parse_cli_where
 from sluice.ops.search import BadQuery, Reader, SearchHit, UnknownDataset, query_vector
 from sluice.ops.search import search as run_search
@@ -125,7 +126,7 @@ def search(args) -> int:
     except (UnknownDataset, BadQuery) as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 1
-    except SchemaOutOfDate as exc:
+    except (SchemaOutOfDate, VectorStoreUnavailable) as exc:
         print(f"sluice: {exc.message}\n{exc.hint}", file=sys.stderr)
         return 1
     except FilterError as exc:
@@ -141,7 +142,7 @@ def search(args) -> int:
             "filename": h.filename,
             "page": h.page,
             "matched": "+".join(h.matched),
-            "text": h.snippet[:160],
+            "text": ((f"[{h.heading}] " if h.heading else "") + h.snippet)[:160],
         }
         for h in hits
     ]

@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sqlalchemy import JSON, bindparam, column, text
 from sqlalchemy.engine import Engine
 
-from sluice.errors import OperationError
+from sluice.errors import OperationError, VectorStoreUnavailable
 from sluice.ops import metadata as meta
+from sluice.pipeline.running.chunk import heading_of
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
+from sluice.storage.vectors import read_failure
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
     from sluice.storage.vectors import VectorStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MODES = ("hybrid", "dense", "lexical")
 # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
@@ -105,6 +110,7 @@ class SearchHit:
     pipeline_version: str
     matched: list[str] = field(default_factory=list)  # which rankers found it: dense, lexical
     snippet: str = ""  # the text around the first match, matched words in **bold**
+    heading: str = ""  # the chunk's heading path, "Title > Section" ("" for none)
     where: str = (
         ""  # "slide 3", "section 2: Results", "rows 202-400"; "" for a page of a PDF or text
     )
@@ -268,8 +274,14 @@ def search(
         hits = _fuse(ctx, dense_hits, lexical_hits, required=bool(parsed.quoted))[:k]
     _fill_positions(ctx, ds, [h for h in hits if "dense" not in h.matched])
     for h in hits:
-        h.snippet = lexical.snippet(h.text, parsed)
+        h.snippet = _snippet(h, parsed)
     return hits
+
+
+def _snippet(h: SearchHit, parsed) -> str:
+    """The hit's snippet, of its text under its heading path (which ``h.heading`` takes)."""
+    h.heading, body = heading_of(h.text)
+    return lexical.snippet(body, parsed)
 
 
 def _ranked(hits: list[SearchHit], field: str) -> list[SearchHit]:
@@ -407,6 +419,22 @@ def _job_of(hit) -> int | None:
     return int(job) if job is not None else None
 
 
+def _vector_read(ds: Searched, read: Callable[[], T]) -> T:
+    """``read()`` of the vector store; a failure on the way there (``read_failure``) is
+    ``VectorStoreUnavailable`` (503 with Retry-After in the API), in the same words for every front
+    end, and the log says what failed."""
+    try:
+        return read()
+    except Exception as exc:
+        why = read_failure(exc)
+        if why is None:
+            raise
+        log.warning("search of %r: the vector store failed (%s): %r", ds.name, why, exc)
+        raise VectorStoreUnavailable(
+            f"the vector store did not answer the search ({why}); nothing is wrong with the request"
+        ) from exc
+
+
 def _dense(
     ctx: Reader, ds: Searched, vector, k: int, filters: Filters, conditions: meta.Where = ()
 ) -> list[SearchHit]:
@@ -424,13 +452,15 @@ def _dense(
     if filters.page_to is not None:
         clauses.append({"page": {"$lte": filters.page_to}})
     where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
-    total = ctx.vectors.count(ds.collection)
+    total = _vector_read(ds, lambda: ctx.vectors.count(ds.collection))
     n = min(
         total, max(20, k * 2)
     )  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
-        answered = ctx.vectors.query(ds.collection, vector, n=n, where=where)
+        answered = _vector_read(
+            ds, partial(ctx.vectors.query, ds.collection, vector, n=n, where=where)
+        )
         hits = [h for h in answered if _job_of(h) is not None and h.id not in disabled]
         vanished = answered.vanished
         active = _active_jobs(

@@ -31,6 +31,64 @@ class ChromaAuthError(PermissionError):
     """The Chroma server refused the token (or asked for one): check SLUICE_CHROMA_TOKEN."""
 
 
+class ChromaAnswered(RuntimeError):
+    """Chroma, or the gate in front of it, answered a read with an HTTP error ``status``."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# Statuses of a store that is down or on its way (the gate's 502 for a broken upstream connection,
+# a proxy's 503 or 504), not of a request it refused.
+UNAVAILABLE_STATUSES = (502, 503, 504)
+# httpx's transport failures by name (httpx is imported only by whoever met one): how each reads.
+_HTTPX_FAILURES = {
+    "ConnectError": "connection refused",
+    "ConnectTimeout": "no answer in time",
+    "ReadTimeout": "no answer in time",
+    "WriteTimeout": "no answer in time",
+    "PoolTimeout": "no answer in time",
+    "RemoteProtocolError": "connection dropped",
+    "ReadError": "connection dropped",
+    "WriteError": "connection dropped",
+}
+
+
+def read_failure(exc: BaseException) -> str | None:
+    """Why a read of the store failed on the way there or back, in a few words (a refused or
+    dropped connection, no answer in time, a 502, 503 or 504), or None for any other failure: a
+    read the store refused, or a bug, which stays what it is. Follows the exception's causes:
+    chromadb raises a bare ``Exception`` of the answer's text (empty for the gate's 502) from the
+    ``httpx.HTTPStatusError`` that knows the status."""
+    import http.client
+
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        response = getattr(link, "response", None)
+        status = getattr(link, "status", None) if isinstance(link, ChromaAnswered) else None
+        if status is None and type(link).__name__ == "HTTPStatusError" and response is not None:
+            status = getattr(response, "status_code", None)
+        if status is not None:
+            return f"HTTP {status}" if status in UNAVAILABLE_STATUSES else None
+        if isinstance(link, ChromaAuthError):
+            return None
+        name = type(link).__name__
+        if name in _HTTPX_FAILURES:
+            return _HTTPX_FAILURES[name]
+        if isinstance(link, TimeoutError):  # socket.timeout too
+            return "no answer in time"
+        if isinstance(link, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(link, (ConnectionError, http.client.HTTPException)):
+            return "connection dropped"  # reset, aborted, closed without an answer
+        suppressed = link.__cause__ is not None or link.__suppress_context__
+        link = link.__cause__ if suppressed else link.__context__
+    return None
+
+
 @dataclass(frozen=True)
 class Hit:
     id: str
@@ -457,9 +515,10 @@ class VectorStore:
             if answer.status == 404:
                 return 404, None
             if answer.status >= 400:
-                raise RuntimeError(
+                raise ChromaAnswered(
                     f"the Chroma server at {self.url} answered HTTP {answer.status} to {method} "
-                    f"{url}: {raw[:300].decode(errors='replace')}"
+                    f"{url}: {raw[:300].decode(errors='replace')}",
+                    answer.status,
                 )
             return answer.status, json.loads(raw)
 

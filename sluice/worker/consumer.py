@@ -1,28 +1,34 @@
 """The worker process (``sluice serve worker``): Huey's consumer over the tasks in ``hooks``, with
 an ordered stop. SIGTERM or SIGINT (honcho, ``sluice run``, Ctrl-C) stops it taking jobs, lets the
-running ones finish within the grace, hands back what it still holds (``stopping``) and exits 0;
-no traceback for a stop asked for. A second signal cuts the grace short."""
+running ones finish within the grace, hands back what it still holds (``stopping``), then stops its
+threads in order and exits 0; no traceback or abort for a stop asked for. A second signal cuts the
+grace short."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 from huey.consumer import Consumer
 
-from sluice.pipeline.running import stopping
+from sluice.pipeline.running import embed, stopping
 from sluice.pipeline.running.context import get_context
 from sluice.worker import hooks
 
 log = logging.getLogger("sluice.tasks")
 
 DEFAULT_GRACE_SECONDS = 3.0  # under honcho's 5 s before SIGKILL, with room to hand back
+THREADS_STOP_SECONDS = 0.5  # a job thread whose attempt was handed back ends within this
 
 
 class OrderedConsumer(Consumer):
-    """Every stop is the ordered one: stop taking jobs, wait the grace, hand back the rest."""
+    """Every stop is the ordered one: stop taking jobs, wait the grace, hand back the rest; then
+    the worker's loops and the export's child, the model's lanes (a batch still waiting for them
+    fails, so its job thread ends its attempt, already handed back), and the job threads."""
 
     def stop(self, graceful: bool = False) -> None:
         if not stopping.requested():
@@ -33,6 +39,14 @@ class OrderedConsumer(Consumer):
             stopping.hand_back_all(get_context())
         except Exception as exc:  # the job database is gone too: the reaper takes them back
             log.warning("could not hand back the running jobs: %s", exc)
+        left = hooks.stop_background() + embed.close_lanes()
+        deadline = time.monotonic() + THREADS_STOP_SECONDS
+        jobs = [t for _, t in self.worker_threads if isinstance(t, threading.Thread)]
+        for thread in jobs:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        left += [t.name for t in jobs if t.is_alive()]
+        if left:
+            log.warning("stopping: still running after the stop: %s", ", ".join(left))
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

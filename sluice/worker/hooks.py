@@ -1,7 +1,8 @@
 """The worker process's Huey instance as the consumer loads it: the task of
 ``sluice.pipeline.queueing.tasks``, the periodic tasks, and the start-up hook that runs the
-recovery, webhook and model threads. ``huey_consumer sluice.worker.hooks.huey`` (or
-``sluice serve worker``, ``sluice.worker.consumer``) imports this module."""
+recovery, webhook and model threads (``stop_background`` ends them as the worker stops).
+``huey_consumer sluice.worker.hooks.huey`` (or ``sluice serve worker``, ``sluice.worker.consumer``)
+imports this module."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from sluice.pipeline.queueing import recovery
 from sluice.pipeline.queueing.broker import worker_key
 from sluice.pipeline.queueing.tasks import huey, process_job, publish
 from sluice.pipeline.queueing.tasks import recover_once as recover_queue
+from sluice.pipeline.running import embed, query_encoder, stopping
 from sluice.pipeline.running.context import get_context
 from sluice.settings import get_settings
 
@@ -80,6 +82,9 @@ def periodic_prune() -> None:
 _loop_started = False
 _loop_lock = threading.Lock()
 _threads = 0  # worker threads of this consumer that have started (huey runs the hook in each)
+_stop = threading.Event()  # the recovery and webhook loops end their round and stop
+_loops: list[threading.Thread] = []
+_exporter = query_encoder.Exporter()
 
 
 @huey.on_startup()
@@ -103,10 +108,31 @@ def start_recovery_loop() -> None:
         s.embed_precision,
         ", ".join(k for k, v in s.secrets_status().items() if v) or "none",
     )
-    threading.Thread(target=_recovery_loop, name="sluice-recovery", daemon=True).start()
-    threading.Thread(target=_webhook_loop, name="sluice-webhooks", daemon=True).start()
+    _loops.extend(
+        threading.Thread(target=loop, name=name, daemon=True)
+        for loop, name in ((_recovery_loop, "sluice-recovery"), (_webhook_loop, "sluice-webhooks"))
+    )
+    for thread in _loops:
+        thread.start()
     if s.embedder == "sentence-transformers":
         start_model_threads()
+
+
+def stop_background(timeout: float = 2.0) -> list[str]:
+    """The worker's own threads, stopped as the consumer stops: the export's child ended, the
+    recovery and webhook loops after the round they are in, the presence key gone (the console and
+    the API say at once that no worker is alive). Returns the names of threads still running."""
+    _stop.set()
+    _exporter.stop()
+    deadline = time.monotonic() + timeout
+    for thread in _loops:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if _loops:
+        try:
+            huey.storage.conn.delete(f"{worker_key()}:{get_context().worker_id}")
+        except redis.RedisError as exc:  # it expires by itself within a few seconds
+            log.warning("could not remove the presence key: %s", exc)
+    return [t.name for t in _loops if t.is_alive()]
 
 
 def start_model_threads() -> list[threading.Thread]:
@@ -128,26 +154,24 @@ def _load_model() -> None:
         get_context().embedder  # noqa: B018 - loads and keeps it
     except Exception as exc:  # the first job meets the same error, classified, on its own
         log.warning("could not load the embedding model at start: %s", exc)
+    if stopping.requested():  # loaded after the stop closed the lanes: these stop too
+        embed.close_lanes()
 
 
 def _export_query_encoder() -> None:
-    """Once per model and data directory: the ONNX export that makes a cold `sluice search` fast.
-    At the lowest CPU priority: it must not take the cores from the first jobs."""
+    """Once per model and data directory: the ONNX export that makes a cold `sluice search` fast,
+    in a child process at the lowest CPU priority (``query_encoder.Exporter``), unless it is made
+    already."""
     from pathlib import Path
 
-    from sluice.pipeline.running import query_encoder
-    from sluice.pipeline.running.embed import model_path
-
-    try:  # Linux: a thread has its own nice value
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (
-        AttributeError,
-        OSError,
-    ):  # pragma: no cover - elsewhere the export runs at normal priority
-        pass
     s = get_settings()
     try:
-        query_encoder.export(Path(model_path(s.embed_model)), s.data_dir)
+        model_dir = Path(embed.model_path(s.embed_model))
+        if not query_encoder.exportable(model_dir):
+            return
+        if query_encoder.export_path(model_dir, s.data_dir).exists():
+            return
+        _exporter.run(model_dir, s.data_dir)  # the child logs how it went
     except Exception as exc:  # search keeps working through the full model
         log.warning("could not export the query encoder: %s", exc)
 
@@ -178,7 +202,7 @@ def _recovery_loop() -> None:
     hold = (
         recovery.ReapHold()
     )  # the grace after a silence never stops the outbox or the presence key
-    while True:
+    while not _stop.is_set():
         try:
             huey.storage.conn.set(
                 f"{worker_key()}:{ctx.worker_id}",
@@ -193,17 +217,18 @@ def _recovery_loop() -> None:
                 log.info("recovery: %s", report)
         except Exception as exc:  # never let the loop die; the next round tries again
             log.warning("recovery round failed: %s", exc)
-        time.sleep(min(interval, hold.remaining()) if hold.due is not None else interval)
+        if _stop.wait(min(interval, hold.remaining()) if hold.due is not None else interval):
+            return
 
 
 def _webhook_loop() -> None:
     """Webhook deliveries, beside the recovery loop and at its pace, never in a job's way."""
     ctx = get_context()
-    while True:
+    while not _stop.is_set():
         try:
             report = recovery.deliver_webhooks(ctx)
             if report.anything:
                 log.info("webhooks: %s", report)
         except Exception as exc:  # never let the loop die; the next round tries again
             log.warning("webhook round failed: %s", exc)
-        time.sleep(ctx.settings.recovery_interval_seconds)
+        _stop.wait(ctx.settings.recovery_interval_seconds)

@@ -82,11 +82,17 @@ def synthetic_store(
         ids.clear()
         metas.clear()
 
-    for doc_id, sha, jid in made:
+    for d, (doc_id, sha, jid) in enumerate(made):
         for p in range(chunks_each):
             ids.append(chunk_id(sha, version, p))
             metas.append(
-                {"job_id": jid, "document_id": doc_id, "pipeline_version": version, "position": p}
+                {
+                    "job_id": jid,
+                    "document_id": doc_id,
+                    "pipeline_version": version,
+                    "position": p,
+                    "filename": f"f{d}.txt",  # the copy of its document's name a chunk carries
+                }
             )
             if len(ids) == batch:
                 flush()

@@ -5,6 +5,7 @@ file, pages, type and the documents' metadata."""
 import streamlit as st
 
 from sluice.console import ui
+from sluice.errors import VectorStoreUnavailable
 from sluice.ops import metadata, reads
 from sluice.ops.search import MODES, BadQuery, UnknownDataset
 
@@ -73,6 +74,9 @@ if query.strip():
     except (UnknownDataset, BadQuery, metadata.FilterError) as exc:
         st.error(ui.plain(exc))
         hits = None
+    except VectorStoreUnavailable as exc:  # the words the API and the CLI give it
+        st.error(f"{ui.plain(exc.message[0].upper() + exc.message[1:])}. {ui.plain(exc.hint)}")
+        hits = None
     except Exception as exc:  # Chroma unreachable, model failed to load
         st.error(
             f"Search failed: {ui.plain(f'{type(exc).__name__}: {exc}')}. Check the System page."
@@ -118,6 +122,8 @@ if query.strip():
                     ui.JOBS_PAGE, label=f"job {h.job_id}", query_params={"job": str(h.job_id)}
                 )
                 score.metric("score", f"{h.score:.3f}")
+                if h.heading:
+                    st.text(h.heading)  # its heading path: text as written, never Markdown
                 st.markdown(ui.highlighted(h.snippet))
                 with st.expander("Whole chunk"):
                     st.text(h.text)

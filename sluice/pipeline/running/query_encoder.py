@@ -8,6 +8,10 @@ normalisation as the model's sentence-transformers modules, in a fraction of a s
 
 Only models made of Transformer, mean Pooling and Normalize modules (all-MiniLM-L6-v2 is one) are
 exported; for any other, and until the export exists, search uses the full embedder.
+
+A worker exports in a child process of its own (``Exporter``; ``python -m`` this module), at the
+lowest CPU priority: a stop ends the child at once, where an export in a thread of the worker held
+its stop for seconds and could abort it (a thread inside torch at the interpreter's teardown).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sluice import faults
 from sluice.pipeline.running.embed import import_lock
 
 if TYPE_CHECKING:  # imported by the encoder when it runs (onnxruntime needs it then anyway)
@@ -87,11 +94,16 @@ def export(model_dir: Path, data_dir: Path) -> Path | None:
     with _lock, _across_processes(out):
         if out.exists():
             return out
+        for stale in out.parent.glob(f"{out.stem}.*.tmp*"):  # of an exporter that was stopped
+            stale.unlink(missing_ok=True)
+        faults.hit("query_export")
         with import_lock:  # never beside another thread's import of transformers (see embed)
             import torch
             import torch.onnx
             from transformers import AutoModel
+            from transformers.utils import logging as transformers_logging
 
+            transformers_logging.disable_progress_bar()  # no "Loading weights" bar in the log
             model = AutoModel.from_pretrained(str(model_dir)).eval()
 
         class Hidden(
@@ -131,6 +143,35 @@ def export(model_dir: Path, data_dir: Path) -> Path | None:
         os.replace(tmp, out)
         log.info("exported the query encoder to %s", out)
         return out
+
+
+class Exporter:
+    """``export`` in a child process at the lowest CPU priority, which ``stop`` ends at once (the
+    export is made again by the next start: nothing half-made is ever used)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._stopped = False
+
+    def run(self, model_dir: Path, data_dir: Path) -> int | None:
+        """Export and wait; the child's exit code (None: stopped before it started)."""
+        with self._lock:
+            if self._stopped:
+                return None
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(model_dir), str(data_dir)],
+                stdin=subprocess.DEVNULL,
+            )
+        return self._child.wait()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def weights_path(onnx_file: Path) -> Path:
@@ -233,3 +274,27 @@ def load(model_dir: Path, data_dir: Path, *, model_id: str, dim: int) -> OnnxQue
     except Exception as exc:  # a damaged export: search still works through the full embedder
         log.warning("query encoder at %s unusable (%s); using the full model", path, exc)
         return None
+
+
+def main(argv: list[str]) -> int:
+    """``python -m sluice.pipeline.running.query_encoder MODEL_DIR DATA_DIR``: the export, at the
+    lowest CPU priority (it must not take the cores from the worker's first jobs)."""
+    global log
+    log = logging.getLogger("sluice.pipeline.running.query_encoder")  # not __main__
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s] %(levelname)s:%(name)s:%(message)s"
+    )
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 19)
+    except (AttributeError, OSError):  # pragma: no cover - elsewhere it runs at normal priority
+        pass
+    try:
+        export(Path(argv[0]), Path(argv[1]))
+    except Exception as exc:  # search keeps working through the full model
+        log.warning("could not export the query encoder: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
