@@ -15,11 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.storage.models import JobStatus
+from tests.support.api_server import make_key
 from tests.support.helpers import events, job, until
 from tests.support.servers import ROOT, ChromaServer, Consumer, free_port, wait_port
 
@@ -175,8 +177,12 @@ def test_make_run_then_ctrl_c_stops_everything_in_order_and_exits_0(make_ctx, tm
             wait_port(port, 90)
         job_id = ingest_bytes(ctx, TEXT, dataset="default", filename="tides3.txt").job_id
         until(lambda: Path(f"{release}.waiting").exists(), timeout=60, what="the job held")
+        stream = _Stream(f"http://127.0.0.1:{ports[5]}", make_key("w", datasets=None, scope="read"))
+        until(lambda: stream.lines, timeout=60, what="the event stream open")
         os.write(master, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        asked = time.monotonic()
         assert proc.wait(60) == 0, b"".join(seen).decode(errors="replace")[-4000:]
+        took = time.monotonic() - asked
     finally:
         release.touch()
         if proc.poll() is None:
@@ -184,10 +190,45 @@ def test_make_run_then_ctrl_c_stops_everything_in_order_and_exits_0(make_ctx, tm
             proc.wait(10)
     out = b"".join(seen).decode(errors="replace")
     assert "Traceback" not in out and "SIGKILL" not in out and "Error 130" not in out, out[-4000:]
+    assert "terminate called" not in out, out[-4000:]
+    stream.thread.join(10)
+    assert stream.error is None and not stream.thread.is_alive(), stream.error
+    assert stream.lines[-1] == ": closed: the API is stopping", stream.lines
+    # With a stream open and a job running, the stop is bounded by the worker's hand-back, not by
+    # the stream (it took 95 s before); STOP_BOUND is far from both, so a loaded machine passes.
+    assert took < STOP_BOUND, f"make run took {took:.1f} s to stop after Ctrl-C"
+    print(f"make run stopped {took:.1f} s after Ctrl-C, a stream open and a job running")
     assert out.index("sending SIGTERM to worker") < out.index("sending SIGTERM to chroma")
     got = job(ctx, job_id)
     assert got.status == JobStatus.pending and got.attempt == 0 and not got.waiting_for
     assert [e.kind for e in events(ctx, job_id)][-1] == "handed_back"
+
+
+STOP_BOUND = 30.0
+
+
+class _Stream:
+    """``GET /v1/events`` read in a thread until the API ends it; its lines and its error."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.lines: list[str] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._read, args=(url, token), daemon=True)
+        self.thread.start()
+
+    def _read(self, url: str, token: str) -> None:
+        try:
+            with httpx.stream(
+                "GET",
+                f"{url}/v1/events",
+                headers={"Authorization": f"Bearer {token}"},
+                params={"seconds": "120"},
+                timeout=httpx.Timeout(30, read=90),
+            ) as r:
+                r.raise_for_status()
+                self.lines.extend(line for line in r.iter_lines() if line)
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
 
 
 def _answers(client) -> bool:
