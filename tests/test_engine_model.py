@@ -7,13 +7,18 @@ midway), time passing and the outbox dispatched, recovery rounds (reaping, redel
 delete that stopped finished), retry, cancel, delete, reindex, a dataset's settings change and its
 revert, pause and resume, prune with the clock moved on, reconcile with and without repair, a
 document's metadata replaced, a chunk switched off and on, new bytes under an external id (a
-replacement), a dataset deleted, and a search that checks what it answers. They drive the real job
-store (SQLite, and PostgreSQL), the session's Chroma server and the lexical index, through the
-same ops functions the front ends call, with the deterministic hash embedder; workers are stepped
-in the test's thread (``run_job`` called directly, fault points stopping it mid-job), the queue is
-a set of job ids.
+replacement), a dataset deleted or renamed, and a search that checks what it answers. Sources
+(issue 39): two folder sources over folders the model owns, added into a dataset (their first sync
+confirmed), their files added, edited, renamed and removed, synced (with a remove, a rename or
+delete of their dataset, the tombstone purge, an undo, a second sync or a worker's success landing
+inside the sync), removed with and without their documents, undone, purged with the clock moved
+past the tombstone time, and a worker's success with an undo or a sync inside it. They drive the
+real job store (SQLite, and PostgreSQL), the session's Chroma server and the lexical index, through
+the same ops functions the front ends call, with the deterministic hash embedder; workers are
+stepped in the test's thread (``run_job`` called directly, fault points stopping it mid-job), the
+queue is a set of job ids.
 
-After every step the invariants of issue 25 hold (see each ``@invariant``). Examples are
+After every step the invariants of issues 25 and 39 hold (see each ``@invariant``). Examples are
 derandomized, so CI explores the same sequences every run; every sequence it ever failed on is
 kept below it as a plain regression test.
 """
@@ -22,11 +27,13 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    RULE_MARKER,
     RuleBasedStateMachine,
     initialize,
     invariant,
@@ -37,7 +44,7 @@ from sqlalchemy import delete, text, update
 from sqlmodel import Session, SQLModel, select
 
 from sluice import faults
-from sluice.errors import PermanentError, TransientError
+from sluice.errors import PermanentError, SluiceError, TransientError
 from sluice.ops.access import Operator
 from sluice.storage import jobs, lexical, replacements, vectors
 from sluice.storage.models import (
@@ -50,6 +57,8 @@ from sluice.storage.models import (
     JobStatus,
     Outbox,
 )
+from sluice.storage.source_records import Source, SourceEntry
+from tests.support import model_folders
 
 DATASETS = ("default", "beta")
 TEXTS = [
@@ -67,8 +76,16 @@ VERSIONS = [
 EXTERNAL_ID = "charter"
 TAGS = ("red", "blue")
 OWN_FAILURES = {"injected_fault", "worker_lost"}  # the only failures the model makes
+WORKER_DRAWS = ("success", "success", "transient", "permanent", "die", "cancel", "metadata")
+WORKER_DRAWS += ("undo", "sync")  # a success with a change of every source inside it
+SOURCES = ("left", "right")  # two folder sources, each over a folder of the model's, same paths
+BODIES = model_folders.bodies(TEXTS[2])  # the first: bytes the model also uploads
+WORDS = {model_folders.sha256(data): word for data, word in BODIES}
+# what lands inside a sync (at its listing, or after one of its file's steps)
+DURING = ("nothing", "nothing", "remove", "keep", "rename", "purge", "undo", "sync", "worker")
+BUSY = "sync_running"  # the refusal of a change of a source whose lease another change holds
 STEPS = {"sqlite": 30, "postgres": 30}
-EXAMPLES = {"sqlite": 40, "postgres": 25}
+EXAMPLES = {"sqlite": 12, "postgres": 12}
 
 
 OPERATOR = Operator("model", "operator", "cli")
@@ -95,6 +112,15 @@ class EngineModel(RuleBasedStateMachine):
         self.settings_changed: dict[str, bool] = dict.fromkeys(DATASETS, False)
         self.tags = 0  # metadata changes so far: each sets the next tag
         self.dataset_deleted = False  # one dataset delete an example (it ends most other work)
+        self.owned: set[int] = set()  # documents of the model's uploads, and those a source left
+        self.confirmed: set[str] = set()  # sources whose first sync was confirmed
+        self.syncing: set[str] = set()  # sources whose sync is running (a change inside it)
+        self.reached: set[str] = set()  # what this example did (counted per example at teardown)
+        self.served: tuple = ()  # what the search check of the sources last found serving
+        self.checking, self.state_read = False, None  # the job store read once a check
+        self.folders = model_folders.Folders(
+            Path(self.ctx.settings.data_dir) / "model-folders", SOURCES, [b for b, _ in BODIES]
+        )
 
     # --- set-up -----------------------------------------------------------------------------------
 
@@ -117,6 +143,10 @@ class EngineModel(RuleBasedStateMachine):
                 pass
         self.upload(0, "default")  # every example starts with work for the workers
         self.upload(1, "beta")
+        self.folders.reset()  # and with a source of two files
+        self.folders.write(SOURCES[0], model_folders.FILES[0], 1)
+        self.folders.write(SOURCES[0], model_folders.FILES[1], 2)
+        self.source_add(SOURCES[0], "default", confirm=True)
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -164,6 +194,50 @@ class EngineModel(RuleBasedStateMachine):
             session.execute(update(Outbox).where(Outbox.sent_at.is_(None)).values(available_at=now))
             session.commit()
 
+    def _source(self, name: str) -> Source | None:
+        with Session(self.ctx.engine) as session:
+            return session.exec(select(Source).where(Source.name == name)).first()
+
+    def _following(self, dataset: str) -> list[str]:
+        """The sources that follow the dataset called ``dataset``."""
+        with Session(self.ctx.engine) as session:
+            return list(
+                session.exec(
+                    select(Source.name)
+                    .join(Dataset, Dataset.id == Source.dataset_id)
+                    .where(Dataset.name == dataset)
+                    .order_by(Source.name)
+                ).all()
+            )
+
+    def _source_documents(self, session: Session, *, live_only: bool, source: str = "") -> set[int]:
+        """The documents the sources' entries name (``live_only``: their live entries; ``source``:
+        of that one only), and every version of their external ids (the old one serves until the
+        new one is built)."""
+        query = select(SourceEntry, Source.dataset_id).join(
+            Source, Source.id == SourceEntry.source_id
+        )
+        if live_only:
+            query = query.where(SourceEntry.removed_at.is_(None))
+        if source:
+            query = query.where(Source.name == source)
+        rows = session.exec(query).all()
+        named = {e.document_id for e, _ in rows if e.document_id is not None}
+        keys = set()
+        for doc_id in named:
+            doc = session.get(Document, doc_id)
+            if doc is not None and doc.external_id is not None:
+                keys.add((doc.dataset_id, doc.external_id))
+        versions = session.exec(
+            select(Document.id, Document.dataset_id, Document.external_id)
+        ).all()
+        return named | {d for d, ds, ext in versions if (ds, ext) in keys}
+
+    def _refused(self, exc: SluiceError, name: str) -> None:
+        """A change of source ``name`` refused: only because a sync of it holds its lease."""
+        assert getattr(exc, "code", None) == BUSY and name in self.syncing, exc
+        self.tally["source:busy"] += 1
+
     # --- rules ------------------------------------------------------------------------------------
 
     @rule(n=st.integers(0, len(TEXTS) + len(VERSIONS) - 1), dataset=st.sampled_from(DATASETS))
@@ -184,6 +258,8 @@ class EngineModel(RuleBasedStateMachine):
         assert r.accepted or (r.error_code == "dataset_deleting" and not self._usable(dataset)), (
             r.message
         )
+        if r.accepted:
+            self.owned.add(r.document_id)
 
     def replace(self, v: int, dataset: str) -> None:
         """Bytes under the application's external id: its first version, the same bytes again, or
@@ -202,6 +278,8 @@ class EngineModel(RuleBasedStateMachine):
             r.message
         )
         self.tally[f"replace:{'duplicate' if r.duplicate else 'new'}"] += r.accepted
+        if r.accepted:
+            self.owned.add(r.document_id)
 
     @rule()
     def dispatch(self) -> None:
@@ -210,15 +288,11 @@ class EngineModel(RuleBasedStateMachine):
         self._time_passes()
         dispatch(engine=self.ctx.engine, publish=self.queued.add)
 
-    @rule(
-        i=PICK,
-        how=st.sampled_from(
-            ["success", "success", "transient", "permanent", "die", "cancel", "metadata"]
-        ),
-    )
+    @rule(i=PICK, how=st.sampled_from(WORKER_DRAWS))
     def worker(self, i: int, how: str) -> None:
         """A worker takes a message from the queue (the dispatcher has put the due ones there
-        first, when it was empty) and runs that job."""
+        first, when it was empty) and runs that job; with ``undo`` or ``sync``, every source is
+        undone or synced inside its success (after it read the document, before it writes)."""
         from sluice.pipeline.running.runner import run_job
 
         if not self.queued:
@@ -248,14 +322,37 @@ class EngineModel(RuleBasedStateMachine):
                 if document_id in self._documents():
                     self._set_metadata(document_id)
 
-        with faults.hook("embed_batch", midway):
+        decided: list[int] = []
+
+        def deciding(**_) -> None:
+            if how not in ("undo", "sync") or decided:
+                return
+            decided.append(1)  # once: a success tried again reads again
+            for name in SOURCES:
+                if how == "undo":
+                    self.source_undo(name)
+                else:
+                    self.source_sync(name)
+
+        with faults.hook("embed_batch", midway), faults.hook("before_supersede", deciding):
             try:
                 outcome = run_job(job_id, ctx=self.ctx).result
             except Died:
                 outcome = "died"
         self.tally[f"{how}:{outcome}"] += 1
+        if outcome == "succeeded":
+            self.reached.add("success")
+            if how in ("undo", "sync"):
+                self.reached.add(f"worker:{how}")
         if outcome != "noop":  # what search answers now
             self.search(i, ("hybrid", "lexical", "dense")[i % 3])
+
+    @rule(i=PICK, first=st.sampled_from(WORKER_DRAWS), then=st.sampled_from(WORKER_DRAWS))
+    def two_workers(self, i: int, first: str, then: str) -> None:
+        """Two workers, one after the other (see ``worker``): with the sources' rules, the workers
+        step as often as they did before them, so the jobs of every example reach success."""
+        self.worker(i, first)
+        self.worker(i + 1, then)
 
     @rule()
     def recover(self) -> None:
@@ -302,16 +399,23 @@ class EngineModel(RuleBasedStateMachine):
         """A document deleted, or (once an example: it ends most other work) a whole dataset; a
         live document's metadata replaced; a chunk switched off, or on again."""
         if what == "dataset" and not self.dataset_deleted:
-            self.delete_dataset(DATASETS[i % len(DATASETS)])
+            name = DATASETS[i % len(DATASETS)]
+            if self._dataset(name) is None:
+                name = f"{name}-2"  # renamed
+            if self._dataset(name) is not None:
+                self.delete_dataset(name)
         elif what in ("metadata", "off", "on"):
             self.edit(i, what)
         else:
             self.delete(i)
 
     def delete(self, i: int) -> None:
+        """A document deleted: one of the model's uploads (a source's file goes with the file)."""
         from sluice.ops.documents import delete_document
 
-        document_id = pick(self._documents(), i)
+        with Session(self.ctx.engine) as session:
+            theirs = self._source_documents(session, live_only=False)
+        document_id = pick([d for d in self._documents() if d not in theirs], i)
         if document_id is None:
             return
         assert delete_document(self.ctx, f"doc:{document_id}", actor="op").ok
@@ -334,7 +438,7 @@ class EngineModel(RuleBasedStateMachine):
             return
         with Session(self.ctx.engine) as session:
             ensure_dataset(session=session, name=dataset)
-        changed = self.settings_changed[dataset]
+        changed = self.settings_changed.get(dataset, False)
         value = None if changed else "300"
         done = settings_changes.apply(self.ctx, dataset, {"chunk_size": value}, actor="op")
         assert done.ok, done.message
@@ -396,21 +500,281 @@ class EngineModel(RuleBasedStateMachine):
 
     def delete_dataset(self, dataset: str) -> None:
         """A dataset deleted as the console, the CLI and the API do it, waiting for no running
-        job: one whose worker died keeps the delete from ending until recovery takes it back."""
+        job: one whose worker died keeps the delete from ending until recovery takes it back. One
+        that sources follow takes them with it, or is refused before anything is marked."""
         from sluice.ops import dataset_admin
 
         self.dataset_deleted = True
+        following = self._following(dataset)
         done = dataset_admin.delete(self.ctx, OPERATOR, dataset, wait=0)
-        assert done.ok or done.code == "jobs_still_running", done
+        if not done.ok and done.code != "jobs_still_running":
+            assert following and self._usable(dataset), done  # refused before marking it
+            assert all(name in done.message for name in following), done
+            self.tally[f"dataset_delete:{done.code}"] += 1
+            return
         self.search(0, "hybrid", dataset)  # it must refuse
         self.tally[f"dataset_delete:{done.code or 'ok'}"] += 1
+        if following:
+            self.reached.add("dataset_delete:sources")
+
+    # --- sources -------------------------------------------------------------------------------
+
+    @rule(which=st.sampled_from(SOURCES), dataset=st.sampled_from(DATASETS), confirm=st.booleans())
+    def source_add(self, which: str, dataset: str, confirm: bool) -> None:
+        """A folder source over the model's folder ``which`` into ``dataset``; nothing uploaded
+        until its first sync is confirmed: at once (``sluice sources add --yes``), or by a later
+        sync."""
+        from sluice.ops.sources import syncing
+
+        folder = str(self.folders.folder(which))
+        if self._source(which) is not None:
+            with pytest.raises(syncing.SourceExists):
+                syncing.add_source(self.ctx, name=which, dataset=dataset, folder=folder)
+            return
+        try:
+            syncing.add_source(self.ctx, name=which, dataset=dataset, folder=folder, actor="op")
+        except SluiceError as exc:  # a dataset being deleted follows nothing new
+            assert getattr(exc, "code", None) == "dataset_deleting", exc
+            assert not self._usable(dataset), exc
+            return
+        self.confirmed.discard(which)
+        self.reached.add("source_add")
+        if confirm:
+            self.source_sync(which)
+
+    @rule(
+        which=st.sampled_from(SOURCES),
+        what=st.sampled_from(("remove", "edit", "rename", "add")),
+        n=PICK,
+        body=st.integers(0, len(BODIES) - 1),
+        then=st.sampled_from(("undo", "sync", "purge", "nothing", "sync")),
+    )
+    def change_file(self, which: str, what: str, n: int, body: int, then: str) -> None:
+        """A file of the folder ``which`` added, edited, renamed or removed (followed or not);
+        then (unless ``nothing``) a sync of it at once, as the folder watch starts one (confirmed:
+        a removal is not held, it makes a tombstone), and after it an ``undo`` or a ``purge``."""
+        if self.folders.change(which, what, n, body) is None:
+            return
+        self.reached.add(f"file:{what}")
+        if then != "nothing":
+            self.source_sync(which, confirm=True)
+        if then == "undo":
+            self.source_undo(which)
+        elif then == "purge":
+            self.purge()
+
+    @rule(n=PICK, then=st.sampled_from(("undo", "purge", "sync")))
+    def remove_a_followed_file(self, n: int, then: str) -> None:
+        """A file of the first source's folder removed and synced at once (a tombstone), then
+        undone or purged at once, or left for a later rule (see ``change_file``)."""
+        self.change_file(SOURCES[0], "remove", n, 0, then)
+
+    @rule(
+        which=st.sampled_from(SOURCES),
+        during=st.sampled_from(DURING),
+        at=st.integers(0, 2),
+        confirm=st.booleans(),
+    )
+    def source_sync(
+        self, which: str, during: str = "nothing", at: int = 0, confirm: bool = True
+    ) -> None:
+        """A sync of source ``which`` (its first one confirmed; a later one confirmed or not, so
+        the guard may hold removals), its jobs on the model's queue, with ``during`` landing
+        inside it at its ``at``-th point (0: listed, before it reads what it knew; 1, 2: after its
+        first, second file's step): the source removed (``keep``: its documents kept), its
+        dataset renamed, the tombstone purge, an undo, a second sync, a worker's success."""
+        from sluice.ops.sources import syncing
+
+        if self._source(which) is None:
+            return
+        confirm = confirm or which not in self.confirmed
+        points: list[int] = []  # the points of this sync reached so far
+        fired: list[str] = []
+
+        def inside(**_) -> None:
+            points.append(1)
+            if len(points) - 1 == at and during != "nothing" and not fired:
+                fired.append(during)  # once: what lands inside may reach these points too
+                self._inside_sync(which, during)
+
+        self.syncing.add(which)
+        try:
+            with faults.hook("source_listed", inside), faults.hook("source_applied", inside):
+                result = syncing.sync(
+                    self.ctx, which, actor="op", confirm=confirm, publish=self.queued.add
+                )
+        finally:
+            self.syncing.discard(which)
+        assert result.status in ("done", "held", "failed", "interrupted"), result
+        if result.status == "interrupted":  # only a remove takes a sync's lease
+            assert during in ("remove", "keep") and self._source(which) is None, result
+        if confirm:
+            self.confirmed.add(which)
+        self.tally[f"source_sync:{result.status}"] += 1
+        self.reached.add("source_sync")
+        if fired:
+            self.reached.add(f"sync:{during}")
+
+    def _inside_sync(self, which: str, during: str) -> None:
+        """``during`` (see ``source_sync``), while the sync of ``which`` holds its lease."""
+        from sluice.ops.sources import syncing
+
+        src = self._source(which)
+        ds = self._dataset_of(src) if src is not None else None
+        if during in ("remove", "keep"):
+            self.source_remove(which, during == "keep")
+        elif during == "rename" and ds is not None:
+            self._rename(ds.name)
+        elif during == "purge":
+            self.purge()
+        elif during == "undo":
+            self.source_undo(which)
+        elif during == "sync":
+            second = syncing.sync(self.ctx, which, actor="op", confirm=True)
+            assert second.status == "busy", second  # one sync of a source at a time
+        elif during == "worker":
+            self.worker(0, "success")
+
+    def _dataset_of(self, src: Source) -> Dataset | None:
+        with Session(self.ctx.engine) as session:
+            return session.get(Dataset, src.dataset_id)
+
+    @rule(which=st.sampled_from(SOURCES), keep=st.booleans())
+    def source_remove(self, which: str, keep: bool) -> None:
+        """Source ``which`` removed, its documents deleted with it or kept (then the model's)."""
+        from sluice.ops.sources import syncing
+
+        if self._source(which) is None:
+            return
+        with Session(self.ctx.engine) as session:
+            theirs = self._source_documents(session, live_only=True, source=which)
+        try:
+            syncing.remove_source(self.ctx, which, keep_documents=keep, actor="op")
+        except SluiceError as exc:
+            self._refused(exc, which)
+            return
+        if keep:
+            self.owned |= theirs
+        self.confirmed.discard(which)
+        self.reached.add(f"source_remove:{'keep' if keep else 'delete'}")
+
+    @rule(which=st.sampled_from(SOURCES))
+    def source_undo(self, which: str) -> None:
+        """Source ``which``'s removals undone: each tombstone comes back whole (its entry live,
+        its document serving again with the active job and the chunks it had; nothing
+        embedded)."""
+        from sluice.ops.sources import syncing
+
+        src = self._source(which)
+        if src is None:
+            return
+        before = self._tombstones(src)
+        jobs_before = set(self._jobs())
+        try:
+            syncing.undo(self.ctx, which, actor="op")
+        except SluiceError as exc:
+            self._refused(exc, which)
+            return
+        assert set(self._jobs()) == jobs_before, "an undo made jobs: it embeds nothing"
+        after = self._tombstones(src, removed=False)
+        for entry_id, (path, doc_id, active, chunks) in before.items():
+            assert entry_id in after, f"{which}:{path} is still a tombstone after the undo"
+            _, doc_now, active_now, chunks_now = after[entry_id]
+            assert doc_now == doc_id, (path, doc_id, doc_now)
+            if active is None:  # never built: it comes back with its first success
+                continue
+            assert active_now == active, (
+                f"{path}: document {doc_id} serves {active_now}, not {active}"
+            )
+            assert chunks_now == chunks, f"{path}: document {doc_id} came back without its chunks"
+        if before:
+            self.reached.add("source_undo")
+
+    def _tombstones(self, src: Source, *, removed: bool = True) -> dict:
+        """The source's entries (``removed``: its tombstones; else its live ones): entry id ->
+        path, document, its active job while the document is in search or hidden by a tombstone,
+        and that job's chunk ids."""
+        ds = self._dataset_of(src)
+        out = {}
+        with Session(self.ctx.engine) as session:
+            entries = session.exec(
+                select(SourceEntry).where(
+                    SourceEntry.source_id == src.id,
+                    SourceEntry.removed_at.is_not(None)
+                    if removed
+                    else SourceEntry.removed_at.is_(None),
+                )
+            ).all()
+            for e in entries:
+                doc = session.get(Document, e.document_id) if e.document_id else None
+                live = doc is not None and (doc.deleted_at is None or removed)
+                active = doc.active_job_id if doc is not None and live else None
+                chunks = ()
+                if active is not None and ds is not None:
+                    chunks = tuple(sorted(self._job_chunk_ids(ds, active)))
+                out[e.id] = (e.path, e.document_id, active, chunks)
+        return out
+
+    def _job_chunk_ids(self, ds: Dataset, job_id: int) -> list[str]:
+        try:
+            return self.ctx.vectors.ids_where(ds.collection, {"job_id": job_id})
+        except Exception:  # the collection was never made
+            return []
+
+    @rule()
+    def purge(self) -> None:
+        """The tombstone purge with the clock moved past SLUICE_SYNC_TOMBSTONE_HOURS (every
+        tombstone was made that long ago): each goes for good, with the document no entry names
+        any more."""
+        from sluice.ops.sources import syncing
+        from sluice.storage.clock import as_utc
+
+        past = timedelta(hours=self.ctx.settings.sync_tombstone_hours, minutes=1)
+        with Session(self.ctx.engine) as session:
+            rows = session.exec(
+                select(SourceEntry).where(SourceEntry.removed_at.is_not(None))
+            ).all()
+            for row in rows:
+                row.removed_at = as_utc(row.removed_at) - past
+                session.add(row)
+            session.commit()
+        syncing.purge_expired(self.ctx)
+        with Session(self.ctx.engine) as session:
+            left = session.exec(
+                select(Source.name)
+                .join(SourceEntry, SourceEntry.source_id == Source.id)
+                .where(SourceEntry.removed_at.is_not(None))
+            ).all()
+        assert set(left) <= self.syncing, f"tombstones of {set(left)} outlived their time"
+        if rows:
+            self.reached.add("purge")
+
+    @rule(dataset=st.sampled_from(DATASETS))
+    def rename_dataset(self, dataset: str) -> None:
+        """A dataset renamed to its other name (``beta`` <-> ``beta-2``); sources, keys and jobs
+        name it by id, and an upload to the old name makes a new dataset."""
+        name = dataset if self._dataset(dataset) is not None else f"{dataset}-2"
+        if self._dataset(name) is not None:
+            self._rename(name)
+
+    def _rename(self, old: str) -> None:
+        from sluice.ops import dataset_admin
+
+        new = old[: -len("-2")] if old.endswith("-2") else f"{old}-2"
+        if self._dataset(new) is not None:
+            return
+        following = self._following(old)
+        done = dataset_admin.rename(self.ctx, OPERATOR, old, new)
+        if not done.ok:  # being deleted, or a sync of a source of it holds the source's lease
+            assert done.code == "dataset_deleting" or set(following) & self.syncing, done
+            return
+        self.settings_changed[new] = self.settings_changed.pop(old, False)
+        self.reached.add("dataset_rename:sources" if following else "dataset_rename")
 
     def search(self, i: int, mode: str, dataset: str | None = None) -> None:
         """What a search answers: only the active job's chunks of live documents, never a chunk
         switched off, nothing of a dataset deleted or being deleted. It asks ``dataset``, else one
         that serves a document, else one deleted or being deleted (it must refuse), else none."""
-        from sluice.ops.search import UnknownDataset, search
-
         self.tally["rule:search"] += 1
         with Session(self.ctx.engine) as session:
             serving = session.exec(
@@ -434,11 +798,23 @@ class EngineModel(RuleBasedStateMachine):
         )
         if dataset is None:
             return
+        hits = self._checked_search(dataset, "tides harbour ward", mode)
+        self.tally["search:hits" if hits else "search:none"] += 1
+
+    def _checked_search(
+        self, dataset: str, query: str, mode: str, filename: str | None = None
+    ) -> list:
+        """A search of ``dataset``, each hit checked (see ``search``): the hits, [] for a refusal of
+        a dataset deleted or being deleted."""
+        from sluice.ops.search import UnknownDataset, search
+
         try:
-            hits = search(self.ctx, query="tides harbour ward", dataset=dataset, k=20, mode=mode)
+            hits = search(
+                self.ctx, query=query, dataset=dataset, k=20, mode=mode, filename=filename
+            )
         except UnknownDataset:
             assert not self._usable(dataset) or self._dataset(dataset) is None
-            return
+            return []
         ds = self._dataset(dataset)
         assert ds is not None and ds.deleting_at is None, f"{dataset} is deleted yet answers"
         with Session(self.ctx.engine) as session:
@@ -453,13 +829,24 @@ class EngineModel(RuleBasedStateMachine):
                 assert doc.deleted_at is None, f"deleted document {doc.id} answers {hit.chunk_id}"
                 assert hit.job_id == doc.active_job_id, (hit.chunk_id, hit.job_id, doc)
                 assert hit.chunk_id not in off, f"switched-off chunk {hit.chunk_id} answers"
-        self.tally["search:hits" if hits else "search:none"] += 1
+        return hits
 
     # --- invariants -------------------------------------------------------------------------------
 
+    def check_invariants(self, settings, output, runtimes) -> None:
+        """Hypothesis's check after a step, the job store read once for all of them (nothing an
+        invariant does changes it)."""
+        self.checking, self.state_read = True, None
+        try:
+            super().check_invariants(settings, output, runtimes)
+        finally:
+            self.checking, self.state_read = False, None
+
     def _state(self):
+        if self.state_read is not None:
+            return self.state_read
         with Session(self.ctx.engine) as session:
-            return (
+            read = (
                 {j.id: j for j in session.exec(select(Job)).all()},
                 {d.id: d for d in session.exec(select(Document)).all()},
                 {d.id: d for d in session.exec(select(Dataset)).all()},
@@ -468,6 +855,9 @@ class EngineModel(RuleBasedStateMachine):
                     for r in session.exec(select(Outbox).where(Outbox.sent_at.is_(None))).all()
                 },
             )
+        if self.checking:
+            self.state_read = read
+        return read
 
     def _chunks(self, dataset: Dataset) -> list[dict]:
         try:
@@ -577,8 +967,142 @@ class EngineModel(RuleBasedStateMachine):
                         f"{doc.metadata_}"
                     )
 
+    @invariant()
+    def every_live_source_entry_names_a_live_document_that_search_serves(self) -> None:
+        """A source follows a dataset that is there; each of its live entries names a document of
+        that dataset which, once it was built (an active job, or the entry's job succeeded), is
+        live and served: a lexical and a dense search of its word, filtered by its file name,
+        answer chunks of its active job, under that name (the file's, unless an upload of the
+        model's had the bytes first). Before it is built it may wait hidden (an undone tombstone
+        comes back with its first success)."""
+        checks = []
+        with Session(self.ctx.engine) as session:
+            for src in session.exec(select(Source)).all():
+                ds = session.get(Dataset, src.dataset_id)
+                assert ds is not None, f"source {src.name} follows dataset {src.dataset_id}: gone"
+            rows = session.exec(
+                select(SourceEntry, Source, Dataset)
+                .join(Source, Source.id == SourceEntry.source_id)
+                .join(Dataset, Dataset.id == Source.dataset_id)
+                .where(SourceEntry.removed_at.is_(None), Dataset.deleting_at.is_(None))
+                .order_by(SourceEntry.id)
+            ).all()
+            for entry, src, ds in rows:
+                where = f"{src.name}:{entry.path}"
+                assert entry.document_id is not None, f"{where} names no document"
+                doc = session.get(Document, entry.document_id)
+                assert doc is not None, f"{where} names document {entry.document_id}: gone"
+                assert doc.dataset_id == ds.id, f"{where} (dataset {ds.id}) names {doc}"
+                job = session.get(Job, entry.job_id) if entry.job_id is not None else None
+                built = job is not None and job.status == JobStatus.succeeded
+                if not built and doc.active_job_id is None:
+                    continue
+                assert doc.deleted_at is None and doc.active_job_id is not None, (
+                    f"{where}: its document {doc.id} was built and is out of search for good "
+                    f"(deleted {doc.deleted_at}, active job {doc.active_job_id}, entry's job "
+                    f"{entry.job_id})"
+                )
+                if doc.id not in self.owned:
+                    name = entry.path.rsplit("/", 1)[-1]
+                    assert doc.filename == name, f"{where}: document {doc.id} is {doc.filename}"
+                enabled = set(
+                    session.execute(
+                        text("SELECT chunk_id FROM lexical_chunk WHERE job_id = :job"),
+                        {"job": doc.active_job_id},
+                    ).scalars()
+                ) - set(
+                    session.exec(
+                        select(DisabledChunk.chunk_id).where(DisabledChunk.dataset_id == ds.id)
+                    ).all()
+                )
+                if enabled:  # (every chunk switched off: search serves none, rightly)
+                    checks.append(
+                        (where, ds.name, doc.id, doc.active_job_id, doc.filename, doc.sha256)
+                    )
+            mark = session.exec(select(JobEvent.id).order_by(JobEvent.id.desc()).limit(1)).first()
+        if (checks, mark) == self.served:
+            return  # nothing moved since these were seen served
+        for where, dataset, doc_id, job_id, filename, sha in checks:
+            for mode in ("lexical", "dense"):
+                hits = self._checked_search(dataset, WORDS[sha], mode, filename=filename)
+                mine = [h for h in hits if h.document_id == doc_id and h.job_id == job_id]
+                assert mine, f"{where}: a {mode} search does not serve document {doc_id}"
+                named = {h.filename for h in mine}
+                assert named == {filename}, f"{where}: {mode} hits of {filename} carry {named}"
+        self.served = (checks, mark)
 
-WORKER_STEPS = ("success", "transient", "permanent", "die", "cancel", "metadata")
+    @invariant()
+    def no_document_is_live_that_no_source_or_upload_owns(self) -> None:
+        """A live document is one of the model's uploads (or one a removed source left it), or a
+        live entry of a source names it or another version of its external id."""
+        with Session(self.ctx.engine) as session:
+            theirs = self._source_documents(session, live_only=True)
+            live = session.exec(
+                select(Document, Dataset)
+                .join(Dataset, Dataset.id == Document.dataset_id)
+                .where(
+                    Document.deleted_at.is_(None),
+                    Document.replaced_by.is_(None),
+                    Dataset.deleting_at.is_(None),
+                )
+            ).all()
+        for doc, ds in live:
+            assert doc.id in self.owned or doc.id in theirs, (
+                f"document {doc.id} ({doc.filename}, external id {doc.external_id}, dataset "
+                f"{ds.name}) is live and no source or upload owns it"
+            )
+
+    @invariant()
+    def a_tombstone_keeps_what_it_comes_back_with(self) -> None:
+        """A tombstoned file's document is out of search (unless a live entry or an upload of
+        the model's has it too) and keeps its bytes, and its active job stays succeeded with every
+        chunk of it in both stores: what an undo serves again without embedding."""
+        with Session(self.ctx.engine) as session:
+            rows = session.exec(
+                select(SourceEntry, Source, Dataset)
+                .join(Source, Source.id == SourceEntry.source_id)
+                .join(Dataset, Dataset.id == Source.dataset_id)
+                .where(SourceEntry.removed_at.is_not(None), Dataset.deleting_at.is_(None))
+            ).all()
+            live = self._source_documents(session, live_only=True)
+            for entry, src, ds in rows:
+                where = f"tombstone {src.name}:{entry.path}"
+                if entry.document_id is None:
+                    continue
+                doc = session.get(Document, entry.document_id)
+                assert doc is not None, f"{where}: its document {entry.document_id} is gone"
+                if doc.id not in live and doc.id not in self.owned:
+                    assert doc.deleted_at is not None, f"{where}: document {doc.id} still serves"
+                assert self.ctx.blobs.exists(doc.blob_key), (
+                    f"{where}: document {doc.id} lost its bytes"
+                )
+                if doc.active_job_id is None:
+                    continue
+                job = session.get(Job, doc.active_job_id)
+                assert job is not None and job.status == JobStatus.succeeded, (where, job)
+                vectors_kept = len(self._job_chunk_ids(ds, job.id))
+                lexical_kept = lexical.count_job(self.ctx.engine, job.id)
+                assert vectors_kept == lexical_kept == job.chunk_count, (
+                    f"{where}: job {job.id} of {job.chunk_count} chunks kept {vectors_kept} "
+                    f"vectors and {lexical_kept} lexical rows"
+                )
+
+    def teardown(self) -> None:
+        """What this example reached, counted once per example."""
+        self.tally["examples"] += 1
+        for what in self.reached:
+            self.tally[f"reached:{what}"] += 1
+
+
+WORKER_STEPS = ("success", "transient", "permanent", "die", "cancel", "metadata", "undo", "sync")
+
+
+def counted(name: str, function):
+    def fire(machine, **arguments):
+        EngineModel.tally[f"fired:{name}"] += 1
+        return function(machine, **arguments)
+
+    return fire
 
 
 def run_model(ctx, backend: str, monkeypatch) -> None:
@@ -587,6 +1111,10 @@ def run_model(ctx, backend: str, monkeypatch) -> None:
     monkeypatch.setattr(recovery, "_sleep", lambda _s: None)  # a grace passes at once
     EngineModel.ctx = ctx
     EngineModel.tally.clear()
+    for name in dir(EngineModel):  # each rule counts how often Hypothesis fires it
+        found = getattr(getattr(EngineModel, name), RULE_MARKER, None)
+        if found is not None:
+            monkeypatch.setattr(found, "function", counted(name, found.function))
     run_state_machine_as_test(
         EngineModel,
         settings=settings(
@@ -616,12 +1144,18 @@ def test_the_job_engine_keeps_its_invariants_under_any_sequence(
     # and the ways to change the index added later were taken, and search answered
     assert tally["replace:new"] and (tally["dataset_delete:ok"] or tally["rule:edit"]), tally
     assert tally["search:hits"], tally
+    # and the sources' rules (issue 39): synced, removed both ways, their dataset renamed, their
+    # tombstones undone and purged, a worker's success with a sync or an undo inside it
+    for what in ("source_sync", "source_remove:delete", "source_remove:keep"):
+        assert tally[f"reached:{what}"], (what, tally)
+    for what in ("dataset_rename:sources", "source_undo", "purge", "worker:undo"):
+        assert tally[f"reached:{what}"], (what, tally)
 
 
 # --- every sequence the model ever failed on, kept as a plain test --------------------------------
 
 
-def replay(ctx, monkeypatch, *steps: tuple[str, dict]) -> None:
+def replay(ctx, monkeypatch, *steps: tuple[str, dict]) -> EngineModel:
     """Run ``steps`` (rule, arguments) on a fresh machine, checking the invariants after each."""
     from sluice.pipeline.queueing import recovery
 
@@ -639,6 +1173,7 @@ def replay(ctx, monkeypatch, *steps: tuple[str, dict]) -> None:
         getattr(state, name)(**kwargs)
         for check in checks:
             check()
+    return state
 
 
 @pytest.fixture
@@ -679,3 +1214,12 @@ def test_found_a_metadata_change_while_its_job_runs_reaches_the_chunks_it_writes
         ("worker", {"how": "metadata", "i": 0}),
         ("worker", {"how": "success", "i": 0}),
     )
+
+
+def test_found_a_file_edited_to_the_bytes_of_another_file_of_its_source_leaves_no_orphan(
+    model_ctx, monkeypatch
+):
+    state = replay(model_ctx, monkeypatch)
+    state.folders.write(SOURCES[0], model_folders.FILES[0], 2)  # bravo.txt's bytes in alpha.txt
+    state.source_sync(SOURCES[0])
+    state.no_document_is_live_that_no_source_or_upload_owns()

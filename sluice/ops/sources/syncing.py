@@ -458,8 +458,13 @@ class _Sync:
             self._fence(session)
             known = _entry(session, self.src.id, step.path)
             ext = ownership.external_id(self.src.name, step.path)
+            previous = None  # the document of the file's old bytes, when the source made it
             if known is not None and step.action == CHANGE:
                 ext = ownership.entry_external_id(known)
+                if known.document_id is not None and ownership.owns(
+                    session, known, known.document_id, self.src.name
+                ):
+                    previous = known.document_id
             session.commit()
         got = ingest.ingest_bytes(
             self.ctx,
@@ -487,7 +492,23 @@ class _Sync:
                 self._drop_if_orphaned(document_id)
             raise
         self.uploaded.append(document_id)
+        if previous is not None and previous != document_id and not got.accepted:
+            self._drop_replaced(previous)
         return None
+
+    def _drop_replaced(self, document_id: int) -> None:
+        """The document of a changed file's old bytes, when the file now holds bytes another
+        document has (the entry adopted that one): nothing would replace it, so it goes, unless an
+        entry still names it."""
+        with Session(self.ctx.engine) as session:
+            if records.named_documents(session, [document_id]):
+                return
+        delete_document(
+            self.ctx,
+            f"doc:{document_id}",
+            actor=self.who.actor,
+            reason="its file now holds the bytes of another document",
+        )
 
     def _same_bytes(self, step: Step) -> tuple[int, int | None] | None:
         """The live document of the dataset with these bytes (under an id of its own): the entry
