@@ -70,8 +70,8 @@ st.dataframe(
 )
 touch_seconds = int(keys.LAST_USED_EVERY.total_seconds())
 st.caption(
-    f"Last used is written at most once every {touch_seconds} s per key (a busy key's every request "
-    "would otherwise be a write), so it can be that much behind."
+    f"Last used is written at most once every {touch_seconds} s per key (a busy key's every "
+    "request would otherwise be a write), so it can be that much behind."
 )
 
 live = [v.name for v in rows if not v.revoked]
