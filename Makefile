@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The suite's processes (pytest-xdist): each starts its own Redis and Chroma servers; 2 fits 2 cores
 TEST_WORKERS ?= 2
+# The index sizes of `make bench-scale` (chunks in the dataset at each point)
+SCALE_SIZES ?= 0,100000,300000,1000000
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -15,7 +17,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help setup run test test-fast test-unit fuzz lint bench bench-quick bench-retrieval bench-cpu bench-fairness bench-api bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
+.PHONY: help setup run test test-fast test-unit fuzz lint bench bench-quick bench-retrieval bench-scale bench-cpu bench-fairness bench-api bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -104,6 +106,10 @@ bench-cluster: setup cluster-tools
 ## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
 bench-retrieval: setup
 	$(BIN)/python -m bench.retrieval
+
+## bench-scale: ingest rate, search latency and ANN recall at 0, 100,000, 300,000 and 1,000,000 chunks (hours on 2 cores; SCALE_SIZES=0,30000,100000 for fewer)
+bench-scale: setup
+	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --out BENCHMARKS.md
 
 ## bench-cpu: where the CPU goes, per chunk and per document: the model against everything else
 bench-cpu: setup

@@ -1,0 +1,433 @@
+"""Cost against index size: one dataset grown by bulk loading (``bench.scale_load``), and at each
+size the real ingest path and search measured.
+
+    python -m bench.scale [--sizes 0,100000,300000,1000000] [--docs 40] [--big 3]
+                          [--queries 60] [--out BENCHMARKS.md]
+
+At each size (chunks already in the dataset): ``--docs`` small documents (1 to 3 chunks) and then
+``--big`` big ones (``BIG_CHUNKS`` chunks each) go through the real path (uploads, the queue, one
+huey_consumer with the Procfile's 4 threads, Chroma, the job database), all published at once; the
+rate is chunks from the first claim to the last finish. Then dense, lexical and hybrid search,
+with and without a metadata filter (a tenth of the documents), p50 and p95 over ``--queries``
+queries; then the recall audit's own measure (``sluice.pipeline.reconcile.recall``: sampled
+queries answered by the index and by exact search over every stored vector, recall@10), its
+exact search allowed at every size. What grows: each stage's time per job (from the job events)
+and the size on disk of Chroma and the job database.
+
+The hash embedder throughout (the model is not the subject: its cost per chunk does not depend on
+the index). The ingest figures are ratios to the rate into the empty dataset of the same run, so
+machines of one kind that differ in speed still compare. With ``--out`` the table replaces the
+"Cost against index size" section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from unittest import mock
+
+from bench.report import cpu_model, load_average, write_section
+from bench.retrieval import FILTER, MODES
+from bench.scale_load import PER_DOC, Loader
+from bench.system import Services, as_epoch, clean_environment, wait_final
+
+TITLE = "## Cost against index size"
+SIZES = (0, 100_000, 300_000, 1_000_000)
+BIG_CHUNKS = 200  # chunks of one big document
+RATIO_TARGETS = {100_000: 0.85, 1_000_000: 0.8}  # ingest rate / rate into the empty dataset
+HYBRID_P95_MS = 100.0  # at 1,000,000 chunks
+RECALL_TARGET = 0.99
+THREADS = 4  # the Procfile's worker threads
+DATASET = "scale"
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def cpu_flags() -> list[str]:
+    """The CPU flags that decide the speed of vector work, of those this machine has."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [f for f in FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def machine() -> str:
+    flags = ", ".join(cpu_flags()) or "none of " + ", ".join(FLAGS)
+    return f"{cpu_model()}, {os.cpu_count()} vCPUs, flags {flags}"
+
+
+def documents(loader: Loader, n: int, size: int, chunks: tuple[int, int]) -> list[bytes]:
+    """``n`` documents of ``chunks`` (lo, hi) chunks each, unique to this size."""
+    out = []
+    for i in range(n):
+        count = chunks[0] + i % (chunks[1] - chunks[0] + 1)
+        parts = [loader.text() for _ in range(count)]
+        out.append((f"at {size} doc {i} {uuid.uuid4().hex}\n\n" + "\n\n".join(parts)).encode())
+    return out
+
+
+def ingest(ctx, loader: Loader, size: int, kind: str, bodies: list[bytes]) -> dict:
+    """Upload and publish them all at once; chunks per second from first claim to last finish."""
+    from sqlmodel import Session, select
+
+    from sluice.ops.ingest import ingest_bytes
+    from sluice.pipeline.queueing.publishing import publish
+    from sluice.storage.models import Job
+
+    ids = [
+        ingest_bytes(
+            ctx, body, dataset=DATASET, filename=f"{kind}-{size}-{i}.txt", publish=publish
+        ).job_id
+        for i, body in enumerate(bodies)
+    ]
+    done = wait_final(ctx, ids, timeout=1800)
+    if done.statuses != {"succeeded": len(ids)}:
+        raise RuntimeError(f"{kind} documents at {size:,} ended {done.statuses}")
+    with Session(ctx.engine) as session:
+        first = min(
+            as_epoch(s) for s in session.exec(select(Job.started_at).where(Job.id.in_(ids))).all()
+        )
+    seconds = max(done.last_finished - first, 1e-6)
+    return {
+        "documents": len(ids),
+        "chunks": done.chunks,
+        "seconds": seconds,
+        "chunks_per_s": done.chunks / seconds,
+        "stages": stage_seconds(ctx, ids),
+    }
+
+
+def stage_seconds(ctx, job_ids: list[int]) -> dict[str, float]:
+    """Mean seconds per job spent in each stage: the time from each event to the job's next one,
+    counted to the stage the earlier event names."""
+    from sqlmodel import Session, select
+
+    from sluice.storage.models import JobEvent
+
+    with Session(ctx.engine) as session:
+        rows = session.exec(
+            select(JobEvent.job_id, JobEvent.at, JobEvent.stage)
+            .where(JobEvent.job_id.in_(job_ids))
+            .order_by(JobEvent.job_id, JobEvent.at, JobEvent.id)
+        ).all()
+    spent: dict[str, float] = defaultdict(float)
+    for (job, at, stage), (job_next, at_next, _) in zip(rows, rows[1:], strict=False):
+        if job == job_next:
+            spent[stage or "?"] += as_epoch(at_next) - as_epoch(at)
+    return {stage: seconds / len(job_ids) for stage, seconds in spent.items()}
+
+
+def queries(loader: Loader, n: int) -> list[str]:
+    """A third rare codes, a third quoted two-word phrases, a third five loose words."""
+    typed = []
+    for i in range(n):
+        if i % 3 == 0 and loader.codes:
+            typed.append(loader.rng.choice(loader.codes))
+        elif i % 3 == 1:
+            typed.append('"' + " ".join(loader.rng.choice(loader.words[:120]) for _ in "ab") + '"')
+        else:
+            typed.append(loader.text(5))
+    return typed
+
+
+def latency(ctx, typed: list[str]) -> dict[str, dict[str, float]]:
+    """p50 and p95 in ms of each mode, without and with the metadata filter (one warm-up each)."""
+    from sluice.ops.search import search
+
+    out = {}
+    for mode in MODES:
+        for label, where in ((mode, None), (f"{mode}|filtered", FILTER)):
+            search(ctx, query=typed[0], dataset=DATASET, k=10, mode=mode, where=where)
+            times = []
+            for q in typed:
+                t = time.perf_counter()
+                search(ctx, query=q, dataset=DATASET, k=10, mode=mode, where=where)
+                times.append((time.perf_counter() - t) * 1000)
+            times.sort()
+            out[label] = {
+                "p50": statistics.median(times),
+                "p95": times[int(0.95 * (len(times) - 1))],
+            }
+    return out
+
+
+def recall(ctx, queries_n: int) -> dict:
+    """The recall audit's measure at this size, its exact search allowed whatever the size."""
+    from sluice.ops.search import get_dataset
+    from sluice.pipeline.reconcile import recall as audit
+
+    collection = get_dataset(ctx, DATASET).collection
+    with mock.patch.object(audit, "EXACT_LIMIT", 10**9):
+        found = audit.audit_recall(ctx, collection, sample=200, queries=queries_n)
+    return {
+        "recall": found.recall,
+        "queries": found.queries,
+        "sampled": found.sampled,
+        "unreachable": found.unreachable,
+        "chunks": found.chunks,
+        "seconds": found.seconds,
+    }
+
+
+def disk_mb(folder: Path) -> float:
+    if not folder.exists():
+        return 0.0
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1024 / 1024
+
+
+def point(svc: Services, ctx, loader: Loader, size: int, args) -> dict:
+    """Everything measured at one size."""
+    from sluice.ops.search import get_dataset
+
+    started = time.perf_counter()
+    added = loader.grow(size)
+    grew = time.perf_counter() - started
+    collection = get_dataset(ctx, DATASET).collection
+    indexed = ctx.vectors.count(collection)
+    log(f"{indexed:,} chunks in the dataset ({added:,} bulk-loaded in {grew:.0f} s)")
+    with ctx.engine.begin() as conn:  # fresh statistics after the bulk load, as autovacuum would
+        from sqlalchemy import text
+
+        conn.execute(text("ANALYZE"))
+    small = ingest(ctx, loader, size, "small", documents(loader, args.docs, size, (1, 3)))
+    big = ingest(
+        ctx, loader, size, "big", documents(loader, args.big, size, (args.big_chunks,) * 2)
+    )
+    log(
+        f"ingest at {size:,}: small {small['chunks_per_s']:.1f} chunks/s, "
+        f"big {big['chunks_per_s']:.1f} chunks/s"
+    )
+    lat = latency(ctx, queries(loader, args.queries))
+    log(f"hybrid p95 {lat['hybrid']['p95']:.1f} ms, filtered {lat['hybrid|filtered']['p95']:.1f}")
+    rec = recall(ctx, args.recall_queries)
+    log(f"recall@10 {rec['recall']} over {rec['queries']} queries ({rec['seconds']:.0f} s)")
+    return {
+        "size": size,
+        "indexed": indexed,
+        "bulk_s": grew,
+        "added": added,
+        "small": small,
+        "big": big,
+        "latency": lat,
+        "recall": rec,
+        "chroma_mb": disk_mb(svc.workdir / "chroma"),
+        "db_mb": disk_mb(svc.workdir / "scale"),
+    }
+
+
+def measure(args) -> list[dict]:
+    from sluice.pipeline.queueing.publishing import publish
+
+    with Services() as svc:
+        env = svc.configure(
+            "scale", SLUICE_EMBEDDER="hash", SLUICE_RECOVERY_INTERVAL_SECONDS="3600"
+        )
+        ctx = svc.context()
+        worker = svc.start_worker(env, "scale", workers=THREADS)
+        loader = Loader(ctx, DATASET)
+        # The dataset is made by a first upload through the worker (which warms it up, too).
+        from sluice.ops.ingest import ingest_bytes
+
+        first = ingest_bytes(
+            ctx, b"the first document " * 40, dataset=DATASET, filename="a.txt", publish=publish
+        )
+        if wait_final(ctx, [first.job_id], timeout=300).statuses != {"succeeded": 1}:
+            raise RuntimeError("the first upload did not succeed")
+        points = [point(svc, ctx, loader, size, args) for size in args.sizes]
+        svc.stop_worker(worker)
+    return points
+
+
+def _met(ok: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: ""}[ok]
+
+
+def ingest_table(points: list[dict]) -> list[str]:
+    base = points[0]
+    lines = [
+        "| chunks in the dataset | small documents, chunks/s | / empty | big documents, "
+        "chunks/s | / empty | target | |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in points:
+        rs = p["small"]["chunks_per_s"] / base["small"]["chunks_per_s"]
+        rb = p["big"]["chunks_per_s"] / base["big"]["chunks_per_s"]
+        target = RATIO_TARGETS.get(p["size"])
+        ok = None if target is None or p is base else min(rs, rb) >= target
+        lines.append(
+            f"| {p['indexed']:,} | {p['small']['chunks_per_s']:.1f} "
+            f"({p['small']['documents']} docs, {p['small']['chunks']} chunks) | {rs:.2f} "
+            f"| {p['big']['chunks_per_s']:.1f} ({p['big']['documents']} docs, "
+            f"{p['big']['chunks']} chunks) | {rb:.2f} "
+            f"| {f'>= {target}' if target else ''} | {_met(ok)} |"
+        )
+    return lines
+
+
+def search_table(points: list[dict]) -> list[str]:
+    labels = [(m, f"{m}|filtered") for m in MODES]
+    head = " | ".join(f"{m} | {m}, filtered" for m in MODES)
+    lines = [
+        f"| chunks | {head} | hybrid p95 < {HYBRID_P95_MS:.0f} ms | recall@10 (queries) | |",
+        "| --- " * 10 + "|",
+    ]
+    for p in points:
+        lat = p["latency"]
+        cells = " | ".join(
+            f"{lat[a]['p50']:.1f} / {lat[a]['p95']:.1f} | {lat[b]['p50']:.1f} / {lat[b]['p95']:.1f}"
+            for a, b in labels
+        )
+        worst = max(lat["hybrid"]["p95"], lat["hybrid|filtered"]["p95"])
+        rec = p["recall"]
+        ok = None if rec["recall"] is None else rec["recall"] >= RECALL_TARGET
+        lines.append(
+            f"| {p['indexed']:,} | {cells} | {_met(worst < HYBRID_P95_MS)} "
+            f"| {rec['recall'] if rec['recall'] is not None else 'n/a'} ({rec['queries']}; "
+            f"{rec['sampled'] - rec['unreachable']}/{rec['sampled']} reached) "
+            f"| {_met(ok)} |"
+        )
+    return lines
+
+
+def growth_table(points: list[dict]) -> list[str]:
+    stages = sorted({s for p in points for s in (*p["small"]["stages"], *p["big"]["stages"])})
+    lines = [
+        "| chunks | bulk load, chunks/s | Chroma on disk | job database | small job, ms per stage: "
+        + ", ".join(stages)
+        + " | big job, s per stage |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in points:
+        rate = f"{p['added'] / p['bulk_s']:,.0f}" if p["added"] else ""
+        small = ", ".join(f"{1000 * p['small']['stages'].get(s, 0):.0f}" for s in stages)
+        big = ", ".join(f"{p['big']['stages'].get(s, 0):.2f}" for s in stages)
+        lines.append(
+            f"| {p['indexed']:,} | {rate} | {p['chroma_mb']:.0f} MB | {p['db_mb']:.0f} MB "
+            f"| {small} | {big} |"
+        )
+    return lines
+
+
+def what_grows(points: list[dict]) -> str:
+    """The stage whose time per big job grew the most from the first size to the last."""
+    if len(points) < 2:
+        return "One size only: nothing to compare."
+    first, last = points[0]["big"]["stages"], points[-1]["big"]["stages"]
+    grown = sorted(((last.get(s, 0) - first.get(s, 0), s) for s in last), reverse=True)
+    delta, stage = grown[0]
+    per_k = (points[-1]["chroma_mb"] - points[0]["chroma_mb"]) / max(
+        1, (points[-1]["indexed"] - points[0]["indexed"]) / 1000
+    )
+    return (
+        f"From {points[0]['indexed']:,} to {points[-1]['indexed']:,} chunks the stage of a big "
+        f"job that grew most is **{stage}** ({first.get(stage, 0):.2f} s to "
+        f"{last.get(stage, 0):.2f} s, {delta:+.2f} s); Chroma's folder grows by "
+        f"{per_k:.1f} MB per 1,000 chunks."
+    )
+
+
+def intro(args, load: tuple[str, str], minutes: float) -> str:
+    sizes = ",".join(str(s) for s in args.sizes)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (
+        f"`python -m bench.scale --sizes {sizes} --docs {args.docs} --big {args.big} "
+        f"--big-chunks {args.big_chunks} --queries {args.queries}` ({when}, {minutes:.1f} min). "
+        f"Machine: {machine()}; load average {load[0]} at start, {load[1]} at end (1/5/15 min; "
+        "other work shares this machine). Hash embedder (the model is not the subject), SQLite "
+        f"job database, a Chroma server, one huey_consumer of {THREADS} threads; the dataset "
+        f"grown by bulk loading in documents of {PER_DOC} chunks, big documents of "
+        f"{args.big_chunks} chunks. Ingest figures are ratios to the empty dataset of the same run."
+    )
+
+
+def section(points: list[dict], args, load: tuple[str, str], minutes: float) -> str:
+    skipped = [s for s in SIZES if s not in args.sizes]
+    lines = [
+        TITLE,
+        "",
+        intro(args, load, minutes),
+        *(["", f"Note on this run: {args.note}"] if args.note else []),
+        "",
+        *ingest_table(points),
+        "",
+        "Search, p50 / p95 in ms, k=10; filtered: a metadata filter allowing a tenth of the "
+        "documents; recall@10 of the ANN index against exact search over every stored vector (the "
+        f"recall audit's measure; target >= {RECALL_TARGET}); the p95 bound is the target at "
+        "1,000,000 chunks, checked at each size measured.",
+        "",
+        *search_table(points),
+        "",
+        "What grows (stage times from the job events, mean per job):",
+        "",
+        *growth_table(points),
+        "",
+        what_grows(points),
+    ]
+    if skipped:
+        lines += [
+            "",
+            "Not run in this run: the "
+            + " and ".join(f"{s:,}" for s in skipped)
+            + " chunk points of the issue's sizes ("
+            + ", ".join(f"{s:,}" for s in SIZES)
+            + "); their targets are unmeasured.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale")
+    parser.add_argument(
+        "--sizes",
+        type=lambda v: sorted({int(x) for x in v.split(",")}),
+        default=list(SIZES),
+        help="chunks in the dataset at each point, comma-separated (0 first)",
+    )
+    parser.add_argument("--docs", type=int, default=40, help="small documents at each size")
+    parser.add_argument("--big", type=int, default=3, help="big documents at each size")
+    parser.add_argument("--big-chunks", type=int, default=BIG_CHUNKS, help="chunks of each")
+    parser.add_argument("--queries", type=int, default=60, help="searches of each kind")
+    parser.add_argument("--recall-queries", type=int, default=50)
+    parser.add_argument("--out", type=Path, help="Markdown file whose section to replace")
+    parser.add_argument("--json", type=Path, help="also write every figure measured here")
+    parser.add_argument("--note", default="", help="a sentence on this run's conditions")
+    args = parser.parse_args(argv)
+    clean_environment()
+    load_start, started = load_average(), time.monotonic()
+    points = measure(args)
+    minutes = (time.monotonic() - started) / 60
+    text = section(points, args, (load_start, load_average()), minutes)
+    print(text)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "argv": sys.argv[1:] if argv is None else argv,
+                    "points": points,
+                },
+                indent=1,
+            )
+        )
+    if args.out:
+        write_section(args.out, TITLE, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
