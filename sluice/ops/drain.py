@@ -124,18 +124,6 @@ class _Rates:
         return work.chunks + work.unknown_jobs * self.per_job
 
 
-def starts_in(*, finished: list[tuple], ahead: int, running: WorkLeft) -> timedelta | None:
-    """When a waiting job starts: once the running work and the ``ahead`` jobs before it are done
-    at the rate the workers reached while busy (a job ahead counted at the chunks a finished job
-    had on average). None: no job finished lately, so there is no rate."""
-    if ahead == 0 and running.jobs == 0:
-        return timedelta(0)
-    rates = _Rates.of(finished)
-    if not rates.rate:
-        return None
-    return timedelta(seconds=(rates.chunks(running) + ahead * rates.per_job) / rates.rate)
-
-
 def estimate(*, finished: list[tuple], active: WorkLeft, paused: str = "") -> DrainEstimate:
     """``finished``: (start, finish, chunks, bytes) of recent successes; ``active``: the work left;
     ``paused``: the pause that holds it, if any."""
