@@ -5,12 +5,14 @@ extraction code; the end-to-end test runs a real job and searches it."""
 
 import io
 
+import httpx
 import pymupdf
 
 from sluice.ops.search import search
 from sluice.pipeline.parsing import formats
 from sluice.pipeline.parsing.extract import MARKDOWN, Request, read
 from sluice.pipeline.running.chunk import HEADING, chunk_pages, heading_of, split_text
+from tests.support.api_server import InProcessApi, auth, make_key
 from tests.support.helpers import run_file
 
 BODY = "The engineers measured the flow of the river at every gauge along its course. "
@@ -153,3 +155,12 @@ def test_the_path_is_embedded_indexed_and_shown_in_hits(database_url, make_ctx):
         assert hit.heading == "River Survey > Methods > Calibration", (mode, hit.text)
         assert "reference staff" in hit.text and hit.text.startswith(hit.heading)
         assert "calibration" not in hit.snippet.lower()  # the snippet is of the text under it
+    with InProcessApi() as api:  # the API's hits carry it as a field of its own
+        answer = httpx.post(
+            f"{api.url}/v1/datasets/default/search",
+            json={"query": "calibration", "k": 1, "mode": "lexical"},
+            headers=auth(make_key("h", datasets=None, scope="read")),
+            timeout=30,
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["hits"][0]["heading"] == "River Survey > Methods > Calibration"

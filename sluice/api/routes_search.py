@@ -17,6 +17,7 @@ FIELDS = (
     "score",
     "text",
     "snippet",
+    "heading",
     "document_id",
     "chunk_id",
     "job_id",

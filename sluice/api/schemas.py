@@ -349,6 +349,9 @@ class HitOut(BaseModel):
     score: float
     text: str
     snippet: str
+    heading: str = Field(
+        "", description="the chunk's heading path, Title > Section > Subsection ('' for none)"
+    )
     document_id: int
     chunk_id: str
     job_id: int

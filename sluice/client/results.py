@@ -358,6 +358,7 @@ class Hit(Result):
     matched: list[str]
     ocr: bool
     similarity: float | None
+    heading: str = ""  # the chunk's heading path: "Title > Section" ("" for none)
 
 
 # --- audit ----------------------------------------------------------------------------------------
