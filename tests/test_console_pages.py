@@ -347,7 +347,7 @@ def test_search_page_returns_file_page_score_and_text_of_active_chunks_only(ctx,
     assert f"job={seeded['superseded'][0]}" not in " ".join(links)
 
 
-def test_search_keeps_the_query_in_the_url_says_when_empty_spans_all_datasets_hides_weak_hits(
+def test_search_keeps_the_query_in_the_url_says_when_empty_spans_all_datasets_min_score(
     ctx,
 ):
     from sluice.ops.ingest import ingest_bytes
@@ -375,11 +375,16 @@ def test_search_keeps_the_query_in_the_url_says_when_empty_spans_all_datasets_hi
     assert "from dataset 'contracts'" in texts(again) and "contracts.txt" in texts(again)
     assert "default.txt" not in texts(again)
 
+    # weak hits are never hidden quietly: the threshold is the explicit Minimum score
     at.selectbox(key="mode").set_value("dense")
     at.text_input(key="q").set_value("zzqx unrelated words")
     at.button[0].click().run()
     assert_ok(at)
-    assert "weak match(es) (similarity below 0.2, no word in common) not shown" in texts(at)
+    assert "weak match" not in texts(at) and "chunk(s) from" in texts(at)
+    at.number_input(key="search_min_score").set_value(1.0)
+    at.button[0].click().run()
+    assert_ok(at)
+    assert "0 chunk(s) from all datasets" in texts(at) and "at least 1" in texts(at)
 
 
 def test_system_page_shows_config_services_versions_and_never_a_secret(make_ctx):

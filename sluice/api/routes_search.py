@@ -54,6 +54,9 @@ async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Re
             pages=body.pages,
             media_type=body.media_type,
             where=where,
+            min_score=body.min_score,
+            max_chunks_per_document=body.max_chunks_per_document,
+            dense_weight=body.dense_weight,
         )
         return JSONResponse({"hits": [{f: getattr(h, f) for f in FIELDS} for h in hits]})
 

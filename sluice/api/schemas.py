@@ -78,11 +78,14 @@ WHERE_SCHEMA: dict[str, Any] = {
     "title": "WhereFilter",
     "description": "a metadata filter in Chroma's style, every key must hold (and): a key's value "
     "is the value it equals, or an object of operators ($eq $ne $in $nin $gt $gte $lt $lte "
-    f"$exists); $and holds a list of filters, nested at most {meta.MAX_DEPTH} levels deep (a "
-    "deeper one is 422 invalid_filter). $or and other operators are refused (docs/api.md, "
-    "Metadata and filters)",
-    "propertyNames": {"pattern": f"^(\\$and|{meta.KEY.pattern[1:-1]})$"},
-    "properties": {"$and": {"type": "array", "items": {"$ref": WHERE_REF}}},
+    f"$exists); $and holds a list of filters that must all hold, $or a non-empty list of which "
+    f"one must hold, the two nested at most {meta.MAX_DEPTH} levels deep (a deeper one is 422 "
+    "invalid_filter). Other operators are refused (docs/api.md, Metadata and filters)",
+    "propertyNames": {"pattern": f"^(\\$and|\\$or|{meta.KEY.pattern[1:-1]})$"},
+    "properties": {
+        "$and": {"type": "array", "items": {"$ref": WHERE_REF}},
+        "$or": {"type": "array", "items": {"$ref": WHERE_REF}, "minItems": 1},
+    },
     "additionalProperties": {"anyOf": [*SCALAR["anyOf"], OPERATORS_SCHEMA]},
     "examples": [{"lang": "de", "year": {"$gte": 2020}}],
 }
@@ -90,7 +93,7 @@ WHERE_SCHEMA: dict[str, Any] = {
 
 class WhereFilter(RootModel[dict[str, Any]]):
     """A ``where`` filter: checked by sluice.ops.metadata.parse_where; this only publishes its
-    grammar (``WHERE_SCHEMA``, recursive through ``$and``)."""
+    grammar (``WHERE_SCHEMA``, recursive through ``$and`` and ``$or``)."""
 
     @classmethod
     def __get_pydantic_json_schema__(
@@ -339,6 +342,23 @@ class SearchIn(Strict):
     )
     media_type: str | None = Field(None, max_length=100)
     where: WhereFilter | None = None
+    min_score: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="only hits scoring at least this, on the mode's 0..1 scale (fewer than k may "
+        "come); see Search scores",
+    )
+    max_chunks_per_document: int | None = Field(
+        None, ge=1, le=100, description="at most this many hits of one document"
+    )
+    dense_weight: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="hybrid: the dense ranker's share of the fusion, 0 (the lexical order) to 1 "
+        "(the dense order)",
+    )
 
     def where_filter(self) -> dict[str, Any] | None:
         """``where`` as the plain object sluice.ops.metadata reads."""
@@ -346,7 +366,9 @@ class SearchIn(Strict):
 
 
 class HitOut(BaseModel):
-    score: float
+    score: float = Field(
+        description="0..1 on the mode's scale (see Search scores), larger is better"
+    )
     text: str
     snippet: str
     heading: str = Field(

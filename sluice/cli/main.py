@@ -40,7 +40,8 @@ document_commands = _Commands("sluice.cli.document_commands")
 metadata_commands = _Commands("sluice.cli.metadata_commands")
 WHERE_HELP = (
     "a metadata filter (repeat: all must hold): KEY=V, KEY!=V, KEY>=V (>, <, <=; numbers and "
-    "ISO dates), KEY~A,B (one of), KEY!~A,B (none of), KEY? (has it), KEY!? (lacks it)"
+    "ISO dates), KEY~A,B (one of), KEY!~A,B (none of), KEY? (has it), KEY!? (lacks it), or a "
+    'JSON filter such as {"$or": [{"lang": "de"}, {"year": 2024}]}'
 )
 META_HELP = "a metadata field (repeat): the value is read as JSON where it parses, else as text"
 serve_commands = _Commands("sluice.cli.serve")
@@ -143,6 +144,31 @@ def add_ingest_commands(sub) -> None:
     a.set_defaults(func=metadata_commands.chunks)
 
 
+def _search_controls(a: argparse.ArgumentParser) -> None:
+    """``sluice search``'s threshold, per-document cap and hybrid weight (the API's body fields)."""
+    a.add_argument(
+        "--min-score",
+        type=float,
+        metavar="S",
+        help="only hits scoring at least S (0 to 1, the same scale in every mode; fewer than k "
+        "may come)",
+    )
+    a.add_argument(
+        "--max-per-document",
+        type=int,
+        metavar="N",
+        dest="max_chunks_per_document",
+        help="at most N hits of one document (the others' hits fill k)",
+    )
+    a.add_argument(
+        "--dense-weight",
+        type=float,
+        metavar="W",
+        help="hybrid: the dense ranker's share, 0 (the lexical order) to 1 (the dense order); "
+        "default 0.5, both alike",
+    )
+
+
 def add_read_commands(sub) -> None:
     """Reading: jobs, one job, datasets (and their parse settings), search, dead letters."""
     a = sub.add_parser("jobs", help="list jobs")
@@ -205,6 +231,7 @@ def add_read_commands(sub) -> None:
     a.add_argument("--pages", help="only these pages: A-B, A-, -B or one page")
     a.add_argument("--media-type", help="only this media type, e.g. application/pdf")
     a.add_argument("--where", action="append", metavar="EXPR", help=WHERE_HELP)
+    _search_controls(a)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=search_command.search)
 

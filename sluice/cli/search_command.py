@@ -20,7 +20,14 @@ from sqlalchemy import text
 from sluice.cli.output import print_json, table
 from sluice.errors import VectorStoreUnavailable
 from sluice.ops.metadata import CLI_RULE, FilterError, parse_cli_where
-from sluice.ops.search import BadQuery, Reader, SearchHit, UnknownDataset, query_vector
+from sluice.ops.search import (
+    DENSE_WEIGHT,
+    BadQuery,
+    Reader,
+    SearchHit,
+    UnknownDataset,
+    query_vector,
+)
 from sluice.ops.search import search as run_search
 from sluice.settings import Settings, get_settings
 from sluice.storage.db import SchemaOutOfDate, open_engine, reading
@@ -88,6 +95,10 @@ def dataset_names(ctx: Reader) -> list[str]:
         return [row[0] for row in conn.execute(_NAMES)]
 
 
+def _given(value, default):
+    return default if value is None else value
+
+
 def search_datasets(ctx: Reader, names: list[str], args) -> list[SearchHit]:
     """The best ``args.k`` chunks over ``names``, merged by score; the query is encoded once."""
     where = parse_cli_where(args.where) if getattr(args, "where", None) else None
@@ -109,6 +120,9 @@ def search_datasets(ctx: Reader, names: list[str], args) -> list[SearchHit]:
             media_type=args.media_type,
             where=where,
             vector=vector,
+            min_score=getattr(args, "min_score", None),
+            max_chunks_per_document=getattr(args, "max_chunks_per_document", None),
+            dense_weight=_given(getattr(args, "dense_weight", None), DENSE_WEIGHT),
         )
     ]
     return sorted(hits, key=lambda h: -h.score)[: args.k]

@@ -515,15 +515,29 @@ class Operations:
         pages: str | None = None,
         media_type: str | None = None,
         where: dict[str, Any] | None = None,
+        min_score: float | None = None,
+        max_chunks_per_document: int | None = None,
+        dense_weight: float | None = None,
         idempotency_key: str | None = None,
         **fields: Any,
     ) -> Plan[list[Hit]]:
         """The best ``k`` chunks (``mode``: hybrid, dense or lexical). ``where``: a metadata
-        filter (``{"lang": "de", "year": {"$gte": 2020}}``) applied before ranking; ``filename``
-        (contains), ``pages`` (``3-7``), ``media_type``; ``fields``: any other field of the
-        API's search body, sent as given."""
+        filter (``{"lang": "de", "year": {"$gte": 2020}}``, ``{"$or": [...]}``) applied before
+        ranking; ``filename`` (contains), ``pages`` (``3-7``), ``media_type``; ``min_score``: only
+        hits scoring at least this (0..1, one scale per mode); ``max_chunks_per_document``: at most
+        this many hits of one document; ``dense_weight``: hybrid's dense share (0..1, the API's
+        default 0.5); ``fields``: any other field of the API's search body, sent as given."""
         body = {"query": query, "k": k, "mode": mode}
-        body |= given(filename=filename, pages=pages, media_type=media_type, where=where, **fields)
+        body |= given(
+            filename=filename,
+            pages=pages,
+            media_type=media_type,
+            where=where,
+            min_score=min_score,
+            max_chunks_per_document=max_chunks_per_document,
+            dense_weight=dense_weight,
+            **fields,
+        )
 
         def send(chosen: str) -> Plan[list[Hit]]:
             path = f"/v1/datasets/{segment(chosen)}/search"

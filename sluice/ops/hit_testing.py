@@ -44,11 +44,13 @@ class HitTest:
         ]
 
 
-def run(who: Operator, *, dataset: str, query: str, mode: str, k: int) -> HitTest:
+def run(who: Operator, *, dataset: str, query: str, mode: str, k: int, **controls) -> HitTest:
     """Search as the Search page does and add the query to ``who``'s history (UnknownDataset,
-    BadQuery as search raises them; a query that raised is not kept)."""
+    BadQuery as search raises them; a query that raised is not kept). ``controls``: search's
+    ``where``, ``min_score``, ``max_chunks_per_document`` and ``dense_weight`` (the history keeps
+    the query, its mode and k)."""
     ctx = get_context()
-    hits = search(ctx, query=query, dataset=dataset, k=k, mode=mode)
+    hits = search(ctx, query=query, dataset=dataset, k=k, mode=mode, **controls)
     with Session(ctx.engine) as session:
         hit_tests.record(
             session=session,

@@ -8,15 +8,17 @@ alone, read in the same statement (lexical) or the same read (dense) that checks
 
 A filter (``where``) follows Chroma's style: ``{"lang": "de", "year": {"$gte": 2020}}`` with
 ``$eq $ne $in $nin $gt $gte $lt $lte $exists``, keys combined with and (implicitly, or by
-``$and``, nested at most ``MAX_DEPTH`` deep). On a list value ``$eq`` means "holds", ``$in``
+``$and``), alternatives by ``$or`` (``{"$or": [{"lang": "de"}, {"year": {"$gte": 2020}}]}``), the
+two nested at most ``MAX_DEPTH`` levels deep. On a list value ``$eq`` means "holds", ``$in``
 "holds one of"; ``$ne`` and ``$nin`` are their negations and match a document without the key.
 ``$gt``-``$lte`` compare numbers as numbers and ISO dates (``2024-05-01``,
 ``2024-05-01T12:00:00Z``) as dates; a value of another kind does not match.
 
 Everything a client can send is judged here, before anything is stored or compared: an integer is
 at most 64 bits (what the job database and the vector store can hold), a float is finite, a string
-is Unicode that can be stored (no lone surrogate), a filter nests ``$and`` at most ``MAX_DEPTH``
-deep. A refusal names the key (shortened, and with a lone surrogate shown as U+FFFD).
+is Unicode that can be stored (no lone surrogate), a filter nests ``$and`` and ``$or`` at most
+``MAX_DEPTH`` levels deep. A refusal names the key (shortened, and with a lone surrogate shown as
+U+FFFD).
 """
 
 from __future__ import annotations
@@ -42,14 +44,15 @@ log = logging.getLogger(__name__)
 
 KEY = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_BYTES = 8192
-MAX_DEPTH = 8  # levels of $and a filter may nest
+MAX_DEPTH = 8  # levels of $and and $or a filter may nest
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1  # what the job database and the vector store hold
 SHOWN_KEY = 100  # characters of a refused key echoed in the answer
 OPERATORS = ("$eq", "$ne", "$in", "$nin", "$gt", "$gte", "$lt", "$lte", "$exists")
 COMPARE = ("$gt", "$gte", "$lt", "$lte")
 CLI_RULE = (
     "write KEY=VALUE, KEY!=VALUE, KEY>=VALUE (also >, <, <=), KEY~A,B (one of), KEY!~A,B "
-    "(none of), KEY? (has the key) or KEY!? (lacks it)"
+    "(none of), KEY? (has the key), KEY!? (lacks it), or a JSON object such as "
+    '{"$or": [{"lang": "de"}, {"year": {"$gte": 2020}}]}'
 )
 
 
@@ -202,7 +205,14 @@ class Condition:
     operand: Any
 
 
-Where = tuple[Condition, ...]  # every condition must hold
+@dataclass(frozen=True)
+class AnyOf:
+    """``$or``: at least one of these filters holds."""
+
+    parts: tuple[tuple[Condition | AnyOf, ...], ...]
+
+
+Where = tuple[Condition | AnyOf, ...]  # every condition must hold
 
 
 def _as_date(v: Any) -> datetime | None:
@@ -251,23 +261,31 @@ def _condition(key: str, op: str, operand: Any) -> Condition:
 
 def parse_where(where: Any, *, depth: int = 0) -> Where:
     """A ``where`` object as conditions, or FilterError naming the key or operator at fault
-    (``$and`` nested deeper than ``MAX_DEPTH`` included: refused before it is walked further)."""
+    (``$and`` and ``$or`` nested deeper than ``MAX_DEPTH`` included: refused before it is walked
+    further)."""
     if where is None:
         return ()
     if not isinstance(where, dict):
         raise FilterError("", "must be a JSON object")
-    out: list[Condition] = []
+    out: list[Condition | AnyOf] = []
     for key, value in where.items():
-        if key == "$and":
+        if key in ("$and", "$or"):
             if depth >= MAX_DEPTH:
-                raise FilterError("$and", f"nested too deeply: at most {MAX_DEPTH} levels of $and")
-            if not isinstance(value, list):
-                raise FilterError("$and", "takes a list of filters")
-            for part in value:
-                out.extend(parse_where(part, depth=depth + 1))
+                raise FilterError(
+                    key, f"nested too deeply: at most {MAX_DEPTH} levels of $and and $or"
+                )
+            if not isinstance(value, list) or (key == "$or" and not value):
+                raise FilterError(
+                    key, "takes a list of filters" + (" (at least one)" * (key == "$or"))
+                )
+            parts = [parse_where(part, depth=depth + 1) for part in value]
+            if key == "$and":
+                out.extend(c for part in parts for c in part)
+            else:
+                out.append(AnyOf(tuple(parts)))
             continue
         if not isinstance(key, str) or not KEY.match(key):
-            raise FilterError(str(key), "not a metadata key (nor $and)")
+            raise FilterError(str(key), "not a metadata key (nor $and, $or)")
         if isinstance(value, dict):
             if not value:
                 raise FilterError(key, "an empty operator object")
@@ -285,6 +303,9 @@ def parse_cli_where(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``--where`` options (see CLI_RULE) as a ``where`` object, checked."""
     parts: list[dict[str, Any]] = []
     for item in items:
+        if item.strip().startswith("{"):  # a JSON object: $or, or anything the API takes
+            parts.append(loads(item.strip(), FilterError))
+            continue
         m = _CLI.match(item)
         if m is None:
             raise FilterError(item.strip(), CLI_RULE)
@@ -337,7 +358,9 @@ def _holds(value: Any, operand: Any) -> bool:
     return _same(value, operand)
 
 
-def _one(c: Condition, metadata: dict[str, Any]) -> bool:
+def _one(c: Condition | AnyOf, metadata: dict[str, Any]) -> bool:
+    if isinstance(c, AnyOf):
+        return any(all(_one(p, metadata) for p in part) for part in c.parts)
     present = c.key in metadata
     value = metadata.get(c.key)
     if c.op == "$exists":

@@ -470,9 +470,11 @@ def search(
     pages: str | None = None,
     media_type: str | None = None,
     where: dict | None = None,
+    **controls,
 ) -> list:
     """The best chunks of one dataset (``None``: of every dataset, merged by score), from each
-    document's active job only (sluice.ops.search); ``where``: a metadata filter."""
+    document's active job only (sluice.ops.search); ``where``: a metadata filter; ``controls``:
+    search's ``min_score``, ``max_chunks_per_document`` and ``dense_weight``."""
     names = [dataset] if dataset else [d.name for d in datasets()]
     # Every dataset's dense search asks with the same vector: encoded once, here.
     several = len(names) > 1 and mode in ("hybrid", "dense") and not parse_query(query).empty
@@ -491,6 +493,7 @@ def search(
             media_type=media_type,
             where=where,
             vector=vector,
+            **controls,
         )
     ]
     return sorted(hits, key=lambda h: -h.score)[:k] if not dataset else hits

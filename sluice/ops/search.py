@@ -15,6 +15,13 @@ and the read that checks the active jobs checks the filter again. A metadata cha
 one document row, so a search sees all of a document's chunks under the old metadata or all under
 the new, never half. Chunks switched off (sluice.ops.chunks) are left out by every ranker, the
 rankers asking for more until ``k`` enabled ones are found or none are left.
+
+Scores are on one 0..1 scale in every mode (larger is better; docs/api.md, Search scores): dense,
+the cosine similarity (below 0 shown as 0); lexical, the raw score (BM25 on SQLite, ts_rank on
+PostgreSQL, both of the dataset's own index) as raw / (raw + ``LEXICAL_HALF``); hybrid, the fused
+score divided by the most it can be. ``min_score`` keeps the hits scoring at least that, so an
+answer may hold fewer than ``k``; ``max_chunks_per_document`` keeps at most that many of one
+document, the rankers asked deeper until ``k`` come or none are left.
 """
 
 from __future__ import annotations
@@ -47,8 +54,14 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MODES = ("hybrid", "dense", "lexical")
-# reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it
+# reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it,
+# shown divided by the most it can be (rank 1 in both, a strict lexical hit): 0..1
 RRF_K = 60
+DENSE_WEIGHT = 0.5  # the dense ranker's share of the fusion by default: both weigh alike
+# The raw lexical score shown as 0.5 (score = raw / (raw + half)): SQLite's BM25 and PostgreSQL's
+# ts_rank (normalisation 1) have their own ranges. Measured on tests/test_search_controls.py's
+# text: a good two-word match is BM25 ~9 and ts_rank ~0.09, both ~0.64 on this scale.
+LEXICAL_HALF = {"sqlite": 5.0, "postgresql": 0.05}
 STRICT_WEIGHT = (
     2.0  # a lexical hit holding every typed word and phrase (measured in bench/retrieval.py)
 )
@@ -92,10 +105,14 @@ class DatasetDeleting(UnknownDataset):
 
 
 class BadQuery(OperationError):
-    """A search's mode or pages that cannot be read; the message says how to write them."""
+    """A search's mode, pages or controls that cannot be read; the message says how to write
+    them."""
 
     code, status = "bad_query", 422
-    hint = "mode is hybrid, dense or lexical; pages is A-B, A-, -B or one page number."
+    hint = (
+        "mode is hybrid, dense or lexical; pages is A-B, A-, -B or one page number; min_score and "
+        "dense_weight are 0 to 1; max_chunks_per_document is at least 1."
+    )
 
 
 @dataclass
@@ -208,12 +225,18 @@ def search(
     media_type: str | None = None,
     where: dict | None = None,
     vector=None,
+    min_score: float | None = None,
+    max_chunks_per_document: int | None = None,
+    dense_weight: float = DENSE_WEIGHT,
 ) -> list[SearchHit]:
     """The best ``k`` chunks of ``dataset`` for ``query``; ``vector``: the query already encoded
     (``query_vector``), else it is encoded here when the mode needs it. ``where``: a metadata
-    filter (sluice.ops.metadata; FilterError when it is malformed)."""
-    if mode not in MODES:
-        raise BadQuery(f"mode {mode!r}: one of {', '.join(MODES)}")
+    filter (sluice.ops.metadata; FilterError when it is malformed). ``min_score``: only hits
+    scoring at least this (on the mode's 0..1 scale, see the module's doc), so fewer than ``k``
+    may come; ``max_chunks_per_document``: at most this many hits of one document (the rankers
+    look further for the others); ``dense_weight``: the dense ranker's share of a hybrid fusion
+    (0: the lexical order, 1: the dense order; 0.5 weighs them alike)."""
+    check_controls(mode, min_score, max_chunks_per_document, dense_weight)
     page_from, page_to = parse_pages(pages)
     conditions = meta.parse_where(where)
     parsed = lexical.parse_query(query)
@@ -233,49 +256,129 @@ def search(
         page_to=page_to,
         document_ids=allowed,
     )
-    for again in (False, True):
-        lexical_hits: list[lexical.LexicalHit] = []
-        dense_hits: list[SearchHit] = []
-        if mode in ("hybrid", "lexical"):
-            lexical_hits = lexical.search(
-                ctx.engine,
-                dataset_id=ds.id,
-                query=parsed,
-                n=max(LEXICAL_DEPTH, k * 4),
-                filters=filters,
-            )
-        if mode in ("hybrid", "dense"):
-            depth = max(DENSE_DEPTH, k * 2) if mode == "hybrid" else k
-            if vector is None:
-                vector = query_vector(ctx, query)
-            dense_hits = _dense(ctx, ds, vector, depth, filters, conditions)
-        if mode != "hybrid":
+    if vector is None and mode in ("hybrid", "dense"):
+        vector = query_vector(ctx, query)
+    rank = Ranking(ctx, ds, parsed, mode, filters, conditions, vector, dense_weight)
+    depth = k
+    while True:
+        ranked, more = rank(depth)
+        hits = _controlled(ranked, min_score, max_chunks_per_document)[:k]
+        # the cap left out chunks of documents already answered: rank further for the others
+        if len(hits) >= k or not more or max_chunks_per_document is None or depth >= k * 64:
             break
-        # Each ranker read the active jobs at its own moment: a document whose new version became
-        # active in between would be answered in both versions. One read decides for both; after a
-        # switch the new version is complete in both stores, so one more round finds it there.
-        active = _active_jobs(
-            ctx,
-            {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits},
-            conditions,
-        )
-        ranked: list[lexical.LexicalHit | SearchHit] = [*lexical_hits, *dense_hits]
-        if all(active.get(h.document_id) == h.job_id for h in ranked):
-            break
-        if again:
-            lexical_hits = [h for h in lexical_hits if active.get(h.document_id) == h.job_id]
-            dense_hits = [h for h in dense_hits if active.get(h.document_id) == h.job_id]
-
-    if mode == "dense":
-        hits = _ranked(dense_hits[:k], "dense_rank")
-    elif mode == "lexical":
-        hits = _ranked([_from_lexical(h, ctx) for h in lexical_hits[:k]], "lexical_rank")
-    else:
-        hits = _fuse(ctx, dense_hits, lexical_hits, required=bool(parsed.quoted))[:k]
+        depth *= 4
     _fill_positions(ctx, ds, [h for h in hits if "dense" not in h.matched])
     for h in hits:
         h.snippet = _snippet(h, parsed)
     return hits
+
+
+def check_controls(
+    mode: str, min_score: float | None, max_chunks_per_document: int | None, dense_weight: float
+) -> None:
+    """BadQuery for a mode, threshold, cap or weight search cannot take (the API's schema bounds
+    them the same; the console and ``sluice search`` come here)."""
+    if mode not in MODES:
+        raise BadQuery(f"mode {mode!r}: one of {', '.join(MODES)}")
+    if min_score is not None and not (isinstance(min_score, int | float) and 0 <= min_score <= 1):
+        raise BadQuery(f"min_score {min_score!r}: a number from 0 to 1")
+    cap = max_chunks_per_document
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise BadQuery(f"max_chunks_per_document {cap!r}: a whole number, at least 1")
+    if not (isinstance(dense_weight, int | float) and 0 <= dense_weight <= 1):
+        raise BadQuery(f"dense_weight {dense_weight!r}: a number from 0 to 1")
+
+
+def _controlled(hits: list[SearchHit], min_score: float | None, cap: int | None) -> list[SearchHit]:
+    """The hits scoring at least ``min_score`` (as shown, rounded), at most ``cap`` of each
+    document, in their order."""
+    out: list[SearchHit] = []
+    per_document: dict[int, int] = {}
+    for h in hits:
+        if min_score is not None and h.score < min_score:
+            continue
+        if cap is not None and per_document.get(h.document_id, 0) >= cap:
+            continue
+        per_document[h.document_id] = per_document.get(h.document_id, 0) + 1
+        out.append(h)
+    return out
+
+
+@dataclass
+class Ranking:
+    """One search's rankers, asked for the best ``depth`` hits (scored on the mode's scale, best
+    first) and whether they may hold more."""
+
+    ctx: Reader
+    ds: Searched
+    parsed: lexical.Query
+    mode: str
+    filters: Filters
+    conditions: meta.Where
+    vector: Any
+    dense_weight: float
+
+    def __call__(self, depth: int) -> tuple[list[SearchHit], bool]:
+        ctx, ds, mode = self.ctx, self.ds, self.mode
+        lexical_n = max(LEXICAL_DEPTH, depth * 4)
+        dense_n = max(DENSE_DEPTH, depth * 2) if mode == "hybrid" else depth
+        for again in (False, True):
+            lexical_hits: list[lexical.LexicalHit] = []
+            dense_hits: list[SearchHit] = []
+            if mode in ("hybrid", "lexical"):
+                lexical_hits = lexical.search(
+                    ctx.engine,
+                    dataset_id=ds.id,
+                    query=self.parsed,
+                    n=lexical_n,
+                    filters=self.filters,
+                )
+            if mode in ("hybrid", "dense"):
+                dense_hits = _dense(ctx, ds, self.vector, dense_n, self.filters, self.conditions)
+            if mode != "hybrid":
+                break
+            # Each ranker read the active jobs at its own moment: a document whose new version
+            # became active in between would be answered in both versions. One read decides for
+            # both; after a switch the new version is complete in both stores, so one more round
+            # finds it there.
+            active = _active_jobs(
+                ctx,
+                {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits},
+                self.conditions,
+            )
+            ranked: list[lexical.LexicalHit | SearchHit] = [*lexical_hits, *dense_hits]
+            if all(active.get(h.document_id) == h.job_id for h in ranked):
+                break
+            if again:
+                lexical_hits = [h for h in lexical_hits if active.get(h.document_id) == h.job_id]
+                dense_hits = [h for h in dense_hits if active.get(h.document_id) == h.job_id]
+        more = len(lexical_hits) >= lexical_n or len(dense_hits) >= dense_n
+        if mode == "dense":
+            return _ranked(dense_hits, "dense_rank"), more
+        if mode == "lexical":
+            half = lexical_half(ctx.engine)
+            hits = [_from_lexical(h, ctx, unit_lexical(h.score, half)) for h in lexical_hits]
+            return _ranked(hits, "lexical_rank"), more
+        fused = _fuse(
+            ctx,
+            dense_hits,
+            lexical_hits,
+            required=bool(self.parsed.quoted),
+            weight=self.dense_weight,
+        )
+        return fused, more
+
+
+def lexical_half(engine: Engine) -> float:
+    """The raw lexical score that is 0.5 on the 0..1 scale, for this job database's ranker."""
+    return LEXICAL_HALF.get(engine.dialect.name, LEXICAL_HALF["sqlite"])
+
+
+def unit_lexical(raw: float, half: float) -> float:
+    """A raw lexical score (BM25 on SQLite, ts_rank on PostgreSQL; larger is better) on the 0..1
+    scale: raw / (raw + half), so it depends on the dataset's own index alone."""
+    raw = max(raw, 0.0)
+    return round(raw / (raw + half), 4)
 
 
 def _snippet(h: SearchHit, parsed) -> str:
@@ -329,21 +432,30 @@ def _version(cid: str) -> str:
 
 
 def _fuse(
-    ctx: Reader, dense: list[SearchHit], lex: list[lexical.LexicalHit], *, required: bool
+    ctx: Reader,
+    dense: list[SearchHit],
+    lex: list[lexical.LexicalHit],
+    *,
+    required: bool,
+    weight: float = DENSE_WEIGHT,
 ) -> list[SearchHit]:
     """Reciprocal rank fusion, a lexical hit that holds every typed word counting double (a rare
     token is evidence the dense ranker cannot weigh); with a quoted phrase, only chunks holding it
-    count."""
+    count. ``weight``: the dense ranker's share (its votes count 2 * weight, the lexical ones
+    2 * (1 - weight)); a hit only a ranker of weight 0 found is left out. The score is the fused
+    one divided by the most it can be, so 1 is rank 1 in both rankers (0..1)."""
+    dense_w, lexical_w = 2 * weight, 2 * (1 - weight)
+    best = (dense_w + lexical_w * STRICT_WEIGHT) / (RRF_K + 1)
     scores: dict[str, float] = {}
     hits: dict[str, SearchHit] = {}
     for rank, lh in enumerate(lex, start=1):
-        scores[lh.chunk_id] = (STRICT_WEIGHT if lh.strict else 1.0) / (RRF_K + rank)
+        scores[lh.chunk_id] = lexical_w * (STRICT_WEIGHT if lh.strict else 1.0) / (RRF_K + rank)
         hits[lh.chunk_id] = _from_lexical(lh, ctx)
         hits[lh.chunk_id].lexical_rank = rank
     for rank, h in enumerate(dense, start=1):
         if required and h.chunk_id not in hits:
             continue
-        scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + 1.0 / (RRF_K + rank)
+        scores[h.chunk_id] = scores.get(h.chunk_id, 0.0) + dense_w / (RRF_K + rank)
         h.dense_rank = rank
         if h.chunk_id in hits:
             both = hits[h.chunk_id]
@@ -356,11 +468,11 @@ def _fuse(
             )
         else:
             hits[h.chunk_id] = h
-    order = sorted(scores, key=lambda cid: (-scores[cid], cid))
+    order = sorted((c for c in scores if scores[c] > 0), key=lambda cid: (-scores[cid], cid))
     out = []
     for cid in order:
         h = hits[cid]
-        h.score = round(scores[cid], 5)
+        h.score = round(min(scores[cid] / best, 1.0), 4)
         out.append(h)
     return out
 
@@ -484,7 +596,7 @@ def _dense(
         SearchHit(
             filename=str(h.metadata.get("filename", "")),
             page=int(h.metadata.get("page", 0)),
-            score=round(h.score, 4),
+            score=round(min(max(h.score, 0.0), 1.0), 4),  # similarity, below 0 shown as 0
             text=h.text,
             job_id=int(h.metadata["job_id"]),  # every hit kept has one (_job_of)
             document_id=int(h.metadata.get("document_id", 0)),

@@ -7,14 +7,10 @@ import streamlit as st
 from sluice.console import ui
 from sluice.errors import VectorStoreUnavailable
 from sluice.ops import metadata, reads
-from sluice.ops.search import MODES, BadQuery, UnknownDataset
+from sluice.ops.search import DENSE_WEIGHT, MODES, BadQuery, UnknownDataset
 
 sc = ui.scope()
 st.title("Search")
-
-MIN_SIMILARITY = (
-    0.2  # a hit only the model found, with less similarity than this, is not worth reading
-)
 
 names = [ui.ALL_DATASETS, *[d.name for d in reads.datasets()]]
 default = sc.dataset if sc.dataset in names else ui.ALL_DATASETS
@@ -48,7 +44,36 @@ with st.form("search_form"):
         key="search_where",
         placeholder="e.g. lang=de; year>=2020; team~a,b; reviewed?",
         help="Every condition must hold. " + metadata.CLI_RULE + "; or a JSON object in Chroma's "
-        'style, {"year": {"$gte": 2020}}. Numbers compare as numbers, ISO dates as dates.',
+        'style, {"year": {"$gte": 2020}} or {"$or": [{"lang": "de"}, {"year": 2024}]}. Numbers '
+        "compare as numbers, ISO dates as dates.",
+    )
+    g1, g2, g3 = st.columns(3)
+    min_score = g1.number_input(
+        "Minimum score",
+        min_value=0.0,
+        max_value=1.0,
+        value=0.0,
+        step=0.05,
+        key="search_min_score",
+        help="Only hits scoring at least this (0 to 1, one scale in every mode): fewer than k may "
+        "come. 0 shows every hit.",
+    )
+    per_document = g2.number_input(
+        "Max chunks per document",
+        min_value=0,
+        max_value=100,
+        value=0,
+        key="search_max_per_document",
+        help="At most this many hits of one document; 0: no cap.",
+    )
+    dense_weight = g3.slider(
+        "Dense weight (hybrid)",
+        min_value=0.0,
+        max_value=1.0,
+        value=DENSE_WEIGHT,
+        step=0.05,
+        key="search_dense_weight",
+        help="The meaning ranker's share of the fusion: 0 ranks by words alone, 1 by meaning.",
     )
     submitted = st.form_submit_button("Search", type="primary")
 
@@ -70,6 +95,9 @@ if query.strip():
                 pages=pages or None,
                 media_type=None if media_type == "any" else media_type,
                 where=where_filter,
+                min_score=float(min_score) or None,
+                max_chunks_per_document=int(per_document) or None,
+                dense_weight=float(dense_weight),
             )
     except (UnknownDataset, BadQuery, metadata.FilterError) as exc:
         st.error(ui.plain(exc))
@@ -83,8 +111,6 @@ if query.strip():
         )
         hits = None
     if hits is not None:
-        weak = [h for h in hits if h.matched == ["dense"] and (h.similarity or 0) < MIN_SIMILARITY]
-        hits = [h for h in hits if h not in weak]
         where = f"dataset {ui.plain(repr(dataset))}" if dataset else "all datasets"
         if not hits:
             st.info(
@@ -93,12 +119,7 @@ if query.strip():
             )
         st.caption(
             f"{len(hits)} chunk(s) from {where}, best first."
-            + (
-                f" {len(weak)} weak match(es) (similarity below {MIN_SIMILARITY}, no word in "
-                "common) not shown."
-                if weak
-                else ""
-            )
+            + (f" Only hits scoring at least {float(min_score):g}." if min_score else "")
         )
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
@@ -129,6 +150,7 @@ if query.strip():
                     st.text(h.text)
 else:
     st.caption(
-        'Searches one dataset. Put "an exact phrase" in quotes. Hybrid and lexical scores rank, '
-        "nothing more; dense scores are cosine similarity (1 is identical)."
+        'Put "an exact phrase" in quotes. Scores run from 0 to 1 in every mode: dense, the cosine '
+        "similarity; lexical, the word score as score / (score + a constant); hybrid, the fused "
+        "rank score as a share of the best possible."
     )
