@@ -89,7 +89,9 @@ def _check_external_id(parts: list[Part]) -> None:
 def _ingest(key: ApiPrincipal, dataset: str, dataset_id: int, parts: list[Part]) -> Response:
     _check_external_id(parts)
     for part in parts:  # every file is judged by its bytes before any is stored
-        refusal = scoped.type_refusal(part.file.read(SNIFF_BYTES), part.filename)
+        refusal = scoped.type_refusal(
+            part.file.read(SNIFF_BYTES), part.filename, part.declared_type
+        )
         part.file.seek(0)
         if refusal is not None:
             raise _refused(refusal, [])
@@ -104,6 +106,7 @@ def _ingest(key: ApiPrincipal, dataset: str, dataset_id: int, parts: list[Part])
             stream=stream,
             external_id=part.external_id,
             metadata=part.metadata,
+            declared_type=part.declared_type,
         )
         if not result.accepted or result.job_id is None or result.document_id is None:
             raise _refused(result, accepted)

@@ -119,7 +119,8 @@ def create_dataset(key: ApiPrincipal, name: str) -> tuple[bool, str]:
 def upload(
     key: ApiPrincipal, *, dataset: str, dataset_id: int | None = None, **upload: Any
 ) -> IngestResult:
-    """``actions.upload`` (its ``filename``, ``stream``, ``external_id``, ``metadata``) by the
+    """``actions.upload`` (its ``filename``, ``stream``, ``external_id``, ``metadata``,
+    ``declared_type``) by the
     key's operator, once ``check_upload`` lets it through; into ``dataset_id`` when the route
     resolved it already (renamed since: still that one), never into a dataset made anew."""
     if dataset_id is None:
@@ -131,11 +132,11 @@ def upload(
     return actions.upload(key.operator, dataset=dataset, dataset_id=dataset_id, **upload)
 
 
-def type_refusal(head: bytes, filename: str) -> IngestResult | None:
+def type_refusal(head: bytes, filename: str, declared: str = "") -> IngestResult | None:
     """Why ``ingest`` would refuse a file by its first bytes (unsupported, empty), or None: checked
     for every file of a request before any is stored."""
     try:
-        sniff_type(head, sanitize_filename(filename))
+        sniff_type(head, sanitize_filename(filename), declared)
     except PipelineError as err:
         return IngestResult(
             sanitize_filename(filename),

@@ -32,6 +32,7 @@ class Part:
     sha256: str
     external_id: str | None = None  # the request's external_id (form field or JSON member)
     metadata: dict | None = None  # the request's metadata, validated (sluice.ops.metadata)
+    declared_type: str = ""  # the media type the client gave the part (a JSON upload: text/plain)
 
 
 class _TooLarge(Exception):
@@ -83,6 +84,8 @@ async def _multipart(request: Request) -> list[Part]:
     if not files:
         raise Problem(422, "no_file", "a multipart upload needs one or more parts named 'file'")
     parts = [_hashed(f.filename or "unnamed", f.file) for f in files]
+    for part, f in zip(parts, files, strict=True):
+        part.declared_type = f.content_type or ""
     external = form.get("external_id")
     if external is not None and not isinstance(external, str):
         raise Problem(422, "bad_external_id", "external_id is a form field, not a file")
@@ -114,6 +117,7 @@ async def _text(request: Request) -> list[Part]:
     spool.write(body.text.encode())
     part = _hashed(body.filename, spool)
     part.external_id = body.external_id
+    part.declared_type = "text/plain"  # the client sent text, whatever its first bytes look like
     if body.metadata is not None:
         part.metadata = meta.validate(body.metadata)
     return [part]

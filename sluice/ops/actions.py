@@ -255,6 +255,7 @@ def upload(
     external_id: str | None = None,
     metadata: dict | None = None,
     dataset_id: int | None = None,  # the dataset as the caller resolved it (sluice.ops.ingest)
+    declared_type: str = "",  # the media type the client gave the file (sluice.ops.ingest)
 ) -> IngestResult:
     params = {"filename": filename, **({"external_id": external_id} if external_id else {})}
     try:
@@ -296,6 +297,7 @@ def upload(
             publish=publish,
             external_id=external_id,
             metadata=metadata,
+            declared_type=declared_type,
         )
     rec.settle(
         result.accepted,

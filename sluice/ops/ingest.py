@@ -111,9 +111,11 @@ def ingest_stream(
     publish: Callable[[int], None] | None = None,
     metadata: dict | None = None,
     external_id: str | None = None,
+    declared_type: str = "",
 ) -> IngestResult:
     """Store the bytes and queue their job. ``metadata`` (sluice.ops.metadata) replaces the
-    document's (None keeps it); new bytes under a known ``external_id`` are a new version.
+    document's (None keeps it); new bytes under a known ``external_id`` are a new version;
+    ``declared_type``: the media type the client gave (``text/...`` makes text-like bytes text).
 
     ``dataset_id`` names the dataset as the caller resolved it (``dataset`` is then only its name
     for the answer); without it ``dataset`` is resolved here, once."""
@@ -133,7 +135,7 @@ def ingest_stream(
         return _refused(display, dataset, UserActionError(err.code, str(err), err.hint))
     head = stream.read(SNIFF_BYTES)
     try:
-        media_type = sniff_type(head, display)
+        media_type = sniff_type(head, display, declared_type)
     except PipelineError as err:
         return _refused(display, dataset, err)
     try:

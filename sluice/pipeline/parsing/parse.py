@@ -64,8 +64,20 @@ TICK_SECONDS = (
 )
 
 
-def sniff_type(head: bytes, filename: str = "") -> str:
-    """The media type of a file, from its first bytes; the name only tells .md from .txt."""
+# Names that say "text": a file so named whose bytes decode as text is text, even when its first
+# bytes match another format's signature ("BMI-1..." is not image/bmp, "MZ..." not a program).
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".markdown", ".csv", ".tsv", "")
+
+
+def says_text(filename: str, declared: str = "") -> bool:
+    """The name (a text suffix, or none) or the declared media type (``text/...``) says text."""
+    return Path(filename).suffix.lower() in TEXT_SUFFIXES or declared.lower().startswith("text/")
+
+
+def sniff_type(head: bytes, filename: str = "", declared: str = "") -> str:
+    """The media type of a file, from its first bytes; the name only tells .md from .txt, and a
+    signature wins over a name or ``declared`` type that says text only where the rest of the
+    bytes agree (they do not decode as text)."""
     if not head:
         raise PermanentError(
             "empty_file", "the file is empty (0 bytes)", "Upload the file again; it arrived empty."
@@ -77,7 +89,8 @@ def sniff_type(head: bytes, filename: str = "") -> str:
             formats.ZIP
         )  # which kind (or a bomb) is told by ``archive_type`` once the file is stored
     kind = filetype.guess(head)
-    if kind is not None and not kind.mime.startswith("text/"):
+    text_said = says_text(filename, declared) and _looks_like_text(head)
+    if kind is not None and not kind.mime.startswith("text/") and not text_said:
         shown = f"{kind.mime} (.{kind.extension})"
         claimed = Path(filename).suffix.lower()
         said = f" although its name ends in {claimed}" if claimed else ""
