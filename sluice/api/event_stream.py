@@ -49,6 +49,7 @@ EVENT_TYPES = {  # job event kind -> the stream's (and the webhooks') event type
     "failed": "job.failed",
     "cancelled": "job.cancelled",
     "deleted": "document.deleted",
+    "metadata_changed": "document.metadata_changed",  # by PATCH, or a re-upload of the same bytes
 }
 
 

@@ -120,6 +120,7 @@ def _ingest(key: ApiPrincipal, dataset: str, dataset_id: int, parts: list[Part])
                 "external_id": result.external_id,
                 "version": result.version,
                 "replaces_document_id": result.replaces_document_id,
+                "metadata_changed": result.metadata_changed,
             }
         )
     headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}

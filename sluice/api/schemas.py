@@ -200,6 +200,11 @@ class UploadedJob(BaseModel):
     external_id: str | None = None
     version: int | None = None
     replaces_document_id: int | None = None
+    metadata_changed: bool = Field(
+        False,
+        description="the same bytes were there already and this upload's metadata replaced theirs "
+        "(a document.metadata_changed event says so too)",
+    )
 
 
 class UploadAccepted(BaseModel):

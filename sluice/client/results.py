@@ -168,6 +168,7 @@ class UploadedJob(Result):
     external_id: str | None = None
     version: int | None = None
     replaces_document_id: int | None = None
+    metadata_changed: bool = False  # the same bytes, whose metadata this upload replaced
 
 
 @result

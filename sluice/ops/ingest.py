@@ -75,6 +75,7 @@ class IngestResult:
     version: int | None = None  # of the document under its external id (1, 2, ...)
     replaces_document_id: int | None = None  # the version this one replaces once it succeeds
     dataset_id: int | None = None  # the dataset it went into (or was resolved to), by id
+    metadata_changed: bool = False  # the same bytes were there; this upload's metadata replaced
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -168,13 +169,20 @@ def ingest_stream(
     except BaseException:
         ctx.blobs.release(got.held)
         raise
-    if clean is not None and clean != (document.metadata_ or {}):
-        document.metadata_ = meta.set_document_metadata(ctx, document.id, clean, actor=actor)
+    changed = clean is not None and clean != (document.metadata_ or {})
+    if changed:
+        document.metadata_ = meta.set_document_metadata(
+            ctx, document.id, clean, actor=actor, event=not created
+        )
     try:
         ctx.blobs.keep(key, got.held)
     except WaitingError as err:  # committed; only the upload's second name may be left over
         log.warning("upload of %s: the blob store did not confirm it (%s)", key[:12], err.message)
-    return _answer(ctx, dataset, display, document, job, created, publish)
+    result = _answer(ctx, dataset, display, document, job, created, publish)
+    if changed and not created:  # the same bytes again, under other metadata: say so
+        result.metadata_changed = True
+        result.message += "; its metadata was replaced by this upload's"
+    return result
 
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")

@@ -408,10 +408,11 @@ class UnknownDocument(OperationError):
 
 
 def set_document_metadata(
-    ctx: Context, document_id: int, metadata: Any, *, actor: str = "system"
+    ctx: Context, document_id: int, metadata: Any, *, actor: str = "system", event: bool = True
 ) -> dict[str, Any]:
     """Replace a live document's metadata with ``metadata`` (validated; keys left out go). Returns
-    what is stored.
+    what is stored; ``event``: a change leaves a ``metadata_changed`` event (not at a new
+    document's upload, whose metadata is its first).
 
     The document row is the authority search filters on: one UPDATE switches every chunk of the
     document at once. The chunks' copies in the vector store are rewritten after it (their
@@ -427,13 +428,41 @@ def set_document_metadata(
         if doc is None or doc.deleted_at is not None:
             raise UnknownDocument(f"no document {document_id}")
         coll = stored(session, Dataset, doc.dataset_id).collection
+        changed = (doc.metadata_ or {}) != clean
         doc.metadata_ = dict(clean) or None  # a new value: SQLModel saves no in-place change
         session.add(doc)
+        if changed and event:
+            _metadata_event(session, doc, clean, actor)
         session.commit()
     log.info("document %d: metadata set by %s (%d key(s))", document_id, actor, len(clean))
     faults.hit("metadata_switched", document_id=document_id)
     rewrite_chunk_copies(ctx, coll, document_id, clean)
     return clean
+
+
+def _metadata_event(session, doc, clean: dict[str, Any], actor: str) -> None:
+    """A ``metadata_changed`` event (document.metadata_changed in the event stream) on
+    the document's serving job, else its newest, in the change's own transaction: its keys, never
+    its values."""
+    from sqlmodel import col, select
+
+    from sluice.storage.jobs.event_log import add_event
+    from sluice.storage.models import Job
+
+    job = session.get(Job, doc.active_job_id) if doc.active_job_id else None
+    if job is None:
+        job = session.exec(
+            select(Job).where(Job.document_id == doc.id).order_by(col(Job.id).desc()).limit(1)
+        ).first()
+    if job is not None:
+        add_event(
+            session,
+            job,
+            "metadata_changed",
+            actor=actor,
+            message=f"metadata replaced: {len(clean)} key(s)",
+            data={"keys": sorted(clean)},
+        )
 
 
 def rewrite_chunk_copies(
