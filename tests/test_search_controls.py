@@ -257,6 +257,15 @@ def test_the_schema_publishes_the_controls_with_their_bounds(api):
     assert props["dense_weight"]["minimum"] == 0 and props["dense_weight"]["maximum"] == 1
 
 
+def test_a_hits_place_is_location_and_where_stays_as_its_deprecated_name(api):
+    url, h, _ = api
+    hits = _post(url, h, query="lighthouse keeper", k=5).json()["hits"]
+    assert hits and all(x["location"] == x["where"] for x in hits)
+    schema = httpx.get(f"{url}/openapi.json", timeout=30).json()["components"]["schemas"]
+    assert schema["HitOut"]["properties"]["where"]["deprecated"] is True
+    assert "location" in schema["HitOut"]["required"]
+
+
 def test_sluice_search_takes_the_controls(seeded, capsys):
     ctx, ids = seeded
     code = main(

@@ -30,6 +30,11 @@ FIELDS = (
 )
 
 
+def _hit(h) -> dict:
+    """A hit as the API answers it (HitOut): ``location`` is its place, ``where`` the old name."""
+    return {**{f: getattr(h, f) for f in FIELDS}, "location": h.where}
+
+
 @router.post(
     "/v1/datasets/{dataset}/search",
     response_model=SearchOut,
@@ -58,6 +63,6 @@ async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Re
             max_chunks_per_document=body.max_chunks_per_document,
             dense_weight=body.dense_weight,
         )
-        return JSONResponse({"hits": [{f: getattr(h, f) for f in FIELDS} for h in hits]})
+        return JSONResponse({"hits": [_hit(h) for h in hits]})
 
     return await run_in_threadpool(idempotent, request, key, [dataset, body.model_dump()], answer)

@@ -384,13 +384,19 @@ class HitOut(BaseModel):
     job_id: int
     filename: str
     page: int
-    where: str
+    location: str = Field(description="the chunk's place in words: its page, or its section")
+    where: str = Field(
+        deprecated=True,
+        description="the same as location, kept for clients written before it (a request's "
+        "where is its filter)",
+    )
     matched: list[str]
     ocr: bool
     similarity: float | None
 
 
 class SearchOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.HITS]})
     hits: list[HitOut]
 
 

@@ -345,7 +345,8 @@ class Deleted(Result):
 
 @result
 class Hit(Result):
-    """One chunk a search found (HitOut); ``where``: its place in words (page, section)."""
+    """One chunk a search found (HitOut); ``location``: its place in words (page, section),
+    ``where`` its old name."""
 
     score: float
     text: str
@@ -360,6 +361,7 @@ class Hit(Result):
     ocr: bool
     similarity: float | None
     heading: str = ""  # the chunk's heading path: "Title > Section" ("" for none)
+    location: str = ""  # its place in words: the page, or the section
 
 
 # --- audit ----------------------------------------------------------------------------------------
