@@ -11,8 +11,11 @@ idempotently (all of them, in one transaction, whatever an earlier attempt left)
 supersede and reconcile remove them, and search serves only rows of each document's active job.
 
 Text is tokenised here, the same way for chunks and queries, so both engines see the same tokens:
-NFKC, lower case, runs of letters and digits; runs of Chinese, Japanese and Korean characters
-(written without spaces) become overlapping character bigrams, so a sentence finds its document.
+NFKC, lower case, runs of letters and digits; runs of Chinese, Japanese, Korean and Thai characters
+(written without spaces) become overlapping character bigrams, so a word inside a sentence finds it
+(a typed word of two or more characters is the phrase of its bigrams, in order). A chunk also keeps
+the last character of each such run, marked (``TAIL``), so that one typed character, searched as a
+prefix, finds every run holding it.
 """
 
 from __future__ import annotations
@@ -27,33 +30,67 @@ from sqlalchemy.engine import Connection, Engine
 
 from sluice.errors import LeaseLost
 
-_WORD = re.compile(r"[^\W_]+")
-_CJK = re.compile(
-    "([\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff66-\uff9f"
-    "\U00020000-\U0002fa1f]+)"
+_THAI_MARKS = "\u0e31\u0e34-\u0e3a\u0e47-\u0e4e"  # Thai vowel and tone marks (Mn): part of a word
+_WORD = re.compile(f"(?:[^\\W_]|[{_THAI_MARKS}])+")
+_CJK = re.compile(  # scripts written without spaces: Thai, kana, bopomofo, Han, Hangul, half-width
+    "([\u0e01-\u0e4e\u3040-\u30ff\u3100-\u312f\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
+    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002fa1f]+)"
 )
+_UNIT = re.compile(f".[{_THAI_MARKS}]*")  # one character of such a run, with the marks it carries
 _PHRASE = re.compile(r'"([^"]*)"')
+TAIL = "\ue000"  # a private-use character: both engines keep it inside a token, no query has it
+# FTS5's unicode61 splits tokens at combining marks (Mn), PostgreSQL does not: on SQLite each Thai
+# mark is written as a private-use character of its own (a token character there), so a Thai word
+# stays one token and ง่าย is not งาย.
+_FTS5_MARKS = str.maketrans(
+    {
+        chr(c): chr(0xE800 + c - 0x0E00)
+        for c in [0x0E31, *range(0x0E34, 0x0E3B), *range(0x0E47, 0x0E4F)]
+    }
+)
 BATCH = 500  # rows per insert statement
 CANDIDATES = 200  # best full-text matches joined and filtered at first, more when too few survive
 
 
 def _word_tokens(word: str) -> list[str]:
-    """Tokens of one run of letters and digits: itself, or CJK bigrams for its CJK parts."""
+    """Tokens of one run of letters and digits: itself, or bigrams of characters (a Thai character
+    with its marks) for its parts written without spaces."""
     out: list[str] = []
     for i, part in enumerate(_CJK.split(word)):
         if not part:
             continue
         if i % 2 == 0:  # not CJK
             out.append(part)
-        elif len(part) == 1:
-            out.append(part)
+            continue
+        units = _UNIT.findall(part)
+        if len(units) == 1:
+            out.append(units[0])
         else:
-            out.extend(part[j : j + 2] for j in range(len(part) - 1))
+            out.extend(units[j] + units[j + 1] for j in range(len(units) - 1))
     return out
 
 
 def normalise(word: str) -> str:
     return unicodedata.normalize("NFKC", word).lower()
+
+
+def lone(token: str) -> bool:
+    """A one-character CJK token: a query searches it as a prefix (the bigrams it starts, and the
+    tail token of a run it ends), so one typed character finds every run that holds it."""
+    return _CJK.fullmatch(token) is not None and len(_UNIT.findall(token)) == 1
+
+
+def index_tokens(value: str) -> list[str]:
+    """The tokens a chunk is indexed by: its tokens, then the last character of each CJK run of two
+    or more, marked with ``TAIL`` (no typed word holds it; only a lone character's prefix search
+    reaches it). They follow every other token, so phrase positions do not move."""
+    runs = (
+        _UNIT.findall(run)
+        for m in _WORD.finditer(normalise(value))
+        for run in _CJK.findall(m.group())
+    )
+    tails = [units[-1] + TAIL for units in runs if len(units) > 1]
+    return tokens(value) + tails
 
 
 def tokens(value: str) -> list[str]:
@@ -294,7 +331,7 @@ def write_job(
     pg = _postgres(engine)
     params = []
     for r in rows:
-        toks = tokens(r.text)
+        toks = index_tokens(r.text)
         params.append(
             {
                 "dataset_id": dataset_id,
@@ -304,7 +341,7 @@ def write_job(
                 "position": r.position,
                 "page": r.page,
                 "text": r.text,
-                "terms": _tsvector(toks) if pg else " ".join(toks),
+                "terms": _tsvector(toks) if pg else " ".join(toks).translate(_FTS5_MARKS),
             }
         )
     column, value = ("tsv", "CAST(:terms AS tsvector)") if pg else ("terms", ":terms")
@@ -517,14 +554,22 @@ def disabled_ids(engine: Engine, dataset_id: int) -> set[str]:
 
 def _fts5_expr(query: Query, *, loose: bool) -> str:
     if loose:
-        return " OR ".join(f'"{t}"' for t in query.terms)
-    return " AND ".join('"' + " ".join(g) + '"' for g in query.groups)
+        expr = " OR ".join(f'"{t}"' + ("*" if lone(t) else "") for t in query.terms)
+    else:
+        expr = " AND ".join(
+            '"' + " ".join(g) + '"' + ("*" if len(g) == 1 and lone(g[0]) else "")
+            for g in query.groups
+        )
+    return expr.translate(_FTS5_MARKS)
 
 
 def _tsquery_expr(query: Query, *, loose: bool) -> str:
     if loose:
-        return " | ".join(f"'{t}'" for t in query.terms)
-    return " & ".join("(" + " <-> ".join(f"'{t}'" for t in g) + ")" for g in query.groups)
+        return " | ".join(f"'{t}'" + (":*" if lone(t) else "") for t in query.terms)
+    return " & ".join(
+        "(" + " <-> ".join(f"'{t}'" for t in g) + (":*" if len(g) == 1 and lone(g[0]) else "") + ")"
+        for g in query.groups
+    )
 
 
 def search(
@@ -648,7 +693,7 @@ def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:
         word = m.group()
         norm = normalise(word)
         if len(norm) != len(word):  # offsets would drift: judge the word as a whole
-            if any(t in wanted for t in _word_tokens(norm)):
+            if any(t in wanted for t in [*_word_tokens(norm), *filter(lone, norm)]):
                 spans.append(m.span())
             continue
         pos = 0
@@ -656,13 +701,10 @@ def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:
             if i % 2 == 0:
                 if part and part in wanted:
                     spans.append((m.start() + pos, m.start() + pos + len(part)))
-            elif len(part) == 1:
-                if part in wanted:
-                    spans.append((m.start() + pos, m.start() + pos + 1))
             else:
-                for j in range(len(part) - 1):
-                    if part[j : j + 2] in wanted:
-                        spans.append((m.start() + pos + j, m.start() + pos + j + 2))
+                spans.extend(
+                    (m.start() + pos + a, m.start() + pos + b) for a, b in _unit_spans(part, wanted)
+                )
             pos += len(part)
     merged: list[tuple[int, int]] = []
     for s, e in sorted(spans):
@@ -671,6 +713,19 @@ def matched_spans(value: str, query: Query) -> list[tuple[int, int]]:
         else:
             merged.append((s, e))
     return merged
+
+
+def _unit_spans(part: str, wanted: set[str]) -> list[tuple[int, int]]:
+    """Where a CJK run's wanted bigrams and lone characters are, as offsets in the run (a Thai
+    character with its marks is one character)."""
+    units = [m.span() for m in _UNIT.finditer(part)]
+    spans = []
+    for k, (s, e) in enumerate(units):
+        if k + 1 < len(units) and part[s : units[k + 1][1]] in wanted:
+            spans.append((s, units[k + 1][1]))
+        elif part[s:e] in wanted:  # a one-character run, or a lone typed character
+            spans.append((s, e))
+    return spans
 
 
 def snippet(
