@@ -169,11 +169,7 @@ def ingest_stream(
     except BaseException:
         ctx.blobs.release(got.held)
         raise
-    changed = clean is not None and clean != (document.metadata_ or {})
-    if changed:
-        document.metadata_ = meta.set_document_metadata(
-            ctx, document.id, clean, actor=actor, event=not created
-        )
+    changed = _replace_metadata(ctx, document, clean, actor, created)
     try:
         ctx.blobs.keep(key, got.held)
     except WaitingError as err:  # committed; only the upload's second name may be left over
@@ -183,6 +179,19 @@ def ingest_stream(
         result.metadata_changed = True
         result.message += "; its metadata was replaced by this upload's"
     return result
+
+
+def _replace_metadata(
+    ctx: Context, document, clean: dict | None, actor: str, created: bool
+) -> bool:
+    """Give the document the upload's metadata when it has other; whether it changed (an event
+    says so, unless the document is new and this is its first)."""
+    if clean is None or clean == (document.metadata_ or {}):
+        return False
+    document.metadata_ = meta.set_document_metadata(
+        ctx, document.id, clean, actor=actor, event=not created
+    )
+    return True
 
 
 DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}$")
