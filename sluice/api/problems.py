@@ -33,6 +33,7 @@ TITLES = {
     422: "Unprocessable content",
     429: "Too many requests",
     500: "Internal server error",
+    503: "Service unavailable",
 }
 CODES = {404: "not_found", 405: "method_not_allowed", 400: "bad_request", 406: "not_acceptable"}
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
+from sluice.api import examples
 from sluice.api.dependencies import Key
 from sluice.api.schemas import problems
 from sluice.api.scoped import ScopeMissing
@@ -35,6 +36,7 @@ class AuditRow(BaseModel):
 
 
 class AuditList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.AUDIT]})
     entries: list[AuditRow]
     next_cursor: str | None
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from sluice.api import scoped
+from sluice.api import examples, scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
@@ -67,16 +67,19 @@ def get_dataset(dataset: str, key: Key) -> dict:
 
 
 class DatasetRename(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET_RENAME]})
     name: str = Field(min_length=1, max_length=64, examples=["contracts-2024"])
 
 
 class DatasetRenamed(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET_RENAMED]})
     ok: bool
     message: str
     dataset: DatasetOut
 
 
 class DatasetDeleted(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET_DELETED]})
     ok: bool
     message: str
 

@@ -27,6 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from sluice.api import examples
 from sluice.api.dependencies import Key
 from sluice.api.event_stream import EventCursor, StreamEnded, open_cursor, poll
 from sluice.api.problems import Problem
@@ -149,7 +150,11 @@ async def _stream(request: Request, cursor: EventCursor, until: float | None) ->
 @router.get(
     "/v1/events",
     responses={
-        200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}},
+        200: {
+            "content": {
+                "text/event-stream": {"schema": {"type": "string"}, "example": examples.EVENTS}
+            }
+        },
         **problems(401, 404, 422, 429),
     },
     response_class=StreamingResponse,

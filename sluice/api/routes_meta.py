@@ -12,9 +12,9 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from sluice.api import reference
+from sluice.api import examples, reference
 from sluice.api.schemas import Health
 
 router = APIRouter()
@@ -22,6 +22,7 @@ warmed = threading.Event()  # set by the server's warm-up once it finished
 
 
 class HealthOut(Health):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.HEALTH]})
     ready: bool = Field(
         description="the process finished its warm-up: the first request costs no more than later "
         "ones (false for a moment after a start)"

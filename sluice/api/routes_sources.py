@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from sluice.api import sources
+from sluice.api import examples, sources
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
@@ -22,16 +22,23 @@ from sluice.ops.sources.syncing import SourceView
 router = APIRouter(prefix="/v1/sources", tags=["sources"])
 
 
-@dataclass(config=ConfigDict(json_schema_serialization_defaults_required=True))
+@dataclass(
+    config=ConfigDict(
+        json_schema_serialization_defaults_required=True,
+        json_schema_extra={"examples": [examples.SOURCE]},
+    )
+)
 class SourceOut(SourceView):  # the fields of a SourceView, in the schema of the answers
     pass
 
 
 class SourceList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SOURCE_LIST]})
     sources: list[SourceOut]
 
 
 class SourceCreate(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SOURCE_CREATE]})
     name: str = Field(min_length=1, max_length=64, examples=["team-share"])
     dataset: str = Field(min_length=1, max_length=64, examples=["default"])
     s3: str = Field(min_length=6, max_length=1000, examples=["s3://bucket/team/"])
@@ -41,11 +48,13 @@ class SourceCreate(Strict):
 
 
 class SyncRequest(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SYNC_REQUEST]})
     preview: bool = False
     confirm: bool = False
 
 
 class SyncOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SYNC]})
     source: str
     ran: bool
     preview: bool
@@ -61,6 +70,7 @@ class SyncOut(BaseModel):
 
 
 class SourceRemoved(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SOURCE_REMOVED]})
     ok: bool
     message: str
     deleted: int  # documents the source made, deleted

@@ -11,7 +11,7 @@ from fastapi import Path as FastApiPath
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
-from sluice.api import scoped
+from sluice.api import examples, scoped
 from sluice.api.dependencies import Key
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
@@ -59,7 +59,8 @@ BODY = {
                     },
                 },
                 "required": ["file"],
-            }
+            },
+            "example": examples.MULTIPART_UPLOAD,
         },
         "application/json": {"schema": {"$ref": "#/components/schemas/TextUpload"}},
     },

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, RootMod
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from sluice.api import examples
 from sluice.ops import metadata as meta
 from sluice.ops.replacing import EXTERNAL_ID_PATTERN, MAX_EXTERNAL_ID
 from sluice.ops.search import PAGES_PATTERN
@@ -141,6 +142,7 @@ EXTERNAL_ID_SCHEMA: dict[str, Any] = {
 
 
 class ProblemOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.PROBLEM]})
     type: str
     title: str
     status: int
@@ -155,6 +157,7 @@ class Health(BaseModel):
 
 
 class DatasetOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET]})
     name: str
     documents: int
     chunks: int
@@ -163,20 +166,24 @@ class DatasetOut(BaseModel):
 
 
 class DatasetList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET_LIST]})
     datasets: list[DatasetOut]
 
 
 class DatasetCreate(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET_CREATE]})
     name: str = Field(min_length=1, max_length=64, examples=["contracts"])
 
 
 class DatasetCreated(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DATASET_CREATED]})
     ok: bool
     message: str
     dataset: DatasetOut
 
 
 class TextUpload(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.TEXT_UPLOAD]})
     filename: str = Field(min_length=1, max_length=255, examples=["note.txt"])
     text: str = Field(min_length=1)
     external_id: str | None = Field(
@@ -208,6 +215,7 @@ class UploadedJob(BaseModel):
 
 
 class UploadAccepted(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.UPLOADED]})
     jobs: list[UploadedJob]
 
 
@@ -221,6 +229,7 @@ class Waiting(BaseModel):
 
 
 class JobOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB]})
     id: int
     dataset: str
     document_id: int
@@ -257,11 +266,13 @@ class JobOut(BaseModel):
 
 
 class JobList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB_LIST]})
     jobs: list[JobOut]
     next_cursor: str | None
 
 
 class ActionOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.ACTION]})
     ok: bool
     message: str
     queue_note: str = ""
@@ -270,6 +281,7 @@ class ActionOut(BaseModel):
 
 
 class UnlockIn(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.UNLOCK]})
     password: str = Field(min_length=1, max_length=1024)
 
 
@@ -281,6 +293,7 @@ class DocumentJob(BaseModel):
 
 
 class DocumentOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DOCUMENT]})
     id: int
     dataset: str
     filename: str
@@ -311,6 +324,7 @@ class DocumentList(BaseModel):
     documents: list[DocumentOut]
 
 
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DOCUMENT_LIST]})
 class ChunkOut(BaseModel):
     chunk_id: str
     position: int
@@ -323,6 +337,7 @@ class ChunkPage(BaseModel):
     chunks: list[ChunkOut]
     offset: int
     limit: int
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.CHUNKS]})
     next_offset: int | None
 
 
@@ -330,6 +345,7 @@ class DeleteOut(BaseModel):
     ok: bool
     message: str
     vectors_removed: int
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DELETED]})
     blob_removed: bool
     jobs_deleted: list[int]
 
@@ -338,6 +354,7 @@ class SearchIn(Strict):
     query: str = Field(min_length=1, max_length=2000, examples=["invoice 2024-117"])
     k: int = Field(5, ge=1, le=100)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SEARCH]})
     filename: str | None = Field(None, max_length=255, description="file name contains this")
     pages: str | None = Field(
         None,

@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from sluice.api import (
+    documenting,
     problems,
     routes_audit,
     routes_datasets,
@@ -155,8 +156,9 @@ PROBLEM_REF = {"$ref": "#/components/schemas/ProblemOut"}
 
 
 def _openapi(app: FastAPI):
-    """FastAPI's document, with every error answer as what it is: problem+json, and a default one
-    (whatever an operation answers beyond its listed statuses is a problem too)."""
+    """FastAPI's document, with every error answer as what it is: problem+json (with the codes it
+    may carry), and a default one (whatever an operation answers beyond its listed statuses is a
+    problem too); and the examples the models cannot carry (sluice.api.documenting)."""
 
     def build() -> dict:
         if app.openapi_schema is None:
@@ -176,6 +178,7 @@ def _openapi(app: FastAPI):
             components["TextUpload"] = TextUpload.model_json_schema()
             components.pop("HTTPValidationError", None)
             components.pop("ValidationError", None)
+            documenting.decorate(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
