@@ -110,6 +110,8 @@ def test_a_picture_without_text_ends_as_no_text_found_even_by_ocr(ctx):
     )
     assert "no text found, even by OCR" in j.error_message
     assert "ocrmypdf" not in j.fix_hint
+    # it failed where OCR read the page: the Jobs page says "ocr 1/1 pages", not "parsing"
+    assert (j.stage.value, j.done, j.total) == ("ocr", 1, 1)
 
 
 def test_ocr_off_keeps_the_old_refusal_and_says_how_to_turn_it_on(tmp_path):

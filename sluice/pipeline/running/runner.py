@@ -7,6 +7,7 @@ rewritten, and what an older run left beyond the new chunk count is deleted.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -379,6 +380,8 @@ def _failed(ctx: Context, job: Job, report: Reporter, exc: Exception) -> RunOutc
     """The attempt failed: record it as classified (a retry, a wait for a service or for the new
     file, or a dead letter), fenced on the lease."""
     s, job_id = ctx.settings, job.id
+    with contextlib.suppress(LeaseLost):  # the counts the throttle held: it failed where they say
+        report.flush()
     err = classify(exc)
     waiting_for = err.waiting_for if isinstance(err, WaitingError) else _outage(ctx, err, exc)
     waiting_for = waiting_for or _file_replaced(ctx, job, report.blob_key)
@@ -584,16 +587,26 @@ def _parse(
 ) -> tuple[ParsedDocument, list[tuple[int, str]]]:
     """Parsing: one page at a time, in a child process that a cancel or the stage deadline kills.
     The document (closed, with its page count, warnings and OCR pages) and its pages' text."""
+    read_by_ocr: set[int] = set()  # a page OCR read stays "ocr n/N": a failure there says OCR
+
+    def stage_of(page: int) -> Stage:
+        return Stage.ocr if page in read_by_ocr else Stage.parsing
+
     parsed = open_document(
         path,
         media_type=document.media_type,
         max_pages=s.max_pages,
         limits=ParseLimits.from_settings(s),
         name=document.filename,
-        waiting=lambda done, total: report.update(Stage.parsing, done, total),
+        waiting=lambda done, total: report.update(stage_of(done), done, total),
         ocr=OcrOptions.from_settings(s),
     )
-    parsed.on_ocr = lambda page, total: report.update(Stage.ocr, page, total)
+
+    def on_ocr(page: int, total: int) -> None:
+        read_by_ocr.add(page)
+        report.update(Stage.ocr, page, total)
+
+    parsed.on_ocr = on_ocr
     report.page_count = parsed.page_count
     pages: list[tuple[int, str]] = []
     chars = 0
@@ -602,7 +615,7 @@ def _parse(
         for number, text in parsed.pages():
             pages.append((number, text))
             chars += len(text.strip())
-            report.update(Stage.parsing, number, parsed.page_count)
+            report.update(stage_of(number), number, parsed.page_count)
         # Written on the job with the first batch (``Reporter.fence``), or sooner by the throttle
         # or a beat: the Jobs page tells it while chunks are embedded.
         n = parsed.page_count
