@@ -1,6 +1,6 @@
-"""Document metadata and chunks switched off: ``PATCH /v1/documents/{id}`` (replace the metadata),
-``GET /v1/datasets/{dataset}/documents`` (listed, filtered by ``where``) and
-``PATCH /v1/chunks/{chunk_id}`` (``enabled``)."""
+"""Document metadata and switches: ``PATCH /v1/documents/{id}`` (replace the metadata, switch the
+whole document off or on), ``GET /v1/datasets/{dataset}/documents`` (listed, filtered by
+``where``) and ``PATCH /v1/chunks/{chunk_id}`` (``enabled``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from sluice.api import scoped
 from sluice.api.dependencies import Key
@@ -27,14 +27,28 @@ router = APIRouter(tags=["documents"])
 ChunkId = Annotated[str, Path(min_length=1, max_length=120, description="a chunk id")]
 
 
-class MetadataIn(Strict):
-    metadata: dict[str, Any] = Field(
+class DocumentPatchIn(Strict):
+    """What to change of a document: its metadata, its switch, or both (at least one)."""
+
+    metadata: dict[str, Any] | None = Field(
+        None,
         json_schema_extra={
             **METADATA_SCHEMA,
             "description": "the document's new metadata, in full: keys left out are removed; "
             + METADATA_SCHEMA["description"],
         },
     )
+    enabled: bool | None = Field(
+        None,
+        description="false: the whole document is switched off (its chunks kept in the index, "
+        "none answered by any search); true: on again",
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> DocumentPatchIn:
+        if self.metadata is None and self.enabled is None:
+            raise ValueError("name metadata, enabled, or both")
+        return self
 
 
 class ChunkIn(Strict):
@@ -94,10 +108,16 @@ Where = Annotated[dict | None, Depends(where_query)]
     response_model=DocumentOut,
     responses=problems(401, 403, 404, 422, 429),
 )
-async def patch_document(document_id: DocumentId, body: MetadataIn, key: Key) -> dict:
-    """Replace the document's metadata (the whole object: a key left out is removed). Search sees
-    the change at once for every chunk of the document; nothing is embedded again."""
-    return await run_in_threadpool(scoped.set_document_metadata, key, document_id, body.metadata)
+async def patch_document(document_id: DocumentId, body: DocumentPatchIn, key: Key) -> dict:
+    """Replace the document's metadata (the whole object: a key left out is removed) and/or switch
+    the whole document off or on (``enabled``; kept in both stores, left out of every search).
+    Search sees either change at once for every chunk of the document; nothing is embedded again."""
+    out: dict = {}
+    if body.metadata is not None:
+        out = await run_in_threadpool(scoped.set_document_metadata, key, document_id, body.metadata)
+    if body.enabled is not None:
+        out = await run_in_threadpool(scoped.set_document_enabled, key, document_id, body.enabled)
+    return out
 
 
 @router.get(

@@ -318,13 +318,16 @@ class DocumentOut(BaseModel):
     replaced_by: int | None = None
     serving_document_id: int | None = None
     serving_version: int | None = None
+    enabled: bool = Field(True, description="false: switched off, kept, left out of every search")
+    disabled_at: str | None = None
+    disabled_by: str | None = None
 
 
 class DocumentList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DOCUMENT_LIST]})
     documents: list[DocumentOut]
 
 
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.DOCUMENT_LIST]})
 class ChunkOut(BaseModel):
     chunk_id: str
     position: int
@@ -334,27 +337,27 @@ class ChunkOut(BaseModel):
 
 
 class ChunkPage(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.CHUNKS]})
     chunks: list[ChunkOut]
     offset: int
     limit: int
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.CHUNKS]})
     next_offset: int | None
 
 
 class DeleteOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.DELETED]})
     ok: bool
     message: str
     vectors_removed: int
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.DELETED]})
     blob_removed: bool
     jobs_deleted: list[int]
 
 
 class SearchIn(Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.SEARCH]})
     query: str = Field(min_length=1, max_length=2000, examples=["invoice 2024-117"])
     k: int = Field(5, ge=1, le=100)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.SEARCH]})
     filename: str | None = Field(None, max_length=255, description="file name contains this")
     pages: str | None = Field(
         None,

@@ -320,6 +320,9 @@ def document(key: ApiPrincipal, document_id: int) -> dict[str, Any]:
         "chunk_count": info["chunk_count"],
         "page_count": info["page_count"],
         "metadata": info["metadata"],
+        "enabled": info["enabled"],
+        "disabled_at": info["disabled_at"],
+        "disabled_by": info["disabled_by"],
         "jobs": info["jobs"],
         **_versions(replacing.version_state(reads.ctx(), document_id).to_dict()),
     }
@@ -360,6 +363,22 @@ def set_document_metadata(key: ApiPrincipal, document_id: int, metadata: Any) ->
     except UnknownDocument:
         raise Missing(f"no document {document_id}") from None
     return document(key, document_id)
+
+
+def set_document_enabled(key: ApiPrincipal, document_id: int, enabled: bool) -> dict[str, Any]:
+    """Switch a live document of a dataset in reach on or off; the document after."""
+    with _session() as session:
+        doc = _document(session, key, document_id)
+        if doc.deleted_at is not None:
+            raise Missing(f"no document {document_id}")
+    require(key, "ingest", "switching documents")
+    try:
+        state = actions.set_document_enabled(
+            key.operator, document_id, enabled, dataset_ids=key.reach
+        )
+    except UnknownDocument:
+        raise Missing(f"no document {document_id}") from None
+    return document(key, state.document_id)
 
 
 def list_documents(

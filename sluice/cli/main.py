@@ -134,6 +134,13 @@ def add_ingest_commands(sub) -> None:
     a.add_argument(
         "--delete", action="store_true", help="delete it: the live version and a replacement"
     )
+    switch = a.add_mutually_exclusive_group()
+    switch.add_argument(
+        "--disable",
+        action="store_true",
+        help="switch the document off: its chunks kept, none answered by any search",
+    )
+    switch.add_argument("--enable", action="store_true", help="switch the document on again")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=metadata_commands.documents)
     a = sub.add_parser("chunks", help="switch a chunk off (kept, left out of search) or on")

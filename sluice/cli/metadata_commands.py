@@ -1,4 +1,5 @@
 """``sluice documents ID [--meta KEY=VALUE]...`` (a document's metadata, shown or replaced),
+``sluice documents ID --disable|--enable`` (the whole document switched off and on),
 ``sluice documents --dataset NAME --where EXPR...`` (documents a filter allows), and
 ``sluice chunks disable|enable CHUNK_ID`` (a chunk switched off and on). Bad metadata or a bad
 filter is a message naming the key, and exit code 2."""
@@ -37,6 +38,8 @@ def parse_where(items: list[str] | None) -> dict | None:
 def documents(args) -> int:
     """A document's metadata (``--meta`` replaces it), or a dataset's documents (``--where``), or
     the document an external id names (sluice.cli.document_commands)."""
+    if args.disable or args.enable:
+        return _switch(args)
     if args.document_id is None and not args.where and not args.meta:
         if args.external_id is None:
             return _fail("name a document ID, --where filters or --external-id", USAGE_ERROR)
@@ -71,6 +74,25 @@ def documents(args) -> int:
             [("key", "KEY"), ("value", "VALUE")],
             empty=f"document {args.document_id} has no metadata",
         )
+    return 0
+
+
+def _switch(args) -> int:
+    """``sluice documents ID --disable|--enable``: the whole document off (kept, left out of every
+    search) or on again."""
+    if args.document_id is None:
+        return _fail("--disable and --enable switch one document: name its ID", USAGE_ERROR)
+    if args.meta or args.clear or args.where or args.delete:
+        return _fail("--disable and --enable go alone", USAGE_ERROR)
+    try:
+        state = actions.set_document_enabled(cli_operator(), args.document_id, bool(args.enable))
+    except (meta.UnknownDocument, ReadOnlyOperator) as err:
+        return _fail(str(err))
+    if args.json:
+        print_json(state.to_dict())
+    else:
+        word = "enabled" if state.enabled else "disabled (kept in the index, left out of search)"
+        print(f"document {state.document_id}: {word}")
     return 0
 
 

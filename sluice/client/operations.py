@@ -459,6 +459,12 @@ class Operations:
         path = f"/v1/documents/{segment(document_id)}"
         return (yield from self._one(Document, "PATCH", path, json={"metadata": metadata}))
 
+    @call("PATCH /v1/documents/{document_id}")
+    def set_document_enabled(self, document_id: int, enabled: bool) -> Plan[Document]:
+        """Switch a whole document off (its chunks kept, none answered by any search) or on."""
+        path = f"/v1/documents/{segment(document_id)}"
+        return (yield from self._one(Document, "PATCH", path, json={"enabled": enabled}))
+
     @call("DELETE /v1/documents/{document_id}")
     def delete_document(self, document_id: int) -> Plan[Deleted]:
         """Delete a document: its vectors, its jobs, its file when nothing else uses it."""

@@ -275,6 +275,9 @@ class Document(Result):
     replaced_by: int | None = None
     serving_document_id: int | None = None
     serving_version: int | None = None
+    enabled: bool = True  # false: switched off, kept, left out of every search
+    disabled_at: str | None = None
+    disabled_by: str | None = None
 
 
 @result

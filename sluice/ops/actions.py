@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 from sqlmodel import Session, select
 
-from sluice.ops import audit_trail, chunks, documents, settings_changes
+from sluice.ops import audit_trail, chunks, document_switch, documents, settings_changes
 from sluice.ops import metadata as meta
 from sluice.ops import reindex as reindexing
 from sluice.ops.access import Operator, ReadOnlyOperator, require_operator
@@ -365,6 +365,27 @@ def set_chunk_enabled(
                 ctx(), chunk_id, enabled, actor=who.actor, dataset_ids=dataset_ids
             )
         except (ReadOnlyOperator, chunks.UnknownChunk, chunks.AmbiguousChunk) as exc:
+            rec.settle(False, str(exc), code=type(exc).__name__)
+            raise
+
+
+def set_document_enabled(
+    who: Operator, document_id: int, enabled: bool, *, dataset_ids: list[int] | None = None
+) -> document_switch.DocumentState:
+    """Switch a whole document on or off (sluice.ops.document_switch)."""
+    with audit_trail.recording(  # its first commit is the switch
+        who,
+        "document.enable" if enabled else "document.disable",
+        target_kind="document",
+        target_id=document_id,
+        check=lambda session: True,
+    ) as rec:
+        try:
+            require_operator(who, "switch documents on or off")
+            return document_switch.set_document_enabled(
+                ctx(), document_id, enabled, actor=who.actor, dataset_ids=dataset_ids
+            )
+        except (ReadOnlyOperator, meta.UnknownDocument) as exc:
             rec.settle(False, str(exc), code=type(exc).__name__)
             raise
 

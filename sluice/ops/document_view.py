@@ -37,11 +37,16 @@ class DocumentView:
     page_count: int | None
     metadata: dict = field(default_factory=dict)  # the application's fields (sluice.ops.metadata)
     disabled_count: int = 0  # of those, switched off: kept, but no search answers them
+    # The whole document switched off (sluice.ops.document_switch): no search answers any chunk.
+    enabled: bool = True
+    disabled_at: str | None = None
+    disabled_by: str | None = None
 
     @property
     def served_count(self) -> int:
-        """The chunks search answers from: the active job's, less those switched off."""
-        return self.chunk_count - self.disabled_count
+        """The chunks search answers from: the active job's, less those switched off (none of a
+        document switched off)."""
+        return self.chunk_count - self.disabled_count if self.enabled else 0
 
     def to_dict(self) -> dict:
         return {
@@ -51,6 +56,9 @@ class DocumentView:
             "chunk_count": self.chunk_count,
             "page_count": self.page_count,
             "metadata": dict(self.metadata),
+            "enabled": self.enabled,
+            "disabled_at": self.disabled_at,
+            "disabled_by": self.disabled_by,
         }
 
 
@@ -69,6 +77,9 @@ def view(ctx: Context, ref: str | int) -> DocumentView:
         active.page_count if active else None,
         dict(doc.metadata_ or {}),
         lexical.count_job_disabled(ctx.engine, active.id) if active and active.id else 0,
+        doc.disabled_at is None,
+        doc.disabled_at.isoformat(timespec="seconds") if doc.disabled_at else None,
+        doc.disabled_by,
     )
 
 

@@ -14,7 +14,9 @@ rankers are restricted to them (lexical: in its SQL; dense: a Chroma ``where`` o
 and the read that checks the active jobs checks the filter again. A metadata change is one UPDATE of
 one document row, so a search sees all of a document's chunks under the old metadata or all under
 the new, never half. Chunks switched off (sluice.ops.chunks) are left out by every ranker, the
-rankers asking for more until ``k`` enabled ones are found or none are left.
+rankers asking for more until ``k`` enabled ones are found or none are left. A document switched off
+(sluice.ops.document_switch) is one UPDATE of its row, read by the same statement as its active job:
+a search answers all of its chunks or none.
 
 Scores are on one 0..1 scale in every mode (larger is better; docs/api.md, Search scores): dense,
 the cosine similarity (below 0 shown as 0); lexical, the raw score (BM25 on SQLite, ts_rank on
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from sqlalchemy import JSON, bindparam, column, text
 from sqlalchemy.engine import Engine
 
+from sluice import faults
 from sluice.errors import OperationError, VectorStoreUnavailable
 from sluice.ops import metadata as meta
 from sluice.pipeline.running.chunk import heading_of
@@ -333,6 +336,8 @@ class Ranking:
                     n=lexical_n,
                     filters=self.filters,
                 )
+            if mode == "hybrid":
+                faults.hit("search_between_rankers", dataset=ds.name)
             if mode in ("hybrid", "dense"):
                 dense_hits = _dense(ctx, ds, self.vector, dense_n, self.filters, self.conditions)
             if mode != "hybrid":
@@ -480,8 +485,8 @@ def _fuse(
 def _active_jobs(
     ctx: Reader, document_ids: set[int], conditions: meta.Where = ()
 ) -> dict[int, int | None]:
-    """document id -> the job whose chunks search serves, for the live documents among these that
-    the metadata filter allows (read with the active job, in one statement)."""
+    """document id -> the job whose chunks search serves, for the live, switched-on documents among
+    these that the metadata filter allows (read with the active job, in one statement)."""
     if not document_ids:
         return {}
     with ctx.engine.connect() as conn:
@@ -490,7 +495,10 @@ def _active_jobs(
 
 
 _ACTIVE_JOBS = (
-    text("SELECT id, active_job_id, metadata FROM document WHERE id IN :ids AND deleted_at IS NULL")
+    text(
+        "SELECT id, active_job_id, metadata FROM document WHERE id IN :ids AND deleted_at IS NULL "
+        "AND disabled_at IS NULL"
+    )
     .bindparams(bindparam("ids", expanding=True))
     .columns(column("id"), column("active_job_id"), column("metadata", JSON))
 )

@@ -602,7 +602,7 @@ def _run(
 ) -> list[LexicalHit]:
     pg = _postgres(engine)
     params: dict = {"d": dataset_id, "n": n}
-    where = ["l.dataset_id = :d", _ENABLED]
+    where = ["l.dataset_id = :d", _ENABLED, "d.disabled_at IS NULL"]  # chunk, document switched on
     f = filters or Filters()
     expanding = []
     if f.document_ids is not None:

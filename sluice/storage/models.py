@@ -149,6 +149,11 @@ class Document(SQLModel, table=True):
     metadata_: dict[str, Any] | None = Field(
         default=None, sa_column=Column("metadata", JSON, nullable=True)
     )
+    # Switched off (sluice.ops.document_switch): kept in both stores, answered by no search. Search
+    # reads it with ``active_job_id`` in one statement, so one UPDATE hides or shows the whole
+    # document; a new version by external id takes it over when it starts serving.
+    disabled_at: datetime | None = None
+    disabled_by: str | None = Field(default=None, max_length=120)
 
 
 class DisabledChunk(SQLModel, table=True):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import and_, func, or_, update
+from sqlalchemy import and_, func, or_, text, update
 from sqlmodel import Session, col, select
 
 from sluice.errors import UserActionError
@@ -158,8 +158,9 @@ def others_to_retire(session: Session, document: Document) -> list[Document]:
 
 def retire(session: Session, old: Document, *, by: Document, now: datetime) -> bool:
     """``old`` -> deleted, replaced by ``by`` (compare-and-set on it not being replaced yet); the
-    caller has moved its jobs out of search in the same transaction."""
-    return (
+    caller has moved its jobs out of search in the same transaction. ``by`` takes over the switch
+    (on or off) of the version it replaces."""
+    done = (
         matched(
             session,
             update(Document)
@@ -169,3 +170,18 @@ def retire(session: Session, old: Document, *, by: Document, now: datetime) -> b
         )
         == 1
     )
+    if done and old.id == by.replaces_document_id:
+        inherit_switch(session, old.id, by.id)
+    return done
+
+
+_INHERIT = text(
+    "UPDATE document SET disabled_at = (SELECT o.disabled_at FROM document o WHERE o.id = :old), "
+    "disabled_by = (SELECT o.disabled_by FROM document o WHERE o.id = :old) WHERE id = :new"
+)
+
+
+def inherit_switch(session: Session, old_id: int, new_id: int) -> None:
+    """The new version's switch := the old one's, read after the old row was locked by this
+    transaction's UPDATE of it: a switch of the old version commits before or waits for it."""
+    session.execute(_INHERIT, {"old": old_id, "new": new_id})

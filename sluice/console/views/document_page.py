@@ -89,6 +89,33 @@ def _metadata_section() -> None:
 
 _metadata_section()
 
+
+def _document_switch() -> None:
+    """The whole document off (its chunks kept, no search answers them) or on again."""
+    if not doc.enabled:
+        by = f" by {doc.disabled_by}" if doc.disabled_by else ""
+        when = f" at {doc.disabled_at}" if doc.disabled_at else ""
+        st.warning(
+            ui.plain(f"Disabled{by}{when}: its chunks stay in the index, no search answers them.")
+        )
+    if not who.can_act or info.deleted:
+        return
+    label = "Enable this document" if not doc.enabled else "Disable this document"
+    if st.button(
+        label,
+        key="document_switch",
+        help="Disabled: every chunk stays in the index, and no search mode answers any of them.",
+    ):
+        try:
+            actions.set_document_enabled(who, info.document_id, not doc.enabled)
+        except (ReadOnlyOperator, meta.UnknownDocument) as exc:
+            st.error(f"Not switched: {ui.plain(exc)}.")
+        else:
+            st.rerun()
+
+
+_document_switch()
+
 if who.can_act:
     try:
         data, name, media_type = document_view.original(reads.ctx(), who, info.document_id)
