@@ -187,6 +187,17 @@ def start_worker(sluice_env, services, tmp_path):
 
 
 @pytest.fixture
+def api_process(database_url, sluice_env, tmp_path):
+    """A real ``sluice serve api`` process (uvicorn) on this test's database, stopped after it."""
+    from tests.support.api_server import ApiServer
+
+    server = ApiServer(dict(os.environ), tmp_path / "api.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def samples() -> Path:
     """The real-world PDFs carried in the repository (tests/data/pdf-samples/README.md)."""
     return SAMPLES

@@ -4,22 +4,10 @@ or a PATCH that changes nothing leaves none."""
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from sluice.client import Client
-from tests.support.api_server import ApiServer, make_key
+from tests.support.api_server import make_key
 
 TEXT = b"The orchard's pear trees flower in April, the apples a fortnight later. " * 20
-
-
-@pytest.fixture
-def api(database_url, sluice_env, tmp_path):
-    server = ApiServer(dict(os.environ), tmp_path / "api.log")
-    server.start()
-    yield server
-    server.stop()
 
 
 def _metadata_events(client: Client) -> list[dict]:
@@ -31,8 +19,8 @@ def _metadata_events(client: Client) -> list[dict]:
     ]
 
 
-def test_a_reupload_with_other_metadata_says_so_and_leaves_an_event(api):
-    client = Client(api.url, make_key("app", datasets=None, scope="manage"))
+def test_a_reupload_with_other_metadata_says_so_and_leaves_an_event(api_process):
+    client = Client(api_process.url, make_key("app", datasets=None, scope="manage"))
     first = client.upload(TEXT, filename="orchard.txt", metadata={"lang": "en"})
     assert first.metadata_changed is False
     same = client.upload(TEXT, filename="orchard.txt", metadata={"lang": "en"})

@@ -4,14 +4,12 @@ refused, whatever its name."""
 
 from __future__ import annotations
 
-import os
-
 import httpx
 import pytest
 
 from sluice.errors import UserActionError
 from sluice.pipeline.parsing.parse import MARKDOWN, TEXT, sniff_type
-from tests.support.api_server import ApiServer, auth, make_key
+from tests.support.api_server import auth, make_key
 
 # Text that filetype reads as another format by its first bytes (the issue's list).
 LOOKALIKES = [
@@ -49,17 +47,9 @@ def test_a_real_file_of_another_format_is_refused_even_named_as_text():
             sniff_type(data, "notes.txt", declared="text/plain")
 
 
-@pytest.fixture
-def api(database_url, sluice_env, tmp_path):
-    server = ApiServer(dict(os.environ), tmp_path / "api.log")
-    server.start()
-    yield server
-    server.stop()
-
-
-def test_the_api_takes_lookalike_text_as_a_file_and_as_json(api):
+def test_the_api_takes_lookalike_text_as_a_file_and_as_json(api_process):
     token = make_key("app", datasets=None, scope="ingest")
-    c = httpx.Client(base_url=api.url, headers=auth(token), timeout=30)
+    c = httpx.Client(base_url=api_process.url, headers=auth(token), timeout=30)
     url = "/v1/datasets/default/documents"
     r = c.post(url, files={"file": ("bmi.txt", LOOKALIKES[0], "application/octet-stream")})
     assert r.status_code == 202, r.text
