@@ -111,6 +111,21 @@ def _idle(page) -> None:
     )
 
 
+def _click_until(page, selector: str, shown: str, tries: int = 4) -> None:
+    """Click ``selector`` until ``shown`` appears (at most ``tries`` clicks, each waited for a
+    quarter of TIMEOUT_MS): a click that lands while a rerun the test cannot see has begun is
+    dropped by Streamlit, and ``_idle`` may look before that rerun starts."""
+    for attempt in range(tries):
+        page.locator(selector).click()
+        _idle(page)
+        try:
+            page.locator(shown).wait_for(timeout=TIMEOUT_MS // 4)
+            return
+        except Exception:  # playwright's TimeoutError: the click was lost; the last one raises
+            if attempt == tries - 1:
+                raise
+
+
 def _text(page, text: str):
     try:
         page.get_by_text(text).first.wait_for(timeout=TIMEOUT_MS)
@@ -332,8 +347,7 @@ def test_a_dataset_is_paused_and_resumed_from_the_overview_in_a_browser(
     reason.fill("nightly index rebuild")
     reason.press("Enter")  # committed by its own rerun, not by the blur of the next click
     _idle(page)
-    page.locator(".st-key-pause_scope button").click()
-    _idle(page)
+    _click_until(page, ".st-key-pause_scope button", ".st-key-pause_scope-yes button")
     page.locator(".st-key-pause_scope-yes button").click()
     _idle(page)
     _text(page, "nightly index rebuild")  # the Overview says what is paused, by whom and why
