@@ -130,3 +130,23 @@ def test_a_pdf_with_a_huge_page_is_drawn_in_a_child_within_a_pixel_cap(ctx, monk
     assert "drawn at" in str(image.proto) and "83 x 83 inches" in str(image.proto)
     again = open_console("document", query={"doc": f"doc:{r.document_id}"})
     assert again.get("image") and len(drawn) == 2  # the second run drew nothing new: cached
+
+
+def test_each_version_of_an_external_id_lists_the_others_and_which_is_live(ctx):
+    first = ingest_bytes(
+        ctx, b"Version one of the rota.", dataset="default", filename="rota.txt", external_id="rota"
+    )
+    assert run_job(first.job_id, ctx=ctx).result == "succeeded"
+    second = ingest_bytes(
+        ctx, b"Version two of the rota.", dataset="default", filename="rota.txt", external_id="rota"
+    )
+    assert run_job(second.job_id, ctx=ctx).result == "succeeded"
+
+    for shown, other in ((first, second), (second, first)):
+        at = open_console("document", query={"doc": f"doc:{shown.document_id}"})
+        assert_ok(at)
+        [versions] = [d.value for d in at.dataframe if "version" in d.value.columns]
+        assert list(versions["document"]) == [first.document_id, second.document_id]
+        assert list(versions["state"]) == [f"replaced by document {second.document_id}", "live"]
+        links = [p.proto.label for p in at.get("page_link")]
+        assert any(f"document {other.document_id}" in label for label in links)

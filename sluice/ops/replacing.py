@@ -23,6 +23,7 @@ from sluice.ops.documents import DeleteResult, delete_document
 from sluice.pipeline.running.cleanup import remove_replaced_blobs
 from sluice.pipeline.running.context import Context
 from sluice.storage import lexical, replacements
+from sluice.storage.clock import as_utc
 from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus
 
@@ -212,6 +213,41 @@ def remove_superseded(ctx: Context, document_id: int) -> int:
             log.warning("chunks of superseded versions %s not removed: %s", job_ids, exc)
     remove_replaced_blobs(ctx, document_id)
     return len(job_ids)
+
+
+def version_rows(ctx: Context, document_id: int) -> list[dict]:
+    """Every version of the document's external id, oldest first, each with what it is now
+    (live, replaced, being built, failed, deleted): the Document page's list of versions."""
+    with Session(ctx.engine) as session:
+        doc = stored(session, Document, document_id)
+        if doc.external_id is None:
+            return []
+        docs = replacements.versions(
+            session, dataset_id=doc.dataset_id, external_id=doc.external_id
+        )
+        serving = replacements.live(session, dataset_id=doc.dataset_id, external_id=doc.external_id)
+    rows = []
+    for d in docs:
+        if serving is not None and d.id == serving.id and d.active_job_id is not None:
+            state = "live"
+        elif d.replaced_by is not None:
+            state = f"replaced by document {d.replaced_by}"
+        elif d.deleted_at is not None:
+            state = "deleted"
+        elif d.active_job_id is None:
+            state = "not serving (being built, or its job failed)"
+        else:
+            state = "serving"
+        rows.append(
+            {
+                "document": d.id,
+                "version": d.doc_version,
+                "state": state,
+                "uploaded": as_utc(d.created_at).isoformat(timespec="seconds"),
+                "this page": d.id == document_id,
+            }
+        )
+    return rows
 
 
 def alive_versions(ctx: Context, dataset: str, external_id: str) -> list[int]:

@@ -10,6 +10,7 @@ from sluice.ops import actions, document_view, reads, replacing
 from sluice.ops import metadata as meta
 from sluice.ops.access import ReadOnlyOperator
 from sluice.ops.documents import UnknownReference
+from sluice.storage.blobs import BlobMissing
 
 who = ui.operator()
 st.title("Document")
@@ -122,6 +123,11 @@ if who.can_act:
         st.download_button(
             "Download the original", data, file_name=name, mime=media_type, key="document_download"
         )
+    except BlobMissing:  # a replaced version's bytes go once the version after it serves
+        st.caption(
+            "The original cannot be downloaded: its file is no longer kept"
+            + (" (a newer version replaced it)." if version.replaced_by is not None else ".")
+        )
     except (FileNotFoundError, ReadOnlyOperator) as exc:
         st.caption(f"The original cannot be downloaded: {exc}")
 else:
@@ -149,6 +155,17 @@ for j in info.jobs[-3:]:
     st.page_link(
         ui.JOBS_PAGE, label=f"job {j['id']} ({j['status']})", query_params={"job": str(j["id"])}
     )
+versions = replacing.version_rows(reads.ctx(), info.document_id)
+if len(versions) > 1:  # the versions of its external id: the one it replaced, the one after it
+    st.markdown(f"**Versions of external id {ui.plain(version.external_id or '')}**")
+    st.dataframe(versions, hide_index=True, key="document_versions")
+    for v in versions:
+        if not v["this page"]:
+            st.page_link(
+                ui.DOCUMENT_PAGE,
+                label=f"version {v['version']}: document {v['document']} ({v['state']})",
+                query_params={"doc": f"doc:{v['document']}"},
+            )
 
 st.markdown("**Chunks, in order**")
 if not doc.chunk_count:
