@@ -325,7 +325,7 @@ def test_the_console_shows_the_apis_hits_for_the_same_request(api):
     at.number_input(key="hit_k").set_value(5)
     at.number_input(key="hit_min_score").set_value(0.3)
     at.number_input(key="hit_max_per_document").set_value(2)
-    at.number_input(key="hit_dense_weight").set_value(0.7)
+    at.slider(key="hit_dense_weight").set_value(0.7)
     at.text_input(key="hit_where").set_value(json.dumps(body["where"]))
     at.button(key="FormSubmitter:hit_test_form-Test").click().run()
     assert not at.exception

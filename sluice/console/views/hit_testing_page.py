@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from sluice.console import ui
+from sluice.console import search_controls, ui
 from sluice.ops import hit_testing, metadata, reads
-from sluice.ops.search import DENSE_WEIGHT, MODES, BadQuery, UnknownDataset
+from sluice.ops.search import MODES, BadQuery, UnknownDataset
 
 who = ui.operator()
 sc = ui.scope()
@@ -41,38 +41,9 @@ with st.form("hit_test_form"):
     mode = c2.selectbox("Mode", MODES, key="hit_mode")
     k = c3.number_input("k", min_value=1, max_value=50, value=10, key="hit_k")
     query = st.text_area("Query", key="hit_query", placeholder="A question your users would ask")
-    g1, g2, g3, g4 = st.columns([3, 1, 1, 1])
-    where_text = g1.text_input(
-        "Metadata filter",
-        key="hit_where",
-        placeholder='e.g. lang=de; year>=2020, or {"$or": [{"lang": "de"}, {"year": 2024}]}',
-    )
-    min_score = g2.number_input(
-        "Minimum score", min_value=0.0, max_value=1.0, value=0.0, step=0.05, key="hit_min_score"
-    )
-    per_document = g3.number_input(
-        "Max per document", min_value=0, max_value=100, value=0, key="hit_max_per_document"
-    )
-    dense_weight = g4.number_input(
-        "Dense weight",
-        min_value=0.0,
-        max_value=1.0,
-        value=DENSE_WEIGHT,
-        step=0.05,
-        key="hit_dense_weight",
-    )
+    controls = search_controls.draw("hit")
     if st.form_submit_button("Test", type="primary"):
         st.session_state[REQUEST] = (dataset, query, mode, int(k))
-
-
-def _controls() -> dict:
-    """The form's filter, threshold, cap and weight as search takes them (FilterError)."""
-    return {
-        "where": metadata.parse_filter_text(where_text),
-        "min_score": float(min_score) or None,
-        "max_chunks_per_document": int(per_document) or None,
-        "dense_weight": float(dense_weight),
-    }
 
 
 request = st.session_state.pop(REQUEST, None)
@@ -87,7 +58,7 @@ elif request:
                 query=request[1],
                 mode=request[2],
                 k=request[3],
-                **_controls(),
+                **controls.request(),
             )
     except (UnknownDataset, BadQuery, metadata.FilterError) as exc:
         st.error(ui.plain(exc))

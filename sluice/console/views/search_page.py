@@ -4,10 +4,10 @@ file, pages, type and the documents' metadata."""
 
 import streamlit as st
 
-from sluice.console import ui
+from sluice.console import search_controls, ui
 from sluice.errors import VectorStoreUnavailable
 from sluice.ops import metadata, reads
-from sluice.ops.search import DENSE_WEIGHT, MODES, BadQuery, UnknownDataset
+from sluice.ops.search import MODES, BadQuery, UnknownDataset
 
 sc = ui.scope()
 st.title("Search")
@@ -39,42 +39,7 @@ with st.form("search_form"):
     media_type = f4.selectbox(
         "Type", list(type_names), key="search_media_type", format_func=lambda t: type_names[t]
     )
-    where_text = st.text_input(
-        "Metadata filter",
-        key="search_where",
-        placeholder="e.g. lang=de; year>=2020; team~a,b; reviewed?",
-        help="Every condition must hold. " + metadata.CLI_RULE + "; or a JSON object in Chroma's "
-        'style, {"year": {"$gte": 2020}} or {"$or": [{"lang": "de"}, {"year": 2024}]}. Numbers '
-        "compare as numbers, ISO dates as dates.",
-    )
-    g1, g2, g3 = st.columns(3)
-    min_score = g1.number_input(
-        "Minimum score",
-        min_value=0.0,
-        max_value=1.0,
-        value=0.0,
-        step=0.05,
-        key="search_min_score",
-        help="Only hits scoring at least this (0 to 1, one scale in every mode): fewer than k may "
-        "come. 0 shows every hit.",
-    )
-    per_document = g2.number_input(
-        "Max chunks per document",
-        min_value=0,
-        max_value=100,
-        value=0,
-        key="search_max_per_document",
-        help="At most this many hits of one document; 0: no cap.",
-    )
-    dense_weight = g3.slider(
-        "Dense weight (hybrid)",
-        min_value=0.0,
-        max_value=1.0,
-        value=DENSE_WEIGHT,
-        step=0.05,
-        key="search_dense_weight",
-        help="The meaning ranker's share of the fusion: 0 ranks by words alone, 1 by meaning.",
-    )
+    controls = search_controls.draw("search")
     submitted = st.form_submit_button("Search", type="primary")
 
 if submitted and not query.strip():
@@ -84,7 +49,7 @@ if submitted and not query.strip():
 if query.strip():
     hits: list | None
     try:
-        where_filter = metadata.parse_filter_text(where_text)
+        request = controls.request()
         with st.spinner("Searching (the first search loads the embedding model)..."):
             hits = reads.search(
                 query,
@@ -94,10 +59,7 @@ if query.strip():
                 filename=file_filter or None,
                 pages=pages or None,
                 media_type=None if media_type == "any" else media_type,
-                where=where_filter,
-                min_score=float(min_score) or None,
-                max_chunks_per_document=int(per_document) or None,
-                dense_weight=float(dense_weight),
+                **request,
             )
     except (UnknownDataset, BadQuery, metadata.FilterError) as exc:
         st.error(ui.plain(exc))
@@ -119,7 +81,7 @@ if query.strip():
             )
         st.caption(
             f"{len(hits)} chunk(s) from {where}, best first."
-            + (f" Only hits scoring at least {float(min_score):g}." if min_score else "")
+            + (f" Only hits scoring at least {controls.min_score:g}." if controls.min_score else "")
         )
         for i, h in enumerate(hits, start=1):
             with st.container(border=True):
