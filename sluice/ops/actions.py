@@ -348,46 +348,54 @@ def set_document_metadata(who: Operator, document_id: int, value: Any) -> dict:
             raise
 
 
+def _switch(who: Operator, kind: str, target_id, enabled: bool, flip, refusals: tuple) -> Any:
+    """An audited switch of a chunk or a document (``flip`` does it): one audit row, its action
+    ``{kind}.enable`` or ``{kind}.disable``, settled as refused on any of ``refusals``."""
+    with audit_trail.recording(  # the switch's first commit is the change
+        who,
+        f"{kind}.enable" if enabled else f"{kind}.disable",
+        target_kind=kind,
+        target_id=target_id,
+        check=lambda session: True,
+    ) as rec:
+        try:
+            require_operator(who, f"switch {kind}s on or off")
+            return flip()
+        except (ReadOnlyOperator, *refusals) as exc:
+            rec.settle(False, str(exc), code=type(exc).__name__)
+            raise
+
+
 def set_chunk_enabled(
     who: Operator, chunk_id: str, enabled: bool, *, dataset_ids: list[int] | None = None
 ) -> chunks.ChunkState:
     """Switch a chunk on or off (sluice.ops.chunks)."""
-    with audit_trail.recording(  # its one commit is the switch
+    return _switch(
         who,
-        "chunk.enable" if enabled else "chunk.disable",
-        target_kind="chunk",
-        target_id=chunk_id,
-        check=lambda session: True,
-    ) as rec:
-        try:
-            require_operator(who, "switch chunks on or off")
-            return chunks.set_chunk_enabled(
-                ctx(), chunk_id, enabled, actor=who.actor, dataset_ids=dataset_ids
-            )
-        except (ReadOnlyOperator, chunks.UnknownChunk, chunks.AmbiguousChunk) as exc:
-            rec.settle(False, str(exc), code=type(exc).__name__)
-            raise
+        "chunk",
+        chunk_id,
+        enabled,
+        lambda: chunks.set_chunk_enabled(
+            ctx(), chunk_id, enabled, actor=who.actor, dataset_ids=dataset_ids
+        ),
+        (chunks.UnknownChunk, chunks.AmbiguousChunk),
+    )
 
 
 def set_document_enabled(
     who: Operator, document_id: int, enabled: bool, *, dataset_ids: list[int] | None = None
 ) -> document_switch.DocumentState:
     """Switch a whole document on or off (sluice.ops.document_switch)."""
-    with audit_trail.recording(  # its first commit is the switch
+    return _switch(
         who,
-        "document.enable" if enabled else "document.disable",
-        target_kind="document",
-        target_id=document_id,
-        check=lambda session: True,
-    ) as rec:
-        try:
-            require_operator(who, "switch documents on or off")
-            return document_switch.set_document_enabled(
-                ctx(), document_id, enabled, actor=who.actor, dataset_ids=dataset_ids
-            )
-        except (ReadOnlyOperator, meta.UnknownDocument) as exc:
-            rec.settle(False, str(exc), code=type(exc).__name__)
-            raise
+        "document",
+        document_id,
+        enabled,
+        lambda: document_switch.set_document_enabled(
+            ctx(), document_id, enabled, actor=who.actor, dataset_ids=dataset_ids
+        ),
+        (meta.UnknownDocument,),
+    )
 
 
 def create_dataset(who: Operator, name: str) -> tuple[bool, str]:
