@@ -72,3 +72,70 @@ def test_the_hit_test_history_keeps_the_last_20_of_each_operator(ctx):
         kept = hit_tests.recent(session=session, operator="ana")
         assert [r.query for r in kept] == [f"q{i}" for i in range(24, 4, -1)]
         assert [r.query for r in hit_tests.recent(session=session, operator="ben")] == ["b"]
+
+
+# Each search control: its widget kind and its key on the Search page and on the Hit testing page.
+CONTROLS = [
+    ("selectbox", "mode", "hit_mode"),
+    ("number_input", "search_k", "hit_k"),
+    ("text_input", "search_where", "hit_where"),
+    ("number_input", "search_min_score", "hit_min_score"),
+    ("number_input", "search_max_per_document", "hit_max_per_document"),
+    ("slider", "search_dense_weight", "hit_dense_weight"),
+]
+ASKED = ("query", "dataset", "k", "mode", "where", "min_score")
+ASKED += ("max_chunks_per_document", "dense_weight")
+
+
+def _drawn(at, kind: str, key: str):
+    """The control as the browser gets it, less what names its page (its id, form, and the URL
+    parameter that keeps Search's ranking in its link)."""
+    proto = type(getattr(at, kind)(key=key).proto)()
+    proto.CopyFrom(getattr(at, kind)(key=key).proto)
+    for field in ("id", "form_id", "query_param_key"):
+        if field in proto.DESCRIPTOR.fields_by_name:
+            proto.ClearField(field)
+    if key.endswith("_k"):
+        proto.ClearField("default")  # k starts at 5 on Search, at 10 on Hit testing
+    return proto
+
+
+def test_search_and_hit_testing_draw_one_set_of_controls_and_ask_the_same(ctx, monkeypatch):
+    from sluice.ops import hit_testing, reads
+    from sluice.ops.ingest import ingest_bytes
+
+    ingest_bytes(ctx, b"The lighthouse keeper lit the lamp. " * 20, dataset="default", filename="a")
+    asked: dict[str, dict] = {}
+
+    def recorder(page: str):
+        def search(ctx, **request):
+            asked[page] = {name: request.get(name) for name in ASKED}
+            return []
+
+        return search
+
+    monkeypatch.setattr(reads, "run_search", recorder("search"))
+    monkeypatch.setattr(hit_testing, "search", recorder("hit"))
+    search = open_console("search", query={"in": "default"})
+    hit = open_console("hit_testing")
+    for kind, on_search, on_hit in CONTROLS:
+        # before: hit testing drew its mode as "Mode" without help, and k by itself
+        assert _drawn(search, kind, on_search) == _drawn(hit, kind, on_hit), on_search
+
+    search.text_input(key="q").set_value("lighthouse keeper")
+    hit.text_area(key="hit_query").set_value("lighthouse keeper")
+    for at, (mode, k, where, score, cap, weight) in (
+        (search, ("mode", "search_k", "search_where", *[c[1] for c in CONTROLS[3:]])),
+        (hit, ("hit_mode", "hit_k", "hit_where", *[c[2] for c in CONTROLS[3:]])),
+    ):
+        at.selectbox(key=mode).set_value("dense")
+        at.number_input(key=k).set_value(7)
+        at.text_input(key=where).set_value("lang=de; year>=2020")
+        at.number_input(key=score).set_value(0.25)
+        at.number_input(key=cap).set_value(2)
+        at.slider(key=weight).set_value(0.8)
+    search.button[0].click().run()
+    hit.button(key="FormSubmitter:hit_test_form-Test").click().run()
+    assert not search.exception and not hit.exception
+    assert asked["search"] == asked["hit"]
+    assert asked["hit"]["k"] == 7 and asked["hit"]["max_chunks_per_document"] == 2

@@ -8,7 +8,7 @@ import streamlit as st
 
 from sluice.console import search_controls, ui
 from sluice.ops import hit_testing, metadata, reads
-from sluice.ops.search import MODES, BadQuery, UnknownDataset
+from sluice.ops.search import BadQuery, UnknownDataset
 
 who = ui.operator()
 sc = ui.scope()
@@ -30,36 +30,28 @@ if st.session_state.get("hit_dataset") not in names:
 
 
 def _again(dataset: str, query: str, mode: str, k: int) -> None:
-    """A history row's Run again: the form shows that query and it runs now."""
+    """A history row's Run again: the form shows that query, its mode and k, and it runs now."""
     st.session_state.update(hit_dataset=dataset, hit_query=query, hit_mode=mode, hit_k=k)
-    st.session_state[REQUEST] = (dataset, query, mode, k)
+    st.session_state[REQUEST] = True
 
 
 with st.form("hit_test_form"):
-    c1, c2, c3 = st.columns([2, 1, 1])
+    c1, c2 = st.columns([1, 3])
     dataset = c1.selectbox("Dataset", names, key="hit_dataset")
-    mode = c2.selectbox("Mode", MODES, key="hit_mode")
-    k = c3.number_input("k", min_value=1, max_value=50, value=10, key="hit_k")
-    query = st.text_area("Query", key="hit_query", placeholder="A question your users would ask")
-    controls = search_controls.draw("hit")
+    query = c2.text_area("Query", key="hit_query", placeholder="A question your users would ask")
+    controls = search_controls.draw("hit", k=10)
     if st.form_submit_button("Test", type="primary"):
-        st.session_state[REQUEST] = (dataset, query, mode, int(k))
+        st.session_state[REQUEST] = True
 
 
-request = st.session_state.pop(REQUEST, None)
-if request and not request[1].strip():
+# a test runs once per Test or Run again, with what the form holds (not on any other rerun)
+asked = st.session_state.pop(REQUEST, False)
+if asked and not query.strip():
     st.info("Type a query to test.")
-elif request:
+elif asked:
     try:
         with st.spinner("Searching (the first search loads the embedding model)..."):
-            test = hit_testing.run(
-                who,
-                dataset=request[0],
-                query=request[1],
-                mode=request[2],
-                k=request[3],
-                **controls.request(),
-            )
+            test = hit_testing.run(who, dataset=dataset, query=query, **controls.request())
     except (UnknownDataset, BadQuery, metadata.FilterError) as exc:
         st.error(ui.plain(exc))
     except Exception as exc:  # Chroma unreachable, model failed to load

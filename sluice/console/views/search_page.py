@@ -7,7 +7,7 @@ import streamlit as st
 from sluice.console import search_controls, ui
 from sluice.errors import VectorStoreUnavailable
 from sluice.ops import metadata, reads
-from sluice.ops.search import MODES, BadQuery, UnknownDataset
+from sluice.ops.search import BadQuery, UnknownDataset
 
 sc = ui.scope()
 st.title("Search")
@@ -15,7 +15,7 @@ st.title("Search")
 names = [ui.ALL_DATASETS, *[d.name for d in reads.datasets()]]
 default = sc.dataset if sc.dataset in names else ui.ALL_DATASETS
 with st.form("search_form"):
-    c1, c2, c3 = st.columns([6, 2, 1])
+    c1, c2 = st.columns([7, 2])
     # the query, its dataset and ranking live in the URL: a search can be bookmarked and shared
     query = c1.text_input(
         "Query", key="q", placeholder="What are you looking for?", bind="query-params"
@@ -24,22 +24,14 @@ with st.form("search_form"):
         "Dataset", names, index=names.index(default), key="in", bind="query-params"
     )
     dataset = None if chosen == ui.ALL_DATASETS else chosen
-    k = c3.number_input("k", min_value=1, max_value=50, value=5, key="search_k")
-    f1, f2, f3, f4 = st.columns([2, 3, 2, 2])
-    mode = f1.selectbox(
-        "Ranking",
-        MODES,
-        key="mode",
-        bind="query-params",
-        help="hybrid fuses word matches and meaning; lexical never loads the model",
-    )
-    file_filter = f2.text_input("File name contains", key="search_file")
-    pages = f3.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
+    f1, f2, f3 = st.columns([3, 2, 2])
+    file_filter = f1.text_input("File name contains", key="search_file")
+    pages = f2.text_input("Pages", key="search_pages", placeholder="e.g. 3-7")
     type_names = {"any": "any", **reads.supported_formats()[1]}
-    media_type = f4.selectbox(
+    media_type = f3.selectbox(
         "Type", list(type_names), key="search_media_type", format_func=lambda t: type_names[t]
     )
-    controls = search_controls.draw("search")
+    controls = search_controls.draw("search", mode_in_url=True)
     submitted = st.form_submit_button("Search", type="primary")
 
 if submitted and not query.strip():
@@ -54,8 +46,6 @@ if query.strip():
             hits = reads.search(
                 query,
                 dataset,
-                int(k),
-                mode=mode,
                 filename=file_filter or None,
                 pages=pages or None,
                 media_type=None if media_type == "any" else media_type,
