@@ -150,3 +150,37 @@ def test_each_version_of_an_external_id_lists_the_others_and_which_is_live(ctx):
         assert list(versions["state"]) == [f"replaced by document {second.document_id}", "live"]
         links = [p.proto.label for p in at.get("page_link")]
         assert any(f"document {other.document_id}" in label for label in links)
+
+
+# The chunk switch's column, modelled as the browser lays it out: the main area of a 1280 px window
+# with the sidebar open (wide layout, less its side padding), less the chunk's bordered container
+# and the gaps between columns; the switch track, its gap and the help icon; a label's characters.
+MAIN_WIDTH, PADDING, SWITCH, CHARACTER = 864, 48, 64, 8
+
+
+def _widths(node, share: float = 1.0):
+    """Each node of the page's tree with the share of the main area's width it is drawn in (a
+    column gets its weight's share of the row it stands in)."""
+    yield node, share
+    children = list(getattr(node, "children", {}).values())
+    row = sum(c.weight for c in children if getattr(c, "type", "") == "column")
+    for child in children:
+        weight = child.weight / row if getattr(child, "type", "") == "column" else 1.0
+        yield from _widths(child, share * weight)
+
+
+def test_the_chunk_switchs_label_fits_its_column_whole(ctx):
+    r = _indexed(ctx)
+    at = open_console("document", query={"doc": f"doc:{r.document_id}"})
+    switches = [
+        (node, share)
+        for node, share in _widths(at.main)
+        if getattr(node, "type", "") == "toggle" and node.key.startswith("document_chunk_on_")
+    ]
+    assert switches
+    for switch, share in switches:
+        room = share * MAIN_WIDTH - PADDING
+        needed = SWITCH + CHARACTER * len(switch.label)
+        # before: "Searchable" in a sixth of the main area, drawn as "Searc..."
+        assert needed <= room, (switch.label, needed, round(room))
+        assert "search answers" in switch.help  # what a short label leaves out, the help says

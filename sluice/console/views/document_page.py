@@ -215,7 +215,7 @@ left, right = st.columns([1, 1])
 with left:
     for c in rows:
         with st.container(border=True):
-            head, switch = st.columns([2, 1])  # room for the switch's whole label
+            head, switch = st.columns([2, 1])
             if c is rows[picked]:  # the chosen chunk is scrolled into view (below)
                 st.html(f'<div id="chunk-{c.position}"></div>')
             head.caption(
@@ -223,14 +223,15 @@ with left:
                 + (" · text read by OCR" if places.get(c.chunk_id, ("", False))[1] else "")
                 + ("" if c.enabled else " · **disabled**: left out of search")
             )
-            switch.toggle(
-                "Searchable",
+            switch.toggle(  # a label that fits the narrow column whole; the help says the rest
+                "On",
                 value=c.enabled,
                 key=f"document_chunk_on_{c.chunk_id}",
                 disabled=not who.can_act,
                 on_change=_switch,
                 args=(c.chunk_id,),
-                help="Off: the chunk stays in the index but no search answers it.",
+                help="On: search answers this chunk. Off: the chunk stays in the index but no "
+                "search answers it.",
             )
             st.text(c.text)
 st.html(  # to the chosen chunk, once the list is drawn (an anchor the page itself wrote)
