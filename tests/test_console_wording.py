@@ -5,11 +5,12 @@ popover closed after Create, and where a chunk is (section, OCR) said as search 
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
 
-from tests.support.apptest import open_console, texts
+from tests.support.apptest import assert_ok, open_console, texts
 from tests.support.helpers import run_file
 from tests.support.seed import seed_every_state
 
@@ -131,3 +132,52 @@ def test_an_ocr_page_is_not_said_to_lack_the_chunks_words_as_if_in_error(ctx):
     assert caption == (
         "page 1, the chunk was recognised by OCR; the page image has no text layer to compare with"
     )
+
+
+# --- a console button is never explained by a CLI flag ------------------------------------------
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][\w.-]*")
+COMMAND = re.compile(r"`sluice [^`]*`")  # a whole command for a shell, quoted as code: allowed
+
+
+def _flags(text: str) -> list[str]:
+    """The CLI flags ``text`` names outside a quoted ``sluice ...`` command."""
+    return FLAG.findall(COMMAND.sub("", text))
+
+
+def _said_and_labelled(at) -> str:
+    """What the page shows: its text, and its widgets' labels and help."""
+    widgets = [*at.button, *at.text_input, *at.selectbox, *at.toggle, *at.number_input]
+    return "\n".join([texts(at), *(f"{w.label} {w.help or ''}" for w in widgets)])
+
+
+def test_the_sources_page_says_what_its_buttons_do_and_names_no_cli_flag(ctx, tmp_path):
+    from sluice.ops.sources import syncing
+
+    share = tmp_path / "share"
+    share.mkdir()
+    for i in range(4):
+        (share / f"f{i}.txt").write_bytes(f"File {i} of the share. ".encode() * 20)
+    syncing.add_source(ctx, name="src", dataset="docs", folder=str(share))
+    at = open_console("sources")
+    seen = [_said_and_labelled(at)]
+    at.button(key="source_sync").click().run()  # a new source's first sync waits for its button
+    seen.append(_said_and_labelled(at))
+    assert "waits for confirmation" in seen[-1]
+    at.button(key="source_preview").click().run()
+    seen.append(_said_and_labelled(at))
+    at.button(key="source_first").click().run()
+    seen.append(_said_and_labelled(at))
+    at.button(key="source_first:yes").click().run()
+    assert syncing.get_source(ctx, "src").documents == 4
+    for f in share.iterdir():
+        f.unlink()
+    at.button(key="source_sync").click().run()  # the emptied share: its removals are held
+    seen.append(_said_and_labelled(at))
+    assert "Removals held" in seen[-1]
+    at.button(key="source_confirm").click().run()
+    seen.append(_said_and_labelled(at))
+    assert_ok(at)
+    for page in seen:  # before: "confirm (--yes)" beside the page's own confirm button
+        assert not _flags(page), page
+    assert "confirm if the source really is empty now" in seen[-1]

@@ -158,6 +158,15 @@ def plain(value: object) -> str:
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", " ".join(str(value).splitlines()))
 
 
+_CLI_ASIDE = re.compile(r"\s*\([^()]*--[a-z][^()]*\)")
+
+
+def without_cli_asides(text: str) -> str:
+    """An ops message as a console page says it: the asides that tell a shell what to type
+    ("confirm (--yes) to remove them") dropped, as the page's own button is what does it here."""
+    return _CLI_ASIDE.sub("", text)
+
+
 def highlighted(snippet: str) -> str:
     """A search snippet whose matched words come wrapped in ``**``: everything shown as text, only
     the matches bold (a ``**`` inside the document's own text at worst moves a highlight)."""

@@ -27,6 +27,8 @@ st.caption(
 ui.read_only_note(who)
 ui.show_flashes()
 
+# What the sync says is said for every front end; the CLI's flags are this page's buttons.
+_said = ui.without_cli_asides
 views = manage.list_sources()
 if not views:
     st.info("No source yet: `sluice sources add NAME --dataset D --folder PATH`.")
@@ -67,27 +69,27 @@ st.dataframe(pd.DataFrame([_row(v) for v in views]), hide_index=True, width="str
 name = st.selectbox("Source", [v.name for v in views], key="source_name")
 chosen = next(v for v in views if v.name == name)
 if chosen.last_run and chosen.last_run.get("message"):
-    st.markdown(ui.plain(f"Last sync: {chosen.last_run['message']}"))
+    st.markdown(ui.plain(f"Last sync: {_said(chosen.last_run['message'])}"))
 
 
 def _run(*, confirm: bool = False) -> None:
     try:
         result = manage.sync(who, name, confirm=confirm)
     except OperationError as exc:
-        ui.flash("error", exc.message)
+        ui.flash("error", _said(exc.message))
         return
     st.session_state.pop(PREVIEW, None)
     level = "success" if result.status == "done" else "warning"
-    ui.flash(level, f"{name}: {result.message}")
+    ui.flash(level, f"{name}: {_said(result.message)}")
     if result.held_reason:
-        ui.flash("warning", f"Removals held: {result.held_reason}")
+        ui.flash("warning", f"Removals held: {_said(result.held_reason)}")
 
 
 def _undo() -> None:
     try:
-        ui.flash("success", manage.undo(who, name))
+        ui.flash("success", _said(manage.undo(who, name)))
     except OperationError as exc:
-        ui.flash("error", exc.message)
+        ui.flash("error", _said(exc.message))
 
 
 left, middle, right = st.columns(3)
@@ -96,7 +98,7 @@ if left.button("Preview the sync", key="source_preview"):
         try:
             preview = manage.sync(who, name, preview=True)
         except OperationError as exc:
-            st.error(ui.plain(exc.message))
+            st.error(ui.plain(_said(exc.message)))
         else:
             st.session_state[PREVIEW] = {"source": name, "result": preview.to_dict()}
 middle.button(
@@ -114,7 +116,7 @@ with right:
 
 
 def _confirm(box, held: int, reason: str) -> None:
-    box.warning(ui.plain(f"Removals held: {reason}"))
+    box.warning(ui.plain(f"Removals held: {_said(reason)}"))
     with box:
         ui.confirm_button(
             "Sync and remove them",
@@ -149,9 +151,9 @@ if not chosen.confirmed:
 if shown and shown["source"] == name:
     result = shown["result"]
     box = st.container(border=True)
-    box.markdown(ui.plain(f"Preview: {result['message']}"))
+    box.markdown(ui.plain(f"Preview: {_said(result['message'])}"))
     for failure in result["failed"][:20]:
-        box.markdown(ui.plain(f"cannot read {failure['path']}: {failure['error']}"))
+        box.markdown(ui.plain(f"cannot read {failure['path']}: {_said(failure['error'])}"))
     if result["held_reason"]:
         _confirm(box, result["counts"]["held"], result["held_reason"])
 elif last.get("status") == "held":
