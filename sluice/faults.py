@@ -41,7 +41,9 @@ sync or preview listed its source, before it reads what its syncs recorded),
 purge found the sources with expired tombstones, before it takes their leases), ``query_export``
 (the query encoder's export holds its lock and found no export, before it loads the model),
 ``before_document_switch`` (a document switch read the live document, before its UPDATE),
-``search_between_rankers`` (a hybrid search ran its lexical ranker, before its dense one).
+``search_between_rankers`` (a hybrid search ran its lexical ranker, before its dense one),
+``after_chunk_edit_recorded`` (a chunk's edit committed, before it is written into the chunks the
+document serves).
 
 A hook is a callable run where its point is hit, with keyword arguments that say what is there
 (``job_id=...``); it may block on a barrier or an event to hold a window open, or change the

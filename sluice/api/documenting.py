@@ -68,7 +68,11 @@ BY_OPERATION: dict[tuple[str, str], dict[int, tuple[str, ...]]] = {
     ("post", "/v1/jobs/{job_id}/unlock"): {409: ("action_refused",)},
     ("delete", "/v1/documents/{document_id}"): {409: ("action_refused",)},
     ("patch", "/v1/documents/{document_id}"): {422: ("invalid_metadata",)},
-    ("patch", "/v1/chunks/{chunk_id}"): {409: ("ambiguous_chunk",)},
+    ("patch", "/v1/chunks/{chunk_id}"): {
+        409: ("ambiguous_chunk", "edit_conflict"),
+        422: ("invalid_chunk_text",),
+        503: ("vector_store_unavailable",),
+    },
     ("post", "/v1/datasets/{dataset}/search"): {
         409: ("dataset_deleting",),
         422: ("bad_query", "invalid_filter"),

@@ -1,9 +1,10 @@
 """Document metadata and switches: ``PATCH /v1/documents/{id}`` (replace the metadata, switch the
 whole document off or on), ``GET /v1/datasets/{dataset}/documents`` (listed, filtered by
-``where``) and ``PATCH /v1/chunks/{chunk_id}`` (``enabled``)."""
+``where``) and ``PATCH /v1/chunks/{chunk_id}`` (``enabled``, ``text``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -22,6 +23,7 @@ from sluice.api.schemas import (
 )
 from sluice.ops import metadata as meta
 from sluice.ops import reads
+from sluice.ops.chunks import MAX_CHUNK_TEXT
 
 router = APIRouter(tags=["documents"])
 ChunkId = Annotated[str, Path(min_length=1, max_length=120, description="a chunk id")]
@@ -52,7 +54,25 @@ class DocumentPatchIn(Strict):
 
 
 class ChunkIn(Strict):
-    enabled: bool = Field(description="false: kept in the index, left out of every search")
+    """What to change of a chunk: its switch, its text, or both (at least one)."""
+
+    enabled: bool | None = Field(
+        None, description="false: kept in the index, left out of every search; true: on again"
+    )
+    text: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_CHUNK_TEXT,
+        description="the chunk's new text, embedded and indexed again under the same id; kept "
+        "across reindexes and retries (it replaces the text the pipeline makes for this chunk). "
+        "The pipeline's own text again undoes the edit.",
+    )
+
+    @model_validator(mode="after")
+    def _something(self) -> ChunkIn:
+        if self.enabled is None and self.text is None:
+            raise ValueError("name enabled, text, or both")
+        return self
 
 
 class ChunkStateOut(BaseModel):
@@ -60,6 +80,10 @@ class ChunkStateOut(BaseModel):
     dataset: str = Field(description="the chunk's dataset, by name as every other answer names it")
     document_id: int
     enabled: bool
+    text: str | None = Field(None, description="with an edit: the chunk's text now")
+    edited: bool | None = Field(
+        None, description="with an edit: whether the text differs from what the pipeline made"
+    )
 
 
 class ListedDocument(BaseModel):
@@ -147,12 +171,18 @@ def list_documents(
 @router.patch(
     "/v1/chunks/{chunk_id}",
     response_model=ChunkStateOut,
-    responses=problems(401, 403, 404, 409, 422, 429),
+    responses=problems(401, 403, 404, 409, 422, 429, 503),
 )
 async def patch_chunk(chunk_id: ChunkId, body: ChunkIn, key: Key) -> dict:
     """Switch a chunk off (kept in the index, shown as disabled, left out of every search) or on
-    again."""
-    state = await run_in_threadpool(scoped.set_chunk_enabled, key, chunk_id, body.enabled)
+    again; give it new text (embedded and indexed again at once, kept across reindexes)."""
+    state = None
+    if body.text is not None:
+        state = await run_in_threadpool(scoped.edit_chunk, key, chunk_id, body.text)
+    if body.enabled is not None:
+        switched = await run_in_threadpool(scoped.set_chunk_enabled, key, chunk_id, body.enabled)
+        state = switched if state is None else replace(state, enabled=switched.enabled)
+    assert state is not None  # the body names one or both
     names = {d.id: d.name for d in await run_in_threadpool(reads.datasets)}
     out = state.to_dict()
     return {**out, "dataset": names.get(out.pop("dataset_id"), "")}

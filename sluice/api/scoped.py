@@ -412,6 +412,15 @@ def set_chunk_enabled(key: ApiPrincipal, chunk_id: str, enabled: bool) -> ChunkS
         raise Missing(f"no chunk {chunk_id!r}") from None
 
 
+def edit_chunk(key: ApiPrincipal, chunk_id: str, text: str) -> ChunkState:
+    """Give a chunk of a dataset in reach new text (embedded again)."""
+    require(key, "ingest", "editing chunks")
+    try:
+        return actions.edit_chunk(key.operator, chunk_id, text, dataset_ids=key.reach)
+    except UnknownChunk:
+        raise Missing(f"no chunk {chunk_id!r}") from None
+
+
 def delete_document(key: ApiPrincipal, document_id: int):
     with _session() as session:
         _document(session, key, document_id)

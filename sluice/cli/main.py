@@ -143,9 +143,14 @@ def add_ingest_commands(sub) -> None:
     switch.add_argument("--enable", action="store_true", help="switch the document on again")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=metadata_commands.documents)
-    a = sub.add_parser("chunks", help="switch a chunk off (kept, left out of search) or on")
-    a.add_argument("action", choices=["disable", "enable"])
+    a = sub.add_parser(
+        "chunks", help="switch a chunk off (kept, left out of search) or on; edit its text"
+    )
+    a.add_argument("action", choices=["disable", "enable", "edit"])
     a.add_argument("chunk_id")
+    given = a.add_mutually_exclusive_group()
+    given.add_argument("--text", help="edit: the chunk's new text (embedded and indexed again)")
+    given.add_argument("--file", help="edit: read the chunk's new text from this file (- : stdin)")
     a.add_argument("--dataset", help="the dataset, when the chunk id is in several")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=metadata_commands.chunks)

@@ -1,12 +1,13 @@
 """``sluice documents ID [--meta KEY=VALUE]...`` (a document's metadata, shown or replaced),
 ``sluice documents ID --disable|--enable`` (the whole document switched off and on),
 ``sluice documents --dataset NAME --where EXPR...`` (documents a filter allows), and
-``sluice chunks disable|enable CHUNK_ID`` (a chunk switched off and on). Bad metadata or a bad
-filter is a message naming the key, and exit code 2."""
+``sluice chunks disable|enable|edit CHUNK_ID`` (a chunk switched off and on, its text edited).
+Bad metadata or a bad filter is a message naming the key, and exit code 2."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from sqlmodel import Session
 
@@ -14,7 +15,7 @@ from sluice.cli.output import print_json, table
 from sluice.ops import actions, reads
 from sluice.ops import metadata as meta
 from sluice.ops.access import ReadOnlyOperator, cli_operator
-from sluice.ops.chunks import AmbiguousChunk, UnknownChunk
+from sluice.ops.chunks import AmbiguousChunk, BadChunkText, UnknownChunk
 from sluice.ops.search import UnknownDataset, get_dataset
 
 USAGE_ERROR = 2
@@ -134,8 +135,20 @@ def _list(args, where: dict | None) -> int:
     return 0
 
 
+def _edit_text(args) -> str | None:
+    """The new text of ``sluice chunks edit``: --text, or --file (``-``: standard input)."""
+    if args.text is not None:
+        return str(args.text)
+    if args.file == "-":
+        return sys.stdin.read()
+    if args.file:
+        return Path(args.file).read_text(encoding="utf-8")
+    return None
+
+
 def chunks(args) -> int:
-    """``sluice chunks disable|enable CHUNK_ID [--dataset NAME]``."""
+    """``sluice chunks disable|enable CHUNK_ID [--dataset NAME]``, ``sluice chunks edit CHUNK_ID
+    --text TEXT | --file PATH``."""
     ctx = reads.ctx()
     reach = None
     if args.dataset:
@@ -143,14 +156,29 @@ def chunks(args) -> int:
             reach = [get_dataset(ctx, args.dataset).id]
         except UnknownDataset as err:
             return _fail(str(err))
+    editing = args.action == "edit"
+    if editing != (args.text is not None or args.file is not None):
+        return _fail("--text or --file go with edit, and edit needs one of them", USAGE_ERROR)
     try:
-        state = actions.set_chunk_enabled(
-            cli_operator(), args.chunk_id, args.action == "enable", dataset_ids=reach
-        )
+        if editing:
+            new_text = _edit_text(args)
+            assert new_text is not None
+            state = actions.edit_chunk(cli_operator(), args.chunk_id, new_text, dataset_ids=reach)
+        else:
+            state = actions.set_chunk_enabled(
+                cli_operator(), args.chunk_id, args.action == "enable", dataset_ids=reach
+            )
+    except (OSError, UnicodeDecodeError) as err:
+        return _fail(f"cannot read the new text: {err}", USAGE_ERROR)
+    except BadChunkText as err:
+        return _fail(f"{err} ({err.hint})", USAGE_ERROR)
     except (UnknownChunk, AmbiguousChunk, ReadOnlyOperator) as err:
         return _fail(str(err), USAGE_ERROR if isinstance(err, AmbiguousChunk) else 1)
     if args.json:
         print_json(state.to_dict())
+    elif editing:
+        word = "edited" if state.edited else "back to the text the pipeline made"
+        print(f"chunk {state.chunk_id} of document {state.document_id}: {word}, indexed again")
     else:
         word = "enabled" if state.enabled else "disabled (kept in the index, left out of search)"
         print(f"chunk {state.chunk_id} of document {state.document_id}: {word}")

@@ -482,6 +482,13 @@ class Operations:
 
         return (yield from self._in_dataset(dataset, delete))
 
+    @call("PATCH /v1/chunks/{chunk_id}")
+    def edit_chunk(self, chunk_id: str, text: str) -> Plan[ChunkState]:
+        """Give a chunk new text: embedded and indexed again at once, kept across reindexes (the
+        pipeline's own text again undoes the edit)."""
+        path = f"/v1/chunks/{segment(chunk_id)}"
+        return (yield from self._one(ChunkState, "PATCH", path, json={"text": text}))
+
     @call("GET /v1/documents/{document_id}/chunks")
     def chunks(self, document_id: int, *, offset: int = 0, limit: int = 50) -> Plan[ChunkPage]:
         """One page of the chunks search serves for the document, in order."""

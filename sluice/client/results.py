@@ -324,12 +324,14 @@ class ChunkPage(Result):
 
 @result
 class ChunkState(Result):
-    """A chunk after its switch (ChunkStateOut)."""
+    """A chunk after its switch or edit (ChunkStateOut)."""
 
     chunk_id: str
     dataset: str
     document_id: int
     enabled: bool
+    text: str | None = None
+    edited: bool | None = None
 
 
 @result

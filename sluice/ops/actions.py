@@ -382,6 +382,35 @@ def set_chunk_enabled(
     )
 
 
+def edit_chunk(
+    who: Operator, chunk_id: str, text: str, *, dataset_ids: list[int] | None = None
+) -> chunks.ChunkState:
+    """Give a chunk new text, embedded again (sluice.ops.chunks); audited as ``chunk.edit``, its
+    text's length recorded, never the text."""
+    with audit_trail.recording(  # the edit's first commit is the change
+        who,
+        "chunk.edit",
+        target_kind="chunk",
+        target_id=chunk_id,
+        params={"characters": len(text) if isinstance(text, str) else None},
+        check=lambda session: True,
+    ) as rec:
+        try:
+            require_operator(who, "edit chunks")
+            return chunks.edit_chunk(
+                ctx(), chunk_id, text, actor=who.actor, dataset_ids=dataset_ids
+            )
+        except (
+            ReadOnlyOperator,
+            chunks.UnknownChunk,
+            chunks.AmbiguousChunk,
+            chunks.BadChunkText,
+            chunks.EditConflict,
+        ) as exc:
+            rec.settle(False, str(exc), code=type(exc).__name__)
+            raise
+
+
 def set_document_enabled(
     who: Operator, document_id: int, enabled: bool, *, dataset_ids: list[int] | None = None
 ) -> document_switch.DocumentState:

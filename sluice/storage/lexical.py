@@ -435,6 +435,26 @@ def update_fields(engine: Engine, dataset_id: int, fixes: Sequence[tuple[str, di
             )
 
 
+def set_texts(engine: Engine, dataset_id: int, job_id: int, texts: dict[str, str]) -> int:
+    """Give rows of ``job_id`` new text (a chunk edited by hand), their words indexed again in the
+    same statement; how many rows there were."""
+    pg = _postgres(engine)
+    column, value = ("tsv", "CAST(:terms AS tsvector)") if pg else ("terms", ":terms")
+    stmt = text(
+        f"UPDATE lexical_chunk SET text = :text, {column} = {value} "
+        "WHERE dataset_id = :d AND job_id = :j AND chunk_id = :cid"
+    )
+    n = 0
+    with engine.begin() as conn:
+        for cid, value_text in texts.items():
+            toks = index_tokens(value_text)
+            terms = _tsvector(toks) if pg else " ".join(toks).translate(_FTS5_MARKS)
+            n += conn.execute(
+                stmt, {"text": value_text, "terms": terms, "d": dataset_id, "j": job_id, "cid": cid}
+            ).rowcount
+    return n
+
+
 # --- reading --------------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from sqlmodel import Field, SQLModel
 
 from sluice.errors import ErrorKind
 from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
+from sluice.storage.chunk_edits import ChunkEdit  # noqa: F401  (its table is made with these)
 from sluice.storage.hit_tests import HitTestQuery  # noqa: F401  (its table is made with these)
 from sluice.storage.source_records import (  # noqa: F401  (their tables are made with these)
     Source,
@@ -154,6 +155,9 @@ class Document(SQLModel, table=True):
     # document; a new version by external id takes it over when it starts serving.
     disabled_at: datetime | None = None
     disabled_by: str | None = Field(default=None, max_length=120)
+    # A chunk's text last edited by hand (sluice.storage.chunk_edits: its UPDATE is the row lock a
+    # success orders itself against).
+    edited_at: datetime | None = None
 
 
 class DisabledChunk(SQLModel, table=True):

@@ -65,6 +65,7 @@ class Chunk:
     position: int
     page: int
     text: str
+    source_sha: str | None = None  # set when the text is an edit of this sha's (chunk_edits)
 
 
 def strip_marks(text: str) -> str:

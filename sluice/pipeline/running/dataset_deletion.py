@@ -29,6 +29,7 @@ from sluice import faults
 from sluice.pipeline.running.cleanup import remove_blob_if_unused, remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, lexical
+from sluice.storage.chunk_edits import ChunkEdit
 from sluice.storage.clock import db_now
 from sluice.storage.models import ApiKey, Dataset, DisabledChunk, Document, Job, JobStatus
 
@@ -209,6 +210,7 @@ def _remove_rows(ctx: Context, dataset_id: int) -> None:
         session.execute(
             sql_delete(DisabledChunk).where(col(DisabledChunk.dataset_id) == dataset_id)
         )
+        session.execute(sql_delete(ChunkEdit).where(col(ChunkEdit.dataset_id) == dataset_id))
         for key in session.exec(select(ApiKey)).all():
             if dataset_id in (key.dataset_ids or []):
                 key.dataset_ids = [d for d in key.dataset_ids if d != dataset_id]  # a new list

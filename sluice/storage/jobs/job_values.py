@@ -67,3 +67,4 @@ class Built:
     cached: int
     warnings: Sequence[str] = ()
     stages: Mapping[str, float] = field(default_factory=dict)
+    edits_seen: int | None = None  # the newest chunk edit the run applied (None: not checked)

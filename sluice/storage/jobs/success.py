@@ -12,7 +12,7 @@ from sqlmodel import Session, SQLModel, col, select
 
 from sluice import faults
 from sluice.errors import JobCancelled, LeaseLost, TransientError
-from sluice.storage import replacements, source_records, webhook_records
+from sluice.storage import chunk_edits, replacements, source_records, webhook_records
 from sluice.storage.jobs.conditional import (
     IN_STATUS,
     RUNNING_UNCANCELLED,
@@ -103,6 +103,13 @@ def _succeed_once(
     if lost or retired is None or not switched:
         session.rollback()
         return None
+    # After the UPDATE of the document's row above: an edit committing meanwhile held that row
+    # (sluice.storage.chunk_edits.record), so this read sees it; a later one finds this job serving.
+    if built.edits_seen is not None:
+        newest = chunk_edits.newest(session, document.id)
+        if newest > built.edits_seen:
+            session.rollback()
+            raise chunk_edits.ChunkEdited(document.id, newest)
     session.commit()
     if seen is not None:
         seen(document)
