@@ -213,3 +213,31 @@ def test_a_table_row_is_never_cut_and_a_runaway_row_is_cut_as_text():
     huge = "| " + "word " * 400 + "| x | y |"
     pieces = split_text("\n".join([HEADER, "| --- | --- | --- |", huge]), size=100, overlap=0)
     assert all(len(p) <= 100 for p in pieces)
+
+
+def make_two_line_labels(path) -> None:
+    """An unruled table under a bold header row whose labels take two lines each (a LibreOffice
+    table of this kind): the second line of the first row's label is not a heading."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 72), "Berths inspected this quarter:", fontsize=11)
+    xs = [72, 200, 300, 400]
+    for x, cell in zip(xs, ("Berth", "Depth", "Cost", "Owner"), strict=True):
+        page.insert_text((x, 100), cell, fontsize=10, fontname="hebo")
+    y = 116.0
+    for i, (a, b, c) in enumerate(REGIONS):
+        for x, cell in zip(xs, (a, b, c, f"Owner {i}"), strict=True):
+            page.insert_text((x, y), cell, fontsize=10)
+        page.insert_text((72, y + 11), f"(zone {i + 1})", fontsize=10)
+        y += 26
+    page.insert_text((72, y + 20), "Depths were taken at low water.", fontsize=11)
+    doc.save(str(path))
+
+
+def test_an_unruled_table_keeps_its_header_above_labels_of_two_lines(tmp_path):
+    make_two_line_labels(tmp_path / "labels.pdf")
+    [(_, text)] = pages_of(tmp_path / "labels.pdf", "application/pdf")
+    lines = text.split("\n")
+    assert "| Berth | Depth | Cost | Owner |" in lines, text
+    assert "| North (zone 1) | 120 | 5% | Owner 0 |" in lines, text
+    assert "| Uplands (zone 6) | 55 | 0% | Owner 5 |" in lines, text

@@ -165,7 +165,8 @@ def _candidates(lines: list[Line]) -> list[tuple[_Candidate, list[tuple[float, f
 
     def close() -> None:
         if current is not None:
-            while len(current.rows[-1]) == 1:  # a table ends with a row of cells, not one line
+            # a table ends with a row of cells, or the last line of one of its cells
+            while len(current.rows[-1]) == 1 and not _continues(current.rows):
                 current.rows.pop()
             current.gutters = _gaps(current.rows[0])
             for row in current.rows[1:]:
@@ -181,7 +182,7 @@ def _candidates(lines: list[Line]) -> list[tuple[_Candidate, list[tuple[float, f
             height = statistics.median(c.y1 - c.y0 for c in row)
             near = min(c.y0 for c in row) - current.bottom <= MAX_ROW_GAP * height
             free = _free(current.gutters, row) if near else []
-            if free and (table_row or (len(row) == 1 and _alike(row[0], current.rows[0]))):
+            if free and (table_row or (len(row) == 1 and _alike(row[0], current.rows[-1]))):
                 current.rows.append(row)
                 current.gutters = free
                 continue
@@ -193,9 +194,30 @@ def _candidates(lines: list[Line]) -> list[tuple[_Candidate, list[tuple[float, f
     return found
 
 
+def _continues(rows: list[list[_Cell]]) -> bool:
+    """Is the last of ``rows`` a lone line that goes on with the cell above it: nearer to the
+    row above than the rows of cells are apart?"""
+    if len(rows) < 2:
+        return False
+    gaps = [
+        min(c.y0 for c in row) - max(c.y1 for c in above)
+        for above, row in zip(rows, rows[1:], strict=False)
+    ]
+    spacing = [g for g, row in zip(gaps, rows[1:], strict=True) if len(row) >= 2]
+    if not spacing:
+        return False
+    apart = statistics.median(spacing)
+    return apart - gaps[-1] > 1.0 and gaps[-1] < CONTINUED * apart
+
+
 def _alike(cell: _Cell, row: list[_Cell]) -> bool:
-    """Is a lone line set like the table's cells (a cell's second line, not a heading)?"""
-    return abs(cell.line.size - row[0].line.size) < 0.5 and cell.line.bold == row[0].line.bold
+    """Is a lone line set like the cells of the row above it (a cell's second line, not a
+    heading)? Compared with the cells above it, else with any of the row's: a body cell's second
+    line under a bold header row is a body cell's."""
+    above = [c for c in row if c.x0 < cell.x1 and cell.x0 < c.x1] or row
+    return any(
+        abs(cell.line.size - c.line.size) < 0.5 and cell.line.bold == c.line.bold for c in above
+    )
 
 
 def _columns(candidate: _Candidate) -> list[tuple[float, float]]:
