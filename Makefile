@@ -103,9 +103,11 @@ bench-api: setup
 bench-cluster: setup cluster-tools
 	$(BIN)/python -m bench.cluster_throughput
 
-## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone
+## bench-retrieval: recall of dense, lexical and hybrid search, and latency at 100,000 chunks, alone;
+## then nDCG@10 on a BEIR dataset beside published figures (bench/beir.py; skipped when none is there)
 bench-retrieval: setup
 	$(BIN)/python -m bench.retrieval
+	$(BIN)/python -m bench.beir
 
 ## bench-scale: ingest rate, search latency and ANN recall at 0, 100,000, 300,000 and 1,000,000 chunks (hours on 2 cores; SCALE_SIZES=0,30000,100000 for fewer)
 bench-scale: setup
