@@ -450,10 +450,15 @@ def delete(args) -> int:
 def reindex(args) -> int:
     if args.dry_run:
         plan = reads.reindex_plan(args.dataset)
+        changes = reads.reindex_changes(args.dataset) if plan.documents else None
         if args.json:
-            print_json(plan.to_dict())
+            print_json({**plan.to_dict(), "changes": changes.to_dict() if changes else None})
         else:
             print(plan.describe())
+            if changes is not None:  # what the rebuilt chunks look like, on a sample
+                print(f"what changes: {changes.describe()}")
+                for change in changes.sampled:
+                    print(f"  {change.describe()}")
         return 0
     result = actions.reindex_all(cli_operator(), dataset=args.dataset)
     if args.json:

@@ -158,6 +158,59 @@ def plain(value: object) -> str:
     return _MARKDOWN_PUNCTUATION.sub(r"\\\1", " ".join(str(value).splitlines()))
 
 
+_CELL_BORDER = re.compile(r"(?<!\\)\|")  # a cell border: a pipe the chunker did not escape
+_RULE_CELL = re.compile(r"^\s*:?-{3,}:?\s*$")
+
+
+def _table_row(line: str) -> list[str]:
+    """The cells of one Markdown table row as the chunker wrote it (``\\|``: a pipe in a cell)."""
+    return [c.strip().replace("\\|", "|") for c in _CELL_BORDER.split(line)[1:-1]]
+
+
+def chunk_markdown(text: str) -> str:
+    """A chunk's text as Markdown that shows it as it is, its table rows as a table: every cell
+    and every other line escaped like ``plain``, the heading path in italics above."""
+    from sluice.pipeline.running.chunk import heading_of
+
+    path, body = heading_of(text)
+    blocks: list[str] = [f"*{plain(path)}*"] if path else []
+    table: list[list[str]] = []
+
+    def close_table() -> None:
+        if not table:
+            return
+        header, rows = table[0], table[1:]
+        if rows and all(_RULE_CELL.match(c) for c in rows[0]):
+            rows = rows[1:]
+        width = max(len(r) for r in table)
+
+        def line(cells: list[str]) -> str:
+            return "| " + " | ".join([plain(c) for c in cells] + [""] * (width - len(cells))) + " |"
+
+        blocks.append("\n".join([line(header), "|" + " --- |" * width, *map(line, rows)]))
+        table.clear()
+
+    paragraph: list[str] = []
+    for raw in body.split("\n"):
+        row = raw.strip()
+        if len(row) > 2 and row.startswith("|") and row.endswith("|"):
+            if paragraph:
+                blocks.append("  \n".join(paragraph))
+                paragraph = []
+            table.append(_table_row(row))
+            continue
+        close_table()
+        if row:
+            paragraph.append(plain(raw))
+        elif paragraph:
+            blocks.append("  \n".join(paragraph))
+            paragraph = []
+    close_table()
+    if paragraph:
+        blocks.append("  \n".join(paragraph))
+    return "\n\n".join(blocks)
+
+
 _CLI_ASIDE = re.compile(r"\s*\([^()]*--[a-z][^()]*\)")
 
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from sqlmodel import Session, select
 
 from sluice.errors import OperationError
-from sluice.ops import documents, drain, reindex
+from sluice.ops import documents, drain, reindex, reindex_diff
 from sluice.ops import metadata as meta
 from sluice.ops.access import Operator
 from sluice.ops.drain import DrainEstimate
@@ -529,6 +529,13 @@ EACH_DATASET = reindex.EACH  # a plan's version when datasets with their own set
 def reindex_plan(dataset: str | None, *, sample: int = reindex.SAMPLE) -> reindex.ReindexPlan:
     """What moving every document to the pipeline version in force would do, and cost."""
     return reindex.plan(ctx(), dataset=dataset, sample=sample)
+
+
+def reindex_changes(
+    dataset: str | None, *, sample: int = reindex_diff.SAMPLE
+) -> reindex_diff.ReindexChanges:
+    """What a reindex changes in the chunks search serves, for a sample of its documents."""
+    return reindex_diff.changes(ctx(), dataset=dataset, sample=sample)
 
 
 _OOXML = "application/vnd.openxmlformats-officedocument"

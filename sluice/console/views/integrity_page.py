@@ -11,6 +11,7 @@ from sluice.ops import actions, reads
 from sluice.ops.documents import UnknownReference
 
 PREVIEW_SAMPLE = 10  # documents parsed for the reindex preview
+COMPARED_CHUNKS = 12  # chunks of one document shown before and after a reindex
 ROWS = 500  # findings and candidates shown
 
 who = ui.operator()
@@ -310,6 +311,50 @@ def _plan(dataset: str | None, version: str) -> dict:
     return reads.reindex_plan(dataset, sample=PREVIEW_SAMPLE).to_dict()
 
 
+@st.cache_data(ttl=120, show_spinner="Parsing a sample of documents with the pipeline in force...")
+def _changed(dataset: str | None, version: str) -> dict:
+    return reads.reindex_changes(dataset).to_dict()
+
+
+def _changes(dataset: str | None, version: str) -> None:
+    """A sample of documents: the chunks served today beside the chunks a reindex makes."""
+    found = _changed(dataset, version)
+    sampled = found["sampled"]
+    if not sampled:
+        st.caption("Nothing to compare.")
+        return
+    st.caption(
+        f"{sum(d['changed'] for d in sampled)} of {len(sampled)} sampled document(s) change. "
+        "Table rows count the lines that keep a table's cells in order on one line; a heading "
+        "path is the section a chunk belongs to, embedded and indexed with it."
+    )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "document": d["filename"],
+                    "chunks": f"{len(d['before'])} → {len(d['after'])}",
+                    "table rows": "{} → {}".format(*d["table_rows"]),
+                    "with a heading path": "{} → {}".format(*d["headed"]),
+                    "note": d["error"] or ("" if d["changed"] else "the same text"),
+                }
+                for d in sampled
+            ]
+        ),
+        hide_index=True,
+    )
+    names = {f"{d['filename']} (document {d['document_id']})": d for d in sampled}
+    shown = names[st.selectbox("Compare", list(names), key="reindex_compare")]
+    before, after = st.columns(2)
+    before.markdown(f"**Today** (pipeline {ui.plain(shown['from_version'])})")
+    after.markdown(f"**After the reindex** (pipeline {ui.plain(shown['to_version'])})")
+    for column, texts in ((before, shown["before"]), (after, shown["after"])):
+        for text in texts[:COMPARED_CHUNKS]:
+            column.container(border=True).markdown(ui.chunk_markdown(text))
+        if len(texts) > COMPARED_CHUNKS:
+            column.caption(f"and {len(texts) - COMPARED_CHUNKS:,} more chunks")
+
+
 def _target(version: str, versions: dict | None = None) -> str:
     """The version a reindex builds, in words: one, or each dataset's own (they differ)."""
     if version != reads.EACH_DATASET:
@@ -331,6 +376,7 @@ def _reindex_all() -> None:
     if result.queue_error:
         ui.flash("warning", result.queue_note)
     _plan.clear()
+    _changed.clear()
 
 
 if st.toggle("Preview a reindex to this version", key="reindex_preview"):
@@ -367,6 +413,8 @@ if st.toggle("Preview a reindex to this version", key="reindex_preview"):
         if p["estimated"]:
             st.caption(f"Estimated from {p['sampled']} parsed document(s).")
         st.dataframe(pd.DataFrame(plan["candidates"][:ROWS]), hide_index=True)
+        with st.expander("What changes in what search serves"):
+            _changes(sc.dataset, pipe.version)
         ui.confirm_button(
             f"Reindex {plan['documents']:,} document(s)",
             key="reindex_all",
