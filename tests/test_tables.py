@@ -10,6 +10,7 @@ import pymupdf
 from sluice.pipeline.parsing import formats
 from sluice.pipeline.parsing.extract import Request, read
 from sluice.pipeline.running.chunk import chunk_pages, heading_of, split_text
+from tests.support import pdfmaker
 
 HEADER = "| Region | Sales | Growth |"
 REGIONS = [
@@ -241,3 +242,24 @@ def test_an_unruled_table_keeps_its_header_above_labels_of_two_lines(tmp_path):
     assert "| Berth | Depth | Cost | Owner |" in lines, text
     assert "| North (zone 1) | 120 | 5% | Owner 0 |" in lines, text
     assert "| Uplands (zone 6) | 55 | 0% | Owner 5 |" in lines, text
+
+
+def test_a_page_of_prose_is_passed_over_before_a_table_is_looked_for(tmp_path, monkeypatch):
+    """The cheap check (rows of two cells, not all prose) stops a page of prose, in one column or
+    two, before the table finder's passes; a page with a table goes on to them."""
+    from sluice.pipeline.parsing import tables
+
+    looked: list[int] = []
+    candidates = tables._candidates
+    monkeypatch.setattr(tables, "_candidates", lambda lines: looked.append(1) or candidates(lines))
+    make_two_columns(tmp_path / "columns.pdf")
+    (tmp_path / "prose.pdf").write_bytes(
+        pdfmaker.text_pdf([" ".join(pdfmaker.SENTENCES_LEFT + pdfmaker.SENTENCES_RIGHT)])
+    )
+    for name in ("columns.pdf", "prose.pdf"):
+        [(_, text)] = pages_of(tmp_path / name, "application/pdf")
+        assert "harbour" in text and "|" not in text
+    assert looked == []
+    make_pdf(tmp_path / "plain.pdf", ruled=False)
+    [(_, text)] = pages_of(tmp_path / "plain.pdf", "application/pdf")
+    assert looked == [1] and HEADER in text

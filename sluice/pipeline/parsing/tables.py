@@ -76,6 +76,8 @@ def take_tables(page, lines: list[Line]) -> list[Line]:
     horizontal = [ln for ln in lines if ln.horizontal]
     if len(horizontal) < 2 * MIN_ROWS or len(horizontal) > MAX_TABLE_LINES:
         return lines
+    if not _may_hold_table(horizontal):
+        return lines
     found = _candidates(horizontal)
     if not found:
         return lines
@@ -99,6 +101,49 @@ def take_tables(page, lines: list[Line]) -> list[Line]:
         first = min(members)
         out.append(Line(x0, y0, x1, y1, "\n".join(table_lines(rows)), -1 - first, first))
     return out
+
+
+def _may_hold_table(lines: list[Line]) -> bool:
+    """Can the page hold MIN_ROWS table rows? The rows of ``_visual_rows``, made of whole lines
+    (a line's cells share its height, so the rows are the same), counted where they may be table
+    rows: two lines side by side or a line of spans far apart, not all of them prose. A page of
+    prose, in one column or several, is passed over for the cost of a sort."""
+    count = 0
+    row: list[Line] = []
+    top = bottom = 0.0
+    for ln in sorted(lines, key=lambda ln: ln.y0 + ln.y1):
+        y0, y1 = ln.y0, ln.y1
+        height = y1 - y0 if y1 - y0 > 0.1 else 0.1
+        if row and (
+            (bottom if bottom < y1 else y1) - (top if top > y0 else y0)
+            >= 0.5 * (height if height < bottom - top else bottom - top)
+        ):
+            row.append(ln)
+            top, bottom = (top if top < y0 else y0), (bottom if bottom > y1 else y1)
+            continue
+        if row and (len(row) > 1 or row[0].spans):  # one line of one span: no row of cells
+            count += _may_be_row(row)
+            if count >= MIN_ROWS:
+                return True
+        row, top, bottom = [ln], y0, y1
+    return count + _may_be_row(row) >= MIN_ROWS
+
+
+def _may_be_row(row: list[Line]) -> bool:
+    """Can these lines of one height give a table row: two cells or more, one not prose?"""
+    if not row:
+        return False
+    if len(row) == 1:
+        ln = row[0]
+        gap = SPAN_GAP * max(ln.size, 4.0)
+        return any(b[0] - a[1] >= gap for a, b in zip(ln.spans, ln.spans[1:], strict=False))
+    for ln in row:
+        if len(ln.spans) > 1:
+            return True
+        text = ln.text.strip()
+        if len(text) < PROSE_CHARS or len(text.split()) < PROSE_WORDS:
+            return True
+    return False
 
 
 def _segments(line: Line) -> list[_Cell]:
