@@ -454,7 +454,8 @@ def _pdf_page_text(
         raw = ""
     text = clean_text(raw)
     pictured = False
-    if not meaningful(text):  # a scan may carry a stamped page number and nothing else
+    worth = meaningful(text)
+    if not worth:  # a scan may carry a stamped page number and nothing else
         pictured = bool(page.get_images(full=False))
         tally.has_images = tally.has_images or pictured
     if not text.strip():
@@ -467,7 +468,8 @@ def _pdf_page_text(
     if wants_ocr and not tally.ocr_missing:
         yield {"t": "ocr", "n": number}
         text = _ocr_pdf_page(page, req, number, text, tally)
-    return f"{start}\n{text}" if start and meaningful(text) else text
+        worth = meaningful(text)
+    return f"{start}\n{text}" if start and worth else text
 
 
 def _structured_text(page, number: int, flags: int, headings: PdfHeadings) -> str:

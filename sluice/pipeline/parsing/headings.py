@@ -33,9 +33,12 @@ SETTLED = 200  # characters seen before the document's body size is trusted
 FALLBACK_BODY = 11.0  # body size assumed on a first page with hardly any text
 
 
+_NOT_ALNUM = re.compile(r"[\W_]+")  # \w is what str.isalnum() accepts, and "_"
+
+
 def _key(text: str) -> str:
     """Letters and digits, case folded, leading numbering dropped: "2.1 Results" -> "results"."""
-    key = "".join(ch for ch in text.casefold() if ch.isalnum())
+    key = _NOT_ALNUM.sub("", text.casefold())
     return key.lstrip("0123456789ivx") or key
 
 
@@ -127,7 +130,17 @@ class PdfHeadings:
         used: set[int] = set()
         for level, title, y in self.entries.get(number, ()):
             key = _key(title)
-            run = next((r for r in runs if id(r) not in used and _run_key(r) == key), None)
+            longest = 3 * len(title) + 40  # a run longer than this is a paragraph, not the title
+            run = next(
+                (
+                    r
+                    for r in runs
+                    if id(r) not in used
+                    and sum(len(ln.text) for ln in r) <= longest
+                    and _run_key(r) == key
+                ),
+                None,
+            )
             if run is None:
                 run = [_placed(lines, title, None if y is None else height - y)]
                 lines.append(run[0])
@@ -168,10 +181,12 @@ def _level(run: list[Line], body: float) -> int | None:
     """The level of a run of lines as a heading, or None when it is not one."""
     if len(run) > MAX_LINES:
         return None
+    ratio = run[0].size / max(body, 1.0)
+    if ratio < LEVELS[-1][0] and not (run[0].bold and ratio >= 0.95 and len(run) == 1):
+        return None  # body text: its words need no reading
     text = " ".join(" ".join(ln.text.split()) for ln in run)
     if len(text) > MAX_CHARS or not meaningful(text) or not any(ch.isalpha() for ch in text):
         return None
-    ratio = run[0].size / max(body, 1.0)
     for least, level in LEVELS:
         if ratio >= least:
             return level

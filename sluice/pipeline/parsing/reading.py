@@ -53,10 +53,19 @@ class Line:
 _BOLD_NAMES = ("bold", "black", "heavy", "semibold", "demi")
 
 
+_BOLD_FONTS: dict[str, bool] = {}  # font name -> does it name a bold face (a page has few)
+
+
 def _bold(span: dict) -> bool:
-    return bool(span.get("flags", 0) & 16) or any(
-        n in span.get("font", "").lower() for n in _BOLD_NAMES
-    )
+    if span.get("flags", 0) & 16:
+        return True
+    font = span.get("font", "")
+    bold = _BOLD_FONTS.get(font)
+    if bold is None:
+        bold = any(n in font.lower() for n in _BOLD_NAMES)
+        if len(_BOLD_FONTS) < 4096:
+            _BOLD_FONTS[font] = bold
+    return bold
 
 
 def lines_of(page_dict: dict) -> list[Line]:
@@ -65,15 +74,25 @@ def lines_of(page_dict: dict) -> list[Line]:
         if block.get("type", 0) != 0:
             continue
         for line in block.get("lines", ()):
-            spans = [s for s in line.get("spans", ()) if s.get("text", "").strip()]
-            text = strip_marks("".join(span.get("text", "") for span in line.get("spans", ())))
+            raw = line.get("spans", ())
+            if len(raw) == 1:  # most lines: one span, read once
+                text = raw[0].get("text", "")
+                spans = [raw[0]] if text.strip() else []
+            else:
+                spans = [s for s in raw if s.get("text", "").strip()]
+                text = "".join(span.get("text", "") for span in raw)
+            text = strip_marks(text)
             if not text.strip():
                 continue
             x0, y0, x1, y1 = line["bbox"]
             dx, dy = line.get("dir", (1.0, 0.0))
             vertical = line.get("wmode", 0) == 1
             horizontal = not vertical and abs(dx) > 0.9 and dx > 0
-            main = max(spans, key=lambda s: len(s["text"]), default=None)
+            main = (
+                spans[0]
+                if len(spans) == 1
+                else max(spans, key=lambda s: len(s["text"]), default=None)
+            )
             out.append(
                 Line(
                     x0,
@@ -227,6 +246,14 @@ def _find_gutter(lines: list[Line]) -> tuple[float, float] | None:
     right_edge = max(ln.x1 for ln in lines)
     width = right_edge - left_edge
     if width < 2 * MIN_GUTTER:
+        return None
+    # A column right of a gutter starts a gutter's width in from the left edge, one left of it
+    # ends as far from the right edge: without two lines of each, no gutter (a page of prose).
+    reach = MIN_GUTTER - EDGE - 0.1  # 0.1: the edges below are rounded
+    if (
+        sum(ln.x0 > left_edge + reach for ln in lines) < MIN_SIDE_LINES
+        or sum(ln.x1 < right_edge - reach for ln in lines) < MIN_SIDE_LINES
+    ):
         return None
     edges = sorted({round(v, 1) for ln in lines for v in (ln.x0, ln.x1)})
     # crossing[i]: lines that cross the strip between edges[i] and edges[i + 1]

@@ -35,6 +35,7 @@ HEADING = "\ufdd0"  # starts a heading line of parsed text; never in text read f
 PATH_SEPARATOR = " > "
 PATH_END = "\n\n\n"  # between a chunk's heading path and its text
 _MARKS = {cp: None for cp in range(0xFDD0, 0xFDF0)}  # the noncharacters U+FDD0..U+FDEF
+_MARKED = re.compile("[\ufdd0-\ufdef]")  # a search, not max(): every line of a PDF is checked
 MAX_HEADING_CHARS = 200  # a heading longer than this is cut: a path is context, not content
 ROW_LIMIT = 4  # a table row longer than this many chunk sizes is split as text (the only cut)
 
@@ -55,9 +56,13 @@ MIN_MEANINGFUL = (
 def meaningful(text: str) -> bool:
     """True when a text holds something worth indexing: more than a page number or punctuation.
     A one-character chunk matches unrelated searches; it is never made."""
-    if sum(1 for ch in text if ch.isalnum()) < MIN_MEANINGFUL:
-        return False
-    return not PAGE_NUMBER.match(text.strip())
+    found = 0
+    for ch in text:  # counted up to MIN_MEANINGFUL only: a page is read through for this twice
+        if ch.isalnum():
+            found += 1
+            if found == MIN_MEANINGFUL:
+                return not PAGE_NUMBER.match(text.strip())
+    return False
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ class Chunk:
 
 def strip_marks(text: str) -> str:
     """``text`` without the noncharacters the parsers use as marks (a file's own are dropped)."""
-    return text.translate(_MARKS) if "\ufdd0" <= max(text, default="\x00") else text
+    return text.translate(_MARKS) if _MARKED.search(text) else text
 
 
 def heading_line(level: int, text: str) -> str:
