@@ -6,9 +6,11 @@ import json
 import streamlit as st
 
 from sluice.console import ui
+from sluice.errors import OperationError
 from sluice.ops import actions, document_view, reads, replacing
 from sluice.ops import metadata as meta
 from sluice.ops.access import ReadOnlyOperator
+from sluice.ops.chunks import MAX_CHUNK_TEXT
 from sluice.ops.documents import UnknownReference
 from sluice.storage.blobs import BlobMissing
 
@@ -209,8 +211,23 @@ def _switch(chunk_id: str) -> None:
         st.session_state["document_chunk_error"] = f"Chunk {chunk_id}: {exc}"
 
 
+def _edit(chunk_id: str) -> None:
+    text = str(st.session_state.get(f"document_chunk_text_{chunk_id}") or "")
+    ds = reads.dataset_id(info.dataset)
+    try:
+        state = actions.edit_chunk(
+            who, chunk_id, text, dataset_ids=[ds] if ds is not None else None
+        )
+    except OperationError as exc:  # empty text, read-only, or the chunk went with a new version
+        st.session_state["document_chunk_error"] = f"Chunk {chunk_id}: {exc.message} {exc.hint}"
+    else:
+        done = "edited" if state.edited else "back to the text the pipeline made"
+        ui.flash("success", f"Chunk {state.chunk_id}: {done}, embedded and indexed again.")
+
+
 if error := st.session_state.pop("document_chunk_error", None):
     st.error(ui.plain(error))
+ui.show_flashes()
 left, right = st.columns([1, 1])
 with left:
     for c in rows:
@@ -233,7 +250,19 @@ with left:
                 help="On: search answers this chunk. Off: the chunk stays in the index but no "
                 "search answers it.",
             )
-            st.text(c.text)
+            st.markdown(ui.chunk_markdown(c.text))  # a table's rows drawn as a table
+            with st.popover("Edit text", disabled=not who.can_act):
+                with st.form(f"document_chunk_edit_{c.chunk_id}", border=False):
+                    st.text_area(
+                        "Text",
+                        value=c.text,
+                        height=220,
+                        max_chars=MAX_CHUNK_TEXT,
+                        key=f"document_chunk_text_{c.chunk_id}",
+                        help="Embedded and indexed again at once; kept across reindexes. The "
+                        "pipeline's own text again undoes the edit.",
+                    )
+                    st.form_submit_button("Save", on_click=_edit, args=(c.chunk_id,))
 st.html(  # to the chosen chunk, once the list is drawn (an anchor the page itself wrote)
     "<script>(() => { let n = 0; const go = () => { const el = document.getElementById("
     f"'chunk-{rows[picked].position}'); if (el) el.scrollIntoView({{block: 'center'}}); "
