@@ -263,3 +263,29 @@ def test_a_page_of_prose_is_passed_over_before_a_table_is_looked_for(tmp_path, m
     make_pdf(tmp_path / "plain.pdf", ruled=False)
     [(_, text)] = pages_of(tmp_path / "plain.pdf", "application/pdf")
     assert looked == [1] and HEADER in text
+
+
+def make_tight_columns(path) -> None:
+    """A table set tight, as LibreOffice sets one with its default padding: each right-aligned
+    number ends a few points before the word of the next column starts, on one line."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 72), "Tonnage and remarks by berth:", fontsize=11)
+    font = pymupdf.Font("helv")
+    y = 100.0
+    for a, b, c in [
+        ("Berth", "Tonnes", "Remark"),
+        *[(r, s, f"dredged {g}") for r, s, g in REGIONS],
+    ]:
+        page.insert_text((72, y), a, fontsize=10)
+        page.insert_text((220 - font.text_length(b, fontsize=10), y), b, fontsize=10)
+        page.insert_text((225, y), c, fontsize=10)
+        y += 16
+    doc.save(str(path))
+
+
+def test_cells_set_tight_keep_the_space_between_their_words(tmp_path):
+    make_tight_columns(tmp_path / "tight.pdf")
+    [(_, text)] = pages_of(tmp_path / "tight.pdf", "application/pdf")
+    assert "120 dredged 5%" in text or "| 120 | dredged 5% |" in text, text
+    assert "120dredged" not in text, text

@@ -28,6 +28,7 @@ from sluice.pipeline.parsing.reading import Line
 from sluice.pipeline.running.chunk import table_lines
 
 SPAN_GAP = 1.0  # font sizes of blank between two spans of one line that makes them two cells
+SPACED = 0.15  # font sizes of blank between two spans that a space stood in (never in a word)
 MIN_GUTTER = 3.0  # points of blank a gutter keeps in every row of a table
 MIN_ROWS = 3  # rows of two cells or more, the header among them
 MAX_ROW_GAP = 2.5  # line heights of blank that end a table
@@ -155,7 +156,9 @@ def _segments(line: Line) -> list[_Cell]:
     for x0, x1, text in line.spans:
         if cells and x0 - cells[-1].x1 < gap:
             last = cells[-1]
-            last.x1, last.text = max(last.x1, x1), f"{last.text}{text}"
+            # the blank between them was a space span (dropped from the spans): put it back
+            space = " " if x0 - last.x1 > SPACED * line.size else ""
+            last.x1, last.text = max(last.x1, x1), f"{last.text}{space}{text}"
         else:
             cells.append(_Cell(x0, x1, line.y0, line.y1, text, line))
     for cell in cells:
