@@ -17,7 +17,7 @@ export TRANSFORMERS_OFFLINE := 1
 help:
 	@awk 'sub(/^## /, "") { if (match($$0, /^[a-z-]+: /)) printf "  %-16s %s\n", substr($$0, 1, RLENGTH - 2), substr($$0, RLENGTH + 1); else printf "  %-16s %s\n", "", $$0 }' $(firstword $(MAKEFILE_LIST))
 
-.PHONY: help setup run test test-fast test-unit fuzz lint bench bench-quick bench-retrieval bench-scale bench-cpu bench-fairness bench-api bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
+.PHONY: help setup run test test-fast test-unit fuzz lint bench bench-quick bench-retrieval bench-scale bench-cpu bench-fairness bench-api bench-tables bench-cluster browser ocr wild-tools wild-corpus cluster-tools cluster-test clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "needs $(PYTHON)"; exit 1; }
@@ -84,16 +84,21 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## bench: the benchmark table, written to BENCHMARKS.md (ingestion, cold start, OCR, where the CPU goes, fairness, the HTTP API, reconcile at 200,000 chunks, LlamaIndex and Haystack beside): about 22 minutes
+## bench: the benchmark table, written to BENCHMARKS.md (ingestion, tables as rows, cold start, OCR, where the CPU goes, fairness, the HTTP API, reconcile at 200,000 chunks, LlamaIndex and Haystack beside): about 22 minutes
 ## (retrieval at 100,000 chunks takes as long again on its own: make bench-retrieval)
-bench: setup ocr browser
+bench: setup ocr browser wild-tools
 	$(BIN)/pip install -q -e '.[bench,peer-haystack]'
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.tables --out BENCHMARKS.md
 	$(BIN)/python -m bench.ocr --pages 4 --out BENCHMARKS.md
 	$(BIN)/python -m bench.cpu --out BENCHMARKS.md
 	$(BIN)/python -m bench.fairness --fifo
 	$(BIN)/python -m bench.api --out BENCHMARKS.md
 	$(BIN)/python -m bench.reconcile_scale --out BENCHMARKS.md
+
+## bench-tables: rows intact of 100 table PDFs from Chromium, LibreOffice and Ghostscript, and parse CPU per page against the code before 1de4d30
+bench-tables: setup wild-tools
+	$(BIN)/python -m bench.tables --out BENCHMARKS.md
 
 ## bench-api: the HTTP API under load: 500 uploads by 8 clients, GET of a job at 100,000 jobs, events on 50 streams
 bench-api: setup
