@@ -1223,3 +1223,18 @@ def test_found_a_file_edited_to_the_bytes_of_another_file_of_its_source_leaves_n
     state.folders.write(SOURCES[0], model_folders.FILES[0], 2)  # bravo.txt's bytes in alpha.txt
     state.source_sync(SOURCES[0])
     state.no_document_is_live_that_no_source_or_upload_owns()
+
+
+def test_found_the_old_version_a_tombstone_hid_stays_hidden_when_its_job_succeeds_late(
+    model_ctx, monkeypatch
+):
+    """alpha.txt edited (a new version replaces the unbuilt first), removed, undone and removed
+    again by a sync inside a worker's success; then the first version's job succeeds: the entry
+    names the new version only, and the old one must not come back to search unowned."""
+    replay(
+        model_ctx,
+        monkeypatch,
+        ("change_file", {"which": "left", "what": "edit", "n": 0, "body": 0, "then": "undo"}),
+        ("remove_a_followed_file", {"n": 0, "then": "undo"}),
+        ("two_workers", {"i": 0, "first": "sync", "then": "success"}),
+    )

@@ -25,7 +25,17 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Text, UniqueConstraint, delete, exists, update
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Text,
+    UniqueConstraint,
+    delete,
+    exists,
+    or_,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
@@ -246,10 +256,21 @@ def can_come_back(document_id: Any) -> Any:
 
 
 def is_tombstoned(session: Session, document_id: int, *, lock: bool = False) -> bool:
-    """A sync tombstoned this document (an entry of a source names it as removed, none as live):
+    """A sync tombstoned this document (the entries that name it or another version of its
+    external id are removed, none live: a tombstone hides every version serving under the id):
     its removal must win over a job of it that succeeds late (``storage.jobs``). ``lock``: hold
     the entries' rows to the caller's commit (PostgreSQL), so an undo of them waits for it."""
-    query = select(SourceEntry.removed_at).where(SourceEntry.document_id == document_id)
+    doc = SQLModel.metadata.tables["document"]  # (models imports this module)
+    found = session.execute(
+        select(doc.c.dataset_id, doc.c.external_id).where(doc.c.id == document_id)
+    ).first()
+    named = col(SourceEntry.document_id) == document_id
+    if found is not None and found.external_id is not None:
+        versions = select(doc.c.id).where(
+            doc.c.dataset_id == found.dataset_id, doc.c.external_id == found.external_id
+        )
+        named = or_(named, col(SourceEntry.document_id).in_(versions))
+    query = select(SourceEntry.removed_at).where(named)
     if lock:
         query = query.with_for_update()
     removed = session.exec(query).all()
