@@ -289,3 +289,31 @@ def test_cells_set_tight_keep_the_space_between_their_words(tmp_path):
     [(_, text)] = pages_of(tmp_path / "tight.pdf", "application/pdf")
     assert "120 dredged 5%" in text or "| 120 | dredged 5% |" in text, text
     assert "120dredged" not in text, text
+
+
+def make_grouped_header(path) -> None:
+    """An unruled table whose header groups its columns in twos under a season, with the
+    columns' own names on the row below."""
+    doc = pymupdf.open()
+    page = doc.new_page()
+    page.insert_text((72, 72), "Depth and cost by season:", fontsize=11)
+    xs = [72, 160, 230, 300, 370]
+    page.insert_text((xs[0], 100), "Berth", fontsize=10, fontname="hebo")
+    for x, group in ((xs[1], "Season 2023 results"), (xs[3], "Season 2024 results")):
+        page.insert_text((x, 100), group, fontsize=10, fontname="hebo")
+    for x, name in zip(xs[1:], ("Depth", "Cost", "Depth", "Cost"), strict=True):
+        page.insert_text((x, 114), name, fontsize=10, fontname="hebo")
+    for i, (region, sales, _) in enumerate(REGIONS):
+        cells = (region, f"{i + 10}", sales, f"{i + 20}", f"{int(sales) + 1}")
+        for x, cell in zip(xs, cells, strict=True):
+            page.insert_text((x, 130 + 14 * i), cell, fontsize=10)
+    doc.save(str(path))
+
+
+def test_a_header_row_of_groups_keeps_the_columns_under_it_apart(tmp_path):
+    make_grouped_header(tmp_path / "groups.pdf")
+    [(_, text)] = pages_of(tmp_path / "groups.pdf", "application/pdf")
+    lines = text.split("\n")
+    assert "|  | Depth | Cost | Depth | Cost |" in lines, text
+    assert "| North | 10 | 120 | 20 | 121 |" in lines, text
+    assert "| Berth | Season 2023 results |  | Season 2024 results |  |" in lines, text

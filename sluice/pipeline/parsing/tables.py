@@ -219,6 +219,16 @@ def _candidates(lines: list[Line]) -> list[tuple[_Candidate, list[tuple[float, f
             current.gutters = _gaps(current.rows[0])
             for row in current.rows[1:]:
                 current.gutters = _free(current.gutters, row)
+            if len(current.rows) > MIN_ROWS:
+                # a header row of groups, each over columns of the rows below it, hides their
+                # gutters: the columns are those of the rows below, a group falls in its first
+                x0, _, x1, _ = current.bbox()
+                finer = [(x0, x1)]
+                for row in current.rows[1:]:
+                    finer = _free(finer, row)
+                finer = [g for g in finer if x0 < g[0] and g[1] < x1]
+                if len(finer) > len(current.gutters):
+                    current.gutters = finer
             columns = _accepted(current, lines)
             if columns:
                 found.append((current, columns))
@@ -275,11 +285,13 @@ def _columns(candidate: _Candidate) -> list[tuple[float, float]]:
 
 
 def _column_of(cell: _Cell, columns: list[tuple[float, float]]) -> int:
+    """The column of a cell's middle; a cell across a gutter (a group over columns) falls in the
+    first column it covers."""
     middle = (cell.x0 + cell.x1) / 2
-    for i, (_, c1) in enumerate(columns):
-        if middle <= c1:
-            return i
-    return len(columns) - 1
+    at = next((i for i, (_, c1) in enumerate(columns) if middle <= c1), len(columns) - 1)
+    while at and cell.x0 < columns[at - 1][1] and cell.x1 > columns[at][0]:
+        at -= 1
+    return at
 
 
 def _accepted(candidate: _Candidate, lines: list[Line]) -> list[tuple[float, float]]:
