@@ -317,3 +317,12 @@ def test_a_header_row_of_groups_keeps_the_columns_under_it_apart(tmp_path):
     assert "|  | Depth | Cost | Depth | Cost |" in lines, text
     assert "| North | 10 | 120 | 20 | 121 |" in lines, text
     assert "| Berth | Season 2023 results |  | Season 2024 results |  |" in lines, text
+
+
+def test_cells_set_tight_are_cut_where_their_edges_line_up_down_the_rows(tmp_path):
+    make_tight_columns(tmp_path / "tight.pdf")
+    [(_, text)] = pages_of(tmp_path / "tight.pdf", "application/pdf")
+    lines = text.split("\n")
+    assert "| Berth | Tonnes | Remark |" in lines, text
+    assert "| North | 120 | dredged 5% |" in lines, text
+    assert "| Uplands | 55 | dredged 0% |" in lines, text

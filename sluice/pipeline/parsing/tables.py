@@ -29,6 +29,7 @@ from sluice.pipeline.running.chunk import table_lines
 
 SPAN_GAP = 1.0  # font sizes of blank between two spans of one line that makes them two cells
 SPACED = 0.15  # font sizes of blank between two spans that a space stood in (never in a word)
+ALIGNED = 1.0  # points within which span edges of several rows line up (a column's edge)
 MIN_GUTTER = 3.0  # points of blank a gutter keeps in every row of a table
 MIN_ROWS = 3  # rows of two cells or more, the header among them
 MAX_ROW_GAP = 2.5  # line heights of blank that end a table
@@ -47,6 +48,8 @@ class _Cell:
     y1: float
     text: str
     line: Line
+    # (x0, x1, text) of the spans it was joined from, where it was joined from several
+    pieces: list[tuple[float, float, str]] = field(default_factory=list)
 
     @property
     def prose(self) -> bool:
@@ -152,18 +155,78 @@ def _segments(line: Line) -> list[_Cell]:
     if not line.spans:
         return [_Cell(line.x0, line.x1, line.y0, line.y1, line.text.strip(), line)]
     gap = SPAN_GAP * max(line.size, 4.0)
-    cells: list[_Cell] = []
-    for x0, x1, text in line.spans:
-        if cells and x0 - cells[-1].x1 < gap:
-            last = cells[-1]
-            # the blank between them was a space span (dropped from the spans): put it back
-            space = " " if x0 - last.x1 > SPACED * line.size else ""
-            last.x1, last.text = max(last.x1, x1), f"{last.text}{space}{text}"
+    groups: list[list[tuple[float, float, str]]] = []
+    for span in line.spans:
+        if groups and span[0] - max(p[1] for p in groups[-1]) < gap:
+            groups[-1].append(span)
         else:
-            cells.append(_Cell(x0, x1, line.y0, line.y1, text, line))
-    for cell in cells:
-        cell.text = " ".join(cell.text.split())
+            groups.append([span])
+    cells = [_joined(pieces, line) for pieces in groups]
     return [c for c in cells if c.text]
+
+
+def _joined(pieces: list[tuple[float, float, str]], line: Line) -> _Cell:
+    """One cell of spans; where a blank stood between two of them, a space span did (dropped
+    from the spans with the other blank ones): it is put back."""
+    text = pieces[0][2]
+    for (_, x1, _), (x0, _, more) in zip(pieces, pieces[1:], strict=False):
+        text += (" " if x0 - x1 > SPACED * line.size else "") + more
+    return _Cell(
+        pieces[0][0],
+        max(p[1] for p in pieces),
+        line.y0,
+        line.y1,
+        " ".join(text.split()),
+        line,
+        pieces if len(pieces) > 1 else [],
+    )
+
+
+def _worded(text: str) -> bool:
+    """Does a span hold a letter or digit (not a dot leader's dot)?"""
+    return any(ch.isalnum() for ch in text)
+
+
+def _split_aligned(rows: list[list[_Cell]]) -> None:
+    """Cut cells joined from spans where the spans' edges line up down the rows: a number set
+    right in its column a space before the next column's words (LibreOffice's tight tables), in
+    MIN_ROWS rows or more, with nothing of any row across that line."""
+    bounds = [
+        (r, cell, k, a[1], b[0])
+        for r, row in enumerate(rows)
+        for cell in row
+        for k, (a, b) in enumerate(zip(cell.pieces, cell.pieces[1:], strict=False))
+        if b[0] - a[1] > SPACED * cell.line.size and _worded(a[2]) and _worded(b[2])
+    ]
+    if len(bounds) < MIN_ROWS:
+        return
+    pieces = [p for row in rows for cell in row for p in (cell.pieces or [(cell.x0, cell.x1)])]
+    cut: set[tuple[int, int]] = set()
+    for edge, side in ((3, 0.5), (4, -0.5)):  # ends of a right-aligned column, starts of a left
+        ordered = sorted(bounds, key=lambda b: b[edge])
+        start = 0
+        for end in range(1, len(ordered) + 1):
+            if end < len(ordered) and ordered[end][edge] - ordered[start][edge] <= ALIGNED:
+                continue
+            group = ordered[start:end]
+            start = end
+            if len({b[0] for b in group}) < MIN_ROWS:
+                continue
+            x = statistics.median(b[edge] for b in group) + side
+            if all(not (p[0] < x < p[1]) for p in pieces):
+                cut.update((id(b[1]), b[2]) for b in group)
+    if not cut:
+        return
+    for row in rows:
+        split: list[_Cell] = []
+        for cell in row:
+            at = [k + 1 for k in range(len(cell.pieces) - 1) if (id(cell), k) in cut]
+            if not at:
+                split.append(cell)
+                continue
+            for a, b in zip([0, *at], [*at, len(cell.pieces)], strict=True):
+                split.append(_joined(cell.pieces[a:b], cell.line))
+        row[:] = split
 
 
 def _visual_rows(lines: list[Line]) -> list[list[_Cell]]:
@@ -216,6 +279,7 @@ def _candidates(lines: list[Line]) -> list[tuple[_Candidate, list[tuple[float, f
             # a table ends with a row of cells, or the last line of one of its cells
             while len(current.rows[-1]) == 1 and not _continues(current.rows):
                 current.rows.pop()
+            _split_aligned(current.rows)
             current.gutters = _gaps(current.rows[0])
             for row in current.rows[1:]:
                 current.gutters = _free(current.gutters, row)
