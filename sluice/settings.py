@@ -161,6 +161,10 @@ class Settings(BaseSettings):
     embed_batch_size: int = Field(32, ge=1, le=1024)
     torch_threads: int = Field(0, ge=0, description="0 = one per CPU core")
     embed_cache_ttl_seconds: int = Field(7 * 24 * 3600, ge=60)
+    # A reranker: a cross-encoder read from a local folder rescores a search's best candidates
+    # ("" = off; "overlap" = a deterministic word-overlap stand-in for tests and benchmarks).
+    rerank_model: str = Field("", max_length=500)
+    rerank_depth: int = Field(30, ge=1, le=200, description="candidates a reranker rescores")
 
     # Chunking (part of the pipeline version)
     chunk_size: int = Field(800, ge=100, le=8000)
@@ -337,6 +341,17 @@ class Settings(BaseSettings):
                 "the root of its host and port (e.g. https://chroma.internal:8443)"
             )
         return v.rstrip("/")
+
+    @field_validator("rerank_model")
+    @classmethod
+    def _rerank_model(cls, value: str) -> str:
+        value = value.strip()
+        if value in ("", "overlap") or Path(value).is_dir():
+            return value
+        raise ValueError(
+            f"SLUICE_RERANK_MODEL={value!r} is no folder: name a cross-encoder's local folder "
+            "(nothing is downloaded), 'overlap', or leave it empty for none"
+        )
 
     @model_validator(mode="after")
     def _check(self) -> Settings:

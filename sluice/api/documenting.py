@@ -75,7 +75,7 @@ BY_OPERATION: dict[tuple[str, str], dict[int, tuple[str, ...]]] = {
     },
     ("post", "/v1/datasets/{dataset}/search"): {
         409: ("dataset_deleting",),
-        422: ("bad_query", "invalid_filter"),
+        422: ("bad_query", "invalid_filter", "rerank_unavailable"),
         503: ("vector_store_unavailable",),
     },
     ("get", "/v1/events"): {429: ("too_many_streams",)},

@@ -211,6 +211,7 @@ HITS: Example = {
             "matched": ["holidays", "year"],
             "ocr": False,
             "similarity": 0.71,
+            "rerank_score": None,
         }
     ]
 }

@@ -27,6 +27,7 @@ FIELDS = (
     "matched",
     "ocr",
     "similarity",
+    "rerank_score",
 )
 
 
@@ -62,6 +63,7 @@ async def search(dataset: str, body: SearchIn, request: Request, key: Key) -> Re
             min_score=body.min_score,
             max_chunks_per_document=body.max_chunks_per_document,
             dense_weight=body.dense_weight,
+            rerank=body.rerank,
         )
         return JSONResponse({"hits": [_hit(h) for h in hits]})
 

@@ -384,6 +384,12 @@ class SearchIn(Strict):
         description="hybrid: the dense ranker's share of the fusion, 0 (the lexical order) to 1 "
         "(the dense order)",
     )
+    rerank: bool | None = Field(
+        None,
+        description="the server's reranker (SLUICE_RERANK_MODEL) rescores the best candidates and "
+        "its 0..1 score becomes the hits' (null: when one is set; true where none is: 422 "
+        "rerank_unavailable; false: never)",
+    )
 
     def where_filter(self) -> dict[str, Any] | None:
         """``where`` as the plain object sluice.ops.metadata reads."""
@@ -413,6 +419,9 @@ class HitOut(BaseModel):
     matched: list[str]
     ocr: bool
     similarity: float | None
+    rerank_score: float | None = Field(
+        None, description="the reranker's 0..1 score, when one reranked the hits (also score)"
+    )
 
 
 class SearchOut(BaseModel):

@@ -179,6 +179,13 @@ def _search_controls(a: argparse.ArgumentParser) -> None:
         help="hybrid: the dense ranker's share, 0 (the lexical order) to 1 (the dense order); "
         "default 0.5, both alike",
     )
+    a.add_argument(
+        "--rerank",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the reranker (SLUICE_RERANK_MODEL) rescores the best candidates; default: when one "
+        "is set",
+    )
 
 
 def add_read_commands(sub) -> None:

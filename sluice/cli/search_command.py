@@ -24,6 +24,7 @@ from sluice.ops.search import (
     DENSE_WEIGHT,
     BadQuery,
     Reader,
+    RerankUnavailable,
     SearchHit,
     UnknownDataset,
     query_vector,
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from sluice.pipeline.running.embed import Embedder
+    from sluice.pipeline.running.rerank import Reranker
     from sluice.storage.vectors import VectorStore
 
 
@@ -58,6 +60,16 @@ class ColdContext:
         from sluice.storage.vectors import VectorStore
 
         return VectorStore.from_settings(self.settings)
+
+    @cached_property
+    def reranker(self) -> Reranker | None:
+        """The reranker the settings name, or None (most searches: none is set)."""
+        s = self.settings
+        if not s.rerank_model:
+            return None
+        from sluice.pipeline.running.rerank import load_reranker
+
+        return load_reranker(s.rerank_model, s.rerank_depth, s.torch_threads)
 
     @cached_property
     def query_encoder(self) -> Embedder:
@@ -123,6 +135,7 @@ def search_datasets(ctx: Reader, names: list[str], args) -> list[SearchHit]:
             min_score=getattr(args, "min_score", None),
             max_chunks_per_document=getattr(args, "max_chunks_per_document", None),
             dense_weight=_given(getattr(args, "dense_weight", None), DENSE_WEIGHT),
+            rerank=getattr(args, "rerank", None),
         )
     ]
     return sorted(hits, key=lambda h: -h.score)[: args.k]
@@ -137,7 +150,7 @@ def search(args) -> int:
 
     try:
         names, hits = reading(ctx.engine, answer)
-    except (UnknownDataset, BadQuery) as exc:
+    except (UnknownDataset, BadQuery, RerankUnavailable) as exc:
         print(f"sluice: {exc}", file=sys.stderr)
         return 1
     except (SchemaOutOfDate, VectorStoreUnavailable) as exc:

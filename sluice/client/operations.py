@@ -531,6 +531,7 @@ class Operations:
         min_score: float | None = None,
         max_chunks_per_document: int | None = None,
         dense_weight: float | None = None,
+        rerank: bool | None = None,
         idempotency_key: str | None = None,
         **fields: Any,
     ) -> Plan[list[Hit]]:
@@ -539,7 +540,8 @@ class Operations:
         ranking; ``filename`` (contains), ``pages`` (``3-7``), ``media_type``; ``min_score``: only
         hits scoring at least this (0..1, one scale per mode); ``max_chunks_per_document``: at most
         this many hits of one document; ``dense_weight``: hybrid's dense share (0..1, the API's
-        default 0.5); ``fields``: any other field of the API's search body, sent as given."""
+        default 0.5); ``rerank``: the server's reranker rescores the best candidates (None: when
+        one is set); ``fields``: any other field of the API's search body, sent as given."""
         body = {"query": query, "k": k, "mode": mode}
         body |= given(
             filename=filename,
@@ -549,6 +551,7 @@ class Operations:
             min_score=min_score,
             max_chunks_per_document=max_chunks_per_document,
             dense_weight=dense_weight,
+            rerank=rerank,
             **fields,
         )
 

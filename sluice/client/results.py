@@ -367,6 +367,7 @@ class Hit(Result):
     similarity: float | None
     heading: str = ""  # the chunk's heading path: "Title > Section" ("" for none)
     location: str = ""  # its place in words: the page, or the section
+    rerank_score: float | None = None  # the reranker's 0..1 score, when one reranked the hits
 
 
 # --- audit ----------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from sqlmodel import Session
 
     from sluice.pipeline.running.embed import Embedder
+    from sluice.pipeline.running.rerank import Reranker
     from sluice.storage.models import Dataset
     from sluice.storage.vectors import VectorStore
 
@@ -89,6 +90,9 @@ class Reader(Protocol):
     @property
     def query_encoder(self) -> Embedder: ...
 
+    @property
+    def reranker(self) -> Reranker | None: ...
+
 
 class UnknownDataset(OperationError):
     """No dataset has this name."""
@@ -104,6 +108,16 @@ class DatasetDeleting(UnknownDataset):
     hint = (
         "Wait for the delete to finish (or run it again: sluice datasets delete NAME), then make "
         "the dataset again if you want it."
+    )
+
+
+class RerankUnavailable(OperationError):
+    """A search asked for reranking where no reranker is set."""
+
+    code, status = "rerank_unavailable", 422
+    hint = (
+        "Leave rerank out (or false), or have the operator name a cross-encoder's folder in "
+        "SLUICE_RERANK_MODEL."
     )
 
 
@@ -140,6 +154,7 @@ class SearchHit:
     dense_rank: int | None = None
     lexical_rank: int | None = None
     lexical_score: float | None = None
+    rerank_score: float | None = None  # the reranker's 0..1 score, when one reranked the hits
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -231,6 +246,7 @@ def search(
     min_score: float | None = None,
     max_chunks_per_document: int | None = None,
     dense_weight: float = DENSE_WEIGHT,
+    rerank: bool | None = None,
 ) -> list[SearchHit]:
     """The best ``k`` chunks of ``dataset`` for ``query``; ``vector``: the query already encoded
     (``query_vector``), else it is encoded here when the mode needs it. ``where``: a metadata
@@ -238,8 +254,11 @@ def search(
     scoring at least this (on the mode's 0..1 scale, see the module's doc), so fewer than ``k``
     may come; ``max_chunks_per_document``: at most this many hits of one document (the rankers
     look further for the others); ``dense_weight``: the dense ranker's share of a hybrid fusion
-    (0: the lexical order, 1: the dense order; 0.5 weighs them alike)."""
+    (0: the lexical order, 1: the dense order; 0.5 weighs them alike). ``rerank``: the reranker
+    (SLUICE_RERANK_MODEL) rescores the best candidates, its score the hit's (None: when one is
+    set; True where none is: RerankUnavailable)."""
     check_controls(mode, min_score, max_chunks_per_document, dense_weight)
+    reranker = _reranker(ctx, rerank)
     page_from, page_to = parse_pages(pages)
     conditions = meta.parse_where(where)
     parsed = lexical.parse_query(query)
@@ -262,9 +281,11 @@ def search(
     if vector is None and mode in ("hybrid", "dense"):
         vector = query_vector(ctx, query)
     rank = Ranking(ctx, ds, parsed, mode, filters, conditions, vector, dense_weight)
-    depth = k
+    depth = k if reranker is None else max(k, reranker.depth)
     while True:
         ranked, more = rank(depth)
+        if reranker is not None:
+            ranked = _reranked(reranker, query, ranked[:depth])
         hits = _controlled(ranked, min_score, max_chunks_per_document)[:k]
         # the cap left out chunks of documents already answered: rank further for the others
         if len(hits) >= k or not more or max_chunks_per_document is None or depth >= k * 64:
@@ -274,6 +295,24 @@ def search(
     for h in hits:
         h.snippet = _snippet(h, parsed)
     return hits
+
+
+def _reranker(ctx: Reader, rerank: bool | None) -> Reranker | None:
+    if rerank is False:
+        return None
+    found = ctx.reranker
+    if found is None and rerank:
+        raise RerankUnavailable("rerank: no reranker is set (SLUICE_RERANK_MODEL is empty)")
+    return found
+
+
+def _reranked(reranker: Reranker, query: str, hits: list[SearchHit]) -> list[SearchHit]:
+    """The hits in the reranker's order, its score theirs (the fused one ranked them in); a tie
+    keeps the rankers' order."""
+    scores = reranker.score(query, [h.text for h in hits])
+    for h, score in zip(hits, scores, strict=True):
+        h.rerank_score = h.score = round(min(1.0, max(0.0, float(score))), 4)
+    return sorted(hits, key=lambda h: -(h.rerank_score or 0.0))
 
 
 def check_controls(

@@ -27,6 +27,7 @@ from sluice.pipeline.running.embed import (
     model_path,
     resolve_precision,
 )
+from sluice.pipeline.running.rerank import Reranker, load_reranker
 from sluice.settings import Settings, get_settings
 from sluice.storage import dataset_settings
 from sluice.storage.blobs import BlobStore, LocalBlobStore
@@ -100,6 +101,12 @@ class Context:
             return self.embedder_override
         s = self.settings
         return load_embedder(s.embedder, s.embed_model, s.embed_precision, s.torch_threads)
+
+    @cached_property
+    def reranker(self) -> Reranker | None:
+        """The reranker the settings name (SLUICE_RERANK_MODEL), loaded once; None: none."""
+        s = self.settings
+        return load_reranker(s.rerank_model, s.rerank_depth, s.torch_threads)
 
     @cached_property
     def query_encoder(self) -> Embedder:
