@@ -265,7 +265,7 @@ def test_a_page_of_prose_is_passed_over_before_a_table_is_looked_for(tmp_path, m
     assert looked == [1] and HEADER in text
 
 
-def make_tight_columns(path) -> None:
+def make_tight_columns(path, *, ruled: bool = False) -> None:
     """A table set tight, as LibreOffice sets one with its default padding: each right-aligned
     number ends a few points before the word of the next column starts, on one line."""
     doc = pymupdf.open()
@@ -281,6 +281,11 @@ def make_tight_columns(path) -> None:
         page.insert_text((220 - font.text_length(b, fontsize=10), y), b, fontsize=10)
         page.insert_text((225, y), c, fontsize=10)
         y += 16
+    if ruled:  # a grid whose rule between the two columns runs in the space between them
+        for k in range(len(REGIONS) + 2):
+            page.draw_line((68, 88 + 16 * k), (330, 88 + 16 * k))
+        for x in (68, 150, 222.5, 330):
+            page.draw_line((x, 88), (x, 88 + 16 * (len(REGIONS) + 1)))
     doc.save(str(path))
 
 
@@ -326,3 +331,11 @@ def test_cells_set_tight_are_cut_where_their_edges_line_up_down_the_rows(tmp_pat
     assert "| Berth | Tonnes | Remark |" in lines, text
     assert "| North | 120 | dredged 5% |" in lines, text
     assert "| Uplands | 55 | dredged 0% |" in lines, text
+
+
+def test_a_ruled_table_set_tight_keeps_its_columns(tmp_path):
+    make_tight_columns(tmp_path / "tight.pdf", ruled=True)
+    [(_, text)] = pages_of(tmp_path / "tight.pdf", "application/pdf")
+    lines = text.split("\n")
+    assert "| Berth | Tonnes | Remark |" in lines, text
+    assert "| North | 120 | dredged 5% |" in lines, text

@@ -480,24 +480,39 @@ def _ruled_tables(
 
 def _grid_rows(table, members: list[Line]) -> list[list[str]]:
     """The text of each cell of the finder's grid, from the page's own lines (their cells whose
-    middles fall in it, top to bottom): the finder gives the grid, the lines the words."""
+    middles fall in it, top to bottom): the finder gives the grid, the lines the words. A cell
+    of the lines joined from spans that fall in two cells of the grid (set tight) is cut."""
     grid = [list(row.cells) for row in table.rows]
     texts: list[list[list[str]]] = [[[] for _ in row] for row in grid]
-    pieces = sorted((c for ln in members for c in _segments(ln)), key=lambda c: (c.y0, c.x0))
-    for piece in pieces:
-        x, y = (piece.x0 + piece.x1) / 2, (piece.y0 + piece.y1) / 2
+
+    def place(x0: float, x1: float, y0: float, y1: float) -> tuple[int, int] | None:
+        x, y = (x0 + x1) / 2, (y0 + y1) / 2
         for i, row in enumerate(grid):
-            j = next(
-                (
-                    j
-                    for j, cell in enumerate(row)
-                    if cell is not None and cell[0] <= x <= cell[2] and cell[1] <= y <= cell[3]
-                ),
-                None,
-            )
-            if j is not None:
-                texts[i][j].append(piece.text)
-                break
+            for j, cell in enumerate(row):
+                if cell is not None and cell[0] <= x <= cell[2] and cell[1] <= y <= cell[3]:
+                    return i, j
+        return None
+
+    pieces: list[_Cell] = []
+    for ln in members:
+        for cell in _segments(ln):
+            if not cell.pieces:
+                pieces.append(cell)
+                continue
+            runs: list[list[tuple[float, float, str]]] = []
+            last = None
+            for span in cell.pieces:
+                at = place(span[0], span[1], cell.y0, cell.y1)
+                if runs and at == last:
+                    runs[-1].append(span)
+                else:
+                    runs.append([span])
+                last = at
+            pieces.extend(_joined(run, ln) for run in runs)
+    for piece in sorted(pieces, key=lambda c: (c.y0, c.x0)):
+        at = place(piece.x0, piece.x1, piece.y0, piece.y1)
+        if at is not None:
+            texts[at[0]][at[1]].append(piece.text)
     return [[" ".join(" ".join(cell).split()) for cell in row] for row in texts]
 
 
