@@ -252,17 +252,22 @@ NOTE_CHARS = 28  # a note column is set this wide and wraps
 
 def column_widths(table: Table) -> list[float]:
     """Column widths (points) an author would give a word processor's table: each wide enough
-    for its longest cell (a note column for NOTE_CHARS characters, and for its longest word)."""
-    em = 0.62 * table.size  # DejaVu's average advance, bold included
+    for its longest cell and its (bold) header (a note column for NOTE_CHARS characters, and for
+    its longest word)."""
+    em, bold = 0.62 * table.size, 0.72 * table.size  # DejaVu's average advances
+    names = (
+        [table.header[0][0][0]] + [t for t, _, _ in table.header[1]]
+        if len(table.header) > 1
+        else [t for t, _, _ in table.header[0]]
+    )
     out = []
     for c, kind in enumerate(table.kinds):
-        texts = [row[c] for row in table.body] + [
-            t for row in table.header for t, cs, _ in row if cs == 1
-        ]
+        texts = [row[c] for row in table.body if row[c]]
         longest = max(len(p) for t in texts for p in t.split("\n"))
         word = max(len(w) for t in texts for w in t.split())
         chars = max(word, min(longest, NOTE_CHARS)) if kind == "note" else longest
-        out.append(chars * em + 14)
+        head = max(len(w) for w in names[c].split()) if kind == "note" else len(names[c])
+        out.append(max(chars * em, head * bold) + 14)
     return out
 
 
@@ -415,8 +420,8 @@ def docx_file(table: Table, path: Path) -> None:
                 for run in p.runs:
                     run.bold = True
             c += cs
-    for r, row in enumerate(table.body):
-        for c, text in enumerate(row):
+    for r, cells in enumerate(table.body):
+        for c, text in enumerate(cells):
             cell = grid.cell(nhead + r, c)
             n = table.rowspans.get((r, c), 1)
             if n > 1:
@@ -535,9 +540,9 @@ def fodt_file(table: Table, path: Path) -> None:
         rows += f"<table:table-row>{cells}</table:table-row>"
     covered = {(r + k, c) for (r, c), n in table.rowspans.items() for k in range(1, n)}
     body = ""
-    for r, row in enumerate(table.body):
+    for r, texts in enumerate(table.body):
         cells = ""
-        for c, text in enumerate(row):
+        for c, text in enumerate(texts):
             if (r, c) in covered:
                 cells += "<table:covered-table-cell/>"
                 continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice.pipeline.parsing.reading import Line
@@ -182,6 +183,17 @@ def _joined(pieces: list[tuple[float, float, str]], line: Line) -> _Cell:
     )
 
 
+@dataclass
+class _Bound:
+    """Where two spans joined into one cell meet: the left one's end, the right one's start."""
+
+    row: int
+    cell: _Cell
+    k: int  # between the cell's pieces k and k + 1
+    end: float
+    start: float
+
+
 def _worded(text: str) -> bool:
     """Does a span hold a letter or digit (not a dot leader's dot)?"""
     return any(ch.isalnum() for ch in text)
@@ -192,7 +204,7 @@ def _split_aligned(rows: list[list[_Cell]]) -> None:
     right in its column a space before the next column's words (LibreOffice's tight tables), in
     MIN_ROWS rows or more, with nothing of any row across that line."""
     bounds = [
-        (r, cell, k, a[1], b[0])
+        _Bound(r, cell, k, a[1], b[0])
         for r, row in enumerate(rows)
         for cell in row
         for k, (a, b) in enumerate(zip(cell.pieces, cell.pieces[1:], strict=False))
@@ -200,21 +212,27 @@ def _split_aligned(rows: list[list[_Cell]]) -> None:
     ]
     if len(bounds) < MIN_ROWS:
         return
-    pieces = [p for row in rows for cell in row for p in (cell.pieces or [(cell.x0, cell.x1)])]
+    pieces = [(c.x0, c.x1) for row in rows for c in row if not c.pieces] + [
+        (p[0], p[1]) for row in rows for c in row for p in c.pieces
+    ]
     cut: set[tuple[int, int]] = set()
-    for edge, side in ((3, 0.5), (4, -0.5)):  # ends of a right-aligned column, starts of a left
-        ordered = sorted(bounds, key=lambda b: b[edge])
-        start = 0
-        for end in range(1, len(ordered) + 1):
-            if end < len(ordered) and ordered[end][edge] - ordered[start][edge] <= ALIGNED:
+    edges: tuple[tuple[Callable[[_Bound], float], float], ...] = (
+        (lambda b: b.end, 0.5),  # the ends of a right-aligned column
+        (lambda b: b.start, -0.5),  # the starts of a left-aligned one
+    )
+    for edge, side in edges:
+        ordered = sorted(bounds, key=edge)
+        first = 0
+        for last in range(1, len(ordered) + 1):
+            if last < len(ordered) and edge(ordered[last]) - edge(ordered[first]) <= ALIGNED:
                 continue
-            group = ordered[start:end]
-            start = end
-            if len({b[0] for b in group}) < MIN_ROWS:
+            group = ordered[first:last]
+            first = last
+            if len({b.row for b in group}) < MIN_ROWS:
                 continue
-            x = statistics.median(b[edge] for b in group) + side
-            if all(not (p[0] < x < p[1]) for p in pieces):
-                cut.update((id(b[1]), b[2]) for b in group)
+            x = statistics.median(edge(b) for b in group) + side
+            if all(not (x0 < x < x1) for x0, x1 in pieces):
+                cut.update((id(b.cell), b.k) for b in group)
     if not cut:
         return
     for row in rows:
