@@ -169,6 +169,9 @@ class Settings(BaseSettings):
     # Chunking (part of the pipeline version)
     chunk_size: int = Field(800, ge=100, le=8000)
     chunk_overlap: int = Field(100, ge=0)
+    # A hit's parent section: its section's text around it, up to this many characters, returned
+    # as its context (0 = none). Read at search time: not part of the pipeline version.
+    context_size: int = Field(0, ge=0, le=20_000)
 
     # Retries and recovery
     max_attempts: int = Field(5, ge=1, le=50)

@@ -212,6 +212,7 @@ HITS: Example = {
             "ocr": False,
             "similarity": 0.71,
             "rerank_score": None,
+            "context": None,
         }
     ]
 }

@@ -28,6 +28,7 @@ FIELDS = (
     "ocr",
     "similarity",
     "rerank_score",
+    "context",
 )
 
 

@@ -422,6 +422,11 @@ class HitOut(BaseModel):
     rerank_score: float | None = Field(
         None, description="the reranker's 0..1 score, when one reranked the hits (also score)"
     )
+    context: str | None = Field(
+        None,
+        description="the hit's parent section: its section's text around it, up to the dataset's "
+        "context_size characters (null when that is 0)",
+    )
 
 
 class SearchOut(BaseModel):

@@ -368,6 +368,7 @@ class Hit(Result):
     heading: str = ""  # the chunk's heading path: "Title > Section" ("" for none)
     location: str = ""  # its place in words: the page, or the section
     rerank_score: float | None = None  # the reranker's 0..1 score, when one reranked the hits
+    context: str | None = None  # its section's text around it (the dataset's context_size)
 
 
 # --- audit ----------------------------------------------------------------------------------------

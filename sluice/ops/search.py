@@ -28,6 +28,7 @@ document, the rankers asked deeper until ``k`` come or none are left.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from sqlalchemy.engine import Engine
 from sluice import faults
 from sluice.errors import OperationError, VectorStoreUnavailable
 from sluice.ops import metadata as meta
+from sluice.ops import sections
 from sluice.pipeline.running.chunk import heading_of
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 
     from sluice.pipeline.running.embed import Embedder
     from sluice.pipeline.running.rerank import Reranker
+    from sluice.settings import Settings
     from sluice.storage.models import Dataset
     from sluice.storage.vectors import VectorStore
 
@@ -92,6 +95,9 @@ class Reader(Protocol):
 
     @property
     def reranker(self) -> Reranker | None: ...
+
+    @property
+    def settings(self) -> Settings: ...
 
 
 class UnknownDataset(OperationError):
@@ -155,6 +161,7 @@ class SearchHit:
     lexical_rank: int | None = None
     lexical_score: float | None = None
     rerank_score: float | None = None  # the reranker's 0..1 score, when one reranked the hits
+    context: str | None = None  # its section's text around it (the dataset's context_size)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -167,6 +174,7 @@ class Searched:
     id: int
     name: str
     collection: str
+    context_size: int | None = None  # the dataset's own (None: the process's SLUICE_CONTEXT_SIZE)
 
 
 def get_dataset(ctx: Reader, name: str) -> Dataset:
@@ -194,7 +202,9 @@ def _refuse_deleting(name: str, deleting_at) -> None:
         raise DatasetDeleting(f"dataset {name!r} is being deleted: it answers no search")
 
 
-_DATASET = text("SELECT id, collection, deleting_at FROM dataset WHERE name = :name")
+_DATASET = text(
+    "SELECT id, collection, deleting_at, parse_settings FROM dataset WHERE name = :name"
+)
 
 
 def searched_dataset(ctx: Reader, name: str) -> Searched:
@@ -204,7 +214,16 @@ def searched_dataset(ctx: Reader, name: str) -> Searched:
     if row is None:
         raise UnknownDataset(f"no dataset named {name!r}")
     _refuse_deleting(name, row.deleting_at)
-    return Searched(id=row.id, name=name, collection=row.collection)
+    own = row.parse_settings
+    if isinstance(own, str):  # SQLite hands JSON back as its text
+        own = json.loads(own or "null")
+    size = (own or {}).get("context_size") if isinstance(own, dict) else None
+    return Searched(
+        id=row.id,
+        name=name,
+        collection=row.collection,
+        context_size=int(size) if isinstance(size, int) else None,
+    )
 
 
 PAGE_MAX = 2**63 - 1  # a page number the job database can compare (64 bits)
@@ -294,6 +313,11 @@ def search(
     _fill_positions(ctx, ds, [h for h in hits if "dense" not in h.matched])
     for h in hits:
         h.snippet = _snippet(h, parsed)
+    size = ds.context_size if ds.context_size is not None else ctx.settings.context_size
+    if size and hits:  # each hit's parent section, read from the word index
+        found = sections.contexts(ctx.engine, ds.id, [h.chunk_id for h in hits], size)
+        for h in hits:
+            h.context = found.get(h.chunk_id)
     return hits
 
 

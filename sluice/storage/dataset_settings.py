@@ -15,13 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sluice.errors import SettingsError
 from sluice.settings import Settings
 
-KEYS = ("chunk_size", "chunk_overlap", "ocr_mode", "ocr_language")
+KEYS = ("chunk_size", "chunk_overlap", "ocr_mode", "ocr_language", "context_size")
 
 DESCRIPTIONS = {
     "chunk_size": "characters per chunk (100-8000)",
     "chunk_overlap": "characters shared by neighbouring chunks (smaller than the chunk size)",
     "ocr_mode": "auto (pages without text are read by OCR), always, or off",
     "ocr_language": "Tesseract language(s) of scanned pages, e.g. eng, deu, eng+fra",
+    "context_size": "characters of a hit's own section returned with it as its context (0: none; "
+    "no reindex: set small chunks to match, a larger context to answer)",
 }
 
 
@@ -34,6 +36,7 @@ class DatasetSettings(BaseModel):
     chunk_overlap: int | None = Field(None, ge=0)
     ocr_mode: Literal["auto", "always", "off"] | None = None
     ocr_language: str | None = Field(None, pattern=r"^[A-Za-z_]{3,20}(\+[A-Za-z_]{3,20})*$")
+    context_size: int | None = Field(None, ge=0, le=20_000)
 
 
 def overrides_of(raw: dict[str, Any] | None) -> dict[str, Any]:

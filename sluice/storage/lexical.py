@@ -529,6 +529,28 @@ def job_chunks(engine: Engine, job_id: int, *, offset: int = 0, limit: int = 50)
         return [ChunkRow(r[0], r[1], r[2], r[3], bool(r[4])) for r in rows]
 
 
+def neighbours(
+    engine: Engine, dataset_id: int, chunk_ids: Sequence[str], reach: int
+) -> dict[str, tuple[int, list[tuple[int, str]]]]:
+    """For each chunk id of the dataset: its position, and (position, text) of its job's chunks
+    from ``reach`` positions before it to ``reach`` after it, itself included, in order."""
+    if not chunk_ids:
+        return {}
+    stmt = text(
+        "SELECT c.chunk_id, c.position, n.position, n.text FROM lexical_chunk c "
+        "JOIN lexical_chunk n ON n.job_id = c.job_id AND n.dataset_id = c.dataset_id "
+        "AND n.position BETWEEN c.position - :r AND c.position + :r "
+        "WHERE c.dataset_id = :d AND c.chunk_id IN :ids ORDER BY c.chunk_id, n.position"
+    ).bindparams(_expanding("ids"))
+    out: dict[str, tuple[int, list[tuple[int, str]]]] = {}
+    with engine.connect() as conn:
+        for cid, own, position, value in conn.execute(
+            stmt, {"r": reach, "d": dataset_id, "ids": list(chunk_ids)}
+        ):
+            out.setdefault(cid, (int(own), []))[1].append((int(position), value))
+    return out
+
+
 def chunk_places(engine: Engine, chunk_id: str) -> list[tuple[int, int, int]]:
     """(dataset id, document id, job id) of every row holding this chunk id."""
     with engine.connect() as conn:

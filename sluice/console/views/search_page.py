@@ -100,6 +100,9 @@ if query.strip():
                 st.markdown(ui.highlighted(h.snippet))
                 with st.expander("Whole chunk"):
                     st.text(h.text)
+                if h.context:  # the dataset's context_size: the section around the match
+                    with st.expander("Its section (the context an application gets)"):
+                        st.markdown(ui.chunk_markdown(h.context))
 else:
     st.caption(
         'Put "an exact phrase" in quotes. Scores run from 0 to 1 in every mode: dense, the cosine '
