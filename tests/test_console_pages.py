@@ -500,3 +500,31 @@ def test_system_page_says_when_recovery_last_ran_and_when_reaping_is_held(make_c
         "Taking stalled jobs back is held for" in page
         and "the last round of any worker ran" in page
     )
+
+
+def test_system_page_charts_chunks_and_jobs_per_second_over_the_last_hour(ctx):
+    from sluice.ops import reads
+    from sluice.ops.ingest import ingest_bytes
+
+    assert "No job finished in the last hour" in texts(open_console("system"))
+    body = b"Harbour notes. " * 200
+    r = ingest_bytes(ctx, body, dataset="default", filename="notes.txt")
+    assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    with Session(ctx.engine) as session:
+        chunks = session.get(Job, r.job_id).chunk_count
+    rates = reads.rates_last_hour()
+    assert round(sum(m["jobs per second"] for m in rates) * 60) == 1
+    assert round(sum(m["chunks per second"] for m in rates) * 60) == chunks
+    at = open_console("system")
+    assert_ok(at)
+    assert "Chunks and jobs per second over the last hour" in texts(at)
+    charts = []
+
+    def walk(node) -> None:
+        if getattr(node, "type", "") == "vega_lite_chart":
+            charts.append(node)
+        for child in getattr(node, "children", {}).values():
+            walk(child)
+
+    walk(at.main)
+    assert len(charts) == 2  # chunks per second, jobs per second

@@ -137,6 +137,21 @@ class Overview:
         return sum(self.counts.get(s, 0) for s in ACTIVE)
 
 
+def rates_last_hour() -> list[dict]:
+    """Chunks and jobs per second over the last hour, minute by minute, of every dataset (the
+    System page's chart): each minute's finished work over its 60 seconds."""
+    with _session() as session:
+        minutes = queries.throughput(session=session, minutes=60)
+    return [
+        {
+            "minute": m["minute"],
+            "chunks per second": round(m["chunks"] / 60, 3),
+            "jobs per second": round((m["succeeded"] + m["failed"]) / 60, 3),
+        }
+        for m in minutes
+    ]
+
+
 def overview(dataset_id: int | None) -> Overview:
     now = utcnow()
     with _session() as session:

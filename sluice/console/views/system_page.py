@@ -75,6 +75,17 @@ c3.metric(
     "it.",
 )
 c4.metric("Batch size", settings.embed_batch_size)
+rates = pd.DataFrame(reads.rates_last_hour()).set_index("minute")
+if not rates.to_numpy().any():
+    st.caption("No job finished in the last hour: nothing to chart.")
+else:
+    st.caption(
+        "Chunks and jobs per second over the last hour, every dataset: each minute's finished "
+        "jobs (succeeded or failed) and the chunks they embedded, over its 60 seconds."
+    )
+    left, right = st.columns(2)
+    left.line_chart(rates[["chunks per second"]], y_label="chunks / s", height=180)
+    right.line_chart(rates[["jobs per second"]], y_label="jobs / s", height=180)
 
 st.subheader("Datasets")
 summaries = reads.dataset_summaries()
