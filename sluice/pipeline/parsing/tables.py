@@ -3,12 +3,16 @@
 Plain text reads a table cell by cell, one per line, and the XY cut reads it column by column:
 either way its rows are gone. Here, before the reading order is made:
 
+- a page without three rows of two cells, not all prose, is passed over first, for the cost of
+  a sort of its lines (``_may_hold_table``): a page of prose costs what it did;
 - the page's horizontal lines are grouped into visual rows; a run of rows whose cells leave the
   same vertical gutters free (a gutter is blank in every row) is a table candidate. Rows whose
   cells are all prose (a two-column page, a form of sentences) are not table rows, and an edge
   column of prose that runs on above or below the run (the other column of a two-column page)
   is left out of it. A candidate needs three rows of two cells and two columns filled in half of
-  its rows. This costs a pass over lines already read: a page without a table costs what it did;
+  its rows. A first row of groups over columns does not hide the gutters of the rows below it,
+  and spans set tight (a right-aligned number a space before the next column's words) are cut
+  where their edges line up down the rows;
 - only on a page with a candidate are its drawings read: ruled candidates go to PyMuPDF's table
   finder (``page.find_tables``, line strategy), whose cell grid keeps cells of several lines
   together; others are cut at their gutters, a line that follows closer than the rows are apart

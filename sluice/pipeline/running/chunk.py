@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 # v3: tables as Markdown rows, headings as each chunk's path, columns read in order. Parsing and
 # chunking change together: a new parse output is a new version, so every chunk id changes with it
-# and a reindex rebuilds the documents of an older one.
-CHUNKER_VERSION = "structured-v3"
+# and a reindex rebuilds the documents of an older one. v4: PDF tables keep the header above
+# cells of two lines, the columns under a header of groups and those of cells set tight, and the
+# space between spans joined into a cell.
+CHUNKER_VERSION = "structured-v4"
 SEPARATORS = ("\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " ")
 
 HEADING = "\ufdd0"  # starts a heading line of parsed text; never in text read from a file
