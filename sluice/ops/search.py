@@ -62,8 +62,10 @@ T = TypeVar("T")
 
 MODES = ("hybrid", "dense", "lexical")
 # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it,
-# shown divided by the most it can be (rank 1 in both, a strict lexical hit): 0..1
-RRF_K = 60
+# shown divided by the most it can be (rank 1 in both, a strict lexical hit): 0..1. The constant
+# is small: a ranker's first places count more than hits both only half agree on (measured on
+# SciFact abstracts by bench/beir.py: BENCHMARKS.md, Retrieval quality on a BEIR dataset).
+RRF_K = 2
 DENSE_WEIGHT = 0.5  # the dense ranker's share of the fusion by default: both weigh alike
 # The raw lexical score shown as 0.5 (score = raw / (raw + half)): SQLite's BM25 and PostgreSQL's
 # ts_rank (normalisation 1) have their own ranges. Measured on tests/test_search_controls.py's
