@@ -36,7 +36,7 @@ from unittest import mock
 from bench.report import cpu_model, load_average, write_section
 from bench.retrieval import FILTER, MODES
 from bench.scale_load import PER_DOC, Loader
-from bench.system import Services, as_epoch, clean_environment, wait_final
+from bench.system import Services, as_epoch, clean_environment, cpu_seconds, wait_final
 
 TITLE = "## Cost against index size"
 SIZES = (0, 100_000, 300_000, 1_000_000)
@@ -81,14 +81,20 @@ def documents(loader: Loader, n: int, size: int, chunks: tuple[int, int]) -> lis
     return out
 
 
-def ingest(ctx, loader: Loader, size: int, kind: str, bodies: list[bytes]) -> dict:
-    """Upload and publish them all at once; chunks per second from first claim to last finish."""
-    from sqlmodel import Session, select
+def ingest(
+    ctx, loader: Loader, size: int, kind: str, bodies: list[bytes], *, server: int | None = None
+) -> dict:
+    """Upload and publish them all at once; chunks per second from first claim to last finish.
+    With ``server`` (the Chroma server's pid), also the CPU time that server spent meanwhile per
+    chunk (its graph work grows with the collection, BENCHMARKS.md), and how many jobs needed a
+    second attempt (a retry's backoff, not the index, then decides the rate)."""
+    from sqlmodel import Session, func, select
 
     from sluice.ops.ingest import ingest_bytes
     from sluice.pipeline.queueing.publishing import publish
-    from sluice.storage.models import Job
+    from sluice.storage.models import Job, JobEvent
 
+    cpu_before = cpu_seconds(server) if server else 0.0
     ids = [
         ingest_bytes(
             ctx, body, dataset=DATASET, filename=f"{kind}-{size}-{i}.txt", publish=publish
@@ -96,12 +102,18 @@ def ingest(ctx, loader: Loader, size: int, kind: str, bodies: list[bytes]) -> di
         for i, body in enumerate(bodies)
     ]
     done = wait_final(ctx, ids, timeout=1800)
+    server_cpu = cpu_seconds(server) - cpu_before if server else None
     if done.statuses != {"succeeded": len(ids)}:
         raise RuntimeError(f"{kind} documents at {size:,} ended {done.statuses}")
     with Session(ctx.engine) as session:
         first = min(
             as_epoch(s) for s in session.exec(select(Job.started_at).where(Job.id.in_(ids))).all()
         )
+        retried = session.exec(
+            select(func.count(func.distinct(JobEvent.job_id))).where(
+                JobEvent.job_id.in_(ids), JobEvent.kind == "attempt_failed"
+            )
+        ).one()
     seconds = max(done.last_finished - first, 1e-6)
     return {
         "documents": len(ids),
@@ -109,6 +121,10 @@ def ingest(ctx, loader: Loader, size: int, kind: str, bodies: list[bytes]) -> di
         "seconds": seconds,
         "chunks_per_s": done.chunks / seconds,
         "stages": stage_seconds(ctx, ids),
+        "retried": retried,
+        "server_cpu_ms_per_chunk": (
+            None if server_cpu is None else 1000 * server_cpu / max(done.chunks, 1)
+        ),
     }
 
 
@@ -204,13 +220,23 @@ def point(svc: Services, ctx, loader: Loader, size: int, args) -> dict:
         from sqlalchemy import text
 
         conn.execute(text("ANALYZE"))
-    small = ingest(ctx, loader, size, "small", documents(loader, args.docs, size, (1, 3)))
+    server = svc.chroma.pid
+    small = ingest(
+        ctx, loader, size, "small", documents(loader, args.docs, size, (1, 3)), server=server
+    )
     big = ingest(
-        ctx, loader, size, "big", documents(loader, args.big, size, (args.big_chunks,) * 2)
+        ctx,
+        loader,
+        size,
+        "big",
+        documents(loader, args.big, size, (args.big_chunks,) * 2),
+        server=server,
     )
     log(
         f"ingest at {size:,}: small {small['chunks_per_s']:.1f} chunks/s, "
-        f"big {big['chunks_per_s']:.1f} chunks/s"
+        f"big {big['chunks_per_s']:.1f} chunks/s; Chroma server CPU per chunk "
+        f"{small['server_cpu_ms_per_chunk']:.1f} / {big['server_cpu_ms_per_chunk']:.1f} ms; "
+        f"jobs retried {small['retried']} / {big['retried']}"
     )
     lat = latency(ctx, queries(loader, args.queries))
     log(f"hybrid p95 {lat['hybrid']['p95']:.1f} ms, filtered {lat['hybrid|filtered']['p95']:.1f}")
@@ -307,18 +333,26 @@ def search_table(points: list[dict]) -> list[str]:
 def growth_table(points: list[dict]) -> list[str]:
     stages = sorted({s for p in points for s in (*p["small"]["stages"], *p["big"]["stages"])})
     lines = [
-        "| chunks | bulk load, chunks/s | Chroma on disk | job database | small job, ms per stage: "
+        "| chunks | bulk load, chunks/s | Chroma on disk | job database | Chroma server CPU per "
+        "chunk, ms: small, big | jobs retried: small, big | small job, ms per stage: "
         + ", ".join(stages)
         + " | big job, s per stage |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in points:
         rate = f"{p['added'] / p['bulk_s']:,.0f}" if p["added"] else ""
         small = ", ".join(f"{1000 * p['small']['stages'].get(s, 0):.0f}" for s in stages)
         big = ", ".join(f"{p['big']['stages'].get(s, 0):.2f}" for s in stages)
+        cpu = ", ".join(
+            ""
+            if p[k].get("server_cpu_ms_per_chunk") is None
+            else f"{p[k]['server_cpu_ms_per_chunk']:.1f}"
+            for k in ("small", "big")
+        )
+        retried = f"{p['small'].get('retried', 0)}, {p['big'].get('retried', 0)}"
         lines.append(
             f"| {p['indexed']:,} | {rate} | {p['chroma_mb']:.0f} MB | {p['db_mb']:.0f} MB "
-            f"| {small} | {big} |"
+            f"| {cpu} | {retried} | {small} | {big} |"
         )
     return lines
 

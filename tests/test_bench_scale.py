@@ -47,10 +47,13 @@ def test_bench_scale_on_its_smallest_input_fills_every_figure(tmp_path):
         assert p["big"]["chunks"] == 4
         assert p["small"]["chunks_per_s"] > 0 and p["big"]["chunks_per_s"] > 0
         assert p["small"]["stages"], "no stage times from the job events"
+        for kind in ("small", "big"):  # what the Chroma server spent on them, and retries
+            assert p[kind]["server_cpu_ms_per_chunk"] >= 0 and p[kind]["retried"] >= 0
         assert set(p["latency"]) == set(LABELS)
         assert all(v["p95"] >= v["p50"] > 0 for v in p["latency"].values())
         assert p["recall"]["recall"] is not None and p["recall"]["queries"] == 3
     text = out.read_text().strip()
     assert text.startswith("## Cost against index size") and "vCPUs, flags" in text
     assert "| 1.00 |" in text  # the empty dataset's own ratio
+    assert "Chroma server CPU per chunk, ms: small, big" in text
     assert "Not run in this run: the 100,000 and 300,000 and 1,000,000 chunk points" in text
