@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sluice.pipeline.parsing.reading import Line
 from sluice.pipeline.running.chunk import HEADING, Outline, heading_line, meaningful
@@ -78,8 +79,11 @@ class PdfHeadings:
     def mark(self, number: int, lines: list[Line], height: float) -> list[Line]:
         """``lines`` of page ``number`` with each heading's lines made one marked line."""
         horizontal = [ln for ln in lines if ln.horizontal and ln.size > 0]
+        sizes: dict[float, int] = {}  # counted here, then added: a Counter's += is dearer
         for ln in horizontal:
-            self.sizes[round(ln.size * 2) / 2] += len(ln.text)
+            size = round(ln.size * 2) / 2
+            sizes[size] = sizes.get(size, 0) + len(ln.text)
+        self.sizes.update(sizes)
         runs = _runs(horizontal)
         if self.entries:
             marked = self._from_outline(number, runs, lines, height)
@@ -163,18 +167,24 @@ def _run_key(run: list[Line]) -> str:
 def _runs(lines: list[Line]) -> list[list[Line]]:
     """Consecutive lines of one block set alike (size, bold): the units a heading is made of."""
     runs: list[list[Line]] = []
-    for ln in sorted(lines, key=lambda ln: (ln.block, ln.order)):
-        last = runs[-1][-1] if runs else None
+    run: list[Line] = []
+    last = None
+    for ln in sorted(lines, key=_BLOCK_ORDER):
         if (
             last is not None
             and last.block == ln.block
             and abs(last.size - ln.size) < 0.25
             and last.bold == ln.bold
         ):
-            runs[-1].append(ln)
+            run.append(ln)
         else:
-            runs.append([ln])
+            run = [ln]
+            runs.append(run)
+        last = ln
     return runs
+
+
+_BLOCK_ORDER = attrgetter("block", "order")
 
 
 def _level(run: list[Line], body: float) -> int | None:

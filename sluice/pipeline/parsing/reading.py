@@ -105,7 +105,7 @@ def lines_of(page_dict: dict) -> list[Line]:
                     vertical,
                     horizontal,
                     float(main.get("size", 0.0)) if main else 0.0,
-                    bool(spans) and all(_bold(s) for s in spans),
+                    _bold(spans[0]) if len(spans) == 1 else bool(spans) and all(map(_bold, spans)),
                     [(s["bbox"][0], s["bbox"][2], strip_marks(s["text"])) for s in spans]
                     if len(spans) > 1
                     else [],
