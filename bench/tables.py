@@ -15,8 +15,9 @@ from.
 
 Then it reads every PDF with the function the pipeline calls (``extract.read``) and scores **rows
 intact**: the share of the ground truth's rows whose non-empty cells all appear, in order, on one
-line of the parser's output (each cell whole: not inside a longer word or number). PyMuPDF's plain
-text is scored on the same files beside it.
+line of the parser's output (each cell whole: not inside a longer word or number), and the
+stricter share whose cells are each a whole Markdown cell. PyMuPDF's plain text is scored on the
+same files beside it, and pymupdf4llm's Markdown where it is installed (``--peer``).
 
 And it measures parse CPU per page, the whole ``extract.read`` of a file divided by its pages, the
 median of ``--rounds`` rounds, in child processes that alternate between the code of today and the
@@ -746,6 +747,7 @@ def make_material(out: Path, seed: int, count: int) -> dict:
 
 def _norm(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).replace("\\|", "|").replace("\u00ad", "")
+    text = text.replace("<br>", " ").replace("**", "")  # pymupdf4llm's line breaks and bold
     return " ".join(text.replace("\u2212", "-").split())
 
 
@@ -810,6 +812,23 @@ def plain_text(path: Path) -> str:
 
     with pymupdf.open(str(path)) as doc:
         return "\n".join(page.get_text() for page in doc)
+
+
+def peer_texts(paths: list[Path]) -> dict[str, str]:
+    """pymupdf4llm's Markdown of each file, made in a child process (this one keeps PyMuPDF's
+    layout model out, as the extraction does; pymupdf4llm needs it)."""
+    code = (
+        "import json, sys, pymupdf4llm; paths = json.loads(sys.argv[1]); "
+        "print(json.dumps({p: pymupdf4llm.to_markdown(p, show_progress=False) for p in paths}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(list(map(str, paths)))],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 # --- CPU per page -----------------------------------------------------------------------------
@@ -903,13 +922,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cpu", action="store_true", help="score rows only")
     ap.add_argument("--out", type=Path, default=None, help="write the section into this file")
     ap.add_argument("--show", action="store_true", help="print each missed row")
+    ap.add_argument(
+        "--peer",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="score pymupdf4llm on the files too (auto: where it is installed)",
+    )
     args = ap.parse_args(argv)
     for tool in ("chromium", "soffice", "gs"):
         if shutil.which(tool) is None:
             print(f"needs {tool}: make wild-tools", file=sys.stderr)
             return 2
+    import importlib.util
+
     from sluice.pipeline.parsing.extract import skip_optional_pymupdf_imports
 
+    with_peer = args.peer == "yes" or (
+        args.peer == "auto" and importlib.util.find_spec("pymupdf4llm") is not None
+    )
     skip_optional_pymupdf_imports()  # as the extraction does: no layout model in find_tables
     started = time.time()
     load = os.getloadavg()
@@ -917,17 +947,20 @@ def main(argv: list[str] | None = None) -> int:
     index = make_material(out, args.seed, args.count)
     tables = index["tables"]
     results: dict[str, dict] = {}
+    peer = peer_texts([out / n for n in sorted(tables)]) if with_peer else {}
     for name, info in sorted(tables.items()):
         path = out / name
         rows = info["rows"]
         got, whole, missed = score(rows, sluice_text(path))
         plain, _, _ = score(rows, plain_text(path))
         results[name] = {"rows": len(rows), "sluice": got, "whole": whole, "plain": plain}
+        if peer:
+            results[name]["peer"], results[name]["peer_whole"], _ = score(rows, peer[str(path)])
         if args.show and missed:
             print(f"{name}: {got}/{len(rows)}")
             for row in missed:
                 print("   missed:", " | ".join(row))
-    summary = _summary(tables, results)
+    summary = _summary_head(results) + _summary(tables, results)
     for line in summary:
         print(line)
     cpu = None
@@ -942,33 +975,50 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _groups(tables: dict, results: dict, key) -> dict[str, tuple[int, int, int, int, int]]:
-    out: dict[str, list[int]] = {}
-    for name, r in results.items():
-        g = out.setdefault(key(tables[name]), [0, 0, 0, 0, 0])
-        g[0] += r["rows"]
-        g[1] += r["sluice"]
-        g[2] += r["plain"]
-        g[3] += 1
-        g[4] += r["whole"]
-    return {k: (v[0], v[1], v[2], v[3], v[4]) for k, v in sorted(out.items())}
+FIELDS = ("sluice", "whole", "peer", "peer_whole", "plain")
 
 
 def _summary(tables: dict, results: dict) -> list[str]:
+    """One table line per group of files: PDFs, rows, then each figure's share of the rows
+    (pymupdf4llm's only when it was run)."""
+    fields = [f for f in FIELDS if all(f in r for r in results.values())]
     lines = []
     for title, key in (
-        ("all", lambda t: "all"),
+        ("all files", lambda t: ""),
         ("producer", lambda t: t["producer"]),
         ("style", lambda t: t["style"]),
-        ("merged header", lambda t: "merged" if t["merged"] else "one header row"),
-        ("multi-line cells", lambda t: "multi-line" if t["multiline"] else "one line"),
+        ("header", lambda t: "of groups (merged)" if t["merged"] else "one row"),
+        ("cells", lambda t: "of several lines" if t["multiline"] else "of one line"),
     ):
-        for k, (rows, got, plain, files, whole) in _groups(tables, results, key).items():
+        groups: dict[str, list[dict]] = {}
+        for name, r in results.items():
+            groups.setdefault(key(tables[name]), []).append(r)
+        for k, members in sorted(groups.items()):
+            rows = sum(r["rows"] for r in members)
+            shares = [sum(r[f] for r in members) / rows for f in fields]
+            figures = " | ".join(
+                f"**{v:.3f}**" if f == "sluice" else f"{v:.3f}"
+                for f, v in zip(fields, shares, strict=True)
+            )
             lines.append(
-                f"| {title}: {k} | {files} | {rows} | **{got / rows:.3f}** | {whole / rows:.3f} "
-                f"| {plain / rows:.3f} |"
+                f"| {title}{': ' + k if k else ''} | {len(members)} | {rows} | {figures} |"
             )
     return lines
+
+
+def _summary_head(results: dict) -> list[str]:
+    names = {
+        "sluice": "rows intact, Sluice (extract.read)",
+        "whole": "Sluice, each cell a whole Markdown cell",
+        "peer": "rows intact, pymupdf4llm",
+        "peer_whole": "pymupdf4llm, each cell whole",
+        "plain": "rows intact, PyMuPDF plain text",
+    }
+    fields = [f for f in FIELDS if all(f in r for r in results.values())]
+    return [
+        "| files | PDFs | rows | " + " | ".join(names[f] for f in fields) + " |",
+        "|" + " --- |" * (3 + len(fields)),
+    ]
 
 
 def _cpu_lines(index: dict, cpu: dict) -> list[str]:
@@ -1016,9 +1066,6 @@ def _section(args, index: dict, summary: list[str], cpu: dict | None, started: f
         "Rows intact: the share of the ground truth's rows whose cells all land, in order, on one "
         "line of the parser's output (target >= 0.75).",
         "",
-        "| files | PDFs | rows | rows intact, Sluice (extract.read) | of them each cell a whole "
-        "Markdown cell | rows intact, PyMuPDF plain text |",
-        "| --- | --- | --- | --- | --- | --- |",
         *summary,
     ]
     if cpu is not None:
