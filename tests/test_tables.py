@@ -265,7 +265,7 @@ def test_a_page_of_prose_is_passed_over_before_a_table_is_looked_for(tmp_path, m
     assert looked == [1] and HEADER in text
 
 
-def make_tight_columns(path, *, ruled: bool = False) -> None:
+def make_tight_columns(path, *, ruled: bool = False, grouped: bool = False) -> None:
     """A table set tight, as LibreOffice sets one with its default padding: each right-aligned
     number ends a few points before the word of the next column starts, on one line."""
     doc = pymupdf.open()
@@ -273,11 +273,15 @@ def make_tight_columns(path, *, ruled: bool = False) -> None:
     page.insert_text((72, 72), "Tonnage and remarks by berth:", fontsize=11)
     font = pymupdf.Font("helv")
     y = 100.0
+    if grouped:  # the berth's name over both header rows, a group over the other columns
+        page.insert_text((72, 84), "Berth", fontsize=10)
+        page.insert_text((187, 84), "Season 2024 survey", fontsize=10)
     for a, b, c in [
-        ("Berth", "Tonnes", "Remark"),
+        ("" if grouped else "Berth", "Tonnes", "Remark"),
         *[(r, s, f"dredged {g}") for r, s, g in REGIONS],
     ]:
-        page.insert_text((72, y), a, fontsize=10)
+        if a:
+            page.insert_text((72, y), a, fontsize=10)
         page.insert_text((220 - font.text_length(b, fontsize=10), y), b, fontsize=10)
         page.insert_text((225, y), c, fontsize=10)
         y += 16
@@ -338,4 +342,13 @@ def test_a_ruled_table_set_tight_keeps_its_columns(tmp_path):
     [(_, text)] = pages_of(tmp_path / "tight.pdf", "application/pdf")
     lines = text.split("\n")
     assert "| Berth | Tonnes | Remark |" in lines, text
+    assert "| North | 120 | dredged 5% |" in lines, text
+
+
+def test_cells_set_tight_are_cut_under_a_header_of_groups_too(tmp_path):
+    make_tight_columns(tmp_path / "tight.pdf", grouped=True)
+    [(_, text)] = pages_of(tmp_path / "tight.pdf", "application/pdf")
+    lines = text.split("\n")
+    assert "| Berth | Season 2024 survey |  |" in lines, text
+    assert "|  | Tonnes | Remark |" in lines, text
     assert "| North | 120 | dredged 5% |" in lines, text

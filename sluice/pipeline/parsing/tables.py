@@ -206,7 +206,7 @@ def _worded(text: str) -> bool:
 def _split_aligned(rows: list[list[_Cell]]) -> None:
     """Cut cells joined from spans where the spans' edges line up down the rows: a number set
     right in its column a space before the next column's words (LibreOffice's tight tables), in
-    MIN_ROWS rows or more, with nothing of any row across that line."""
+    MIN_ROWS rows or more, with nothing of any row but the first across that line."""
     bounds = [
         _Bound(r, cell, k, a[1], b[0])
         for r, row in enumerate(rows)
@@ -216,8 +216,9 @@ def _split_aligned(rows: list[list[_Cell]]) -> None:
     ]
     if len(bounds) < MIN_ROWS:
         return
-    pieces = [(c.x0, c.x1) for row in rows for c in row if not c.pieces] + [
-        (p[0], p[1]) for row in rows for c in row for p in c.pieces
+    # the first row may cross the line: a header of groups, each over columns
+    pieces = [(c.x0, c.x1) for row in rows[1:] for c in row if not c.pieces] + [
+        (p[0], p[1]) for row in rows[1:] for c in row for p in c.pieces
     ]
     cut: set[tuple[int, int]] = set()
     edges: tuple[tuple[Callable[[_Bound], float], float], ...] = (
