@@ -799,12 +799,62 @@ def score(rows: list[list[str]], text: str) -> tuple[int, int, list[list[str]]]:
     return len(rows) - len(missed), whole, missed
 
 
-def sluice_text(path: Path) -> str:
+def sluice_pages(path: Path) -> list[tuple[int, str]]:
     from sluice.pipeline.parsing.extract import PDF, Request, read
+
+    return [
+        (m["n"], m["text"])
+        for m in read(Request(path=str(path), media_type=PDF))
+        if m["t"] == "page"
+    ]
+
+
+def sluice_text(path: Path) -> str:
     from sluice.pipeline.running.chunk import strip_marks
 
-    pages = [m["text"] for m in read(Request(path=str(path), media_type=PDF)) if m["t"] == "page"]
-    return strip_marks("\n".join(pages))
+    return strip_marks("\n".join(text for _, text in sluice_pages(path)))
+
+
+CHUNK_SIZE, CHUNK_OVERLAP = 400, 50  # small enough that most tables span chunks
+
+
+def headed_chunks(pages: list[tuple[int, str]]) -> tuple[int, int, int]:
+    """(chunks that hold rows of a table, those of them whose first row is the table's header
+    followed by its rule, those past a table's first chunk), as the pipeline's chunker cuts the
+    pages at CHUNK_SIZE characters."""
+    from sluice.pipeline.running.chunk import chunk_pages, heading_of
+
+    headers: set[str] = set()  # whitespace as the chunker normalises it
+    for _, text in pages:
+        lines = text.split("\n")
+        headers.update(
+            " ".join(a.split())
+            for a, b in zip(lines, lines[1:], strict=False)
+            if _RULE_LINE.match(b)
+        )
+    tabled = headed = 0
+    for chunk in chunk_pages(pages, size=CHUNK_SIZE, overlap=CHUNK_OVERLAP):
+        lines = heading_of(chunk.text)[1].split("\n")
+        rows = [i for i, line in enumerate(lines) if _cells_of(line) is not None]
+        if not rows:
+            continue
+        tabled += 1
+        first = rows[0]
+        headed += (
+            " ".join(lines[first].split()) in headers
+            and first + 1 < len(lines)
+            and bool(_RULE_LINE.match(lines[first + 1]))
+        )
+    return tabled, headed, tabled - len(headers)
+
+
+_RULE_LINE = re.compile(r"^\|(?: --- \|)+$")
+
+
+def _strip(text: str) -> str:
+    from sluice.pipeline.running.chunk import strip_marks
+
+    return strip_marks(text)
 
 
 def plain_text(path: Path) -> str:
@@ -948,12 +998,19 @@ def main(argv: list[str] | None = None) -> int:
     tables = index["tables"]
     results: dict[str, dict] = {}
     peer = peer_texts([out / n for n in sorted(tables)]) if with_peer else {}
+    chunked = [0, 0, 0]  # chunks holding table rows, opening with its header, past its first
     for name, info in sorted(tables.items()):
         path = out / name
         rows = info["rows"]
-        got, whole, missed = score(rows, sluice_text(path))
+        pages = sluice_pages(path)
+        text = "\n".join(t for _, t in pages)
+        got, whole, missed = score(rows, _strip(text))
+        tabled, headed, later = headed_chunks(pages)
         plain, _, _ = score(rows, plain_text(path))
         results[name] = {"rows": len(rows), "sluice": got, "whole": whole, "plain": plain}
+        chunked[0] += tabled
+        chunked[1] += headed
+        chunked[2] += later
         if peer:
             results[name]["peer"], results[name]["peer_whole"], _ = score(rows, peer[str(path)])
         if args.show and missed:
@@ -961,6 +1018,14 @@ def main(argv: list[str] | None = None) -> int:
             for row in missed:
                 print("   missed:", " | ".join(row))
     summary = _summary_head(results) + _summary(tables, results)
+    summary += [
+        "",
+        f"Chunked by the pipeline's chunker at {CHUNK_SIZE} characters ({CHUNK_OVERLAP} "
+        f"overlap), {chunked[0]} chunks hold rows of these tables, {chunked[2]} of them past "
+        f"a table's first chunk; **{chunked[1]}** open with their table's header row and its "
+        "rule (the header kept with every chunk). A header of groups is the header row; the "
+        "row of the columns' own names under it is not repeated.",
+    ]
     for line in summary:
         print(line)
     cpu = None
