@@ -474,6 +474,8 @@ def machine() -> str:
 
 
 def table(r: dict) -> str:
+    from sluice.ops.search import DENSE_WEIGHT, RRF_K
+
     published = PUBLISHED.get(r["dataset"], {})
     lex = published.get("lexical")
     den = published.get("dense")
@@ -498,7 +500,7 @@ def table(r: dict) -> str:
         + (f"{den[0]:.3f} ({den[1]}) | {verdict(p['dense'], den[0])} |" if den else " | |")
     )
     rows.append(
-        f"| hybrid, as the product ranks documents (RRF k=60, dense weight 0.5) | "
+        f"| hybrid, as the product ranks documents (RRF k={RRF_K}, dense weight {DENSE_WEIGHT}) | "
         f"{p['hybrid']:.3f} | above both | {verdict(p['hybrid'], bar)} |"
     )
     t = r["tuned"]
