@@ -264,16 +264,18 @@ def _rewrite(
 ) -> None:
     """``stale`` chunks of ``job_id`` with ``text``: a vector made (or taken from the cache),
     each store written under the same ids."""
+    import numpy as np
+
     vector = ctx.cache.get_many([text], dataset_id=dataset_id)[0]
     if vector is None:
-        vector = embed.submit(ctx.embedder, [text]).result()[0]
-        ctx.cache.put_many([text], [vector], dataset_id=dataset_id)
+        made = embed.submit(ctx.embedder, [text]).result()
+        ctx.cache.put_many([text], made, dataset_id=dataset_id)
+        vector = made[0]
     ids = [cid for cid, _ in stale]
     metadatas = []
     for _, m in stale:
         m = {k: v for k, v in m.items() if k not in ("source_sha", "edited")}
         metadatas.append({**m, "source_sha": sha, "edited": True} if edited else m)
-    import numpy as np
 
     ctx.vectors.delete(collection, ids=ids)
     ctx.vectors.add(
