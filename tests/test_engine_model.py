@@ -6,8 +6,9 @@ permanent failure, death without a word, a cancel midway, the document's metadat
 midway), time passing and the outbox dispatched, recovery rounds (reaping, redelivery, a dataset
 delete that stopped finished), retry, cancel, delete, reindex, a dataset's settings change and its
 revert, pause and resume, prune with the clock moved on, reconcile with and without repair, a
-document's metadata replaced, a chunk switched off and on, new bytes under an external id (a
-replacement), a dataset deleted or renamed, and a search that checks what it answers. Sources
+document's metadata replaced, a chunk switched off and on, a whole document switched off and on
+(also inside a worker's success, on the version its job replaces), new bytes under an external id
+(a replacement), a dataset deleted or renamed, and a search that checks what it answers. Sources
 (issue 39): two folder sources over folders the model owns, added into a dataset (their first sync
 confirmed), their files added, edited, renamed and removed, synced (with a remove, a rename or
 delete of their dataset, the tombstone purge, an undo, a second sync or a worker's success landing
@@ -18,9 +19,12 @@ the same ops functions the front ends call, with the deterministic hash embedder
 stepped in the test's thread (``run_job`` called directly, fault points stopping it mid-job), the
 queue is a set of job ids.
 
-After every step the invariants of issues 25 and 39 hold (see each ``@invariant``). Examples are
-derandomized, so CI explores the same sequences every run; every sequence it ever failed on is
-kept below it as a plain regression test.
+After every step the invariants of issues 25 and 39 hold (see each ``@invariant``), and those of
+the document switch: it stays where the model put it through reindexes, re-uploads and deletes,
+a new version takes it over from the one it replaces, and no search answers a chunk of a
+switched-off document while a switched-on one is answered as before. Examples are derandomized,
+so CI explores the same sequences every run; every sequence it ever failed on is kept below it as
+a plain regression test.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ TAGS = ("red", "blue")
 OWN_FAILURES = {"injected_fault", "worker_lost"}  # the only failures the model makes
 WORKER_DRAWS = ("success", "success", "transient", "permanent", "die", "cancel", "metadata")
 WORKER_DRAWS += ("undo", "sync")  # a success with a change of every source inside it
+WORKER_DRAWS += ("switch",)  # a success with its document (or the version it replaces) switched
 SOURCES = ("left", "right")  # two folder sources, each over a folder of the model's, same paths
 BODIES = model_folders.bodies(TEXTS[2])  # the first: bytes the model also uploads
 WORDS = {model_folders.sha256(data): word for data, word in BODIES}
@@ -85,7 +90,7 @@ WORDS = {model_folders.sha256(data): word for data, word in BODIES}
 DURING = ("nothing", "nothing", "remove", "keep", "rename", "purge", "undo", "sync", "worker")
 BUSY = "sync_running"  # the refusal of a change of a source whose lease another change holds
 STEPS = {"sqlite": 30, "postgres": 30}
-EXAMPLES = {"sqlite": 12, "postgres": 12}
+EXAMPLES = {"sqlite": 20, "postgres": 20}
 
 
 OPERATOR = Operator("model", "operator", "cli")
@@ -117,6 +122,8 @@ class EngineModel(RuleBasedStateMachine):
         self.syncing: set[str] = set()  # sources whose sync is running (a change inside it)
         self.reached: set[str] = set()  # what this example did (counted per example at teardown)
         self.served: tuple = ()  # what the search check of the sources last found serving
+        self.off: set[int] = set()  # documents switched off (by the model, or taken over)
+        self.replaced: dict[int, int | None] = {}  # each document's replaced_by, as last seen
         self.checking, self.state_read = False, None  # the job store read once a check
         self.folders = model_folders.Folders(
             Path(self.ctx.settings.data_dir) / "model-folders", SOURCES, [b for b, _ in BODIES]
@@ -292,7 +299,8 @@ class EngineModel(RuleBasedStateMachine):
     def worker(self, i: int, how: str) -> None:
         """A worker takes a message from the queue (the dispatcher has put the due ones there
         first, when it was empty) and runs that job; with ``undo`` or ``sync``, every source is
-        undone or synced inside its success (after it read the document, before it writes)."""
+        undone or synced inside its success (after it read the document, before it writes); with
+        ``switch``, the version its document replaces (else its document) is switched there."""
         from sluice.pipeline.running.runner import run_job
 
         if not self.queued:
@@ -325,9 +333,15 @@ class EngineModel(RuleBasedStateMachine):
         decided: list[int] = []
 
         def deciding(**_) -> None:
-            if how not in ("undo", "sync") or decided:
+            if how not in ("undo", "sync", "switch") or decided:
                 return
             decided.append(1)  # once: a success tried again reads again
+            if how == "switch":
+                with Session(self.ctx.engine) as session:
+                    doc = session.get(Document, session.get(Job, job_id).document_id)
+                    target = session.get(Document, doc.replaces_document_id or doc.id)
+                    self._switch(target.id, target.disabled_at is not None)
+                return
             for name in SOURCES:
                 if how == "undo":
                     self.source_undo(name)
@@ -342,7 +356,7 @@ class EngineModel(RuleBasedStateMachine):
         self.tally[f"{how}:{outcome}"] += 1
         if outcome == "succeeded":
             self.reached.add("success")
-            if how in ("undo", "sync"):
+            if how in ("undo", "sync", "switch"):
                 self.reached.add(f"worker:{how}")
         if outcome != "noop":  # what search answers now
             self.search(i, ("hybrid", "lexical", "dense")[i % 3])
@@ -356,7 +370,7 @@ class EngineModel(RuleBasedStateMachine):
 
     @rule()
     def recover(self) -> None:
-        """A recovery round after a lease went by: dead workers' jobs are taken back, lost
+        """A recovery round after a lease expired: dead workers' jobs are taken back, lost
         messages published again, the outbox dispatched."""
         from sluice.pipeline.queueing import recovery
 
@@ -497,6 +511,65 @@ class EngineModel(RuleBasedStateMachine):
         chunk, dataset_id = rows[i * 7 % len(rows)]
         set_chunk_enabled(self.ctx, chunk, what == "on", actor="op", dataset_ids=[dataset_id])
         self.tally[f"chunk:{what}"] += 1
+
+    @rule(i=PICK, enabled=st.booleans())
+    def switch_document(self, i: int, enabled: bool) -> None:
+        """A document switched off, or on again, as the front ends do it (any document: a deleted
+        one is refused); then a search filtered by its name answers its active job's chunks when
+        it is on and serves, none when it is off."""
+        with Session(self.ctx.engine) as session:
+            ids = list(session.exec(select(Document.id).order_by(Document.id)).all())
+            document_id = pick(ids, i)
+            if document_id is None:
+                return
+            gone = session.get(Document, document_id).deleted_at is not None
+        state = self._switch(document_id, enabled)
+        assert (state is None) == gone, f"document {document_id} (deleted: {gone}): {state}"
+        if state is None:
+            return
+        assert state.document_id == document_id, state  # (nothing replaced it meanwhile)
+        with Session(self.ctx.engine) as session:
+            doc = session.get(Document, document_id)
+            ds = session.get(Dataset, doc.dataset_id)
+            chunk_ids = set(
+                session.execute(
+                    text("SELECT chunk_id FROM lexical_chunk WHERE job_id = :job"),
+                    {"job": doc.active_job_id},
+                ).scalars()
+            ) - set(
+                session.exec(
+                    select(DisabledChunk.chunk_id).where(DisabledChunk.dataset_id == ds.id)
+                ).all()
+            )
+        if ds.deleting_at is not None:
+            return
+        for mode in ("lexical", "dense"):
+            hits = self._checked_search(ds.name, "tides harbour ward", mode, filename=doc.filename)
+            mine = [h for h in hits if h.document_id == document_id]
+            if not enabled:
+                assert not mine, f"switched-off document {document_id} answers a {mode} search"
+            elif chunk_ids:  # it serves (an active job with a chunk switched on)
+                assert mine and all(h.job_id == doc.active_job_id for h in mine), (
+                    f"document {document_id} switched on: a {mode} search answers {mine}"
+                )
+                self.tally["switch:served"] += 1
+
+    def _switch(self, document_id: int, enabled: bool):
+        """Switch ``document_id`` as the front ends do; the model notes the document that took it
+        (the version serving now, when one replaced it meanwhile). None: refused (deleted)."""
+        from sluice.ops import actions
+        from sluice.ops.metadata import UnknownDocument
+
+        try:
+            state = actions.set_document_enabled(OPERATOR, document_id, enabled)
+        except UnknownDocument:
+            self.tally["switch:refused"] += 1
+            return None
+        assert state.enabled == enabled, state
+        (self.off.discard if enabled else self.off.add)(state.document_id)
+        self.tally[f"switch:{'on' if enabled else 'off'}"] += 1
+        self.reached.add("switch")
+        return state
 
     def delete_dataset(self, dataset: str) -> None:
         """A dataset deleted as the console, the CLI and the API do it, waiting for no running
@@ -829,6 +902,7 @@ class EngineModel(RuleBasedStateMachine):
                 assert doc.deleted_at is None, f"deleted document {doc.id} answers {hit.chunk_id}"
                 assert hit.job_id == doc.active_job_id, (hit.chunk_id, hit.job_id, doc)
                 assert hit.chunk_id not in off, f"switched-off chunk {hit.chunk_id} answers"
+                assert doc.disabled_at is None, f"switched-off document {doc.id} answers"
         return hits
 
     # --- invariants -------------------------------------------------------------------------------
@@ -907,6 +981,25 @@ class EngineModel(RuleBasedStateMachine):
             )
 
     @invariant()
+    def a_document_is_switched_off_exactly_when_the_model_switched_it_off(self) -> None:
+        """The switch belongs to the document: a reindex, a re-upload, a delete and its return
+        keep it, and a new version of an external id takes it over from the version it replaces
+        (seen here as that version's ``replaced_by`` turning to it)."""
+        _, documents, _, _ = self._state()
+        for doc in sorted(documents.values(), key=lambda d: d.id):
+            new = documents.get(doc.replaced_by) if doc.replaced_by is not None else None
+            seen = self.replaced.get(doc.id)
+            if new is not None and doc.replaced_by != seen and new.replaces_document_id == doc.id:
+                (self.off.add if doc.id in self.off else self.off.discard)(new.id)
+        self.replaced = {d.id: d.replaced_by for d in documents.values()}
+        self.off &= set(documents)
+        for doc in documents.values():
+            assert (doc.disabled_at is not None) == (doc.id in self.off), (
+                f"document {doc.id} is switched {'off' if doc.disabled_at else 'on'}, the model "
+                f"switched it {'off' if doc.id in self.off else 'on'}"
+            )
+
+    @invariant()
     def at_most_one_live_version_per_external_id(self) -> None:
         with Session(self.ctx.engine) as session:
             rows = session.exec(
@@ -973,8 +1066,9 @@ class EngineModel(RuleBasedStateMachine):
         that dataset which, once it was built (an active job, or the entry's job succeeded), is
         live and served: a lexical and a dense search of its word, filtered by its file name,
         answer chunks of its active job, under that name (the file's, unless an upload of the
-        model's had the bytes first). Before it is built it may wait hidden (an undone tombstone
-        comes back with its first success)."""
+        model's or another file of the source had the bytes first), or none while it is switched
+        off. Before it is built it may wait hidden (an undone tombstone comes back with its first
+        success)."""
         checks = []
         with Session(self.ctx.engine) as session:
             for src in session.exec(select(Source)).all():
@@ -1002,9 +1096,13 @@ class EngineModel(RuleBasedStateMachine):
                     f"(deleted {doc.deleted_at}, active job {doc.active_job_id}, entry's job "
                     f"{entry.job_id})"
                 )
-                if doc.id not in self.owned:
-                    name = entry.path.rsplit("/", 1)[-1]
-                    assert doc.filename == name, f"{where}: document {doc.id} is {doc.filename}"
+                if doc.id not in self.owned:  # the first of its source's files with its bytes
+                    names = {
+                        e.path.rsplit("/", 1)[-1]
+                        for e, s, _ in rows
+                        if e.document_id == doc.id and s.id == src.id
+                    }
+                    assert doc.filename in names, f"{where}: document {doc.id} is {doc.filename}"
                 enabled = set(
                     session.execute(
                         text("SELECT chunk_id FROM lexical_chunk WHERE job_id = :job"),
@@ -1018,14 +1116,17 @@ class EngineModel(RuleBasedStateMachine):
                 if enabled:  # (every chunk switched off: search serves none, rightly)
                     checks.append(
                         (where, ds.name, doc.id, doc.active_job_id, doc.filename, doc.sha256)
+                        + (doc.disabled_at is None,)
                     )
             mark = session.exec(select(JobEvent.id).order_by(JobEvent.id.desc()).limit(1)).first()
         if (checks, mark) == self.served:
             return  # nothing moved since these were seen served
-        for where, dataset, doc_id, job_id, filename, sha in checks:
+        for where, dataset, doc_id, job_id, filename, sha, on in checks:
             for mode in ("lexical", "dense"):
                 hits = self._checked_search(dataset, WORDS[sha], mode, filename=filename)
                 mine = [h for h in hits if h.document_id == doc_id and h.job_id == job_id]
+                if not on:  # switched off (_checked_search fails on any hit of it)
+                    continue
                 assert mine, f"{where}: a {mode} search does not serve document {doc_id}"
                 named = {h.filename for h in mine}
                 assert named == {filename}, f"{where}: {mode} hits of {filename} carry {named}"
@@ -1095,6 +1196,7 @@ class EngineModel(RuleBasedStateMachine):
 
 
 WORKER_STEPS = ("success", "transient", "permanent", "die", "cancel", "metadata", "undo", "sync")
+WORKER_STEPS += ("switch",)
 
 
 def counted(name: str, function):
@@ -1102,6 +1204,7 @@ def counted(name: str, function):
         EngineModel.tally[f"fired:{name}"] += 1
         return function(machine, **arguments)
 
+    fire.__name__ = fire.__qualname__ = name  # what a failing sequence names the step
     return fire
 
 
@@ -1237,4 +1340,17 @@ def test_found_the_old_version_a_tombstone_hid_stays_hidden_when_its_job_succeed
         ("change_file", {"which": "left", "what": "edit", "n": 0, "body": 0, "then": "undo"}),
         ("remove_a_followed_file", {"n": 0, "then": "undo"}),
         ("two_workers", {"i": 0, "first": "sync", "then": "success"}),
+    )
+
+
+def test_found_a_file_added_with_the_bytes_of_another_file_of_its_source_shares_its_document(
+    model_ctx, monkeypatch
+):
+    """gamma.txt added with alpha.txt's bytes once alpha.txt is built: one document for both files
+    (under the first one's name), served for each."""
+    replay(
+        model_ctx,
+        monkeypatch,
+        ("two_workers", {"first": "success", "i": 0, "then": "success"}),
+        ("change_file", {"body": 1, "n": 0, "then": "undo", "what": "add", "which": "left"}),
     )
