@@ -1354,3 +1354,19 @@ def test_found_a_file_added_with_the_bytes_of_another_file_of_its_source_shares_
         ("two_workers", {"first": "success", "i": 0, "then": "success"}),
         ("change_file", {"body": 1, "n": 0, "then": "undo", "what": "add", "which": "left"}),
     )
+
+
+def test_found_a_file_that_took_another_files_bytes_then_changes_leaves_no_orphan(
+    model_ctx, monkeypatch
+):
+    """alpha.txt removed and undone; bravo.txt renamed onto alpha.txt's path (the entry takes
+    bravo.txt's document, which the source made); bravo.txt's tombstone purged; alpha.txt edited
+    again: bravo.txt's document, named by no entry any more, must not stay live unowned."""
+    replay(
+        model_ctx,
+        monkeypatch,
+        ("change_file", {"body": 0, "n": 0, "then": "undo", "what": "remove", "which": "left"}),
+        ("change_file", {"body": 0, "n": 0, "then": "undo", "what": "rename", "which": "left"}),
+        ("change_file", {"body": 0, "n": 5, "then": "purge", "what": "add", "which": "left"}),
+        ("change_file", {"body": 0, "n": 0, "then": "undo", "what": "edit", "which": "left"}),
+    )

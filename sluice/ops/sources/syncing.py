@@ -484,7 +484,9 @@ class _Sync:
             same = self._same_bytes(step) if got.error_code == "external_id_conflict" else None
             if same is None:
                 return f"{got.error_code}: {got.message}"
-            (document_id, job_id), owned = same, False
+            (document_id, job_id) = same
+            with Session(self.ctx.engine) as session:  # another file of this source made it
+                owned = ownership.made_by(session, document_id, self.src.name)
         try:
             self._write(step, document_id=document_id, job_id=job_id, owned=owned, external_id=ext)
         except SourceLeaseLost:
@@ -492,14 +494,24 @@ class _Sync:
                 self._drop_if_orphaned(document_id)
             raise
         self.uploaded.append(document_id)
-        if previous is not None and previous != document_id and not got.accepted:
+        if previous is not None and previous != document_id and not self._replaces(previous, got):
             self._drop_replaced(previous)
         return None
 
+    def _replaces(self, previous: int, got: ingest.IngestResult) -> bool:
+        """Whether the upload's document takes over from ``previous`` at its success: a new
+        version of the id ``previous`` carries (not one of bytes another file made first)."""
+        if not got.accepted:
+            return False
+        with Session(self.ctx.engine) as session:
+            old = session.get(Document, previous)
+            new = session.get(Document, got.document_id)
+            return old is not None and new is not None and old.external_id == new.external_id
+
     def _drop_replaced(self, document_id: int) -> None:
         """The document of a changed file's old bytes, when the file now holds bytes another
-        document has (the entry adopted that one): nothing would replace it, so it goes, unless an
-        entry still names it."""
+        document has (the entry adopted that one), or the old bytes were another file's document
+        under that file's id: nothing would replace it, so it goes, unless an entry names it."""
         with Session(self.ctx.engine) as session:
             if records.named_documents(session, [document_id]):
                 return
