@@ -1370,3 +1370,24 @@ def test_found_a_file_that_took_another_files_bytes_then_changes_leaves_no_orpha
         ("change_file", {"body": 0, "n": 5, "then": "purge", "what": "add", "which": "left"}),
         ("change_file", {"body": 0, "n": 0, "then": "undo", "what": "edit", "which": "left"}),
     )
+
+
+def test_found_an_active_job_reindexed_twice_after_a_settings_change_is_built_again(
+    model_ctx, monkeypatch
+):
+    """bravo.txt's job succeeds, the dataset's settings change (its rebuild cancelled); a reindex
+    of the old job drops itself for the version in force; a second reindex must still count as
+    stamped before the change (no worker makes its version), not wait for one forever."""
+    replay(
+        model_ctx,
+        monkeypatch,
+        ("cancel", {"i": 0}),
+        ("two_workers", {"first": "sync", "i": 7, "then": "transient"}),
+        ("change_settings", {"dataset": "default"}),
+        ("two_workers", {"first": "success", "i": 4, "then": "permanent"}),
+        ("cancel", {"i": 1}),
+        ("two_workers", {"first": "cancel", "i": 4, "then": "success"}),
+        ("reindex", {"i": 6}),
+        ("two_workers", {"first": "cancel", "i": 1, "then": "success"}),
+        ("reindex", {"i": 0}),
+    )

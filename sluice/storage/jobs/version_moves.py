@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -334,14 +333,20 @@ def _move_waiting_one(
 
 def stamped_before(*, session: Session, job: Job, moment: datetime | None) -> bool:
     """Did the job get its pipeline version before ``moment`` (its dataset's last settings
-    change)? Then the version came from settings no longer in force, which no worker makes."""
+    change)? Then the version came from settings no longer in force, which no worker makes. Only
+    a move to the version it has counts: a rebuild of the active job that followed a change by
+    dropping itself (``follow_version``'s ``succeeded``) kept its old version."""
     if moment is None:
         return False
-    last = session.execute(
-        select(func.max(JobEvent.at)).where(
+    moves = session.execute(
+        select(JobEvent.at, JobEvent.data).where(
             JobEvent.job_id == job.id, col(JobEvent.kind).in_(("restamped", "version_followed"))
         )
-    ).scalar()
+    ).all()
+    last = max(
+        (at for at, data in moves if (data or {}).get("to_version") == job.pipeline_version),
+        default=None,
+    )
     stamped = max(_naive(job.created_at), _naive(last)) if last is not None else job.created_at
     return _naive(stamped) < _naive(moment)
 
