@@ -237,3 +237,38 @@ def test_the_api_and_the_client_edit_a_chunk(api):
         state = client.edit_chunk(cid, before)
     assert (state.text, state.edited, state.enabled) == (before, False, False)
     assert _stored(ctx, done.id, cid)[:2] == (before, before)
+
+
+def test_an_edit_inside_a_new_versions_success_is_what_that_version_serves(database_url, make_ctx):
+    from sluice.ops import settings_changes
+    from sluice.storage.models import Document, Job
+
+    ctx = make_ctx()
+    done = upload(ctx, "glacier", None, 6)
+    cid, _ = _first_chunk(ctx, done.id)
+    actions.edit_chunk(ALICE, cid, EDIT)
+    # another pipeline version whose chunks have the same texts: the edit carries over to them
+    change = settings_changes.apply(ctx, "default", {"ocr_mode": "off"}, actor="op")
+    assert change.ok and change.from_version != change.to_version, change.message
+    with Session(ctx.engine) as session:
+        new_job = session.exec(
+            select(Job).where(Job.document_id == done.document_id, Job.id != done.id)
+        ).one()
+    inside = []
+
+    def edit_inside(**_) -> None:  # the success has read the document, not yet switched it
+        if not inside:
+            inside.append(1)
+            actions.edit_chunk(ALICE, cid, LATER)  # still the old version's chunk: it serves
+
+    with faults.hook("before_supersede", edit_inside):
+        assert run_job(new_job.id, ctx=ctx).result == "succeeded"
+    assert inside
+    with Session(ctx.engine) as session:
+        assert session.get(Document, done.document_id).active_job_id == new_job.id
+    [row] = [r for r in lexical.job_chunks(ctx.engine, new_job.id, limit=500) if r.position == 0]
+    # before: the new version served the first edit, the second lost with the old version
+    assert _stored(ctx, new_job.id, row.chunk_id)[:2] == (LATER, LATER)
+    assert [h.chunk_id for h in search(ctx, query="quillfeather", dataset="default", k=1)] == [
+        row.chunk_id
+    ]

@@ -3,11 +3,12 @@ the sha256 of the text the pipeline made (the chunk's source text), not by the c
 reindex changes; a run that makes that text again writes the edit instead. The newest row per
 source is the edit in force; an edit back to the source text is no edit.
 
-An edit commits with an UPDATE of its document's row (``Document.edited_at``), and a job's success
-reads the document's newest edit after its own UPDATE of that row (sluice.storage.jobs.success):
-an edit landing while a run builds a new version is either seen by that success (which then
-refuses, ``ChunkEdited``, so the run applies it and tries again) or made after it, when the edit
-finds the new version serving and writes to it."""
+An edit commits with an UPDATE of its document's row (``Document.last_edit_id``), and a job's
+success makes its document serve the job by a compare-and-set on that row that also wants the
+``last_edit_id`` the run read (sluice.storage.jobs.success): an edit landing while a run builds a
+new version is either seen by that success (which then refuses, ``ChunkEdited``, so the run applies
+it and tries again) or made after it, when the edit finds the new version serving and writes to
+it. A document never edited costs its jobs no read of this table."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Column, Index, Text, func, update
+from sqlalchemy import Column, Index, Text, update
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from sluice.errors import TransientError
@@ -92,21 +93,11 @@ def current(session: Session, document_id: int) -> Edits:
     )
 
 
-def newest(session: Session, document_id: int) -> int:
-    """The id of the document's newest edit (0: none)."""
-    found = session.exec(
-        select(func.max(ChunkEdit.id)).where(ChunkEdit.document_id == document_id)
-    ).one()
-    return int(found or 0)
-
-
 def record(
     session: Session, *, dataset_id: int, document_id: int, sha: str, text: str, actor: str
 ) -> int:
-    """Add an edit in the caller's transaction, its document's row updated first (the row lock a
-    success waits on); the edit's id. Commit it."""
-    document = SQLModel.metadata.tables["document"]  # by name: models imports this module
-    session.execute(update(document).where(document.c.id == document_id).values(edited_at=_now()))
+    """Add an edit in the caller's transaction, its id then the document's ``last_edit_id`` (what a
+    success compares); the edit's id. Commit it."""
     row = ChunkEdit(
         dataset_id=dataset_id,
         document_id=document_id,
@@ -116,6 +107,10 @@ def record(
     )
     session.add(row)
     session.flush()
+    document = SQLModel.metadata.tables["document"]  # by name: models imports this module
+    session.execute(
+        update(document).where(document.c.id == document_id).values(last_edit_id=row.id)
+    )
     return row.id
 
 

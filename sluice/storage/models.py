@@ -155,9 +155,9 @@ class Document(SQLModel, table=True):
     # document; a new version by external id takes it over when it starts serving.
     disabled_at: datetime | None = None
     disabled_by: str | None = Field(default=None, max_length=120)
-    # A chunk's text last edited by hand (sluice.storage.chunk_edits: its UPDATE is the row lock a
-    # success orders itself against).
-    edited_at: datetime | None = None
+    # The newest chunk edit of the document (sluice.storage.chunk_edits): written with each edit,
+    # and compared by a job's success, which refuses when an edit landed since its run read them.
+    last_edit_id: int | None = None
 
 
 class DisabledChunk(SQLModel, table=True):

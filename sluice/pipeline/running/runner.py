@@ -265,7 +265,7 @@ def _execute(ctx: Context, job: Job, report: Reporter, claim: jobs.ClaimResult) 
     parsed, pages = _fetch_and_parse(ctx, job, document, s, report)
     made = _chunk(pages, s, report)
     del pages
-    edits = _edits(ctx, document.id)
+    edits = _edits(ctx, document)
     chunks = _edited(edits, made)  # the chunks edited by hand carry their edits' text
     total = len(chunks)
     out = _Output(
@@ -304,7 +304,7 @@ def _execute(ctx: Context, job: Job, report: Reporter, claim: jobs.ClaimResult) 
         try:
             return _finish(out, parsed, total, embedded, cached, edits_seen=edits.seen)
         except ChunkEdited:  # an edit landed while this ran: write it into this version, again
-            edits = _edits(ctx, document.id)
+            edits = _edits(ctx, document, again=True)
             now = _edited(edits, made)
             changed = [(cid, c) for cid, c, was in zip(ids, now, chunks, strict=True) if c != was]
             if changed:
@@ -321,9 +321,13 @@ def _execute(ctx: Context, job: Job, report: Reporter, claim: jobs.ClaimResult) 
     )
 
 
-def _edits(ctx: Context, document_id: int) -> chunk_edits.Edits:
+def _edits(ctx: Context, document: Document, *, again: bool = False) -> chunk_edits.Edits:
+    """The document's chunk edits; none read for a document never edited (as the claim read it),
+    which its success's compare-and-set then holds to."""
+    if document.last_edit_id is None and not again:
+        return chunk_edits.Edits()
     with Session(ctx.engine) as session:
-        return chunk_edits.current(session, document_id)
+        return chunk_edits.current(session, document.id)
 
 
 def _edited(edits: chunk_edits.Edits, made: list[Chunk]) -> list[Chunk]:

@@ -82,6 +82,9 @@ def _succeed_once(
         raise JobCancelled()
     if document is None:
         raise LookupError(f"no Document {job.document_id!r}")
+    if built.edits_seen is not None and (document.last_edit_id or 0) != built.edits_seen:
+        session.rollback()  # a chunk edit landed since the run read them: it applies it first
+        raise chunk_edits.ChunkEdited(document.id, document.last_edit_id or 0)
     serving = document.active_job_id
     hidden = document.deleted_at is not None  # a source's removal stays: see _make_active
     others = session.scalars(_OTHERS, {"document_id": job.document_id, "job_id": job_id}).all()
@@ -98,18 +101,17 @@ def _succeed_once(
     older = replacements.others_to_retire(session, document)
     retired = retire_versions(session, older, by=document, actor=worker_id, now=now)
     switched = _make_active(
-        session, document, job, serving=serving, hidden=hidden, keep_hidden=keep_hidden
+        session,
+        document,
+        job,
+        serving=serving,
+        hidden=hidden,
+        keep_hidden=keep_hidden,
+        last_edit=built.edits_seen,
     )
     if lost or retired is None or not switched:
         session.rollback()
         return None
-    # After the UPDATE of the document's row above: an edit committing meanwhile held that row
-    # (sluice.storage.chunk_edits.record), so this read sees it; a later one finds this job serving.
-    if built.edits_seen is not None:
-        newest = chunk_edits.newest(session, document.id)
-        if newest > built.edits_seen:
-            session.rollback()
-            raise chunk_edits.ChunkEdited(document.id, newest)
     session.commit()
     if seen is not None:
         seen(document)
@@ -226,18 +228,22 @@ def _make_active(
     serving: int | None,
     hidden: bool = False,
     keep_hidden: bool = False,
+    last_edit: int | None = None,
 ) -> bool:
     """The document's searchable job becomes ``job``, if it is still ``serving`` and still as
     ``hidden`` as when read (compare-and-set). A deleted document uploaded again comes back; one
     a source's sync tombstoned (``keep_hidden``) stays out of search: the removal wins, and the
-    job's chunks wait for ``sluice sources undo`` like its other kept chunks."""
-    stmt = _make_active_statement(serving is None, hidden, keep_hidden)
-    params = {"w_id": document.id, "w_serving": serving, "v_job": job.id}
+    job's chunks wait for ``sluice sources undo`` like its other kept chunks. ``last_edit``: the
+    newest chunk edit the run applied (0: none); an edit since fails the compare-and-set (None:
+    not compared)."""
+    edit = "any" if last_edit is None else "none" if last_edit == 0 else "one"
+    stmt = _make_active_statement(serving is None, hidden, keep_hidden, edit)
+    params = {"w_id": document.id, "w_serving": serving, "v_job": job.id, "w_edit": last_edit}
     return matched_made_once(session, stmt, params) == 1
 
 
 @lru_cache(maxsize=8)
-def _make_active_statement(unserved: bool, hidden: bool, keep_hidden: bool) -> Any:
+def _make_active_statement(unserved: bool, hidden: bool, keep_hidden: bool, edit: str) -> Any:
     """``_make_active``'s compare-and-set on the document table, made once per shape."""
     doc = SQLModel.metadata.tables["document"]
     serving = doc.c.active_job_id
@@ -247,6 +253,9 @@ def _make_active_statement(unserved: bool, hidden: bool, keep_hidden: bool) -> A
     ]
     if not hidden or keep_hidden:  # a removal landing since the read: read again, decide again
         where.append(doc.c.deleted_at.is_not(None) if hidden else doc.c.deleted_at.is_(None))
+    if edit != "any":  # a chunk edit landing since the run read them: read again, refuse then
+        last = doc.c.last_edit_id
+        where.append(last.is_(None) if edit == "none" else last == bindparam("w_edit"))
     values: dict[str, Any] = {"active_job_id": bindparam("v_job")}
     if not keep_hidden:
         values["deleted_at"] = None
