@@ -6,8 +6,9 @@ permanent failure, death without a word, a cancel midway, the document's metadat
 midway), time passing and the outbox dispatched, recovery rounds (reaping, redelivery, a dataset
 delete that stopped finished), retry, cancel, delete, reindex, a dataset's settings change and its
 revert, pause and resume, prune with the clock moved on, reconcile with and without repair, a
-document's metadata replaced, a chunk switched off and on, a whole document switched off and on
-(also inside a worker's success, on the version its job replaces), new bytes under an external id
+document's metadata replaced, a chunk switched off and on, a chunk's text edited and undone (also
+while a worker builds its document), a whole document switched off and on (also inside a worker's
+success, on the version its job replaces), new bytes under an external id
 (a replacement), a dataset deleted or renamed, and a search that checks what it answers. Sources
 (issue 39): two folder sources over folders the model owns, added into a dataset (their first sync
 confirmed), their files added, edited, renamed and removed, synced (with a remove, a rename or
@@ -29,20 +30,21 @@ a plain regression test.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RULE_MARKER,
     RuleBasedStateMachine,
+    get_state_machine_test,
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 from sqlalchemy import delete, text, update
 from sqlmodel import Session, SQLModel, select
@@ -83,6 +85,7 @@ OWN_FAILURES = {"injected_fault", "worker_lost"}  # the only failures the model 
 WORKER_DRAWS = ("success", "success", "transient", "permanent", "die", "cancel", "metadata")
 WORKER_DRAWS += ("undo", "sync")  # a success with a change of every source inside it
 WORKER_DRAWS += ("switch",)  # a success with its document (or the version it replaces) switched
+WORKER_DRAWS += ("text",)  # a chunk of the document edited while its job builds it
 SOURCES = ("left", "right")  # two folder sources, each over a folder of the model's, same paths
 BODIES = model_folders.bodies(TEXTS[2])  # the first: bytes the model also uploads
 WORDS = {model_folders.sha256(data): word for data, word in BODIES}
@@ -90,7 +93,8 @@ WORDS = {model_folders.sha256(data): word for data, word in BODIES}
 DURING = ("nothing", "nothing", "remove", "keep", "rename", "purge", "undo", "sync", "worker")
 BUSY = "sync_running"  # the refusal of a change of a source whose lease another change holds
 STEPS = {"sqlite": 30, "postgres": 30}
-EXAMPLES = {"sqlite": 20, "postgres": 20}
+EXAMPLES = {"sqlite": 40, "postgres": 40}
+SEED = 0  # the sequences CI explores (ENGINE_MODEL_SEED=N explores others)
 
 
 OPERATOR = Operator("model", "operator", "cli")
@@ -116,6 +120,8 @@ class EngineModel(RuleBasedStateMachine):
         self.queued: set[int] = set()  # the queue: job ids whose message is there
         self.settings_changed: dict[str, bool] = dict.fromkeys(DATASETS, False)
         self.tags = 0  # metadata changes so far: each sets the next tag
+        self.edits = 0  # chunk texts edited so far
+        self.originals: dict[tuple[int, int], str] = {}  # (document, position) -> pipeline's text
         self.dataset_deleted = False  # one dataset delete an example (it ends most other work)
         self.owned: set[int] = set()  # documents of the model's uploads, and those a source left
         self.confirmed: set[str] = set()  # sources whose first sync was confirmed
@@ -329,6 +335,10 @@ class EngineModel(RuleBasedStateMachine):
                     document_id = session.get(Job, job_id).document_id
                 if document_id in self._documents():
                     self._set_metadata(document_id)
+            if how == "text":  # a chunk the document serves edited while its job runs
+                with Session(self.ctx.engine) as session:
+                    document_id = session.get(Job, job_id).document_id
+                self._edit_text(document_id, back=False)
 
         decided: list[int] = []
 
@@ -511,6 +521,37 @@ class EngineModel(RuleBasedStateMachine):
         chunk, dataset_id = rows[i * 7 % len(rows)]
         set_chunk_enabled(self.ctx, chunk, what == "on", actor="op", dataset_ids=[dataset_id])
         self.tally[f"chunk:{what}"] += 1
+
+    @rule(i=PICK, back=st.booleans())
+    def edit_chunk_text(self, i: int, back: bool) -> None:
+        """A chunk a live document serves given new text as the front ends do it, or its
+        pipeline's own text again (the edit undone)."""
+        document_id = pick(self._documents(), i)
+        if document_id is not None:
+            self._edit_text(document_id, back=back)
+
+    def _edit_text(self, document_id: int, *, back: bool) -> None:
+        from sluice.ops import actions
+        from sluice.ops.chunks import EditConflict, UnknownChunk
+
+        with Session(self.ctx.engine) as session:
+            doc = session.get(Document, document_id)
+            serving = doc.active_job_id if doc is not None else None
+        if serving is None:
+            return
+        rows = lexical.job_chunks(self.ctx.engine, serving, limit=1)
+        if not rows:
+            return
+        chunk = rows[0]
+        original = self.originals.setdefault((document_id, chunk.position), chunk.text)
+        self.edits += 1
+        new = original if back else f"Edited by hand, edit {self.edits}: tides harbour ward."
+        try:
+            actions.edit_chunk(Operator("op", "operator", channel="cli"), chunk.chunk_id, new)
+        except (UnknownChunk, EditConflict):
+            self.tally["text:refused"] += 1
+            return
+        self.tally["text:back" if back else "text:edited"] += 1
 
     @rule(i=PICK, enabled=st.booleans())
     def switch_document(self, i: int, enabled: bool) -> None:
@@ -1000,6 +1041,47 @@ class EngineModel(RuleBasedStateMachine):
             )
 
     @invariant()
+    def every_served_chunk_holds_its_edit_in_both_stores(self) -> None:
+        """A document's active job's chunks hold, in the vector store and the word index alike,
+        the edit in force of the text the pipeline made (or that text when none is)."""
+        from sluice.storage import chunk_edits
+
+        with Session(self.ctx.engine) as session:
+            edited = session.exec(
+                select(Document).where(
+                    Document.last_edit_id.is_not(None), Document.active_job_id.is_not(None)
+                )
+            ).all()
+            for doc in edited:
+                edits = chunk_edits.current(session, doc.id)
+                ds = session.get(Dataset, doc.dataset_id)
+                job = session.get(Job, doc.active_job_id)
+                if ds is None or job.status != JobStatus.succeeded:
+                    continue
+                rows = lexical.job_chunks(self.ctx.engine, job.id, limit=10_000)
+                got = self.ctx.vectors.get(
+                    ds.collection, [r.chunk_id for r in rows], include=["documents", "metadatas"]
+                )
+                stored = dict(
+                    zip(
+                        got["ids"],
+                        zip(got["documents"], got["metadatas"], strict=True),
+                        strict=True,
+                    )
+                )
+                for r in rows:
+                    if r.chunk_id not in stored:
+                        continue  # missing chunks are the index invariant's to judge
+                    text_v, meta = stored[r.chunk_id]
+                    assert text_v == r.text, f"document {doc.id}: {r.chunk_id} differs by store"
+                    made = (meta or {}).get("source_sha")  # set on an edited chunk
+                    wanted = edits.texts.get(made or chunk_edits.source_sha(r.text))
+                    assert wanted == (r.text if made else None), (
+                        f"document {doc.id}: chunk {r.position} serves {r.text!r}, its edit in "
+                        f"force is {wanted!r}"
+                    )
+
+    @invariant()
     def at_most_one_live_version_per_external_id(self) -> None:
         with Session(self.ctx.engine) as session:
             rows = session.exec(
@@ -1066,9 +1148,9 @@ class EngineModel(RuleBasedStateMachine):
         that dataset which, once it was built (an active job, or the entry's job succeeded), is
         live and served: a lexical and a dense search of its word, filtered by its file name,
         answer chunks of its active job, under that name (the file's, unless an upload of the
-        model's or another file of the source had the bytes first), or none while it is switched
-        off. Before it is built it may wait hidden (an undone tombstone comes back with its first
-        success)."""
+        model's or another file of the dataset's sources had the bytes first), or none while it is
+        switched off. Before it is built it may wait hidden (an undone tombstone comes back with
+        its first success)."""
         checks = []
         with Session(self.ctx.engine) as session:
             for src in session.exec(select(Source)).all():
@@ -1096,11 +1178,11 @@ class EngineModel(RuleBasedStateMachine):
                     f"(deleted {doc.deleted_at}, active job {doc.active_job_id}, entry's job "
                     f"{entry.job_id})"
                 )
-                if doc.id not in self.owned:  # the first of its source's files with its bytes
-                    names = {
+                if doc.id not in self.owned:  # the first of its dataset's files with its bytes
+                    names = {  # (of either source: the same bytes in a dataset are one document)
                         e.path.rsplit("/", 1)[-1]
-                        for e, s, _ in rows
-                        if e.document_id == doc.id and s.id == src.id
+                        for e, _, d in rows
+                        if e.document_id == doc.id and d.id == ds.id
                     }
                     assert doc.filename in names, f"{where}: document {doc.id} is {doc.filename}"
                 enabled = set(
@@ -1218,18 +1300,20 @@ def run_model(ctx, backend: str, monkeypatch) -> None:
         found = getattr(getattr(EngineModel, name), RULE_MARKER, None)
         if found is not None:
             monkeypatch.setattr(found, "function", counted(name, found.function))
-    run_state_machine_as_test(
+    test = get_state_machine_test(
         EngineModel,
         settings=settings(
             max_examples=EXAMPLES[backend],
             stateful_step_count=STEPS[backend],
             deadline=None,
-            derandomize=True,
             database=None,
             suppress_health_check=list(HealthCheck),
             print_blob=True,
         ),
     )
+    # A fixed seed, not derandomize: derandomized draws follow the test's source, so a reworded
+    # docstring moved every sequence; these move only when the rules themselves change.
+    seed(int(os.environ.get("ENGINE_MODEL_SEED", SEED)))(test)()
 
 
 @pytest.mark.slow
@@ -1247,6 +1331,8 @@ def test_the_job_engine_keeps_its_invariants_under_any_sequence(
     # and the ways to change the index added later were taken, and search answered
     assert tally["replace:new"] and (tally["dataset_delete:ok"] or tally["rule:edit"]), tally
     assert tally["search:hits"], tally
+    # and chunk texts were edited, also while a worker built the document
+    assert tally["text:edited"] and tally["text:succeeded"], tally
     # and the sources' rules (issue 39): synced, removed both ways, their dataset renamed, their
     # tombstones undone and purged, a worker's success with a sync or an undo inside it
     for what in ("source_sync", "source_remove:delete", "source_remove:keep"):
