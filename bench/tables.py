@@ -754,7 +754,9 @@ def _norm(text: str) -> str:
 def row_intact(cells: list[str], lines: list[str]) -> bool:
     """Do all of ``cells`` appear whole, in order, on one of ``lines`` (normalised)?"""
     patterns = [
-        re.compile(r"(?<![\w.,])" + re.escape(_norm(c)) + r"(?![\w]|[.,]\d)") for c in cells if c.strip()
+        re.compile(r"(?<![\w.,])" + re.escape(_norm(c)) + r"(?![\w]|[.,]\d)")
+        for c in cells
+        if c.strip()
     ]
     for line in lines:
         pos = 0
