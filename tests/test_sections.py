@@ -66,4 +66,3 @@ def test_hits_carry_their_section_and_the_setting_rebuilds_nothing(make_ctx):
         )
     assert answer.status_code == 200, answer.text
     assert answer.json()["hits"][0]["context"] == hit.context
-
