@@ -47,6 +47,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.wild_corpus import print_to_pdf
+
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = "1de4d30^"  # the commit before PDF tables became Markdown rows
 SEED = 41  # held apart: the parser was never tuned on this seed's files (development used 7)
@@ -344,19 +346,7 @@ def chromium_pdfs(sources: list[tuple[Path, str]], tmp: Path) -> None:
     for dst, page in sources:
         src = tmp / f"{dst.stem}.html"
         src.write_text(page, encoding="utf-8")
-        _run(
-            [
-                "chromium",
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-pdf-header-footer",
-                f"--user-data-dir={tmp / 'chromium-profile'}",
-                f"--print-to-pdf={dst}",
-                src.as_uri(),
-            ],
-            timeout=120,
-        )
+        print_to_pdf(src, dst, tmp)
 
 
 def _docx_borders(cell, sides: dict[str, str]) -> None:

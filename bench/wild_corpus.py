@@ -85,6 +85,23 @@ def run(cmd: list[str], **kw) -> None:
     )
 
 
+def print_to_pdf(src: Path, dst: Path, tmp: Path) -> None:
+    """Debian's Chromium prints the HTML file ``src`` to ``dst`` (headless, no header or footer),
+    with a profile under ``tmp``."""
+    run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-pdf-header-footer",
+            f"--user-data-dir={tmp / 'chromium-profile'}",
+            f"--print-to-pdf={dst}",
+            src.as_uri(),
+        ]
+    )
+
+
 def html(body: str, *, lang: str = "en", style: str = "", dir_: str = "ltr") -> str:
     return (
         f'<!doctype html><html lang="{lang}" dir="{dir_}"><head><meta charset="utf-8"><style>'
@@ -155,18 +172,7 @@ def chromium(out: Path, tmp: Path, made: dict[str, str]) -> None:
         src = tmp / f"chromium-{name}.html"
         src.write_text(doc, encoding="utf-8")
         dst = out / f"chromium-{name}.pdf"
-        run(
-            [
-                "chromium",
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-pdf-header-footer",
-                f"--user-data-dir={tmp / 'chromium-profile'}",
-                f"--print-to-pdf={dst}",
-                src.as_uri(),
-            ]
-        )
+        print_to_pdf(src, dst, tmp)
         made[dst.name] = expect
 
 
