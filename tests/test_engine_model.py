@@ -572,16 +572,7 @@ class EngineModel(RuleBasedStateMachine):
         with Session(self.ctx.engine) as session:
             doc = session.get(Document, document_id)
             ds = session.get(Dataset, doc.dataset_id)
-            chunk_ids = set(
-                session.execute(
-                    text("SELECT chunk_id FROM lexical_chunk WHERE job_id = :job"),
-                    {"job": doc.active_job_id},
-                ).scalars()
-            ) - set(
-                session.exec(
-                    select(DisabledChunk.chunk_id).where(DisabledChunk.dataset_id == ds.id)
-                ).all()
-            )
+            chunk_ids = self._switched_on_chunks(session, doc, ds)
         if ds.deleting_at is not None:
             return
         for mode in ("lexical", "dense"):
@@ -594,6 +585,18 @@ class EngineModel(RuleBasedStateMachine):
                     f"document {document_id} switched on: a {mode} search answers {mine}"
                 )
                 self.tally["switch:served"] += 1
+
+    @staticmethod
+    def _switched_on_chunks(session: Session, doc: Document, ds: Dataset) -> set[str]:
+        """The chunk ids of the document's active job that are not switched off."""
+        served = session.execute(
+            text("SELECT chunk_id FROM lexical_chunk WHERE job_id = :job"),
+            {"job": doc.active_job_id},
+        ).scalars()
+        off = session.exec(
+            select(DisabledChunk.chunk_id).where(DisabledChunk.dataset_id == ds.id)
+        ).all()
+        return set(served) - set(off)
 
     def _switch(self, document_id: int, enabled: bool):
         """Switch ``document_id`` as the front ends do; the model notes the document that took it
@@ -1185,16 +1188,7 @@ class EngineModel(RuleBasedStateMachine):
                         if e.document_id == doc.id and d.id == ds.id
                     }
                     assert doc.filename in names, f"{where}: document {doc.id} is {doc.filename}"
-                enabled = set(
-                    session.execute(
-                        text("SELECT chunk_id FROM lexical_chunk WHERE job_id = :job"),
-                        {"job": doc.active_job_id},
-                    ).scalars()
-                ) - set(
-                    session.exec(
-                        select(DisabledChunk.chunk_id).where(DisabledChunk.dataset_id == ds.id)
-                    ).all()
-                )
+                enabled = self._switched_on_chunks(session, doc, ds)
                 if enabled:  # (every chunk switched off: search serves none, rightly)
                     checks.append(
                         (where, ds.name, doc.id, doc.active_job_id, doc.filename, doc.sha256)
