@@ -95,6 +95,7 @@ bench: setup ocr browser wild-tools
 	$(BIN)/python -m bench.fairness --fifo
 	$(BIN)/python -m bench.api --out BENCHMARKS.md
 	$(BIN)/python -m bench.reconcile_scale --out BENCHMARKS.md
+	$(BIN)/python -m bench.plots benchmarks/scale.json --out benchmarks
 
 ## bench-tables: rows intact of 100 table PDFs from Chromium, LibreOffice and Ghostscript, and parse CPU per page against the code before 1de4d30
 bench-tables: setup wild-tools
@@ -116,7 +117,8 @@ bench-retrieval: setup
 
 ## bench-scale: ingest rate, search latency and ANN recall at 0, 100,000, 300,000 and 1,000,000 chunks (hours on 2 cores; SCALE_SIZES=0,30000,100000 for fewer)
 bench-scale: setup
-	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --out BENCHMARKS.md
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --out BENCHMARKS.md --json benchmarks/scale.json --plots benchmarks
 
 ## bench-cpu: where the CPU goes, per chunk and per document: the model against everything else
 bench-cpu: setup

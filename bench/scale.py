@@ -440,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="Markdown file whose section to replace")
     parser.add_argument("--json", type=Path, help="also write every figure measured here")
     parser.add_argument("--note", default="", help="a sentence on this run's conditions")
+    parser.add_argument("--plots", type=Path, help="folder to draw the PNGs into (bench.plots)")
     args = parser.parse_args(argv)
     clean_environment()
     load_start, started = load_average(), time.monotonic()
@@ -460,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.out:
         write_section(args.out, TITLE, text)
+    if args.plots:
+        from bench.plots import draw
+
+        draw(points, args.plots, machine())
     return 0
 
 
