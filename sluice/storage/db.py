@@ -80,9 +80,18 @@ def make_engine(url: str) -> Engine:
             private_file(
                 Path(parsed.database)
             )  # SQLite gives its -wal and -shm files the same mode
+        # The driver begins a transaction at its first write: IMMEDIATE asks for the write lock
+        # there, first thing, so the busy timeout applies. A deferred one could read first (SQLite
+        # preparing a statement again after another process changed the schema reads the FTS5
+        # tables' config) and then fail at once with "database is locked" when another connection
+        # holds the lock: SQLite runs no busy handler for a transaction that already reads.
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={
+                "check_same_thread": False,
+                "timeout": 30,
+                "isolation_level": "IMMEDIATE",
+            },
             pool_size=10,
             max_overflow=20,
         )
