@@ -19,7 +19,7 @@ from huey import crontab
 from sluice.files import use_private_umask
 from sluice.ops.sources.follow import follow_round
 from sluice.pipeline.queueing import recovery
-from sluice.pipeline.queueing.broker import worker_key
+from sluice.pipeline.queueing.broker import dispatch_now, worker_key
 from sluice.pipeline.queueing.tasks import huey, process_job, publish
 from sluice.pipeline.queueing.tasks import recover_once as recover_queue
 from sluice.pipeline.running import embed, query_encoder, stopping
@@ -79,6 +79,7 @@ def periodic_prune() -> None:
     log.info("retention: %s", report.describe())
 
 
+MIN_WAKE_SECONDS = 0.05  # the recovery loop's shortest wait for an outbox row coming due
 _loop_started = False
 _loop_lock = threading.Lock()
 _threads = 0  # worker threads of this consumer that have started (huey runs the hook in each)
@@ -123,6 +124,7 @@ def stop_background(timeout: float = 2.0) -> list[str]:
     recovery and webhook loops after the round they are in, the presence key gone (the console and
     the API say at once that no worker is alive). Returns the names of threads still running."""
     _stop.set()
+    recovery.ALARM.ring()  # the recovery loop waits on it
     _exporter.stop()
     deadline = time.monotonic() + timeout
     for thread in _loops:
@@ -190,6 +192,9 @@ def _log_to_console() -> None:
 
 
 def _recovery_loop() -> None:
+    """A round every SLUICE_RECOVERY_INTERVAL_SECONDS (sooner when a held reaping comes due); in
+    between, the outbox alone is published whenever a row of it comes due (a retry's backoff ends),
+    so a retry waits its backoff, not the interval."""
     ctx = get_context()
     interval = ctx.settings.recovery_interval_seconds
     me = {
@@ -202,23 +207,53 @@ def _recovery_loop() -> None:
     hold = (
         recovery.ReapHold()
     )  # the grace after a silence never stops the outbox or the presence key
+    next_round = time.monotonic()
     while not _stop.is_set():
-        try:
-            huey.storage.conn.set(
-                f"{worker_key()}:{ctx.worker_id}",
-                json.dumps({**me, "threads": _threads, "seen": time.time()}),
-                ex=max(15, int(interval * 3)),
-            )
-        except redis.RedisError as exc:
-            log.warning("queue Redis unreachable: %s", exc)
-        try:
-            report = recover_once(hold)
-            if report.anything:
-                log.info("recovery: %s", report)
-        except Exception as exc:  # never let the loop die; the next round tries again
-            log.warning("recovery round failed: %s", exc)
-        if _stop.wait(min(interval, hold.remaining()) if hold.due is not None else interval):
-            return
+        if time.monotonic() >= next_round:
+            _recovery_round(ctx, me, hold, interval)
+            wait = min(interval, hold.remaining()) if hold.due is not None else interval
+            next_round = time.monotonic() + wait
+        else:
+            _publish_due(ctx)
+        recovery.ALARM.wait(_until_due(ctx, next_round - time.monotonic()))
+
+
+def _recovery_round(ctx, me: dict, hold: recovery.ReapHold, interval: float) -> None:
+    """The presence key for the console, then one recovery round (never raises)."""
+    try:
+        huey.storage.conn.set(
+            f"{worker_key()}:{ctx.worker_id}",
+            json.dumps({**me, "threads": _threads, "seen": time.time()}),
+            ex=max(15, int(interval * 3)),
+        )
+    except redis.RedisError as exc:
+        log.warning("queue Redis unreachable: %s", exc)
+    try:
+        report = recover_once(hold)
+        if report.anything:
+            log.info("recovery: %s", report)
+    except Exception as exc:  # never let the loop die; the next round tries again
+        log.warning("recovery round failed: %s", exc)
+
+
+def _publish_due(ctx) -> None:
+    """The outbox rows due now, between rounds (never raises: the next round tries again)."""
+    try:
+        result, _ = dispatch_now(ctx.engine, via=publish)
+        if result.sent:
+            log.info("recovery: published %s, due now", result.sent)
+    except Exception as exc:
+        log.warning("publishing the outbox failed: %s", exc)
+
+
+def _until_due(ctx, seconds: float) -> float:
+    """``seconds``, or less when an outbox row comes due sooner (never raises)."""
+    try:
+        due = recovery.next_due_in(ctx)
+    except Exception as exc:  # the job database does not answer: the round's own wait
+        log.debug("next outbox row not read: %s", exc)
+        return seconds
+    return seconds if due is None else min(seconds, max(due, MIN_WAKE_SECONDS))
 
 
 def _webhook_loop() -> None:

@@ -8,19 +8,21 @@ queue or a worker killed mid-job delays jobs but never strands them.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlmodel import Session
+from sqlmodel import Session, col, func, select
 
 from sluice.pipeline.queueing import webhook_delivery
 from sluice.pipeline.running import dataset_deletion
 from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
 from sluice.storage import jobs, outbox
-from sluice.storage.models import Job, JobStatus
+from sluice.storage.clock import as_utc, db_now
+from sluice.storage.models import Job, JobStatus, Outbox
 
 Round = Callable[[Context], str]  # a round of a floor above: starts its work, returns a note
 
@@ -76,12 +78,19 @@ def run_once(
 ) -> RecoveryReport:
     """One round: reap, re-publish the stranded, publish the outbox (keeping at most ``window``
     messages on the queue; 0: no window). After a silence of every reaper the reaping waits a
-    grace: in line for a one-shot round (``sluice recover``, the periodic task), in ``hold`` for a
-    loop that comes back. Each of ``rounds`` (a callable of the context returning a note, "" when
-    it did nothing) rides on the round: the worker hands in those of the floors above."""
+    grace: in line for a one-shot round (``sluice recover``, the periodic task), which publishes
+    what is due first; in ``hold`` for a loop that comes back. Each of ``rounds`` (a callable of
+    the context returning a note, "" when it did nothing) rides on the round: the worker hands in
+    those of the floors above."""
     s = ctx.settings
     report = RecoveryReport()
-    report.reaped = _reap(ctx, report, hold)
+
+    def publish_due() -> None:
+        sent = outbox.dispatch(engine=ctx.engine, publish=publish, window=window)
+        report.published += sent.sent
+        report.publish_error = sent.error or report.publish_error
+
+    report.reaped = _reap(ctx, report, hold, before_wait=publish_due)
     if queued_job_ids is not None:
         try:
             queued = set(queued_job_ids())
@@ -95,13 +104,47 @@ def run_once(
                     older_than_seconds=s.redeliver_after_seconds,
                     queued_job_ids=queued,
                 )
-    sent = outbox.dispatch(engine=ctx.engine, publish=publish, window=window)
-    report.published = sent.sent
-    report.publish_error = sent.error or report.publish_error
+    publish_due()
     sweep_blob_leftovers(ctx)
     report.datasets_deleted = finish_dataset_deletes(ctx)
     report.rounds = run_extra_rounds(ctx, rounds)
     return report
+
+
+class Alarm:
+    """Wakes a worker's recovery loop before its round is due: a job thread of the worker that
+    wrote a retry rings it, and the loop publishes the retry when it comes due (``next_due_in``),
+    whatever SLUICE_RECOVERY_INTERVAL_SECONDS says; stopping the worker rings it too."""
+
+    def __init__(self) -> None:
+        self._rung = threading.Event()
+
+    def ring(self) -> None:
+        self._rung.set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until rung or ``timeout`` seconds; True when rung. A ring that lands once this
+        returned wakes the next wait."""
+        rung = self._rung.wait(max(0.0, timeout))
+        self._rung.clear()
+        return rung
+
+
+ALARM = Alarm()  # the worker process's one loop waits on it; its job threads ring it
+
+
+def next_due_in(ctx: Context) -> float | None:
+    """Seconds until the next outbox row not yet due comes due (None: none waits). Rows due now
+    and still unsent (a paused dataset, a full window) are not counted: a claim or a resume
+    publishes those, and a loop woken for them would find nothing to do."""
+    with Session(ctx.engine) as session:
+        now = db_now(session)
+        due = session.execute(
+            select(func.min(Outbox.available_at)).where(
+                col(Outbox.sent_at).is_(None), Outbox.available_at > now
+            )
+        ).scalar()
+    return None if due is None else max(0.0, (as_utc(due) - now).total_seconds())
 
 
 def finish_dataset_deletes(ctx: Context) -> list[str]:
@@ -172,12 +215,19 @@ def deliver_webhooks(ctx: Context) -> webhook_delivery.DeliveryReport:
 SILENCES_IN_A_ROUND = 3  # a one-shot round that keeps finding new silences gives up the reaping
 
 
-def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[int]:
+def _reap(
+    ctx: Context,
+    report: RecoveryReport,
+    hold: ReapHold | None,
+    before_wait: Callable[[], None] = lambda: None,
+) -> list[int]:
     """Take back stale running jobs, but not within a grace after a silence of every reaper (the job
     database down, or no worker at all: see ``jobs.reaper_tick``): no worker could write a
     heartbeat then, so every running job looks stale right after; the live ones beat again within
     the grace. Every round ticks, also while a hold runs and after a wait in line, so a second
-    silence that begins within the grace starts a grace of its own before anything is reaped."""
+    silence that begins within the grace starts a grace of its own before anything is reaped.
+    A one-shot round runs ``before_wait`` (it publishes what is due) before it waits in line: a
+    retry due now never waits out the grace of the reaping."""
     s = ctx.settings
     for _ in range(SILENCES_IN_A_ROUND):
         with Session(ctx.engine) as session:
@@ -202,6 +252,8 @@ def _reap(ctx: Context, report: RecoveryReport, hold: ReapHold | None) -> list[i
             "the heartbeats of live workers before taking jobs back",
             tick.wait,
         )
+        if not report.reap_waited_seconds:
+            before_wait()
         _sleep(tick.wait)
         report.reap_waited_seconds += tick.wait
     else:

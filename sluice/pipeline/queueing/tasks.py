@@ -19,6 +19,7 @@ from sluice.pipeline.running import stopping
 from sluice.pipeline.running.context import get_context
 from sluice.pipeline.running.runner import run_job
 from sluice.settings import redact_url
+from sluice.storage.models import JobStatus
 
 log = logging.getLogger("sluice.tasks")
 
@@ -55,7 +56,11 @@ def process_job(job_id: int, instance_id: str | None = None) -> None:
         return
     # The claim took this message off the queue's window: publish the next one the dispatcher
     # chooses.
-    run_job(int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine, via=publish))
+    outcome = run_job(
+        int(job_id), ctx=ctx, after_claim=lambda: dispatch_now(ctx.engine, via=publish)
+    )
+    if outcome.result == JobStatus.retrying.value:  # its outbox row comes due after the backoff:
+        recovery.ALARM.ring()  # the worker's loop publishes it then, not at its next round
 
 
 def publish(job_id: int) -> None:
