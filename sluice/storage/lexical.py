@@ -50,6 +50,7 @@ _FTS5_MARKS = str.maketrans(
 )
 BATCH = 500  # rows per insert statement
 CANDIDATES = 200  # best full-text matches joined and filtered at first, more when too few survive
+READ_MAX = 10_000  # ids of ranked matches one statement reads the rows of (SQLite binds 32,766)
 
 
 def _word_tokens(word: str) -> list[str]:
@@ -642,73 +643,105 @@ def search(
 def _run(
     engine: Engine, dataset_id: int, query: Query, n: int, filters: Filters | None, *, loose: bool
 ) -> list[LexicalHit]:
-    pg = _postgres(engine)
-    params: dict = {"d": dataset_id, "n": n}
-    where = ["l.dataset_id = :d", _ENABLED, "d.disabled_at IS NULL"]  # chunk, document switched on
     f = filters or Filters()
-    expanding = []
-    if f.document_ids is not None:
-        if not f.document_ids:
-            return []
-        # the documents a metadata filter allowed; the join below re-checks each one's active job
-        where.append("l.document_id IN :docs")
-        params["docs"] = list(f.document_ids)
-        expanding.append(_expanding("docs"))
-    if f.filename:
-        where.append("LOWER(d.filename) LIKE :fn")
-        params["fn"] = f"%{f.filename.lower()}%"
-    if f.media_type:
-        where.append("d.media_type = :mt")
-        params["mt"] = f.media_type
+    if f.document_ids is not None and not f.document_ids:
+        return []
+    pg = _postgres(engine)
+    ranked_sql, params = _ranking(pg, dataset_id, query, f, loose=loose)
+    # Rank in the full-text index alone, then read only the best: carrying every match's text
+    # through the join and the sort cost as much as the ranking. When inactive jobs, chunks or
+    # documents switched off, or a page range leave fewer than asked, rank more, until every
+    # match was seen.
+    where = ["l.dataset_id = :d", _ENABLED, "d.disabled_at IS NULL"]  # chunk, document switched on
+    pages: dict = {}
     if f.page_from is not None:
         where.append("l.page >= :pf")
-        params["pf"] = f.page_from
+        pages["pf"] = f.page_from
     if f.page_to is not None:
         where.append("l.page <= :pt")
-        params["pt"] = f.page_to
-    active = (
-        "JOIN document d ON d.id = l.document_id AND d.active_job_id = l.job_id AND d.deleted_at "
-        "IS NULL"
-    )
-    cols = (
-        "l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, d.filename, d.media_type"
-    )
-    if pg:
-        params["q"] = _tsquery_expr(query, loose=loose)
-        matches = (
-            "FROM lexical_chunk, CAST(:q AS tsquery) AS q(q) WHERE tsv @@ q.q AND dataset_id = :d"
-        )
-        ranked = f"SELECT id, ts_rank(tsv, q.q, 1) AS score {matches} ORDER BY score DESC LIMIT :m"
-    else:
-        params["q"] = _fts5_expr(query, loose=loose)
-        fts = fts_table(dataset_id)
-        matches = f"FROM {fts} WHERE {fts} MATCH :q"
-        ranked = f"SELECT rowid AS id, -bm25({fts}) AS score {matches} ORDER BY score DESC LIMIT :m"
-    # Rank in the full-text index alone, then join only the best: carrying every match's text
-    # through the join and the sort cost as much as the ranking. When filters or inactive jobs leave
-    # fewer than asked, rank more, until every match was seen.
-    sql = (
-        f"SELECT {cols}, f.score FROM ({ranked}) f JOIN lexical_chunk l ON l.id = f.id {active} "
-        f"WHERE {' AND '.join(where)} ORDER BY f.score DESC, l.chunk_id LIMIT :n"
-    )
+        pages["pt"] = f.page_to
+    rows_sql = text(
+        "SELECT l.id, l.chunk_id, l.document_id, l.job_id, l.position, l.page, l.text, "
+        "d.filename, d.media_type FROM lexical_chunk l JOIN document d ON d.id = l.document_id "
+        "AND d.active_job_id = l.job_id AND d.deleted_at IS NULL WHERE l.id IN :ids AND "
+        + " AND ".join(where)
+    ).bindparams(_expanding("ids"))
     params["m"] = max(CANDIDATES, 4 * n)
     with engine.connect() as conn:
         if not pg and _key(engine, dataset_id) not in _known:
             if not _fts_exists(conn, dataset_id):
                 return []  # nothing of this dataset was ever indexed
             _known.add(_key(engine, dataset_id))
+        read = 0  # the best ids already read (a later round ranks them again, reads only more)
+        rows: list = []
         while True:
-            rows = conn.execute(text(sql).bindparams(*expanding), params).all()
-            if (
-                len(rows) >= n
-                or conn.execute(text(f"SELECT COUNT(*) {matches}"), params).scalar_one()
-                <= params["m"]
-            ):
-                return [_hit(r) for r in rows]
+            best = conn.execute(ranked_sql, params).all()
+            scores = {int(i): float(score) for i, score in best}
+            ids = list(scores)
+            while len(rows) < n and read < len(ids):  # best first, BATCH ids a statement
+                part = ids[read : read + max(BATCH, min(n, READ_MAX))]
+                rows += conn.execute(rows_sql, {"d": dataset_id, **pages, "ids": part}).all()
+                read += len(part)
+            if len(rows) >= n or len(best) < params["m"]:
+                rows = [r for r in rows if int(r[0]) in scores]  # a write may have moved them
+                rows.sort(key=lambda r: (-scores[int(r[0])], r[1]))
+                return [_hit(r[1:], scores[int(r[0])]) for r in rows[:n]]
             params["m"] *= 8
 
 
-def _hit(r) -> LexicalHit:
+def _ranking(pg: bool, dataset_id: int, query: Query, f: Filters, *, loose: bool):
+    """The statement that ranks the dataset's matches (ids and scores, best first, ``:m`` of
+    them), and its parameters but ``m``.
+
+    The documents a filter allows (a metadata filter's list, a file name, a media type) narrow the
+    ranking itself, so only their matches are scored and sorted: ranked first and filtered after,
+    a filter allowing a tenth of the documents left a tenth of each round's best, and the rounds
+    and a count of every match made a search at 100,000 chunks cost 1.7 s (p95)."""
+    params: dict = {"d": dataset_id}
+    scope = []
+    if f.document_ids is not None:
+        scope.append("document_id IN :docs")
+        params["docs"] = list(f.document_ids)
+    named = []
+    if f.filename:
+        named.append("LOWER(filename) LIKE :fn")
+        params["fn"] = f"%{f.filename.lower()}%"
+    if f.media_type:
+        named.append("media_type = :mt")
+        params["mt"] = f.media_type
+    if named:
+        scope.append(
+            "document_id IN (SELECT id FROM document WHERE dataset_id = :d AND "
+            + " AND ".join(named)
+            + ")"
+        )
+    if pg:
+        params["q"] = _tsquery_expr(query, loose=loose)
+        narrowed = "".join(f" AND {c}" for c in scope)
+        ranked = (
+            "SELECT id, ts_rank(tsv, q.q, 1) AS score FROM lexical_chunk, CAST(:q AS tsquery) "
+            f"AS q(q) WHERE tsv @@ q.q AND dataset_id = :d{narrowed} ORDER BY score DESC LIMIT :m"
+        )
+    else:
+        params["q"] = _fts5_expr(query, loose=loose)
+        fts = fts_table(dataset_id)
+        # The allowed rows' ids, read from the document index alone, are a list each match is
+        # looked up in; the unary + keeps SQLite from handing that list to FTS5 as rowids to
+        # seek one by one (for a tenth of 100,000 chunks: 0.9 s instead of 8 ms).
+        narrowed = (
+            f" AND +rowid IN (SELECT id FROM lexical_chunk WHERE {' AND '.join(scope)})"
+            if scope
+            else ""
+        )
+        ranked = (
+            f"SELECT rowid AS id, -bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q"
+            f"{narrowed} ORDER BY score DESC LIMIT :m"
+        )
+    stmt = text(ranked)
+    return (stmt.bindparams(_expanding("docs")) if "docs" in params else stmt), params
+
+
+def _hit(r, score: float) -> LexicalHit:
     return LexicalHit(
         chunk_id=r[0],
         document_id=r[1],
@@ -718,7 +751,7 @@ def _hit(r) -> LexicalHit:
         text=r[5],
         filename=r[6],
         media_type=r[7],
-        score=float(r[8]),
+        score=score,
     )
 
 
