@@ -46,7 +46,7 @@ from sluice.ops import sections
 from sluice.pipeline.running.chunk import heading_of
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
-from sluice.storage.vectors import read_failure
+from sluice.storage.vectors import Hit, read_failure
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -620,9 +620,21 @@ def _vector_read(ds: Searched, read: Callable[[], T]) -> T:
         ) from exc
 
 
+# A filter of a few documents is cheaper applied here than by Chroma: its filtered query reads
+# every allowed id from its metadata store and walks its graph until enough of them turn up, which
+# for one document's 100 chunks among 100,000 is nearly the whole graph (122 ms), while reading
+# their stored vectors to compare them here exactly takes 32 ms (300: 98 ms, their JSON the cost).
+# A broad filter stays with Chroma: an unfiltered query asked deep enough and screened here was no
+# cheaper at the same recall (a tenth of 100,000 chunks allowed: recall@10 0.74 at depth 400, 0.92
+# at 2,000 in 77 ms, 0.96 at 4,000 in 110 ms; Chroma's filter 0.96 in 125 ms; BENCHMARKS.md).
+EXACT_MAX = 200  # at most this many allowed chunks are compared exactly here
+
+
 def _dense(
     ctx: Reader, ds: Searched, vector, k: int, filters: Filters, conditions: meta.Where = ()
 ) -> list[SearchHit]:
+    """The dense ranker's best ``k`` chunks of active jobs that the filters allow: a few
+    documents' chunks compared exactly here, any other filter handed to Chroma (a ``where``)."""
     if vector is None:
         return []
     disabled = lexical.disabled_ids(ctx.engine, ds.id)
@@ -637,34 +649,66 @@ def _dense(
     if filters.page_to is not None:
         clauses.append({"page": {"$lte": filters.page_to}})
     where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
-    total = _vector_read(ds, lambda: ctx.vectors.count(ds.collection))
-    n = min(
-        total, max(20, k * 2)
-    )  # room for chunks of inactive jobs; asks for more when they crowd
+    if doc_ids is not None and _served_chunks(ctx, doc_ids) <= EXACT_MAX:
+        found = _exact(ctx, ds, vector, k, set(doc_ids), where or {}, filters, conditions, disabled)
+        if found is not None:
+            return found
+    n = max(DENSE_DEPTH, k * 2)  # room for chunks of inactive jobs; asks for more when they crowd
     requeried = False
     while True:
         answered = _vector_read(
             ds, partial(ctx.vectors.query, ds.collection, vector, n=n, where=where)
         )
         hits = [h for h in answered if _job_of(h) is not None and h.id not in disabled]
-        vanished = answered.vanished
-        active = _active_jobs(
-            ctx, {int(h.metadata.get("document_id", -1)) for h in hits}, conditions
-        )
-        kept = [h for h in hits if active.get(int(h.metadata.get("document_id", -1))) == _job_of(h)]
-        # A document whose active job switched between the query and this read lost all its hits;
-        # its new chunks were complete before the switch, so one more query finds them. Chunks
-        # deleted while the query ran (a superseded version) left holes: the same one more query.
-        switched = vanished > 0 or any(
-            active.get(int(h.metadata.get("document_id", -1))) not in (None, _job_of(h))
-            for h in hits
-        )
-        if switched and not requeried:
+        kept, switched = _served(ctx, hits, conditions)
+        if (switched or answered.vanished > 0) and not requeried:
             requeried = True
             continue
-        if len(kept) >= k or n >= total or len(answered) + vanished < n:
-            break
-        n = min(total, n * 4)
+        # enough, or all the store holds (a query deeper than the collection answers all of it:
+        # the store is never counted, which cost more than the query, 15 ms at 100,000 chunks)
+        if len(kept) >= k or len(answered) + answered.vanished < n:
+            return _dense_hits(kept[:k])
+        n *= 4
+
+
+def _served(ctx: Reader, hits: list[Hit], conditions: meta.Where) -> tuple[list[Hit], bool]:
+    """The hits of each document's active job, and whether a document's active job is another
+    than its hits' (it switched between the query and this read)."""
+    active = _active_jobs(ctx, {_document_of(h) for h in hits}, conditions)
+    kept = [h for h in hits if active.get(_document_of(h)) == _job_of(h)]
+    # A document whose active job switched between the query and this read lost all its hits; its
+    # new chunks were complete before the switch, so one more query finds them. Chunks deleted
+    # while the query ran (a superseded version) left holes: the same one more query.
+    switched = any(active.get(_document_of(h)) not in (None, _job_of(h)) for h in hits)
+    return kept, switched
+
+
+def _document_of(hit: Hit) -> int:
+    return int(hit.metadata.get("document_id", -1))
+
+
+_SERVED_CHUNKS = text(
+    "SELECT SUM(j.chunk_count) FROM document d JOIN job j ON j.id = d.active_job_id "
+    "WHERE d.id IN :ids"
+).bindparams(bindparam("ids", expanding=True))
+
+
+def _served_chunks(ctx: Reader, doc_ids: list[int]) -> int:
+    """How many chunks these documents' active jobs serve (the job database's count)."""
+    if len(doc_ids) > EXACT_MAX:  # a document serves one chunk at least: no need to ask
+        return EXACT_MAX + 1
+    with ctx.engine.connect() as conn:
+        return int(conn.execute(_SERVED_CHUNKS, {"ids": list(doc_ids)}).scalar() or 0)
+
+
+def _in_pages(m: dict, filters: Filters) -> bool:
+    page = int(m.get("page", 0))
+    return (filters.page_from is None or page >= filters.page_from) and (
+        filters.page_to is None or page <= filters.page_to
+    )
+
+
+def _dense_hits(hits: list[Hit]) -> list[SearchHit]:
     return [
         SearchHit(
             filename=str(h.metadata.get("filename", "")),
@@ -680,5 +724,81 @@ def _dense(
             ocr=bool(h.metadata.get("ocr", False)),
             similarity=round(h.score, 4),
         )
-        for h in kept[:k]
+        for h in hits
     ]
+
+
+def _read_hits(ctx: Reader, ds: Searched, scored: list[tuple[str, float]]) -> tuple[list[Hit], int]:
+    """The chunks of these (id, similarity) pairs read in full, in their order, and how many were
+    deleted since their ids were found (left out)."""
+    if not scored:
+        return [], 0
+    ids = [c for c, _ in scored]
+    got = _vector_read(ds, partial(ctx.vectors.get, ds.collection, ids, ["metadatas", "documents"]))
+    read = {
+        cid: (m, doc)
+        for cid, m, doc in zip(
+            got.get("ids") or [],
+            got.get("metadatas") or [],
+            got.get("documents") or [],
+            strict=False,
+        )
+        if m is not None
+    }
+    hits = [
+        Hit(id=cid, score=sim, text=read[cid][1] or "", metadata=dict(read[cid][0]))
+        for cid, sim in scored
+        if cid in read
+    ]
+    return hits, len(scored) - len(hits)
+
+
+def _exact(
+    ctx: Reader,
+    ds: Searched,
+    vector,
+    k: int,
+    documents: set[int],
+    where: dict,
+    filters: Filters,
+    conditions: meta.Where,
+    disabled: set[str],
+) -> list[SearchHit] | None:
+    """The best ``k`` chunks of a few documents (``where`` selects them, pages too), their stored
+    vectors compared with the query exactly (cosine, as the index ranks); None when the store
+    holds many more of their chunks than they serve (old versions not yet removed: the caller
+    then has Chroma filter)."""
+    import numpy as np
+
+    for again in (False, True):
+        ids, rows = _vector_read(
+            ds, partial(ctx.vectors.vectors_where, ds.collection, where, limit=2 * EXACT_MAX)
+        )
+        if len(ids) >= 2 * EXACT_MAX:
+            return None
+        q = np.asarray(vector, dtype=np.float32)
+        norms = np.linalg.norm(rows, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
+        sims = (rows @ q) / np.clip(norms, 1e-12, None) if len(ids) else np.zeros(0)
+        order = [i for i in np.argsort(-sims, kind="stable") if ids[i] not in disabled]
+        kept: list[Hit] = []
+        switched = vanished = 0
+        step = max(DENSE_DEPTH, k * 2)
+        for start in range(0, len(order), step):  # best first, until k are kept
+            part = [(ids[i], float(sims[i])) for i in order[start : start + step]]
+            hits, gone = _read_hits(ctx, ds, part)
+            hits = [
+                h
+                for h in hits
+                if _job_of(h) is not None
+                and _document_of(h) in documents
+                and _in_pages(h.metadata, filters)
+            ]
+            more, moved = _served(ctx, hits, conditions)
+            kept += more
+            vanished += gone
+            switched += moved
+            if len(kept) >= k:
+                break
+        if again or not (switched or vanished):
+            return _dense_hits(kept[:k])
+    return None

@@ -38,9 +38,10 @@ log = logging.getLogger(__name__)
 SAMPLE = 1000  # chunks queried with their own vector (10 requests of 100)
 QUERIES = 200  # sample queries compared with exact search (20 left a healthy index 0.865-0.985)
 K = 10
-RECALL_THRESHOLD = (
-    0.90  # ANN at k=10, ef_search 100: 0.94-0.99 when healthy (clustered test data: 0.945)
-)
+# Below this a graph is taken for damaged and rebuilt: an alarm, not the quality target. Healthy at
+# k=10: 0.94-0.99 with ef_search 100 (clustered test data 0.945; 100,000 hash-embedded chunks
+# 0.950), 0.9975 with vectors.HNSW's 400 on those chunks, in force once Chroma loads it.
+RECALL_THRESHOLD = 0.90
 EXACT_LIMIT = 50_000  # beyond this many chunks the exact search is skipped (self check only)
 QUERY_BATCH = 100
 WINDOW = 100  # ids per sampled window of a large collection
