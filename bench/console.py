@@ -144,3 +144,74 @@ def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
             engine.dispose()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+TITLE = "## The console at size"
+PAGE_P95_MS = 100.0  # issue 43: every page's queries, p95
+
+
+def section(figures: dict[str, dict], jobs: int, repeats: int, load: tuple[str, str]) -> str:
+    """The table of every query group on each database measured, against the page target."""
+    from bench.report import cpu_model
+
+    lines = [
+        TITLE,
+        "",
+        f"`python -m bench.console --jobs {jobs} --repeats {repeats}` "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): {jobs:,} jobs in five datasets "
+        "(bulk-inserted in the seed's status mix), each page's queries as the console asks them, "
+        f"in a fresh session, {repeats} runs after one warm-up. Machine: {cpu_model()}; load "
+        f"average {load[0]} at start, {load[1]} at end (1/5/15 min).",
+        "",
+        "| query group | database | p50 ms | p95 ms | target | |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for database, measured in figures.items():
+        if "error" in measured:
+            lines.append(f"| (all) | {database} | | | | not measured: {measured['error']} |")
+            continue
+        for name, q in measured["queries"].items():
+            met = "met" if q["p95"] < PAGE_P95_MS else "**missed**"
+            lines.append(
+                f"| {name} | {database} | {q['p50']:.1f} | {q['p95']:.1f} "
+                f"| p95 < {PAGE_P95_MS:.0f} | {met} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console's queries at ``--jobs`` jobs (300,000 by default), SQLite and, when
+    SLUICE_TEST_DATABASE_URL is set, PostgreSQL; with ``--out`` the section is replaced there."""
+    import argparse
+    import os
+    import sys
+    import tempfile
+
+    from bench.report import load_average, write_section
+
+    parser = argparse.ArgumentParser(prog="python -m bench.console")
+    parser.add_argument("--jobs", type=int, default=300_000)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", type=Path, help="Markdown file whose section to replace")
+    args = parser.parse_args(argv)
+    start = load_average()
+    figures: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="sluice-console-") as work:
+        print(f"seeding {args.jobs:,} jobs on SQLite", file=sys.stderr)
+        figures["SQLite"] = sqlite_figures(Path(work), jobs=args.jobs, repeats=args.repeats)
+    pg = os.environ.get("SLUICE_TEST_DATABASE_URL")
+    if pg:
+        print(f"seeding {args.jobs:,} jobs on PostgreSQL", file=sys.stderr)
+        try:
+            figures["PostgreSQL"] = postgres_figures(pg, jobs=args.jobs, repeats=args.repeats)
+        except Exception as exc:  # the server is down: say so in the table
+            figures["PostgreSQL"] = {"error": f"{type(exc).__name__}: {exc}"}
+    text = section(figures, args.jobs, args.repeats, (start, load_average()))
+    print(text)
+    if args.out:
+        write_section(args.out, TITLE, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
