@@ -11,7 +11,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func
+from sqlalchemy import func, or_
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col
 
@@ -114,11 +114,9 @@ def test_the_heads_are_the_rows_the_full_ranking_puts_first(database_url, seed):
         assert outbox.heads(session=session, now=now, room=5) == []
 
 
-def _steps_of_a_choice(engine, waiting: int, monkeypatch) -> int:
+def _steps_of_a_choice(engine, waiting: int) -> int:
     """SQLite virtual-machine steps of one ``choose`` with ``waiting`` rows waiting in one dataset
-    and 3 in another, the count of jobs in flight and running aside (``load_by_dataset``: it still
-    reads every waiting job, about a third of what a choice cost before)."""
-    monkeypatch.setattr(outbox, "load_by_dataset", lambda *, session: (0, defaultdict(int)))
+    and 3 in another, the count of jobs in flight and running included (``load_by_dataset``)."""
     with Session(engine) as session:
         now = db_now(session)
         big = Dataset(name=f"big-{waiting}", collection=f"big_{waiting}")
@@ -150,12 +148,91 @@ def _steps_of_a_choice(engine, waiting: int, monkeypatch) -> int:
     return steps[0]
 
 
-def test_a_choice_reads_as_much_at_4000_waiting_as_at_200(tmp_path, monkeypatch):
+def test_a_choice_reads_as_much_at_4000_waiting_as_at_200(tmp_path):
     """Counted in SQLite's virtual-machine steps, not timed. Before: the ranking of every due row,
-    about 20 times the work at 20 times the rows."""
-    few = _steps_of_a_choice(get_engine(f"sqlite:///{tmp_path / 'few.db'}"), 200, monkeypatch)
-    many = _steps_of_a_choice(get_engine(f"sqlite:///{tmp_path / 'many.db'}"), 4000, monkeypatch)
+    about 20 times the work at 20 times the rows; then the count of jobs in flight, which read
+    every waiting job (issue 43: it reads the rows marked in flight)."""
+    few = _steps_of_a_choice(get_engine(f"sqlite:///{tmp_path / 'few.db'}"), 200)
+    many = _steps_of_a_choice(get_engine(f"sqlite:///{tmp_path / 'many.db'}"), 4000)
     assert many < 2 * few, (few, many)
+
+
+def _load_as_before(session: Session) -> tuple[int, dict[int, int]]:
+    """``load_by_dataset`` as it was computed before the in-flight marker: every waiting job
+    without an unsent row is in flight, read from the job table."""
+    rows = session.execute(
+        sql_select(Job.dataset_id, Job.status, func.count())
+        .where(
+            col(Job.status).in_((JobStatus.pending, JobStatus.retrying, JobStatus.running)),
+            or_(col(Job.status) == JobStatus.running, ~outbox._unsent()),
+        )
+        .group_by(col(Job.dataset_id), Job.status)
+    ).all()
+    load: dict[int, int] = defaultdict(int)
+    for dataset_id, _, n in rows:
+        load[dataset_id] += n
+    return sum(n for _, status, n in rows if status != JobStatus.running), dict(load)
+
+
+def test_the_jobs_in_flight_are_counted_from_the_rows_marked_in_flight(database_url):
+    """A dispatch marks its rows in flight and the claim that takes a message clears them,
+    whatever it decides; the count of jobs in flight and running per dataset is the one the
+    waiting jobs gave before, through a claim, a cancel of a job whose message is on the queue,
+    that message's delivery, and a retry published again."""
+    from sluice.storage import jobs
+
+    engine = get_engine(database_url)
+    with Session(engine) as session:
+        now = db_now(session)
+        ds = Dataset(name="flight", collection="flight")
+        session.add(ds)
+        session.flush()
+        _fill(session, ds, 4, now=now)
+        session.commit()
+        a, b, c, d = session.exec(
+            sql_select(Job.id).where(Job.dataset_id == ds.id).order_by(col(Job.id))
+        ).scalars()
+
+    def loads() -> tuple[tuple[int, dict[int, int]], tuple[int, dict[int, int]]]:
+        with Session(engine) as session:
+            now_, load = outbox.load_by_dataset(session=session)
+            return (now_, {k: v for k, v in load.items() if v}), _load_as_before(session)
+
+    def claim(job_id: int) -> bool:
+        with Session(engine) as session:
+            claimed = jobs.claim(session=session, job_id=job_id, worker_id="w", lease_seconds=30)
+            return claimed.claimed
+
+    def in_flight() -> set[int]:
+        with Session(engine) as session:
+            return set(
+                session.exec(sql_select(Outbox.job_id).where(col(Outbox.in_flight).is_(True)))
+                .scalars()
+                .all()
+            )
+
+    new, old = loads()
+    assert new == old == (0, {})  # nothing sent yet (before: the same)
+    sent = outbox.dispatch(engine=engine, publish=lambda job_id: None).sent
+    assert sorted(sent) == [a, b, c, d] and in_flight() == {a, b, c, d}
+    assert loads() == ((4, {ds.id: 4}), (4, {ds.id: 4}))
+    assert claim(a)
+    assert in_flight() == {b, c, d}
+    assert loads() == ((3, {ds.id: 4}), (3, {ds.id: 4}))  # three on the queue, one running
+    with Session(engine) as session:
+        [cancelled] = jobs.request_cancel(session=session, job_ids=[b], actor="op")
+        session.commit()
+    assert cancelled.ok
+    assert loads() == ((2, {ds.id: 3}), (2, {ds.id: 3}))  # its message is still on the queue
+    assert not claim(b)  # that message arrives: a no-op, which takes it off all the same
+    assert in_flight() == {c, d}
+    with Session(engine) as session:
+        [retried] = jobs.retry(session=session, job_ids=[b], actor="op")
+        session.commit()
+    assert retried.ok
+    assert loads() == ((2, {ds.id: 3}), (2, {ds.id: 3}))  # b waits for its new row to go out
+    assert outbox.dispatch(engine=engine, publish=lambda job_id: None).sent == [b]
+    assert loads() == ((3, {ds.id: 4}), (3, {ds.id: 4}))
 
 
 def test_unsent_rows_of_an_older_sluice_get_their_dataset_when_the_schema_is_checked(database_url):

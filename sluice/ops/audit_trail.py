@@ -1,9 +1,10 @@
 """Recording who changed what (sluice.storage.audit_log), in the transaction of the change.
 
 An action runs inside ``recording(who, action, ...)``. While it runs, a session listener watches
-every flush and commit of this thread (or task) for the mark of the change: a new job event of the
-action's kinds by this actor (one row per job, or one per action), a new row of a model (a key, a
-pause), or a ``check`` that is true before a commit (an UPDATE or DELETE the session cannot see).
+every flush, statement and commit of this thread (or task) for the mark of the change: a job event
+of the action's kinds by this actor, as its INSERT is executed (one row per job, or one per
+action), a new row of a model (a key, a pause), or a ``check`` that is true before a commit (an
+UPDATE or DELETE the session cannot see).
 Where it sees the mark it adds the audit row to that very session, so the row commits with the
 change or rolls back with it; the storage functions that make the change need not know. What the
 action then says it refused (or did without changing anything) gets its row in a transaction of
@@ -25,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import event
+from sqlalchemy.orm import ORMExecuteState
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Session, col, select
 
@@ -35,6 +37,7 @@ from sluice.ops.reads import ctx
 from sluice.storage import audit_log
 from sluice.storage.audit_log import AuditEntry
 from sluice.storage.clock import as_utc, db_now
+from sluice.storage.jobs.event_log import INSERT_EVENT
 from sluice.storage.models import MAX_ID, Dataset, Job, JobEvent
 
 log = logging.getLogger(__name__)
@@ -369,23 +372,22 @@ def _add(
 
 
 Mark = tuple[str | int | None, str | None, str | None]  # target, dataset, action
+Logged = tuple[int, str, str]  # a job event: its job id, kind and actor
 
 
-def _job_marks(session: OrmSession, watch: Watch) -> list[Mark]:
+def _job_marks(session: OrmSession, watch: Watch, events: Iterable[Logged]) -> list[Mark]:
     marks: list[Mark] = []
-    for obj in list(session.new):
-        if not (isinstance(obj, JobEvent) and obj.kind in watch.kinds):
-            continue
-        if obj.actor != watch.who.actor:
+    for job_id, kind, actor in events:
+        if kind not in watch.kinds or actor != watch.who.actor:
             continue
         with session.no_autoflush:
-            job = session.get(Job, obj.job_id)
+            job = session.get(Job, job_id)
             ds = session.get(Dataset, job.dataset_id) if job is not None else None
         name = ds.name if ds is not None else None
         with session.no_autoflush:
             action = watch.refine(session, job) if watch.refine and job is not None else None
         if watch.per_job:
-            marks.append((obj.job_id, name, action))
+            marks.append((job_id, name, action))
         else:
             target = watch.target_id
             if target is None and watch.target_kind == "document" and job is not None:
@@ -394,19 +396,51 @@ def _job_marks(session: OrmSession, watch: Watch) -> list[Mark]:
     return marks
 
 
-@event.listens_for(OrmSession, "before_flush")
-def _before_flush(session: OrmSession, _context: Any, _instances: Any) -> None:
+def _watching(session: OrmSession) -> Watch | None:
+    """The action being recorded, if this session's changes may still mark it."""
     watch = _current.get()
     if watch is None or session.info.get(OWN) or (watch.recorded and not watch.per_job):
+        return None
+    return watch
+
+
+def _mark_jobs(session: OrmSession, watch: Watch, events: Iterable[Logged]) -> bool:
+    """The audit rows of the job events ``events`` that mark ``watch``'s change; True when the
+    action's one row (not one per job) was added."""
+    seen = watch.done | watch.pending.get(id(session), set())
+    for target, name, action in _job_marks(session, watch, events):
+        if str(target) not in seen:
+            _add(session, watch, target, name, action)
+            seen.add(str(target))
+            if not watch.per_job:
+                return True
+    return False
+
+
+@event.listens_for(OrmSession, "do_orm_execute")
+def _on_execute(state: ORMExecuteState) -> None:
+    """A job event's INSERT (``sluice.storage.jobs.event_log``): the audit row goes into the same
+    transaction, before the event itself."""
+    if state.statement is not INSERT_EVENT:
+        return
+    watch = _watching(state.session)
+    if watch is None or not watch.kinds:
+        return
+    p = state.parameters
+    if not isinstance(p, dict):  # an event is written one at a time, with its own parameters
+        return
+    _mark_jobs(state.session, watch, [(p["job_id"], p["kind"], p["actor"])])
+
+
+@event.listens_for(OrmSession, "before_flush")
+def _before_flush(session: OrmSession, _context: Any, _instances: Any) -> None:
+    watch = _watching(session)
+    if watch is None:
         return
     if watch.kinds:
-        seen = watch.done | watch.pending.get(id(session), set())
-        for target, name, action in _job_marks(session, watch):
-            if str(target) not in seen:
-                _add(session, watch, target, name, action)
-                seen.add(str(target))
-                if not watch.per_job:
-                    return
+        added = [o for o in session.new if isinstance(o, JobEvent)]  # any written as objects
+        if _mark_jobs(session, watch, [(e.job_id, e.kind, e.actor) for e in added]):
+            return
     if watch.model is not None and any(isinstance(o, watch.model) for o in session.new):
         _add(session, watch, watch.target_id, None)
 

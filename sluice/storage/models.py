@@ -16,6 +16,9 @@ from sluice.errors import ErrorKind
 from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
 from sluice.storage.chunk_edits import ChunkEdit  # noqa: F401  (its table is made with these)
 from sluice.storage.hit_tests import HitTestQuery  # noqa: F401  (its table is made with these)
+from sluice.storage.reconcile_checkpoints import (  # noqa: F401  (its table is made with these)
+    ReconcileCheckpoint,
+)
 from sluice.storage.source_records import (  # noqa: F401  (their tables are made with these)
     Source,
     SourceEntry,
@@ -275,6 +278,14 @@ class Outbox(SQLModel, table=True):
         # The dispatcher's heads: a dataset's first unsent rows in order, read from the index
         # whatever the backlog (the datasets with unsent rows are read from it too).
         Index("ix_outbox_unsent_dataset", "sent_at", "dataset_id", "id"),
+        # The messages on the queue (``in_flight``): a few rows, whatever the backlog.
+        Index(
+            "ix_outbox_in_flight",
+            "in_flight",
+            "job_id",
+            sqlite_where=text("in_flight IS NOT NULL"),
+            postgresql_where=text("in_flight IS NOT NULL"),
+        ),
     )
 
     id: int = Field(default=None, primary_key=True)
@@ -287,6 +298,10 @@ class Outbox(SQLModel, table=True):
     sent_at: datetime | None = None
     publish_attempts: int = 0
     last_error: str | None = Field(default=None, max_length=500)
+    # True from the row's publish until a worker takes its message (the claim, whatever it
+    # decides): the dispatcher counts the messages on the queue from these rows, not from every
+    # waiting job. None otherwise (and in rows an older Sluice wrote).
+    in_flight: bool | None = None
 
 
 class WebhookDelivery(SQLModel, table=True):

@@ -13,7 +13,18 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Integer, and_, bindparam, exists, func, or_, text, union_all, update
+from sqlalchemy import (
+    Integer,
+    and_,
+    bindparam,
+    exists,
+    func,
+    or_,
+    text,
+    true,
+    union_all,
+    update,
+)
 from sqlalchemy import select as sql_select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
@@ -86,14 +97,14 @@ def dispatch(
             session.execute(
                 update(Outbox)
                 .where(col(Outbox.id).in_(skipped))
-                .values(last_error="not published: the job no longer waits to run")
+                .values(last_error="not published: the job no longer waits to run", in_flight=None)
             )
             result.skipped = len(skipped)
         if failed:
             session.execute(
                 update(Outbox)
                 .where(col(Outbox.id).in_(failed))
-                .values(sent_at=None, last_error=result.error)
+                .values(sent_at=None, last_error=result.error, in_flight=None)
             )
         session.commit()
     return result
@@ -128,7 +139,8 @@ def _load_rows(session: Session) -> list[Any]:
 
 def load_by_dataset(*, session: Session) -> tuple[int, dict[int, int]]:
     """Messages in flight (jobs waiting whose message was sent and not yet claimed), and per dataset
-    those plus its running jobs."""
+    those plus its running jobs. Read from the rows marked in flight and the running jobs: its work
+    does not grow with the jobs waiting in the outbox."""
     rows = _load_rows(session)
     load: dict[int, int] = defaultdict(int)
     for dataset_id, _, n in rows:
@@ -279,16 +291,22 @@ _TIME_AND_WAITING = select(current_time(), exists().where(col(Outbox.sent_at).is
 _MARK_SENT = (
     update(Outbox)
     .where(col(Outbox.id).in_(bindparam("ids", expanding=True)), col(Outbox.sent_at).is_(None))
-    .values(sent_at=bindparam("sent"), publish_attempts=Outbox.publish_attempts + 1)
+    .values(sent_at=bindparam("sent"), publish_attempts=Outbox.publish_attempts + 1, in_flight=True)
     .returning(col(Outbox.id))
 )
-_LOAD_ROWS = (
-    select(Job.dataset_id, Job.status, func.count())
-    .where(
-        col(Job.status).in_((*CLAIMABLE, JobStatus.running)),
-        or_(col(Job.status) == JobStatus.running, ~_unsent()),
-    )
-    .group_by(col(Job.dataset_id), Job.status)
+# The jobs in flight, from the rows whose message is on the queue (``in_flight``: set here when a
+# row is marked sent, cleared by the claim that takes the message), so the read is as long as the
+# window, not the backlog: each row's job still waits (pending or retrying) with no unsent row of
+# its own (a job published again waits for that one). Then the running jobs, from their index.
+_LOAD_ROWS = union_all(
+    sql_select(col(Job.dataset_id), col(Job.status), func.count(func.distinct(Job.id)))
+    .select_from(Outbox)
+    .join(Job, col(Job.id) == Outbox.job_id)
+    .where(col(Outbox.in_flight) == true(), col(Job.status).in_(CLAIMABLE), ~_unsent())
+    .group_by(col(Job.dataset_id), Job.status),
+    sql_select(col(Job.dataset_id), col(Job.status), func.count())
+    .where(col(Job.status) == JobStatus.running)
+    .group_by(col(Job.dataset_id), Job.status),
 )
 _PAUSED = select(Pause.dataset_id)
 _PRIORITISED = select(Job.id).where(col(Job.priority).is_not(None))
@@ -357,7 +375,7 @@ def turns_before(*, own: int, load: dict[int, int], tiers: dict[int, Tier]) -> i
 def _in_flight_before(session: Session, job_id: int, dataset_ids: Collection[int] | None) -> int:
     """Waiting jobs whose message is on the queue and was sent before this job's (all of them if
     this job has none): the queue hands them out first. Messages of one dispatch round share their
-    time, and their row ids stand for their order."""
+    time, and their row ids stand for their order. Read from the rows in flight (an index)."""
     mine = session.execute(
         select(Outbox.sent_at, Outbox.id)
         .where(Outbox.job_id == job_id, col(Outbox.sent_at).is_not(None))
@@ -367,7 +385,7 @@ def _in_flight_before(session: Session, job_id: int, dataset_ids: Collection[int
     stmt = (
         select(func.count(func.distinct(Outbox.job_id)))
         .join(Job, col(Job.id) == Outbox.job_id)
-        .where(col(Outbox.sent_at).is_not(None), col(Job.status).in_(CLAIMABLE), ~_unsent())
+        .where(col(Outbox.in_flight) == true(), col(Job.status).in_(CLAIMABLE), ~_unsent())
         .where(Job.id != job_id)
     )
     if mine is not None:

@@ -30,19 +30,30 @@ import hmac
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from sluice.settings import get_settings
 from sluice.storage.clock import db_now
-from sluice.storage.models import Dataset, Job, JobEvent, WebhookDelivery
+from sluice.storage.models import Dataset, Job, WebhookDelivery
 from sluice.storage.source_records import Source, SourceRun, run_counts
 
 EVENTS = ("job.succeeded", "job.failed", "job.cancelled")
 SYNCED = "source.synced"
 SIGNATURE_VERSION = "v1"
 DEFAULT_TOLERANCE_SECONDS = 300.0
+
+
+class Logged(Protocol):
+    """A transition's job event as written (``sluice.storage.jobs.event_log``)."""
+
+    @property
+    def id(self) -> int | None: ...
+
+    @property
+    def job_id(self) -> int: ...
 
 
 def event_body(session: Session, job: Job, event: str, *, event_id: str, at: datetime) -> str:
@@ -85,7 +96,7 @@ def record(
     job: Job,
     event: str,
     *,
-    logged: JobEvent,
+    logged: Logged,
     endpoints: Sequence[str] | None = None,
 ) -> int:
     """Add the event's rows (one per endpoint) to the caller's transaction; returns how many.

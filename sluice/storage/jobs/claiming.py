@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlmodel import Session
+from sqlalchemy import bindparam, true, update
+from sqlmodel import Session, SQLModel
 
 from sluice.errors import LeaseLost
 from sluice.storage import pauses
@@ -18,16 +19,31 @@ from sluice.storage.jobs.conditional import (
     compare_and_set,
     fenced,
 )
-from sluice.storage.jobs.event_log import add_event, describe_progress, value_of
+from sluice.storage.jobs.event_log import add_event, describe_progress, log_event
 from sluice.storage.jobs.job_values import ClaimResult
 from sluice.storage.jobs.lookups import get_job, read_job
 from sluice.storage.jobs.outbox_row import publish
 from sluice.storage.jobs.statuses import CLAIMABLE
-from sluice.storage.models import Job, JobEvent, JobStatus, Stage
+from sluice.storage.models import Job, JobStatus, Stage
+
+OUTBOX = SQLModel.metadata.tables["outbox"]
+_TAKEN = (
+    update(OUTBOX)
+    .where(OUTBOX.c.job_id == bindparam("w_job"), OUTBOX.c.in_flight == true())
+    .values(in_flight=None)
+)
+"""The job's messages are off the queue (made once): its rows no longer count as in flight."""
+
+
+def _taken(session: Session, job_id: int) -> None:
+    """A delivery of the job was taken, whatever the claim decides: its outbox rows are no longer
+    in flight (``outbox.load_by_dataset`` counts the messages on the queue from them)."""
+    session.execute(_TAKEN, {"w_job": job_id})
 
 
 def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float) -> ClaimResult:
-    """pending/retrying -> running, or a recorded no-op saying why not.
+    """pending/retrying -> running, or a recorded no-op saying why not. Either way the message was
+    taken off the queue: the job's outbox rows stop counting as in flight, in the same commit.
 
     A pause is not looked up first: the compare-and-set itself refuses a job a pause covers, and
     only then is the pause read (one statement less per claim)."""
@@ -38,6 +54,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
     reason = _why_not(job, now, lease_seconds)
     if reason:
         add_event(session, job, "noop", message=reason, actor=worker_id)
+        _taken(session, job_id)
         session.commit()
         return ClaimResult(job, False, reason)
     before = job.status
@@ -68,6 +85,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
             return _refuse_paused(session, job, held, worker_id, now)
         reason = f"delivery ignored: claimed concurrently (now {job.status.value})"
         add_event(session, job, "noop", message=reason, actor=worker_id)
+        _taken(session, job_id)
         session.commit()
         return ClaimResult(job, False, reason)
     add_event(
@@ -80,6 +98,7 @@ def claim(*, session: Session, job_id: int, worker_id: str, lease_seconds: float
         message=f"attempt {job.attempt} of {job.max_attempts}",
         data={"lease": job.lease},
     )
+    _taken(session, job_id)
     session.commit()
     return ClaimResult(job, True, document=found.document, dataset=found.dataset)
 
@@ -125,6 +144,7 @@ def _refuse_paused(
         if current is None or current.status not in CLAIMABLE:
             break  # cancelled, claimed or gone meanwhile: nothing waits for this message
         job = current
+    _taken(session, job.id)
     session.commit()
     return ClaimResult(current, False, reason)
 
@@ -153,16 +173,15 @@ def progress(
         session.rollback()
         raise LeaseLost(f"job {job_id} is no longer owned by lease {lease}")
     if not (stage == Stage.indexing and done >= total):  # the success event says that one
-        session.add(
-            JobEvent(
-                job_id=job_id,
-                kind="progress",
-                actor=row.worker_id or "system",
-                stage=value_of(stage),
-                attempt=row.attempt,
-                message=describe_progress(stage, done, total),
-                data={"done": done, "total": total},
-            )
+        log_event(
+            session,
+            job_id,
+            "progress",
+            actor=row.worker_id or "system",
+            stage=stage,
+            attempt=row.attempt,
+            message=describe_progress(stage, done, total),
+            data={"done": done, "total": total},
         )
     session.commit()
     return bool(row.cancel_requested)

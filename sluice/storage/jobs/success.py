@@ -87,7 +87,11 @@ def _succeed_once(
         raise chunk_edits.ChunkEdited(document.id, document.last_edit_id or 0)
     serving = document.active_job_id
     hidden = document.deleted_at is not None  # a source's removal stays: see _make_active
-    others = session.scalars(_OTHERS, {"document_id": job.document_id, "job_id": job_id}).all()
+    others = (  # the read said whether there are any
+        session.scalars(_OTHERS, {"document_id": job.document_id, "job_id": job_id}).all()
+        if found.others
+        else []
+    )
     faults.hit("before_supersede", job_id=job_id)
     if not _mark_succeeded(session, job, lease, now=now, built=built):
         session.rollback()
