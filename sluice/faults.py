@@ -12,7 +12,8 @@ Points: ``after_claim``, ``after_parse``, ``embed_batch``, ``after_index`` (vect
 not yet marked succeeded), ``reap_selected`` (the reaper read a stale job, before it takes it back),
 ``upload_resolved`` (an upload read its dataset, by id or name, before it stores the bytes and
 writes its rows), ``before_document_insert`` (an upload found no document with its bytes, before it
-adds one),
+adds one), ``upload_dispatch`` (the API's dispatcher thread was woken by an upload's commit, before
+it publishes the outbox),
 ``redeliver_selected`` (recovery picked a stranded job, before it publishes it again),
 ``before_supersede`` (a success read the document's other jobs, before it writes),
 ``before_cleanup`` (an ended attempt's cleanup, ``remove_partial``, has the job as its caller ended

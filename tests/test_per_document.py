@@ -4,15 +4,20 @@ chunks are in both stores."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
+import httpx
 from sqlalchemy import event
+from sqlmodel import Session, select
 
 from sluice.ops.ingest import ingest_bytes
 from sluice.pipeline.running.runner import run_job
 from sluice.storage import lexical
-from sluice.storage.models import JobStatus
-from tests.support.helpers import collection, ids_of_job, job
+from sluice.storage.models import Document, Job, JobEvent, JobStatus, Outbox
+from tests.support.api_server import ApiServer, auth, make_key
+from tests.support.helpers import collection, ids_of_job, job, until, wait_for
 
 NOTE = b"Tide table for the north harbour: high water at 06:12 and 18:40, pilot boarding at buoy 4."
 
@@ -22,8 +27,17 @@ NOTE = b"Tide table for the north harbour: high water at 06:12 and 18:40, pilot 
 # worker dying before its success leaves the job at indexing), the success (the job and its
 # document, the document's other jobs, the updates of job and document, its event, commit: 6). The
 # code before issue 31 made 30: a pause, the time and the rows read apart, each update read back,
-# one more progress write and a lexical delete per batch.
+# one more progress write and a lexical delete per batch. Since issue 43 the claim also marks the
+# job's message taken (the outbox rows in flight, one UPDATE), and the success reads the document's
+# other jobs only when its first read says there are any (one SELECT less): still 19.
 STATEMENT_BUDGET = 19
+
+# An upload's rows: its dataset read by name and then held (2), whether the bytes have a document
+# (1), then document, job, event and outbox row, one INSERT each (4), and the commit. Before: 11
+# (the job looked up by its key, the database's time, an UPDATE of an outbox row a new job cannot
+# have), all of them flushed through the ORM's unit of work.
+UPLOAD_STATEMENT_BUDGET = 8
+ROWS = (Document, Job, JobEvent, Outbox)
 
 
 class ChromaSpy:
@@ -155,3 +169,168 @@ def test_a_small_jobs_own_row_is_written_by_statements_made_once(database_url, m
     assert jobs.RUNNING_UNCANCELLED.statements == made["success"]
     j = job(ctx, r.job_id)
     assert (j.status, j.done, j.total, j.attempt) == (JobStatus.succeeded, 1, 1, 1)
+
+
+def _counted(engine, seen: list[str]):
+    """Listeners that append each statement of ``engine`` (and COMMIT) to ``seen``."""
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        seen.append(" ".join(statement.split())[:80])
+
+    def commit(conn) -> None:
+        seen.append("COMMIT")
+
+    return [(engine, "before_cursor_execute", count), (engine, "commit", commit)]
+
+
+def test_an_upload_writes_its_rows_by_statements_made_once(database_url, make_ctx):
+    """Document, job, event and outbox row are one INSERT each, made once, and none goes through
+    the ORM's unit of work: building, flushing and keying them was most of an upload's time in the
+    API (issue 43)."""
+    ctx = make_ctx()
+    ingest_bytes(ctx, NOTE, dataset="default", filename="tides.txt")  # every statement made once
+    flushed: list[str] = []
+
+    def inserted(mapper, connection, target) -> None:
+        flushed.append(type(target).__name__)
+
+    seen: list[str] = []
+    listeners = [*_counted(ctx.engine, seen), *((m, "before_insert", inserted) for m in ROWS)]
+    for target, name, fn in listeners:
+        event.listen(target, name, fn)
+    try:
+        r = ingest_bytes(ctx, NOTE + b" Second issue.", dataset="default", filename="tides-2.txt")
+    finally:
+        for target, name, fn in listeners:
+            event.remove(target, name, fn)
+    assert r.accepted and not r.duplicate
+    assert flushed == []  # before: Document, Job, JobEvent and Outbox, each flushed
+    assert len(seen) <= UPLOAD_STATEMENT_BUDGET, "\n".join(seen)  # before: 11
+    assert seen.count("COMMIT") == 1, "\n".join(seen)
+    with Session(ctx.engine) as session:
+        [row] = session.exec(select(Outbox).where(Outbox.job_id == r.job_id)).all()
+        kinds = session.exec(select(JobEvent.kind).where(JobEvent.job_id == r.job_id)).all()
+    assert row.sent_at is None and row.available_at is not None and row.dataset_id is not None
+    assert kinds == ["created"]
+    j = job(ctx, r.job_id)
+    assert (j.status, j.document_id, j.version) == (JobStatus.pending, r.document_id, 0)
+    again = ingest_bytes(ctx, NOTE + b" Second issue.", dataset="default", filename="copy.txt")
+    assert again.duplicate and again.job_id == r.job_id  # the same bytes: the same job
+
+
+def test_a_small_job_runs_without_the_orm(database_url, make_ctx):
+    """Every statement a tiny job's run makes through a session is a plain statement made once:
+    its events are INSERTs (before: ``JobEvent`` objects flushed through the unit of work, three
+    per job) and its reads of the job, document and dataset one SELECT of their columns (before:
+    an ORM select of the three entities, twice)."""
+    ctx = make_ctx(SLUICE_HEARTBEAT_SECONDS="30", SLUICE_LEASE_SECONDS="120")
+    first = ingest_bytes(ctx, NOTE, dataset="default", filename="tides.txt")
+    assert run_job(first.job_id, ctx=ctx).result == "succeeded"
+    r = ingest_bytes(ctx, NOTE + b" Second issue.", dataset="default", filename="tides-2.txt")
+    orm: list[str] = []
+    flushed: list[str] = []
+
+    def executed(state) -> None:
+        if state.is_orm_statement:
+            orm.append(str(state.statement)[:60])
+
+    def written(mapper, connection, target) -> None:
+        flushed.append(type(target).__name__)
+
+    listeners = [(Session, "do_orm_execute", executed)]
+    listeners += [(m, kind, written) for m in ROWS for kind in ("before_insert", "before_update")]
+    for target, name, fn in listeners:
+        event.listen(target, name, fn)
+    try:
+        assert run_job(r.job_id, ctx=ctx).result == "succeeded"
+    finally:
+        for target, name, fn in listeners:
+            event.remove(target, name, fn)
+    assert flushed == []  # before: three JobEvents (claimed, progress, succeeded)
+    assert orm == []  # before: the claim's and the success's read of the job
+    with Session(ctx.engine) as session:
+        kinds = session.exec(
+            select(JobEvent.kind).where(JobEvent.job_id == r.job_id).order_by(JobEvent.id)
+        ).all()
+    assert kinds == ["created", "claimed", "progress", "succeeded"]
+
+
+def _api_held_at_dispatch(tmp_path: Path) -> tuple[ApiServer, Path]:
+    """A real API process whose dispatcher thread stops at ``upload_dispatch`` until the file it
+    names exists (the request threads never reach that point)."""
+    hold = tmp_path / "dispatch"
+    env = {**os.environ, "SLUICE_FAULTS": f"upload_dispatch=wait:{hold}"}
+    api = ApiServer(env, tmp_path / "api.log")
+    api.start()
+    return api, hold
+
+
+def _upload(api: ApiServer, token: str, text: str) -> int:
+    r = httpx.post(
+        f"{api.url}/v1/datasets/default/documents",
+        json={"filename": "tides.txt", "text": text},
+        headers=auth(token),
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    return r.json()["jobs"][0]["job_id"]
+
+
+def _outbox_of(ctx, job_id: int) -> list[Outbox]:
+    with Session(ctx.engine) as session:
+        return list(session.exec(select(Outbox).where(Outbox.job_id == job_id)).all())
+
+
+def test_an_upload_answers_before_its_job_is_published_and_the_dispatcher_publishes_it(
+    database_url, make_ctx, tmp_path
+):
+    """The request commits the job with its outbox row and answers; the API's dispatcher thread
+    puts it on the queue after that (the queue's round trip was a quarter of an upload's time in
+    the request). Held at its fault point, the dispatcher has been woken by the commit while the
+    answer is already out and the job not yet on the queue; let go, it publishes the job.
+    Before: the request published the job itself, and no dispatcher ever reached the point."""
+    from sluice.pipeline.queueing.broker import queue_order
+
+    ctx = make_ctx()
+    api, hold = _api_held_at_dispatch(tmp_path)
+    try:
+        token = make_key("uploads", datasets=["default"], scope="ingest")
+        job_id = _upload(api, token, NOTE.decode())
+        waiting = Path(f"{hold}.waiting")
+        until(waiting.exists, timeout=30, what="the dispatcher woken by the upload's commit")
+        [row] = _outbox_of(ctx, job_id)
+        assert row.sent_at is None and job_id not in queue_order()  # not by the request
+        hold.touch()
+        until(lambda: job_id in queue_order(), timeout=30, what="the job on the queue")
+        [row] = _outbox_of(ctx, job_id)
+        assert row.sent_at is not None and row.in_flight
+    finally:
+        api.stop()
+
+
+def test_an_upload_whose_api_dies_before_the_dispatch_still_runs(
+    database_url, make_ctx, tmp_path, start_worker
+):
+    """The outbox row commits with the job, so a crash between the upload's commit and the
+    dispatch loses nothing: the workers' recovery publishes the unsent row and the job runs once.
+    Before: no dispatcher ever reached the fault point the crash is placed at."""
+    ctx = make_ctx()
+    api, hold = _api_held_at_dispatch(tmp_path)
+    try:
+        token = make_key("uploads", datasets=["default"], scope="ingest")
+        job_id = _upload(api, token, NOTE.decode())
+        waiting = Path(f"{hold}.waiting")
+        until(waiting.exists, timeout=30, what="the dispatcher woken by the upload's commit")
+        api.kill9()  # committed, answered, never published
+    finally:
+        api.stop()
+    [row] = _outbox_of(ctx, job_id)
+    assert row.sent_at is None
+    start_worker()  # its recovery round publishes what no dispatcher sent
+    [done] = wait_for(ctx, [job_id], timeout=90)
+    assert done.status == JobStatus.succeeded and done.attempt == 1
+    with Session(ctx.engine) as session:
+        claims = session.exec(
+            select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.kind == "claimed")
+        ).all()
+    assert len(claims) == 1

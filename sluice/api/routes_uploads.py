@@ -1,5 +1,6 @@
 """``POST /v1/datasets/{dataset}/documents``: store the files and answer 202 with their jobs at once
-(nothing slow happens in the request: the workers parse, chunk, embed and index); and
+(nothing slow happens in the request: the workers parse, chunk, embed and index, and the process's
+dispatcher thread puts the jobs on the queue after the answer); and
 ``DELETE /v1/datasets/{dataset}/documents/by-external-id/{external_id}``."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from sluice.api import examples, scoped
 from sluice.api.dependencies import Key
+from sluice.api.dispatcher import dispatcher
 from sluice.api.problems import Problem
 from sluice.api.replay import idempotent
 from sluice.api.routes_documents import check_external_id, deleted
@@ -108,6 +110,7 @@ def _ingest(key: ApiPrincipal, dataset: str, dataset_id: int, parts: list[Part])
             external_id=part.external_id,
             metadata=part.metadata,
             declared_type=part.declared_type,
+            dispatch=dispatcher.wake,
         )
         if not result.accepted or result.job_id is None or result.document_id is None:
             raise _refused(result, accepted)

@@ -2,10 +2,11 @@
 SLUICE_API_ADDRESS:SLUICE_API_PORT).
 
 Its lifespan starts the warm-up (a thread: ``/v1/health`` says ``ready`` once it finished) and
-makes the event that ends every open event stream when the process is told to stop: uvicorn waits
-for open requests before it runs the lifespan's shutdown, so a stream would hold the stop for as
-long as it lasts; the lifespan therefore listens to SIGINT and SIGTERM itself (before uvicorn's own
-handler, which it then calls), and every stream ends at once with a last comment."""
+the outbox dispatcher (a thread that puts uploaded jobs on the queue: ``sluice.api.dispatcher``),
+and makes the event that ends every open event stream when the process is told to stop: uvicorn
+waits for open requests before it runs the lifespan's shutdown, so a stream would hold the stop
+for as long as it lasts; the lifespan therefore listens to SIGINT and SIGTERM itself (before
+uvicorn's own handler, which it then calls), and every stream ends at once with a last comment."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from sluice.api import (
     routes_uploads,
 )
 from sluice.api.dependencies import KeyGate
+from sluice.api.dispatcher import dispatcher
 from sluice.api.guard import Guard
 from sluice.api.routes_events import streams
 from sluice.api.routes_meta import package_version, warmed
@@ -103,6 +105,7 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
         target=_warm, args=(stop_warming,), name="sluice-warm-up", daemon=True
     )
     warming.start()
+    dispatcher.start()
     try:
         yield
     finally:
@@ -110,6 +113,7 @@ async def _lifespan(_app: FastAPI) -> AsyncIterator[None]:
         restore()
         stop_warming.set()
         await asyncio.to_thread(warming.join, WARM_JOIN_SECONDS)
+        await asyncio.to_thread(dispatcher.stop)
     # On the way out: the refused calls this process counted and had not written yet
     # (``audit_trail.refused_once_per`` writes a flood's count once a second).
     from sluice.ops import audit_trail

@@ -256,6 +256,7 @@ def upload(
     metadata: dict | None = None,
     dataset_id: int | None = None,  # the dataset as the caller resolved it (sluice.ops.ingest)
     declared_type: str = "",  # the media type the client gave the file (sluice.ops.ingest)
+    dispatch: Callable[[], object] | None = None,  # publishes the job instead (sluice.ops.ingest)
 ) -> IngestResult:
     params = {"filename": filename, **({"external_id": external_id} if external_id else {})}
     try:
@@ -298,6 +299,7 @@ def upload(
             external_id=external_id,
             metadata=metadata,
             declared_type=declared_type,
+            dispatch=dispatch,
         )
     rec.settle(
         result.accepted,
@@ -542,8 +544,11 @@ def _delete(who: Operator, ref: str | int, reason: str) -> documents.DeleteResul
     return done
 
 
-def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> ReconcileReport:
-    """Audit the index (anyone may look); repair it (operators only)."""
+def reconcile(
+    who: Operator, *, repair: bool, dataset: str | None = None, changed_only: bool = False
+) -> ReconcileReport:
+    """Audit the index (anyone may look); repair it (operators only). ``changed_only``: only the
+    jobs that changed since the last repairing pass (``reconcile --changed``)."""
     if repair:
         try:
             require_operator(who, "repair the index")
@@ -553,7 +558,14 @@ def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> Rec
             )
             report.errors.append(str(exc))
             return report
-    return audit.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
+    return audit.reconcile(
+        ctx(),
+        repair=repair,
+        actor=who.actor,
+        dataset=dataset,
+        publish=publish,
+        changed_only=changed_only,
+    )
 
 
 def migrate_blobs(who: Operator, *, keep_local: bool = False) -> MigrationResult:

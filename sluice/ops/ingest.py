@@ -31,7 +31,7 @@ from sluice.ops.documents import remove_blob_if_unused
 from sluice.pipeline.parsing.formats import ZIP
 from sluice.pipeline.parsing.parse import ParseLimits, archive_type, sniff_type
 from sluice.pipeline.queueing.publishing import dispatch_now
-from sluice.pipeline.running.context import Context
+from sluice.pipeline.running.context import Context, get_context
 from sluice.storage import jobs
 from sluice.storage.blobs import BlobTooLarge
 from sluice.storage.db import ensure_dataset, refuse_if_deleting
@@ -113,10 +113,12 @@ def ingest_stream(
     metadata: dict | None = None,
     external_id: str | None = None,
     declared_type: str = "",
+    dispatch: Callable[[], object] | None = None,
 ) -> IngestResult:
     """Store the bytes and queue their job. ``metadata`` (sluice.ops.metadata) replaces the
     document's (None keeps it); new bytes under a known ``external_id`` are a new version;
     ``declared_type``: the media type the client gave (``text/...`` makes text-like bytes text).
+    ``publish`` queues the job in this call; ``dispatch`` is told to instead (the API's thread).
 
     ``dataset_id`` names the dataset as the caller resolved it (``dataset`` is then only its name
     for the answer); without it ``dataset`` is resolved here, once."""
@@ -174,7 +176,7 @@ def ingest_stream(
         ctx.blobs.keep(key, got.held)
     except WaitingError as err:  # committed; only the upload's second name may be left over
         log.warning("upload of %s: the blob store did not confirm it (%s)", key[:12], err.message)
-    result = _answer(ctx, dataset, display, document, job, created, publish)
+    result = _answer(ctx, dataset, display, document, job, created, publish, dispatch)
     if changed and not created:  # the same bytes again, under other metadata: say so
         result.metadata_changed = True
         result.message += "; its metadata was replaced by this upload's"
@@ -322,6 +324,7 @@ def _answer(
     job,
     created: bool,
     publish: Callable[[int], None] | None,
+    dispatch: Callable[[], object] | None = None,
 ) -> IngestResult:
     result = IngestResult(
         display,
@@ -344,7 +347,9 @@ def _answer(
             result.message = f"already indexed as job {job.id}; not indexed again"
         return result
     result.message = f"queued as job {job.id}"
-    if publish is not None:
+    if dispatch is not None:  # published by the caller's dispatcher, after this answer
+        dispatch()
+    elif publish is not None:
         sent, note = dispatch_now(ctx.engine, via=publish)
         # Another dispatcher (a worker's recovery loop) may have taken the row first and published
         # it.
@@ -352,6 +357,12 @@ def _answer(
         if note:
             result.message += f" ({note})"
     return result
+
+
+def dispatch_queued() -> None:
+    """Publish the outbox's due rows now, as an upload given ``publish`` does (the API's
+    dispatcher thread calls this for the uploads it was told of)."""
+    dispatch_now(get_context().engine)
 
 
 @dataclass
