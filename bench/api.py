@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from bench.report import Table, load_average, write_section
-from bench.system import Services, wait_final
+from bench.system import Services, cpu_seconds, wait_final
 
 TITLE = "## HTTP API"
 STREAM_JOBS = 20  # jobs whose success the open streams wait for
@@ -200,7 +200,7 @@ def job_polls(url: str, token: str, rows: list, *, samples: int) -> dict[str, li
     return times
 
 
-def _upload_rows(table: Table, args, one: list[float], up: dict) -> None:
+def _upload_rows(table: Table, args, one: list[float], up: dict, cpu: dict[str, float]) -> None:
     ms = [t * 1000 for t in up["times"]]
     sec = f"1. {args.uploads} uploads, {args.clients} clients, a worker running (ms)"
     table.add(
@@ -210,6 +210,15 @@ def _upload_rows(table: Table, args, one: list[float], up: dict) -> None:
         unit=" ms",
         note=f"50 uploads one after another; p95 {pct(one, 95):.1f} ms: what one costs",
     )
+    table.add(
+        sec,
+        "API process CPU per upload, one client alone",
+        cpu["alone"],
+        unit=" ms",
+        digits=2,
+        note="user + system time of the API process; moves least with other work on the machine",
+    )
+    table.add(sec, "API process CPU per upload, the clients at once", cpu["clients"], unit=" ms")
     table.add(sec, "accepted per second", up["accepted"] / up["wall"], digits=1)
     table.add(sec, "answer time p50", pct(ms, 50), unit=" ms")
     table.add(
@@ -285,10 +294,14 @@ def measure(args) -> tuple[Table, list[str]]:
         api.start()
         try:
             assert actions.create_dataset(cli_operator(), "alone")[0]
+            started = cpu_seconds(api.pid)
             one = [t * 1000 for t in alone(api.url, token, total=50)]
+            cpu = {"alone": 1000 * (cpu_seconds(api.pid) - started) / 50}
             worker = svc.start_worker(env, "api-worker", workers=2)
+            started = cpu_seconds(api.pid)
             up = uploads(api.url, token, total=args.uploads, clients=args.clients)
-            _upload_rows(table, args, one, up)
+            cpu["clients"] = 1000 * (cpu_seconds(api.pid) - started) / args.uploads
+            _upload_rows(table, args, one, up, cpu)
             done = wait_final(ctx, _all_job_ids(ctx), timeout=600)
             notes.append(f"uploads: {done.statuses} once the worker was done")
             _stream_rows(table, args, stream_delays(api.url, token, ctx, streams=args.streams))

@@ -3,7 +3,9 @@ database and Chroma, next to Huey's own no-op task rate in the same run.
 
 Sluice's rate is jobs divided by the time from the first claim to the last finish (the worker's
 throughput while it has work), after all jobs were created and published at once. Huey's rate is
-no-op tasks pushed in one go, divided by the time until the queue is drained.
+no-op tasks pushed in one go, divided by the time until the queue is drained. Beside it, the CPU
+time the worker process and the Chroma server spent per job from the warm-up's end to the last
+finish: the figure a machine shared with other work moves least.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.system import Services, as_epoch, wait_final, warm_up
+from bench.system import Services, as_epoch, cpu_seconds, wait_final, warm_up
 from tests.support.servers import ManagedProcess
 
 WORDS = (
@@ -48,6 +50,7 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
     worker = svc.start_worker(env, "orch", workers=workers)
     try:
         warm_up(ctx, publish)
+        cpu_before = cpu_seconds(worker.pid), cpu_seconds(svc.chroma.pid)
         ids = []
         for i in range(jobs):
             text = f"note {i} {uuid.uuid4().hex}: " + " ".join(
@@ -65,6 +68,8 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
             if not batch.sent and not batch.skipped:
                 break
         done = wait_final(ctx, ids, timeout=600)
+        worker_cpu = cpu_seconds(worker.pid) - cpu_before[0]
+        chroma_cpu = cpu_seconds(svc.chroma.pid) - cpu_before[1]
         if done.statuses != {"succeeded": jobs}:
             raise RuntimeError(f"tiny jobs ended {done.statuses}")
         with Session(ctx.engine) as session:
@@ -78,6 +83,8 @@ def sluice_jobs_per_second(svc: Services, *, jobs: int, workers: int) -> dict:
             "seconds": seconds,
             "jobs_per_s": jobs / seconds,
             "ms_per_job": 1000 * seconds / jobs,
+            "worker_cpu_ms_per_job": 1000 * worker_cpu / jobs,
+            "chroma_cpu_ms_per_job": 1000 * chroma_cpu / jobs,
         }
     finally:
         svc.stop_worker(worker)
