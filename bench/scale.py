@@ -412,6 +412,18 @@ def section(points: list[dict], args, load: tuple[str, str], minutes: float) -> 
         "",
         what_grows(points),
     ]
+    if getattr(args, "plots", None):
+        lines += [
+            "",
+            *(
+                f"![{alt}]({args.plots.as_posix().rstrip('/')}/{name}.png)"
+                for name, alt in (
+                    ("ingest", "ingest rate against index size"),
+                    ("search_p95", "search p95 against index size"),
+                    ("recall", "recall@10 against index size"),
+                )
+            ),
+        ]
     if skipped:
         lines += [
             "",

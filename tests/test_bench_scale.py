@@ -29,7 +29,13 @@ def test_bench_scale_on_its_smallest_input_fills_every_figure(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
     argv = "--sizes 0,100 --docs 2 --big 1 --big-chunks 4 --queries 3 --recall-queries 3"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.scale", *argv.split(), "--out", str(out), "--json", str(raw)],
+        [
+            sys.executable,
+            "-m",
+            "bench.scale",
+            *argv.split(),
+            *("--out", str(out), "--json", str(raw), "--plots", str(tmp_path / "plots")),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -57,3 +63,6 @@ def test_bench_scale_on_its_smallest_input_fills_every_figure(tmp_path):
     assert "| 1.00 |" in text  # the empty dataset's own ratio
     assert "Chroma server CPU per chunk, ms: small, big" in text
     assert "Not run in this run: the 100,000 and 300,000 and 1,000,000 chunk points" in text
+    for name in ("ingest", "search_p95", "recall"):  # drawn, and shown under the tables
+        assert (tmp_path / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"{(tmp_path / 'plots').as_posix()}/{name}.png)" in text
