@@ -544,11 +544,8 @@ def _delete(who: Operator, ref: str | int, reason: str) -> documents.DeleteResul
     return done
 
 
-def reconcile(
-    who: Operator, *, repair: bool, dataset: str | None = None, changed_only: bool = False
-) -> ReconcileReport:
-    """Audit the index (anyone may look); repair it (operators only). ``changed_only``: only the
-    jobs that changed since the last repairing pass (``reconcile --changed``)."""
+def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> ReconcileReport:
+    """Audit the index (anyone may look); repair it (operators only)."""
     if repair:
         try:
             require_operator(who, "repair the index")
@@ -558,14 +555,7 @@ def reconcile(
             )
             report.errors.append(str(exc))
             return report
-    return audit.reconcile(
-        ctx(),
-        repair=repair,
-        actor=who.actor,
-        dataset=dataset,
-        publish=publish,
-        changed_only=changed_only,
-    )
+    return audit.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
 
 
 def migrate_blobs(who: Operator, *, keep_local: bool = False) -> MigrationResult:
