@@ -191,6 +191,9 @@ class Settings(BaseSettings):
     # out).
     dispatch_per_thread: int = Field(2, ge=0, description="0 = publish everything at once")
     reconcile_interval_minutes: int = Field(0, ge=0, description="0 = periodic reconcile off")
+    # The periodic reconcile reads only what changed since its last pass; a dataset whose last full
+    # pass (the whole collection walked) is older than this gets a full one instead.
+    reconcile_full_hours: float = Field(24.0, ge=0, description="0 = every periodic pass is full")
     retention_days: int = Field(30, ge=0, description="0 = keep everything")
     audit_retention_days: int = Field(365, ge=0, description="0 = keep every audit row")
     # Sources (sluice.ops.sources): a sync that would remove more than this share of a source's

@@ -428,7 +428,9 @@ def recover(args) -> int:
 
 
 def reconcile(args) -> int:
-    result = actions.reconcile(cli_operator(), repair=args.repair, dataset=args.dataset)
+    result = actions.reconcile(
+        cli_operator(), repair=args.repair, dataset=args.dataset, changed_only=args.changed
+    )
     if args.json:
         print_json(result.to_dict())
     else:

@@ -67,6 +67,12 @@ def add_integrity_commands(sub) -> None:
         help="delete orphans, fix metadata, queue rebuilds of documents with missing chunks",
     )
     a.add_argument("--dataset", help="only this dataset")
+    a.add_argument(
+        "--changed",
+        action="store_true",
+        help="read only the chunks of jobs that changed since the last repairing pass (a full "
+        "pass where a dataset has none)",
+    )
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=commands.reconcile)
 

@@ -544,8 +544,11 @@ def _delete(who: Operator, ref: str | int, reason: str) -> documents.DeleteResul
     return done
 
 
-def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> ReconcileReport:
-    """Audit the index (anyone may look); repair it (operators only)."""
+def reconcile(
+    who: Operator, *, repair: bool, dataset: str | None = None, changed_only: bool = False
+) -> ReconcileReport:
+    """Audit the index (anyone may look); repair it (operators only). ``changed_only``: only the
+    jobs that changed since the last repairing pass (``reconcile --changed``)."""
     if repair:
         try:
             require_operator(who, "repair the index")
@@ -555,7 +558,14 @@ def reconcile(who: Operator, *, repair: bool, dataset: str | None = None) -> Rec
             )
             report.errors.append(str(exc))
             return report
-    return audit.reconcile(ctx(), repair=repair, actor=who.actor, dataset=dataset, publish=publish)
+    return audit.reconcile(
+        ctx(),
+        repair=repair,
+        actor=who.actor,
+        dataset=dataset,
+        publish=publish,
+        changed_only=changed_only,
+    )
 
 
 def migrate_blobs(who: Operator, *, keep_local: bool = False) -> MigrationResult:

@@ -16,6 +16,9 @@ from sluice.errors import ErrorKind
 from sluice.storage.audit_log import AuditEntry  # noqa: F401  (its table is made with these)
 from sluice.storage.chunk_edits import ChunkEdit  # noqa: F401  (its table is made with these)
 from sluice.storage.hit_tests import HitTestQuery  # noqa: F401  (its table is made with these)
+from sluice.storage.reconcile_checkpoints import (  # noqa: F401  (its table is made with these)
+    ReconcileCheckpoint,
+)
 from sluice.storage.source_records import (  # noqa: F401  (their tables are made with these)
     Source,
     SourceEntry,

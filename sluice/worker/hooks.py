@@ -49,11 +49,20 @@ def recover() -> None:
 
 @huey.periodic_task(crontab(minute="*"), name="sluice.reconcile")
 def periodic_reconcile() -> None:
-    minutes = get_settings().reconcile_interval_minutes
+    """Every SLUICE_RECONCILE_INTERVAL_MINUTES: repair what changed since the last pass, and walk a
+    dataset whole when its last full pass is older than SLUICE_RECONCILE_FULL_HOURS."""
+    s = get_settings()
+    minutes = s.reconcile_interval_minutes
     if minutes and int(time.time() // 60) % minutes == 0:
         from sluice.pipeline.reconcile import audit
 
-        audit.reconcile(get_context(), repair=True, actor="periodic reconcile")
+        audit.reconcile(
+            get_context(),
+            repair=True,
+            actor="periodic reconcile",
+            changed_only=True,
+            full_every_hours=s.reconcile_full_hours,
+        )
 
 
 @huey.periodic_task(crontab(minute="17", hour="3"), name="sluice.prune")

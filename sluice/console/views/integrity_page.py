@@ -30,15 +30,16 @@ def _runs() -> Background:
 runs = _runs()
 
 
-def _run_reconcile(repair: bool) -> None:
+def _run_reconcile(repair: bool, changed_only: bool = False) -> None:
     if repair and not who.can_act:
         ui.flash("error", actions.reconcile(who, repair=True).errors[0])
         return
 
     def job():
-        return actions.reconcile(who, repair=repair, dataset=sc.dataset)
+        return actions.reconcile(who, repair=repair, dataset=sc.dataset, changed_only=changed_only)
 
-    if not runs.start(job, label="repair" if repair else "check"):
+    label = ("repair" if repair else "check") + (" of what changed" if changed_only else "")
+    if not runs.start(job, label=label):
         ui.flash("warning", "A reconcile is already running; its report appears here when it ends.")
 
 
@@ -60,18 +61,34 @@ st.caption(
     "hash, the pipeline version and the chunk count. Reconcile walks each collection page by page "
     "and reports missing chunks, orphans (chunks no serving job owns: leftovers of cancelled, "
     "failed, superseded or deleted work, or foreign) and chunks whose metadata names the wrong "
-    "job, document or version. Chunks of jobs that are queued or running are left alone."
+    "job, document or version. Chunks of jobs that are queued or running are left alone. "
+    "**Check what changed** reads only the chunks of the jobs that changed since the last repair "
+    "(what Sluice itself changed); a full check also finds what was done to the index behind its "
+    "back."
 )
-left, mid, right = st.columns([1, 1, 3])
-left.button(
-    "Check now",
-    key="reconcile_check",
-    icon=":material/fact_check:",
-    disabled=runs.running,
-    on_click=_run_reconcile,
-    args=(False,),
-    help="A dry run: reports, changes nothing.",
+left, changes, mid, right = st.columns([1, 1, 1, 2])
+CHECKS = (  # both dry runs: they report and change nothing
+    (left, "Check now", "reconcile_check", "fact_check", False, "Every chunk of the index."),
+    (
+        changes,
+        "Check what changed",
+        "reconcile_changed",
+        "difference",
+        True,
+        "The jobs that changed since the last repair (all of them where there has been none): "
+        "seconds on a large index.",
+    ),
 )
+for column, label, key, icon, changed_only, scope_help in CHECKS:
+    column.button(
+        label,
+        key=key,
+        icon=f":material/{icon}:",
+        disabled=runs.running,
+        on_click=_run_reconcile,
+        args=(False, changed_only),
+        help=f"A dry run: reports, changes nothing. {scope_help}",
+    )
 if runs.running:
     mid.button("Refresh", key="reconcile_refresh", icon=":material/refresh:")
 
@@ -129,9 +146,16 @@ if report is None:
 else:
     scope = f"dataset {ui.plain(report['scope'])}" if report.get("scope") else "all datasets"
     kind = "repair" if report["repair"] else "check"
+    passes = report.get("kind", "full")
+    checked = sum(d.get("jobs_checked", 0) for d in report["datasets"])
+    how = (
+        "every chunk read"
+        if passes == "full"
+        else f"the chunks of {ui.count(checked, 'job')} that changed since the last repair"
+    )
     st.caption(
-        f"Last {kind} of {scope}: {ui.ago(report['finished_at'])}, by {ui.plain(report['actor'])}, "
-        f"{ui.duration(report['seconds'])}."
+        f"Last {kind} of {scope} ({how}): {ui.ago(report['finished_at'])}, by "
+        f"{ui.plain(report['actor'])}, {ui.duration(report['seconds'])}."
     )
     c = st.columns(5)
     c[0].metric("Chunks checked", f"{report['chunks']:,}")
@@ -145,6 +169,8 @@ else:
     )
     for error in report["errors"]:
         st.error(ui.plain(error))
+    for note in report.get("notes", []):
+        st.caption(f"Note: {ui.plain(note)}")
     _index_returns(report)
     in_flight = sum(d["in_flight"] for d in report["datasets"])
     if report["clean"] and in_flight:
@@ -152,6 +178,8 @@ else:
             f"Nothing to repair: every finished job's chunks are in place. {in_flight:,} chunk(s) "
             "of jobs still queued or running are judged once those jobs finish."
         )
+    elif report["clean"] and passes != "full":
+        st.success("Clean: what changed since the last repair is as the job database promises.")
     elif report["clean"]:
         st.success("Clean: the index holds exactly what the job database promises.")
     elif report["findings"]:
@@ -196,6 +224,7 @@ else:
         with st.expander(f"What repair did ({len(report['actions'])})", expanded=True):
             st.markdown("\n".join(f"- {ui.plain(a)}" for a in report["actions"]))
     plan = report["repair_plan"]
+    changed_only = bool(report.get("changed_only"))  # a repair checks again as this check did
     if not report["repair"] and not report["clean"]:
         preview = (
             f"Repair checks again, then deletes **{plan['delete_orphans']:,}** orphan chunk(s), "
@@ -224,7 +253,7 @@ else:
             key="reconcile_repair",
             disabled=not who.can_act or runs.running,
             prompt=preview,
-            on_confirm=lambda: _run_reconcile(True),
+            on_confirm=lambda: _run_reconcile(True, changed_only),
         )
     with st.expander("Per dataset"):
         st.dataframe(

@@ -38,13 +38,14 @@ import logging
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from sqlmodel import Session, select
 
 from sluice import faults
 from sluice.pipeline.queueing.broker import dispatch_now
 from sluice.pipeline.reconcile.blob_audit import audit_blobs
+from sluice.pipeline.reconcile.changes import ask_changed, changed, fingerprint
 from sluice.pipeline.reconcile.lexical_audit import audit_lexical
 from sluice.pipeline.reconcile.recall import SAMPLE as INDEX_SAMPLE
 from sluice.pipeline.reconcile.recall import check_index
@@ -60,9 +61,11 @@ from sluice.pipeline.reconcile.snapshot import (
     wrong_fields,
 )
 from sluice.pipeline.running.context import Context
-from sluice.storage import jobs, lexical
+from sluice.storage import jobs, lexical, reconcile_checkpoints
+from sluice.storage.clock import db_now
 from sluice.storage.db import stored
 from sluice.storage.models import Dataset, Document, Job, JobStatus, utcnow
+from sluice.storage.reconcile_checkpoints import Checkpoint, Fingerprint
 from sluice.storage.vectors import split_chunk_id
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,9 @@ SPOOL_MEMORY = 4 * 1024 * 1024  # the spool moves to a temporary file beyond thi
 
 
 class DatasetAudit:
+    """One dataset's audit and repair: the whole collection walked, or (``since`` a checkpoint)
+    only the ids of the jobs that changed since, both judged and confirmed by the same code."""
+
     def __init__(
         self,
         ctx: Context,
@@ -85,10 +91,17 @@ class DatasetAudit:
         repair: bool,
         actor: str,
         page_size: int,
+        since: Fingerprint | None = None,
     ) -> None:
         self.ctx, self.ds, self.report, self.repair, self.actor = ctx, ds, report, repair, actor
         self.page_size = page_size
-        self.summary = DatasetSummary(ds.name, ds.collection)
+        # The checkpoint of the last repairing pass: read only what changed since (None: walk all).
+        self.since = since
+        self.first: Snapshot | None = None  # the snapshot judged from, once run
+        self.bounds: dict[str, int] | None = None  # the changed prefixes read, once run
+        self.summary = DatasetSummary(
+            ds.name, ds.collection, kind="full" if since is None else "incremental"
+        )
         self.findings: dict[int | None, Finding] = {}
         self.events: dict[int, list[str]] = {}  # job id -> repair notes for its JobEvent
         self.event_data: dict[int, Counter] = {}
@@ -102,43 +115,22 @@ class DatasetAudit:
     def run(self) -> None:
         with Session(self.ctx.engine) as session:
             first = Snapshot(session, self.ds.id)
-        for job in first.expected_jobs():
-            count = job.chunk_count or 0  # an expected job has its count
-            job.seen = bytearray(count)
-            self.summary.expected += count
-        walked = 0
+        self.first = first
+        self.bounds = changed(first, self.since).bounds if self.since is not None else None
+        jobs = self.summary.jobs = len(first.by_prefix)
+        self.summary.jobs_checked = jobs if self.bounds is None else len(self.bounds)
+        for prefix, job in first.by_prefix.items():
+            if job.expected and (self.bounds is None or prefix in self.bounds):
+                count = job.chunk_count or 0  # an expected job has its count
+                job.seen = bytearray(count)
+                self.summary.expected += count
         with tempfile.SpooledTemporaryFile(
             max_size=SPOOL_MEMORY, mode="w+", encoding="utf-8"
         ) as spool:
-            for page in self.ctx.vectors.iter_pages(
-                self.ds.collection, include=["metadatas"], page_size=self.page_size
-            ):
-                self.summary.pages += 1
-                for cid, meta in zip(
-                    page["ids"], page["metadatas"] or [None] * len(page["ids"]), strict=True
-                ):
-                    self.summary.chunks += 1
-                    kind, owner, pos, _ = chunk_standing(first, cid)
-                    if kind == "in_flight":
-                        self.summary.in_flight += 1
-                    elif kind == "kept":
-                        self.summary.kept += 1
-                    elif kind == "orphan":
-                        spool.write(f"o\t{cid}\n")
-                    else:
-                        # present: a chunk of an expected job, whose positions are being marked
-                        assert owner is not None and owner.seen is not None
-                        owner.seen[pos] = 1
-                        if wrong_fields(owner, pos, meta):
-                            spool.write(f"m\t{cid}\n")
-                walked += len(page["ids"])
-                del page
-                if walked >= GC_EVERY:
-                    # chromadb's client leaves each response in reference cycles (about 0.5 MB per
-                    # 5,000 chunks): without a full collection they pile up until Python's rare
-                    # gen-2 pass.
-                    gc.collect()
-                    walked = 0
+            for page in self._walk() if self.bounds is None else self._ask(self.bounds):
+                for cid, meta in page:
+                    self._judge(first, cid, meta, spool)
+                del page  # before the next request: memory is one page's worth
             with Session(self.ctx.engine) as session:
                 fresh = Snapshot(session, self.ds.id)
             spool.seek(0)
@@ -146,7 +138,7 @@ class DatasetAudit:
         self._confirm_missing(first, fresh)
         # The lexical index, judged the same way (its module builds on this one).
 
-        audit_lexical(self)
+        audit_lexical(self, self.bounds)
         self.summary.disabled = lexical.count_disabled(self.ctx.engine, self.ds.id)
         for start in range(0, len(self.late_mismatches), BATCH):
             self._mismatches(fresh, self.late_mismatches[start : start + BATCH])
@@ -159,6 +151,54 @@ class DatasetAudit:
                 self.findings.values(), key=lambda f: (f.document_id is None, f.document_id or 0)
             )
         )
+
+    def _walk(self) -> Iterator[Iterable[tuple[str, dict | None]]]:
+        """The whole collection, page by page: (id, metadata) of each chunk."""
+        walked = 0
+        for page in self.ctx.vectors.iter_pages(
+            self.ds.collection, include=["metadatas"], page_size=self.page_size
+        ):
+            self.summary.pages += 1
+            n = len(page["ids"])
+            yield zip(page["ids"], page["metadatas"] or [None] * n, strict=True)
+            del page
+            walked += n
+            if walked >= GC_EVERY:
+                # chromadb's client leaves each response in reference cycles (about 0.5 MB per
+                # 5,000 chunks): without a full collection they pile up until Python's rare
+                # gen-2 pass.
+                gc.collect()
+                walked = 0
+
+    def _ask(self, bounds: dict[str, int]) -> Iterator[Iterable[tuple[str, dict | None]]]:
+        """The changed jobs' ids, asked of the store directly: (id, metadata) of those it holds."""
+
+        def ask(ids: list[str]) -> dict[str, dict | None]:
+            got = self.ctx.vectors.get(self.ds.collection, ids, include=["metadatas"])
+            return dict(zip(got["ids"], got["metadatas"] or [None] * len(got["ids"]), strict=True))
+
+        for ids, found in ask_changed(bounds, ask):
+            self.summary.pages += 1
+            self.summary.ids_asked += len(ids)
+            yield found.items()
+
+    def _judge(self, first: Snapshot, cid: str, meta: dict | None, spool) -> None:
+        """One chunk read, judged against the first snapshot: counted, marked, or spooled to be
+        confirmed against a fresh one."""
+        self.summary.chunks += 1
+        kind, owner, pos, _ = chunk_standing(first, cid)
+        if kind == "in_flight":
+            self.summary.in_flight += 1
+        elif kind == "kept":
+            self.summary.kept += 1
+        elif kind == "orphan":
+            spool.write(f"o\t{cid}\n")
+        else:
+            # present: a chunk of an expected job, whose positions are being marked
+            assert owner is not None and owner.seen is not None
+            owner.seen[pos] = 1
+            if wrong_fields(owner, pos, meta):
+                spool.write(f"m\t{cid}\n")
 
     def finding(self, snap: Snapshot, document_id: int | None) -> Finding:
         f = self.findings.get(document_id)
@@ -459,15 +499,24 @@ def reconcile(
     page_size: int = PAGE_SIZE,
     save: bool = True,
     index_sample: int = INDEX_SAMPLE,
+    changed_only: bool = False,
+    full_every_hours: float | None = None,
 ) -> ReconcileReport:
     """Audit (and with ``repair`` fix) every dataset, or the one named; returns the report.
 
     Jobs that repair queues are written to the outbox; ``publish`` dispatches them now, otherwise
-    the workers' recovery loop publishes them within seconds.
+    the workers' recovery loop publishes them within seconds. ``changed_only``: per dataset, an
+    incremental pass over the jobs that changed since its checkpoint (``changes``), or a full one
+    when it has none, its collection is another, or its last full pass is older than
+    ``full_every_hours``. A repairing pass that ended without errors saves the checkpoint.
     """
     started = time.monotonic()
     report = ReconcileReport(
-        repair=repair, actor=actor, started_at=utcnow().isoformat(), scope=dataset
+        repair=repair,
+        actor=actor,
+        started_at=utcnow().isoformat(),
+        scope=dataset,
+        changed_only=changed_only,
     )
     with Session(ctx.engine) as session:
         stmt = select(Dataset).order_by(Dataset.name)
@@ -477,26 +526,61 @@ def reconcile(
     if dataset and not datasets:
         report.errors.append(f"no dataset named {dataset!r}")
     for ds in datasets:
+        errors = len(report.errors)
         try:
-            ds, index = check_index(
+            with Session(ctx.engine) as session:
+                checkpoint = reconcile_checkpoints.load(session, ds.id)
+                why_full = (
+                    _why_full(checkpoint, ds, full_every_hours, db_now(session))
+                    if changed_only
+                    else ""
+                )
+            incremental = changed_only and checkpoint is not None and not why_full
+            index = None
+            if not incremental:
+                ds, index = check_index(
+                    ctx,
+                    ds,
+                    repair=repair,
+                    actions=report.actions,
+                    errors=report.errors,
+                    sample=index_sample,
+                )
+            audit = DatasetAudit(
                 ctx,
                 ds,
+                report,
                 repair=repair,
-                actions=report.actions,
-                errors=report.errors,
-                sample=index_sample,
+                actor=actor,
+                page_size=page_size,
+                since=checkpoint.entries if incremental and checkpoint else None,
             )
-            DatasetAudit(ctx, ds, report, repair=repair, actor=actor, page_size=page_size).run()
-            report.datasets[-1].index = index.to_dict()
-            report.datasets[-1].index_text = index.describe()
+            audit.summary.why_full = why_full
+            audit.run()
+            if index is not None:
+                report.datasets[-1].index = index.to_dict()
+                report.datasets[-1].index_text = index.describe()
+            if repair and len(report.errors) == errors and audit.first is not None:
+                with Session(ctx.engine) as session:
+                    reconcile_checkpoints.save(
+                        session,
+                        ds.id,
+                        ds.collection,
+                        fingerprint(audit.first, checkpoint.entries if checkpoint else None),
+                        full=not incremental,
+                        actor=actor,
+                    )
         except Exception as exc:  # one unreachable collection must not hide the others
             log.exception("reconcile of dataset %s failed", ds.name)
             report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")
-    try:
-        audit_blobs(ctx, report, dataset)
-    except Exception as exc:  # the blob store does not answer: say so, keep the index audit
-        log.exception("blob audit failed")
-        report.errors.append(f"blob store: {type(exc).__name__}: {exc}")
+    if report.kind == "incremental":
+        report.notes.append(INCREMENTAL_NOTE)
+    else:
+        try:
+            audit_blobs(ctx, report, dataset)
+        except Exception as exc:  # the blob store does not answer: say so, keep the index audit
+            log.exception("blob audit failed")
+            report.errors.append(f"blob store: {type(exc).__name__}: {exc}")
     if repair and publish is not None and report.queued:
         note = dispatch_now(ctx.engine, via=publish)[1]
         if note:
@@ -504,8 +588,10 @@ def reconcile(
     report.seconds = round(time.monotonic() - started, 3)
     report.finished_at = utcnow().isoformat()
     log.info(
-        "reconcile (repair=%s, by %s): %d chunks, %d missing, %d orphans, %d mismatched in %.1fs",
+        "reconcile (repair=%s, %s, by %s): %d chunks, %d missing, %d orphans, %d mismatched in "
+        "%.1fs",
         repair,
+        report.kind,
         actor,
         report.chunks,
         report.missing,
@@ -516,6 +602,29 @@ def reconcile(
     if save:
         save_report(ctx, report)
     return report
+
+
+INCREMENTAL_NOTE = (
+    "an incremental pass reads only the chunks of the jobs that changed since the last repairing "
+    "pass; chunks added or removed behind Sluice's back for jobs that did not change, foreign "
+    "chunks, the recall sample and the blob audit are for a full pass (`sluice reconcile` without "
+    "--changed)"
+)
+
+
+def _why_full(
+    checkpoint: Checkpoint | None, ds: Dataset, full_every_hours: float | None, now
+) -> str:
+    """Why a pass asked to be incremental walks the whole collection ('' when it need not)."""
+    if checkpoint is None:
+        return "no checkpoint yet: no repairing pass of this dataset ended without errors"
+    if checkpoint.collection != ds.collection:
+        return "its collection is another since the last pass (rebuilt)"
+    if full_every_hours is not None and checkpoint.full_older_than(full_every_hours, now):
+        if checkpoint.full_at is None:
+            return "no full pass has saved a checkpoint yet"
+        return f"the last full pass is older than {full_every_hours:g} h"
+    return ""
 
 
 # --- the last report, for the console -------------------------------------------------------------

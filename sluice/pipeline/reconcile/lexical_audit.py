@@ -15,10 +15,12 @@ The audit of the vectors (``audit.DatasetAudit``) hands itself in; this module s
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Protocol
 
 from sqlmodel import Session
 
+from sluice.pipeline.reconcile.changes import ask_changed
 from sluice.pipeline.reconcile.report import DatasetSummary, Finding, ReconcileReport
 from sluice.pipeline.reconcile.snapshot import (
     BATCH,
@@ -61,15 +63,21 @@ def _batches(ids: list[str]):
         yield ids[start : start + BATCH]
 
 
-def audit_lexical(audit: Audit) -> None:
+def audit_lexical(audit: Audit, bounds: dict[str, int] | None = None) -> None:
+    """The whole lexical index of the dataset, or (``bounds``: the changed prefixes of an
+    incremental pass) only the rows of those jobs, asked by id as the vectors are."""
     engine, ds = audit.ctx.engine, audit.ds
     with Session(engine) as session:
         first = Snapshot(session, ds.id)
     # an expected job has its count
-    seen = {j.id: bytearray(j.chunk_count or 0) for j in first.expected_jobs()}
+    seen = {
+        j.id: bytearray(j.chunk_count or 0)
+        for prefix, j in first.by_prefix.items()
+        if j.expected and (bounds is None or prefix in bounds)
+    }
     orphans: list[str] = []
     mismatched: list[str] = []
-    for page in lexical.iter_rows(engine, ds.id, page_size=audit.page_size):
+    for page in _rows(audit, bounds):
         for cid, jid, did, pos in page:
             audit.summary.lexical_rows += 1
             kind, job, p, _ = chunk_standing(first, cid)
@@ -90,6 +98,16 @@ def audit_lexical(audit: Audit) -> None:
     for ids in _batches(mismatched):
         _mismatches(audit, fresh, ids)
     _missing(audit, first, fresh, seen)
+
+
+def _rows(audit: Audit, bounds: dict[str, int] | None) -> Iterator[list[tuple]]:
+    """(chunk_id, job_id, document_id, position) of the rows read, page by page."""
+    engine, ds = audit.ctx.engine, audit.ds
+    if bounds is None:
+        yield from lexical.iter_rows(engine, ds.id, page_size=audit.page_size)
+        return
+    for _, found in ask_changed(bounds, lambda ids: lexical.get_fields(engine, ds.id, ids)):
+        yield [(cid, r["job_id"], r["document_id"], r["position"]) for cid, r in found.items()]
 
 
 def _count(

@@ -19,6 +19,11 @@ from sluice.pipeline.running.context import Context
 log = logging.getLogger(__name__)
 
 REPORT_FILE = "reconcile.json"
+KINDS = {
+    "full": "full pass",
+    "incremental": "incremental pass",
+    "mixed": "incremental pass (a full one where a dataset needed it)",
+}
 
 
 @dataclass
@@ -62,7 +67,14 @@ class DatasetSummary:
     in_flight: int = 0  # chunks of pending, running or retrying jobs (not judged)
     kept: int = 0  # chunks of documents a source tombstoned, kept for an undo (not served)
     disabled: int = 0  # chunks switched off (kept in the index and judged as any other)
-    pages: int = 0
+    pages: int = 0  # requests for chunks: pages of the walk, or batches of ids asked
+    # Which pass: "full" (the whole collection walked) or "incremental" (only the ids of the jobs
+    # that changed since the last repairing pass, asked directly), over how many of its jobs.
+    kind: str = "full"
+    why_full: str = ""  # why a pass asked to be incremental was a full one
+    jobs: int = 0  # jobs of the dataset when the pass began
+    jobs_checked: int = 0  # the jobs whose chunks were read: all, or those that changed
+    ids_asked: int = 0  # incremental: ids asked of the store
     # The lexical index (rows in the job database), judged apart from the vectors above.
     lexical_rows: int = 0
     lexical_missing: int = 0
@@ -87,6 +99,7 @@ class ReconcileReport:
     actor: str
     started_at: str
     scope: str | None = None  # the dataset checked, or None for all
+    changed_only: bool = False  # asked for incremental passes (``reconcile --changed``)
     finished_at: str = ""
     seconds: float = 0.0
     datasets: list[DatasetSummary] = field(default_factory=list)
@@ -98,6 +111,15 @@ class ReconcileReport:
     blobs_checked: int = 0
     blobs_missing_count: int = 0
     blobs_missing: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what this kind of pass leaves out
+
+    @property
+    def kind(self) -> str:
+        """full, incremental, or mixed (a dataset without a checkpoint had a full pass)."""
+        kinds = {d.kind for d in self.datasets}
+        if not self.changed_only or kinds == {"full"}:
+            return "full"
+        return "incremental" if kinds <= {"incremental"} else "mixed"
 
     @property
     def missing(self) -> int:
@@ -163,6 +185,8 @@ class ReconcileReport:
             "repair": self.repair,
             "actor": self.actor,
             "scope": self.scope,
+            "changed_only": self.changed_only,
+            "kind": self.kind,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "seconds": self.seconds,
@@ -182,18 +206,19 @@ class ReconcileReport:
             "blobs_checked": self.blobs_checked,
             "blobs_missing_count": self.blobs_missing_count,
             "blobs_missing": self.blobs_missing,
+            "notes": self.notes,
         }
 
     def describe(self) -> str:
         lines = [
-            f"reconcile{' --repair' if self.repair else ''}: {self.chunks:,} chunk(s) in "
-            f"{len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"
+            f"reconcile{' --repair' if self.repair else ''}, {KINDS[self.kind]}: {self.chunks:,} "
+            f"chunk(s) in {len(self.datasets)} dataset(s) checked in {self.seconds:.1f} s"
         ]
         for d in self.datasets:
             lines.append(
-                f"  {d.name}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} expected present, "
-                f"{d.missing:,} missing, {d.orphans:,} orphan(s), {d.mismatched:,} metadata "
-                f"mismatch(es), {d.in_flight:,} of jobs in flight"
+                f"  {d.name}: {_pass(d)}: {d.chunks:,} chunks, {d.present:,}/{d.expected:,} "
+                f"expected present, {d.missing:,} missing, {d.orphans:,} orphan(s), "
+                f"{d.mismatched:,} metadata mismatch(es), {d.in_flight:,} of jobs in flight"
                 + (f", {d.disabled:,} switched off" if d.disabled else "")
                 + (f", {d.kept:,} kept for undo (tombstoned by a source)" if d.kept else "")
             )
@@ -237,11 +262,18 @@ class ReconcileReport:
                 "back; upload those files again"
             )
         lines += [f"  error: {e}" for e in self.errors]
+        lines += [f"  note: {n}" for n in self.notes]
         in_flight = sum(d.in_flight for d in self.datasets)
         if self.clean and in_flight:
             lines.append(
                 f"nothing to repair; {in_flight:,} chunk(s) of queued or running jobs are judged "
                 "once those jobs finish"
+            )
+        elif self.clean and self.kind == "incremental":
+            checked = sum(d.jobs_checked for d in self.datasets)
+            lines.append(
+                f"clean: the chunks of the {checked:,} job(s) that changed since the last pass "
+                "are as the job database promises"
             )
         elif self.clean:
             lines.append(
@@ -250,6 +282,16 @@ class ReconcileReport:
         elif not self.repair:
             lines.append(f"{self.problems:,} problem(s); `sluice reconcile --repair` fixes them")
         return "\n".join(lines)
+
+
+def _pass(d: DatasetSummary) -> str:
+    """Which pass a dataset had, over how many of its jobs, in words."""
+    if d.kind == "incremental":
+        return (
+            f"incremental pass over the {d.jobs_checked:,} of {d.jobs:,} job(s) that changed "
+            f"since the last pass ({d.ids_asked:,} ids asked)"
+        )
+    return f"full pass over {d.jobs:,} job(s)" + (f" ({d.why_full})" if d.why_full else "")
 
 
 # --- the last report ------------------------------------------------------------------------------
