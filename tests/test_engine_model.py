@@ -492,11 +492,25 @@ class EngineModel(RuleBasedStateMachine):
             cutoff = db_now(session) + timedelta(days=10)
             retention.prune(session=session, cutoff=cutoff, dry_run=False)
 
-    @rule(repair=st.booleans())
-    def reconcile(self, repair: bool) -> None:
+    @rule(how=st.sampled_from(("check", "repair", "changed")))
+    def reconcile(self, how: str) -> None:
+        """A full check, a full repair, or a repair over what changed since the last repairing pass
+        (as the periodic task runs it; a full one without a checkpoint). A repair that ended
+        without errors leaves nothing for a pass over what changed since to find (the rebuilds it
+        queued are in flight)."""
         from sluice.pipeline.reconcile.audit import reconcile
 
-        reconcile(self.ctx, repair=repair, actor="op", save=False)
+        repair = how != "check"
+        report = reconcile(
+            self.ctx, repair=repair, actor="op", save=False, changed_only=how == "changed"
+        )
+        self.tally[f"reconcile:{report.kind}"] += 1
+        if repair and not report.errors:
+            again = reconcile(self.ctx, actor="op", save=False, changed_only=True)
+            self.tally["reconcile:again"] += 1
+            found = (again.kind, again.missing, again.orphans, again.mismatched)
+            assert found == ("incremental", 0, 0, 0), again.describe()
+            assert not any(again.lexical_problems.values()), again.describe()
 
     def edit(self, i: int, what: str) -> None:
         """A live document's metadata replaced, or a chunk of the lexical index (any job's)
