@@ -229,3 +229,13 @@ def test_new_and_existing_collections_search_with_hnsw_ef_search(ctx, services):
     assert again.configuration["hnsw"]["max_neighbors"] == HNSW["max_neighbors"]  # kept
     ctx.vectors.drop_collection("sluice-new-ef")
     ctx.vectors.drop_collection("sluice-old-ef")
+
+
+def test_an_exact_read_that_selects_no_chunk_answers_empty(ctx):
+    """A filter whose documents have no chunk in the store (all switched off, not yet indexed)
+    reads no vector: the exact path answers nothing rather than failing to shape an empty array."""
+    _dataset(ctx, 1)
+    name = collection(ctx)
+    ids, rows = ctx.vectors.vectors_where(name, {"document_id": {"$in": [10**9]}}, limit=10)
+    assert ids == [] and rows.shape[0] == 0
+    assert np.linalg.norm(rows, axis=1).shape == (0,)  # what the exact ranker computes next

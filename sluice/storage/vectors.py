@@ -636,9 +636,9 @@ class VectorStore:
                 missing=lambda: {"ids": [], "embeddings": []},
             )
         ids = list(got.get("ids") or [])
-        rows = got.get("embeddings")
-        vectors = np.asarray(rows if rows is not None and len(ids) else [], dtype=np.float32)
-        return ids, vectors.reshape(len(ids), -1)
+        if not ids:  # an empty array has no row length to reshape by
+            return ids, np.zeros((0, 0), dtype=np.float32)
+        return ids, np.asarray(got.get("embeddings"), dtype=np.float32).reshape(len(ids), -1)
 
     def query_ids(
         self, name: str, embeddings: np.ndarray, *, n: int
