@@ -489,6 +489,75 @@ class DatasetAudit:
             session.commit()
 
 
+def _reconcile_dataset(
+    ctx: Context,
+    ds: Dataset,
+    report: ReconcileReport,
+    *,
+    repair: bool,
+    actor: str,
+    page_size: int,
+    index_sample: int,
+    changed_only: bool,
+    full_every_hours: float | None,
+) -> None:
+    """One dataset's pass, full or over what changed; a repairing pass that added no error saves
+    the dataset's checkpoint."""
+    errors = len(report.errors)
+    with Session(ctx.engine) as session:
+        checkpoint = reconcile_checkpoints.load(session, ds.id)
+        why_full = (
+            _why_full(checkpoint, ds, full_every_hours, db_now(session)) if changed_only else ""
+        )
+    incremental = changed_only and checkpoint is not None and not why_full
+    index = None
+    if not incremental:
+        ds, index = check_index(
+            ctx,
+            ds,
+            repair=repair,
+            actions=report.actions,
+            errors=report.errors,
+            sample=index_sample,
+        )
+    audit = DatasetAudit(
+        ctx,
+        ds,
+        report,
+        repair=repair,
+        actor=actor,
+        page_size=page_size,
+        since=checkpoint.entries if incremental and checkpoint else None,
+    )
+    audit.summary.why_full = why_full
+    audit.run()
+    if index is not None:
+        report.datasets[-1].index = index.to_dict()
+        report.datasets[-1].index_text = index.describe()
+    if repair and len(report.errors) == errors and audit.first is not None:
+        with Session(ctx.engine) as session:
+            reconcile_checkpoints.save(
+                session,
+                ds.id,
+                ds.collection,
+                fingerprint(audit.first, checkpoint.entries if checkpoint else None),
+                full=not incremental,
+                actor=actor,
+            )
+
+
+def _blobs_or_note(ctx: Context, report: ReconcileReport, dataset: str | None) -> None:
+    """The blob audit after a full pass; after an incremental one, the note of what it skipped."""
+    if report.kind == "incremental":
+        report.notes.append(INCREMENTAL_NOTE)
+        return
+    try:
+        audit_blobs(ctx, report, dataset)
+    except Exception as exc:  # the blob store does not answer: say so, keep the index audit
+        log.exception("blob audit failed")
+        report.errors.append(f"blob store: {type(exc).__name__}: {exc}")
+
+
 def reconcile(
     ctx: Context,
     *,
@@ -526,61 +595,22 @@ def reconcile(
     if dataset and not datasets:
         report.errors.append(f"no dataset named {dataset!r}")
     for ds in datasets:
-        errors = len(report.errors)
         try:
-            with Session(ctx.engine) as session:
-                checkpoint = reconcile_checkpoints.load(session, ds.id)
-                why_full = (
-                    _why_full(checkpoint, ds, full_every_hours, db_now(session))
-                    if changed_only
-                    else ""
-                )
-            incremental = changed_only and checkpoint is not None and not why_full
-            index = None
-            if not incremental:
-                ds, index = check_index(
-                    ctx,
-                    ds,
-                    repair=repair,
-                    actions=report.actions,
-                    errors=report.errors,
-                    sample=index_sample,
-                )
-            audit = DatasetAudit(
+            _reconcile_dataset(
                 ctx,
                 ds,
                 report,
                 repair=repair,
                 actor=actor,
                 page_size=page_size,
-                since=checkpoint.entries if incremental and checkpoint else None,
+                index_sample=index_sample,
+                changed_only=changed_only,
+                full_every_hours=full_every_hours,
             )
-            audit.summary.why_full = why_full
-            audit.run()
-            if index is not None:
-                report.datasets[-1].index = index.to_dict()
-                report.datasets[-1].index_text = index.describe()
-            if repair and len(report.errors) == errors and audit.first is not None:
-                with Session(ctx.engine) as session:
-                    reconcile_checkpoints.save(
-                        session,
-                        ds.id,
-                        ds.collection,
-                        fingerprint(audit.first, checkpoint.entries if checkpoint else None),
-                        full=not incremental,
-                        actor=actor,
-                    )
         except Exception as exc:  # one unreachable collection must not hide the others
             log.exception("reconcile of dataset %s failed", ds.name)
             report.errors.append(f"{ds.name}: {type(exc).__name__}: {exc}")
-    if report.kind == "incremental":
-        report.notes.append(INCREMENTAL_NOTE)
-    else:
-        try:
-            audit_blobs(ctx, report, dataset)
-        except Exception as exc:  # the blob store does not answer: say so, keep the index audit
-            log.exception("blob audit failed")
-            report.errors.append(f"blob store: {type(exc).__name__}: {exc}")
+    _blobs_or_note(ctx, report, dataset)
     if repair and publish is not None and report.queued:
         note = dispatch_now(ctx.engine, via=publish)[1]
         if note:
