@@ -46,6 +46,7 @@ HYBRID_P95_MS = 100.0  # at 1,000,000 chunks
 RECALL_TARGET = 0.99
 THREADS = 4  # the Procfile's worker threads
 DATASET = "scale"
+MODEL_DATASET = "scale-model"
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
@@ -82,7 +83,14 @@ def documents(loader: Loader, n: int, size: int, chunks: tuple[int, int]) -> lis
 
 
 def ingest(
-    ctx, loader: Loader, size: int, kind: str, bodies: list[bytes], *, server: int | None = None
+    ctx,
+    loader: Loader,
+    size: int,
+    kind: str,
+    bodies: list[bytes],
+    *,
+    server: int | None = None,
+    dataset: str = DATASET,
 ) -> dict:
     """Upload and publish them all at once; chunks per second from first claim to last finish.
     With ``server`` (the Chroma server's pid), also the CPU time that server spent meanwhile per
@@ -97,7 +105,7 @@ def ingest(
     cpu_before = cpu_seconds(server) if server else 0.0
     ids = [
         ingest_bytes(
-            ctx, body, dataset=DATASET, filename=f"{kind}-{size}-{i}.txt", publish=publish
+            ctx, body, dataset=dataset, filename=f"{kind}-{size}-{i}.txt", publish=publish
         ).job_id
         for i, body in enumerate(bodies)
     ]
@@ -256,7 +264,47 @@ def point(svc: Services, ctx, loader: Loader, size: int, args) -> dict:
     }
 
 
-def measure(args) -> list[dict]:
+def model_point(svc: Services, loader: Loader, args) -> dict:
+    """The shipped model's ingest into an empty dataset of its own: a worker of the same threads
+    with the real model (loaded offline) takes the same mix of small and big documents, uploaded
+    by this process under the same settings (a job is built for its uploader's pipeline version,
+    and a dataset holds one model's vectors). Its rate against the hash embedder's into the empty
+    dataset is how much of a chunk's cost the model is; the index's part grows, the model's not."""
+    from sluice.pipeline.running.context import set_context
+    from sluice.settings import reset_settings_cache
+
+    def switch(embedder: str):
+        os.environ["SLUICE_EMBEDDER"] = embedder
+        reset_settings_cache()
+        set_context(None)
+        return svc.context()
+
+    ctx = switch("sentence-transformers")
+    worker = svc.start_worker(dict(os.environ), "scale-model", workers=THREADS)
+    try:
+        server = svc.chroma.pid
+        runs = {
+            kind: ingest(
+                ctx, loader, 0, f"model-{kind}", bodies, server=server, dataset=MODEL_DATASET
+            )
+            for kind, bodies in (
+                ("small", documents(loader, args.docs, 0, (1, 3))),
+                ("big", documents(loader, args.big, 0, (args.big_chunks,) * 2)),
+            )
+        }
+    finally:
+        svc.stop_worker(worker)
+        switch("hash")
+    log(
+        f"model into an empty dataset: small {runs['small']['chunks_per_s']:.1f} chunks/s, "
+        f"big {runs['big']['chunks_per_s']:.1f} chunks/s"
+    )
+    return runs
+
+
+def measure(args, report=None) -> list[dict]:
+    """Every point of ``args.sizes``; ``report`` (if given) gets the points after each one, so a
+    run stopped at the largest size keeps what it measured before."""
     from sluice.pipeline.queueing.publishing import publish
 
     with Services() as svc:
@@ -274,7 +322,16 @@ def measure(args) -> list[dict]:
         )
         if wait_final(ctx, [first.job_id], timeout=300).statuses != {"succeeded": 1}:
             raise RuntimeError("the first upload did not succeed")
-        points = [point(svc, ctx, loader, size, args) for size in args.sizes]
+        points: list[dict] = []
+        for size in args.sizes:
+            points.append(point(svc, ctx, loader, size, args))
+            if args.model and size == args.sizes[0]:
+                svc.stop_worker(worker)
+                points[-1]["model"] = model_point(svc, loader, args)
+                ctx = loader.ctx = svc.context()
+                worker = svc.start_worker(env, "scale-after-model", workers=THREADS)
+            if report:
+                report(points)
         svc.stop_worker(worker)
     return points
 
@@ -303,6 +360,28 @@ def ingest_table(points: list[dict]) -> list[str]:
             f"| {f'>= {target}' if target else ''} | {_met(ok)} |"
         )
     return lines
+
+
+def model_lines(points: list[dict]) -> list[str]:
+    """The shipped model's rate into an empty dataset beside the hash embedder's (``--model``)."""
+    base = points[0]
+    if "model" not in base:
+        return []
+    cells = []
+    for kind in ("small", "big"):
+        model, hashed = base["model"][kind], base[kind]
+        cells.append(
+            f"{kind} documents {model['chunks_per_s']:.1f} chunks/s against "
+            f"{hashed['chunks_per_s']:.1f} with the hash embedder "
+            f"({model['chunks_per_s'] / hashed['chunks_per_s']:.2f} of it)"
+        )
+    return [
+        "",
+        "The shipped model into an empty dataset of its own (same documents, same worker): "
+        + "; ".join(cells)
+        + ". The model's cost per chunk does not depend on the index, so with the model the "
+        "index's growth is a smaller share of each chunk's cost than in the ratios above.",
+    ]
 
 
 def search_table(points: list[dict]) -> list[str]:
@@ -380,7 +459,8 @@ def intro(args, load: tuple[str, str], minutes: float) -> str:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (
         f"`python -m bench.scale --sizes {sizes} --docs {args.docs} --big {args.big} "
-        f"--big-chunks {args.big_chunks} --queries {args.queries}` ({when}, {minutes:.1f} min). "
+        f"--big-chunks {args.big_chunks} --queries {args.queries}"
+        f"{' --model' if getattr(args, 'model', False) else ''}` ({when}, {minutes:.1f} min). "
         f"Machine: {machine()}; load average {load[0]} at start, {load[1]} at end (1/5/15 min; "
         "other work shares this machine). Hash embedder (the model is not the subject), SQLite "
         f"job database, a Chroma server, one huey_consumer of {THREADS} threads; the dataset "
@@ -398,6 +478,7 @@ def section(points: list[dict], args, load: tuple[str, str], minutes: float) -> 
         *(["", f"Note on this run: {args.note}"] if args.note else []),
         "",
         *ingest_table(points),
+        *model_lines(points),
         "",
         "Search, p50 / p95 in ms, k=10; filtered: a metadata filter allowing a tenth of the "
         "documents; recall@10 of the ANN index against exact search over every stored vector (the "
@@ -453,31 +534,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every figure measured here")
     parser.add_argument("--note", default="", help="a sentence on this run's conditions")
     parser.add_argument("--plots", type=Path, help="folder to draw the PNGs into (bench.plots)")
+    parser.add_argument(
+        "--model",
+        action="store_true",
+        help="also ingest with the shipped model into an empty dataset of its own",
+    )
     args = parser.parse_args(argv)
     clean_environment()
     load_start, started = load_average(), time.monotonic()
-    points = measure(args)
-    minutes = (time.monotonic() - started) / 60
-    text = section(points, args, (load_start, load_average()), minutes)
-    print(text)
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "machine": machine(),
-                    "argv": sys.argv[1:] if argv is None else argv,
-                    "points": points,
-                },
-                indent=1,
-            )
-        )
-    if args.out:
-        write_section(args.out, TITLE, text)
-    if args.plots:
-        from bench.plots import draw
 
-        draw(points, args.plots, machine())
+    def report(points: list[dict]) -> None:
+        minutes = (time.monotonic() - started) / 60
+        text = section(points, args, (load_start, load_average()), minutes)
+        print(text, flush=True)
+        if args.json:
+            args.json.write_text(
+                json.dumps(
+                    {"machine": machine(), "argv": portable(argv), "points": points}, indent=1
+                )
+            )
+        if args.out:
+            write_section(args.out, TITLE, text)
+        if args.plots:
+            from bench.plots import draw
+
+            draw(points, args.plots, machine())
+
+    measure(args, report)
     return 0
+
+
+def portable(argv: list[str] | None) -> list[str]:
+    """The command line as recorded: paths relative to the working folder, so a figure file names
+    no folder of the machine that made it."""
+    out = []
+    for arg in sys.argv[1:] if argv is None else argv:
+        if os.path.isabs(arg):
+            path = Path(arg)
+            arg = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else path.name
+        out.append(arg)
+    return out
 
 
 if __name__ == "__main__":
