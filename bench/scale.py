@@ -208,6 +208,94 @@ def recall(ctx, queries_n: int) -> dict:
     }
 
 
+def timed(calls: list, fn) -> dict[str, float]:
+    """p50 and p95 in ms of ``fn`` over each of ``calls`` (one warm-up)."""
+    fn(calls[0])
+    times = []
+    for arg in calls:
+        t = time.perf_counter()
+        fn(arg)
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    return {"p50": statistics.median(times), "p95": times[int(0.95 * (len(times) - 1))]}
+
+
+def reads(ctx, n: int) -> dict[str, dict[str, float]]:
+    """What a person or an application reads of one job or document at this size: the API's
+    ``GET /v1/jobs/{id}`` (its body, as ``sluice.api.scoped.job`` makes it for a key of every
+    dataset), the console's job detail, and the document page (its header and first page of
+    chunks), each over ``n`` jobs drawn from the whole dataset."""
+    from sqlalchemy import func as sa_func
+    from sqlmodel import Session, select
+
+    from sluice.api import scoped
+    from sluice.ops import document_view
+    from sluice.ops.keys import ApiPrincipal
+    from sluice.ops.reads import job_detail
+    from sluice.ops.search import get_dataset
+    from sluice.storage.models import Job, JobStatus
+
+    dataset_id = get_dataset(ctx, DATASET).id
+    with Session(ctx.engine) as session:
+        picked = session.exec(
+            select(Job.id, Job.document_id)
+            .where(Job.dataset_id == dataset_id, Job.status == JobStatus.succeeded)
+            .order_by(sa_func.random())
+            .limit(n)
+        ).all()
+    every = ApiPrincipal(0, "bench", "read", True, frozenset())
+
+    def page(pair) -> None:
+        document_view.view(ctx, f"doc:{pair[1]}")
+        document_view.chunks(ctx, pair[1])
+
+    return {
+        "api_job": timed(picked, lambda pair: scoped.job(every, pair[0])),
+        "job_detail": timed(picked, lambda pair: job_detail(pair[0])),
+        "document_page": timed(picked, page),
+    }
+
+
+def reconcile_at_size(ctx) -> dict:
+    """The reconcile pass at this size: a full repairing walk (it saves the checkpoint), a dry full
+    walk under tracemalloc for its peak memory, then 5 documents' metadata changed through Sluice
+    and a dry pass over what changed."""
+    from sqlmodel import Session, select
+
+    from sluice.ops.metadata import set_document_metadata
+    from sluice.ops.search import get_dataset
+    from sluice.pipeline.reconcile.audit import reconcile
+    from sluice.storage.models import Document
+    from tests.support.big_store import traced_reconcile
+
+    started = time.perf_counter()
+    full = reconcile(ctx, dataset=DATASET, repair=True, save=False, actor="bench")
+    full_s = time.perf_counter() - started
+    traced = traced_reconcile(ctx, DATASET)
+    dataset_id = get_dataset(ctx, DATASET).id
+    with Session(ctx.engine) as session:
+        docs = session.exec(
+            select(Document.id).where(Document.dataset_id == dataset_id).limit(5)
+        ).all()
+    for doc in docs:
+        set_document_metadata(ctx, doc, {"bench": "changed"}, actor="bench")
+    started = time.perf_counter()
+    changed = reconcile(ctx, dataset=DATASET, save=False, changed_only=True)
+    incremental_s = time.perf_counter() - started
+    [summary] = changed.datasets
+    return {
+        "full_s": full_s,
+        "full_found": [full.missing, full.orphans, full.mismatched],
+        "full_errors": len(full.errors),
+        "peak_mb": traced.peak / 1024 / 1024,
+        "traced_s": traced.seconds,
+        "incremental_s": incremental_s,
+        "incremental_kind": summary.kind,
+        "incremental_jobs": summary.jobs_checked,
+        "ids_asked": summary.ids_asked,
+    }
+
+
 def disk_mb(folder: Path) -> float:
     if not folder.exists():
         return 0.0
@@ -250,7 +338,17 @@ def point(svc: Services, ctx, loader: Loader, size: int, args) -> dict:
     log(f"hybrid p95 {lat['hybrid']['p95']:.1f} ms, filtered {lat['hybrid|filtered']['p95']:.1f}")
     rec = recall(ctx, args.recall_queries)
     log(f"recall@10 {rec['recall']} over {rec['queries']} queries ({rec['seconds']:.0f} s)")
+    read = reads(ctx, args.queries)
+    log("reads p95 " + ", ".join(f"{k} {v['p95']:.1f} ms" for k, v in read.items()))
+    walk = reconcile_at_size(ctx) if size else None
+    if walk:
+        log(
+            f"reconcile: full {walk['full_s']:.1f} s (found {walk['full_found']}), peak "
+            f"{walk['peak_mb']:.1f} MB; incremental {walk['incremental_s']:.2f} s"
+        )
     return {
+        "reads": read,
+        "reconcile": walk,
         "size": size,
         "indexed": indexed,
         "bulk_s": grew,
@@ -409,6 +507,40 @@ def search_table(points: list[dict]) -> list[str]:
     return lines
 
 
+READ_TARGETS = {"api_job": 10.0, "job_detail": 100.0, "document_page": 100.0}
+
+
+def reads_table(points: list[dict]) -> list[str]:
+    """The job and document reads at each size, and the reconcile pass."""
+    lines = [
+        "| chunks | `GET /v1/jobs/{id}` body, p50 / p95 ms (target p95 < 10) | console job detail "
+        "(< 100) | document page (< 100) | reconcile full, s (< 300 at 1,000,000) | its traced "
+        "peak | incremental after 5 documents changed, s (< 10) |",
+        "| --- " * 7 + "|",
+    ]
+    for p in points:
+        read = p.get("reads") or {}
+        cells = [
+            f"{read[k]['p50']:.1f} / {read[k]['p95']:.1f} {_met(read[k]['p95'] < bound)}"
+            if k in read
+            else ""
+            for k, bound in READ_TARGETS.items()
+        ]
+        walk = p.get("reconcile")
+        if walk:
+            cells += [
+                f"{walk['full_s']:.1f} (missing, orphans, mismatched: "
+                f"{', '.join(str(n) for n in walk['full_found'])})",
+                f"{walk['peak_mb']:.1f} MB",
+                f"{walk['incremental_s']:.2f} ({walk['incremental_kind']}, "
+                f"{walk['incremental_jobs']} jobs, {walk['ids_asked']:,} ids asked)",
+            ]
+        else:
+            cells += ["", "", ""]
+        lines.append(f"| {p['indexed']:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def growth_table(points: list[dict]) -> list[str]:
     stages = sorted({s for p in points for s in (*p["small"]["stages"], *p["big"]["stages"])})
     lines = [
@@ -486,6 +618,12 @@ def section(points: list[dict], args, load: tuple[str, str], minutes: float) -> 
         "1,000,000 chunks, checked at each size measured.",
         "",
         *search_table(points),
+        "",
+        "Reads of one job or document (over jobs drawn from the whole dataset) and the "
+        "reconcile pass (a full repairing walk, a dry one under tracemalloc for the peak, and a "
+        "dry pass over what changed):",
+        "",
+        *reads_table(points),
         "",
         "What grows (stage times from the job events, mean per job):",
         "",
