@@ -52,7 +52,7 @@ from sqlmodel import Session, SQLModel, select
 from sluice import faults
 from sluice.errors import PermanentError, SluiceError, TransientError
 from sluice.ops.access import Operator
-from sluice.storage import jobs, lexical, replacements, vectors
+from sluice.storage import jobs, lexical, replacements, tallies, vectors
 from sluice.storage.models import (
     Dataset,
     DisabledChunk,
@@ -147,6 +147,8 @@ class EngineModel(RuleBasedStateMachine):
             for table in reversed(SQLModel.metadata.sorted_tables):
                 if table.name not in ("instance", "api_key", "api_idempotency"):
                     session.execute(delete(table))
+            for kept in (tallies.Tally, tallies.TallyDelta):  # what deleting the jobs wrote there
+                session.execute(delete(kept))
             session.execute(update(Instance).values(reaper_tick_at=None, reap_after=None))
             session.commit()
         for name in names:
@@ -1019,6 +1021,14 @@ class EngineModel(RuleBasedStateMachine):
                 if active.status == JobStatus.succeeded:
                     assert len(served) == active.chunk_count, (doc.id, len(served), active)
                     assert lexical.count_job(self.ctx.engine, active.id) == active.chunk_count
+
+    @invariant()
+    def the_counts_the_console_reads_are_those_of_the_rows(self) -> None:
+        """The counts the database keeps as jobs and documents change (per status, per minute of
+        finish, per dataset, the work left: ``sluice.storage.tallies``), folded by the recovery
+        rounds or not yet, are a count over the rows, whatever path changed them."""
+        with Session(self.ctx.engine) as session:
+            assert tallies.drift(session) == {}
 
     @invariant()
     def every_change_of_a_jobs_status_is_an_event(self) -> None:

@@ -7,6 +7,7 @@ ORM with every table was half of its imports.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ from sqlalchemy.sql import Executable
 
 from sluice.errors import UserActionError
 from sluice.files import private_dir, private_file
-from sluice.storage import lexical
+from sluice.storage import lexical, tallies
 
 if TYPE_CHECKING:
     from sqlmodel import Session, SQLModel
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from sluice.storage.models import Dataset
 
 DEFAULT_DATASET = "default"
+log = logging.getLogger(__name__)
 
 _engines: dict[str, Engine] = {}  # schema checked (get_engine, or bring_up_to_date)
 _unchecked: dict[str, Engine] = {}  # opened by open_engine, its schema not checked yet
@@ -215,6 +217,8 @@ def init_schema(engine: Engine) -> None:
     separate_source_events(engine)
     make_ids_never_reused(engine)
     add_missing_indexes(engine)
+    tallies.install(engine)  # after any remake of a table: its triggers go with it
+    add_name_search_index(engine)
     fill_outbox_datasets(engine)
     with Session(engine) as session:
         ensure_instance(session=session)
@@ -452,6 +456,41 @@ def add_missing_indexes(engine: Engine) -> list[str]:
                 if not _made_by_another(exc):
                     raise
     return added
+
+
+NAME_SEARCH_INDEX = "ix_job_filename_trgm"
+
+
+def add_name_search_index(engine: Engine) -> bool:
+    """On PostgreSQL, the trigram index the jobs page's name search (ILIKE '%...%') walks instead of
+    every row, when the server has pg_trgm (contrib) and the role may enable it; without, the
+    search still works, by a scan, and the log says why. False when there was nothing to make.
+    SQLite has no such index: its search scans the file name index (``queries.name_like``)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    if engine.dialect.name != "postgresql":
+        return False
+    with engine.connect() as conn:
+        if conn.execute(
+            text("SELECT 1 FROM pg_indexes WHERE indexname = :n"), {"n": NAME_SEARCH_INDEX}
+        ).first():
+            return False
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_trgm"))
+            conn.execute(
+                text(
+                    f"CREATE INDEX IF NOT EXISTS {NAME_SEARCH_INDEX} ON job "
+                    "USING gin (filename gin_trgm_ops)"
+                )
+            )
+    except DBAPIError as exc:
+        if _made_by_another(exc):
+            return False
+        log.warning("no trigram index for the job name search: %s", exc.orig or exc)
+        return False
+    return True
 
 
 def refuse_if_deleting(dataset: Dataset) -> None:

@@ -25,6 +25,7 @@ from sluice.storage.source_records import (  # noqa: F401  (their tables are mad
     SourceLease,
     SourceRun,
 )
+from sluice.storage.tallies import Tally, TallyDelta  # noqa: F401  (their tables are made with these)
 
 MAX_ID = 2**31 - 1  # ids are INTEGER columns (PostgreSQL's int4): a larger one names nothing
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, case, func
+from sqlalchemy import Boolean, case, func, literal
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col, select
 
 from sluice.errors import ErrorKind
-from sluice.storage.clock import epoch_seconds
+from sluice.storage import tallies
 from sluice.storage.jobs import describe_progress
 from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 
@@ -36,7 +39,7 @@ class JobFilter:
     document_ids: list[int] | None = None  # only jobs of these documents (a metadata filter's)
 
 
-def _apply(stmt, f: JobFilter):
+def _apply(stmt, f: JobFilter, *, ids_first: bool = False):
     if f.dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == f.dataset_id)
     if f.document_ids is not None:
@@ -49,10 +52,50 @@ def _apply(stmt, f: JobFilter):
         stmt = stmt.where(col(Job.error_kind).in_([ErrorKind(k) for k in f.error_kinds]))
     if f.name_contains:
         pattern = "%" + f.name_contains.replace("%", r"\%").replace("_", r"\_") + "%"
-        stmt = stmt.where(col(Job.filename).ilike(pattern, escape="\\"))
+        name = col(Job.filename)
+        matched = name_like_ids_first(name, pattern, col(Job.id)) if ids_first else None
+        stmt = stmt.where(matched if matched is not None else name_like(name, pattern))
     if not f.include_dismissed:
         stmt = stmt.where(col(Job.dismissed).is_(False))
     return stmt
+
+
+class name_like(FunctionElement):
+    """Job ``name`` matches ``pattern`` (LIKE with backslash escapes), ignoring case. PostgreSQL:
+    ILIKE, which the trigram index serves (``db.add_name_search_index``). SQLite: its LIKE, which
+    ignores the case of ASCII letters as its ``lower()`` does, read from the file name index."""
+
+    type = Boolean()
+    inherit_cache = True
+
+
+class name_like_ids_first(FunctionElement):
+    """``name_like`` for a page in another order: on SQLite, the ids whose name matches, from the
+    file name index alone, so the page walks only those rows (walking the page's order and testing
+    each row read every row for a name that matches none). PostgreSQL plans that itself."""
+
+    type = Boolean()
+    inherit_cache = True
+
+
+@compiles(name_like)
+@compiles(name_like_ids_first)
+def _name_like(element, compiler, **kw) -> str:
+    name, pattern = (compiler.process(c, **kw) for c in list(element.clauses)[:2])
+    return f"({name} ILIKE {pattern} ESCAPE '\\')"
+
+
+@compiles(name_like, "sqlite")
+def _name_like_sqlite(element, compiler, **kw) -> str:
+    name, pattern = (compiler.process(c, **kw) for c in element.clauses)
+    return f"({name} LIKE {pattern} ESCAPE '\\')"
+
+
+@compiles(name_like_ids_first, "sqlite")
+def _name_like_ids_first_sqlite(element, compiler, **kw) -> str:
+    name, pattern, key = (compiler.process(c, **kw) for c in element.clauses)
+    table = list(element.clauses)[0].table.name
+    return f"({key} IN (SELECT {key} FROM {table} WHERE {name} LIKE {pattern} ESCAPE '\\'))"
 
 
 def list_jobs(
@@ -66,13 +109,15 @@ def list_jobs(
 ) -> list[Job]:
     f = f or JobFilter()
     column = SORTABLE.get(sort, SORTABLE["created"])
-    order = [column.desc(), col(Job.id).desc()] if descending else [column.asc(), col(Job.id).asc()]
-    stmt = (
-        _apply(select(Job), f)
-        .order_by(*order)
-        .offset(max(0, page - 1) * page_size)
-        .limit(page_size)
+    order: list[Any] = (
+        [column.desc(), col(Job.id).desc()] if descending else [column.asc(), col(Job.id).asc()]
     )
+    # The page's ids first, then their rows: skipping the rows before a deep page walks only the
+    # sort's index (created_at, id), never the rows themselves. Paging by the last row seen would
+    # skip nothing, but the console jumps to any page number, which only an offset can name.
+    ids = _apply(select(Job.id), f, ids_first=True).order_by(*order)
+    ids = ids.offset(max(0, page - 1) * page_size).limit(page_size)
+    stmt = select(Job).where(col(Job.id).in_(ids)).order_by(*order)
     return list(session.exec(stmt).all())
 
 
@@ -98,16 +143,32 @@ def count_applicable(*, session: Session, f: JobFilter, statuses: list[str]) -> 
 
 
 def count_jobs(*, session: Session, f: JobFilter | None = None) -> int:
-    return session.exec(_apply(select(func.count()).select_from(Job), f or JobFilter())).one()
+    """How many jobs ``f`` matches. By dataset, status and error kind alone (the jobs page's
+    usual filters), from the counts the database keeps: a row per count, not per job."""
+    f = f or JobFilter()
+    if f.stages or f.name_contains or not f.include_dismissed or f.document_ids is not None:
+        return session.exec(_apply(select(func.count()).select_from(Job), f)).one()
+    kept = tallies.counted("job")
+    stmt = select(func.coalesce(func.sum(kept.c.n), 0))
+    if f.dataset_id is not None:
+        stmt = stmt.where(kept.c.dataset_id == f.dataset_id)
+    if f.statuses:
+        stmt = stmt.where(kept.c.status.in_([JobStatus(s).value for s in f.statuses]))
+    if f.error_kinds:
+        stmt = stmt.where(kept.c.error_kind.in_([ErrorKind(k).value for k in f.error_kinds]))
+    return int(session.execute(stmt).scalar_one())
 
 
 def status_counts(*, session: Session, dataset_id: int | None = None) -> dict[str, int]:
-    stmt = select(Job.status, func.count()).group_by(Job.status)
+    """Jobs per status, from the counts the database keeps (``sluice.storage.tallies``)."""
+    kept = tallies.counted("job")
+    stmt = select(kept.c.status, func.sum(kept.c.n)).group_by(kept.c.status)
     if dataset_id is not None:
-        stmt = stmt.where(Job.dataset_id == dataset_id)
+        stmt = stmt.where(kept.c.dataset_id == dataset_id)
     counts = {s.value: 0 for s in JobStatus}
-    for status, n in session.exec(stmt).all():
-        counts[JobStatus(status).value] = n
+    for status, n in session.execute(stmt).all():
+        if n:
+            counts[JobStatus(status).value] = int(n)
     return counts
 
 
@@ -125,34 +186,33 @@ def dataset_by_name(*, session: Session, name: str) -> Dataset | None:
 
 
 def dataset_summaries(*, session: Session) -> list[dict]:
-    docs = dict(
-        session.exec(
-            select(Document.dataset_id, func.count())
-            .where(col(Document.deleted_at).is_(None))
-            .group_by(col(Document.dataset_id))
+    """Each dataset's live documents, the chunks search serves (the active job of each live
+    document: during a reindex that job is pending or running again, and its chunks are still the
+    ones served) and its jobs per status, from the counts the database keeps."""
+    kept = tallies.counted("dataset")
+    sums = {
+        ds_id: (int(docs or 0), int(chunks or 0))
+        for ds_id, docs, chunks in session.execute(
+            select(kept.c.dataset_id, func.sum(kept.c.n), func.sum(kept.c.chunks)).group_by(
+                kept.c.dataset_id
+            )
         ).all()
-    )
-    # What search serves: the active job of each live document (during a reindex that job is
-    # pending or running again, and its chunks are still the ones served).
-    chunks = dict(
-        session.exec(
-            select(Job.dataset_id, func.coalesce(func.sum(Job.chunk_count), 0))
-            .join(Document, col(Document.active_job_id) == Job.id)
-            .where(col(Document.deleted_at).is_(None))
-            .group_by(col(Job.dataset_id))
-        ).all()
-    )
+    }
+    jobs = tallies.counted("job")
     jobs_by: dict[int, dict[str, int]] = {}
-    for ds_id, status, n in session.exec(
-        select(Job.dataset_id, Job.status, func.count()).group_by(col(Job.dataset_id), Job.status)
+    for ds_id, status, n in session.execute(
+        select(jobs.c.dataset_id, jobs.c.status, func.sum(jobs.c.n)).group_by(
+            jobs.c.dataset_id, jobs.c.status
+        )
     ).all():
-        jobs_by.setdefault(ds_id, {})[JobStatus(status).value] = n
+        if n:
+            jobs_by.setdefault(ds_id, {})[JobStatus(status).value] = int(n)
     return [
         {
             "name": ds.name,
             "id": ds.id,
-            "documents": int(docs.get(ds.id, 0)),
-            "chunks": int(chunks.get(ds.id) or 0),
+            "documents": sums.get(ds.id, (0, 0))[0],
+            "chunks": sums.get(ds.id, (0, 0))[1],
             "jobs": jobs_by.get(ds.id, {}),
             "collection": ds.collection,
             "created_at": ds.created_at.isoformat(),
@@ -229,53 +289,81 @@ def throughput(
     now: datetime | None = None,
     bucket_minutes: int = 1,
 ) -> list[dict]:
-    """Jobs finished and chunks embedded per bucket over the last ``minutes`` (from the jobs' own
-    finish times: nothing is kept besides the job rows). The database counts per bucket, so a day
-    of 100,000 jobs is 24 rows read, not 100,000."""
+    """Jobs finished and chunks embedded per bucket over the last ``minutes``. Whole minutes come
+    from the counts the database keeps per minute of finish (``sluice.storage.tallies``): a day is
+    at most 1,440 rows a dataset, however many jobs finished. The first minute, which the window
+    starts inside, is counted over its jobs (an index range), so a finish before ``since`` is left
+    out exactly."""
     now = now or utcnow()
     since = now - timedelta(minutes=minutes)
     width = timedelta(minutes=bucket_minutes)
     start = since.replace(second=0, microsecond=0)
-    # Buckets are whole minutes from a whole minute: whole seconds place every finish time exactly.
-    start_s = int((start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp())
-    index = ((epoch_seconds(Job.finished_at) - start_s) // (bucket_minutes * 60)).label("bucket")
-    stmt = (
-        select(index, Job.status, func.count(), func.coalesce(func.sum(Job.chunk_count), 0))
-        .where(
-            col(Job.finished_at) >= since,
-            col(Job.status).in_([JobStatus.succeeded, JobStatus.failed]),
-        )
-        .group_by("bucket", Job.status)
-    )
-    if dataset_id is not None:
-        stmt = stmt.where(Job.dataset_id == dataset_id)
-
+    start_minute = int((start if start.tzinfo else start.replace(tzinfo=UTC)).timestamp()) // 60
     buckets: dict[datetime, dict] = {}
     t = start
     while t <= now:
         buckets[t] = {"minute": t, "succeeded": 0, "failed": 0, "chunks": 0}
         t += width
-    for n, status, count, chunks in session.exec(stmt).all():
+    for n, status, count, chunks in _finished_per_bucket(
+        session, since, start, start_minute, bucket_minutes, dataset_id
+    ):
         b = buckets.get(start + width * int(n))
-        if b is None:
+        if b is None or not count:
             continue
         if JobStatus(status) == JobStatus.succeeded:
-            b["succeeded"] += count
+            b["succeeded"] += int(count)
             b["chunks"] += int(chunks or 0)
         else:
-            b["failed"] += count
+            b["failed"] += int(count)
     return list(buckets.values())
 
 
-def failures_by_kind(*, session: Session, dataset_id: int | None = None) -> dict[str, int]:
-    stmt = (
-        select(Job.error_kind, func.count())
-        .where(Job.status == JobStatus.failed)
-        .group_by(Job.error_kind)
+def _finished_per_bucket(
+    session: Session,
+    since: datetime,
+    start: datetime,
+    start_minute: int,
+    bucket_minutes: int,
+    dataset_id: int | None,
+) -> list[tuple]:
+    """(bucket, status, jobs, chunks) rows: the window's first minute over its jobs, the whole
+    minutes after it from the kept counts."""
+    first = (
+        select(literal(0), Job.status, func.count(), func.coalesce(func.sum(Job.chunk_count), 0))
+        .where(
+            col(Job.finished_at) >= since,
+            col(Job.finished_at) < start + timedelta(minutes=1),
+            col(Job.status).in_([JobStatus.succeeded, JobStatus.failed]),
+        )
+        .group_by(Job.status)
+    )
+    kept = tallies.counted("finish")
+    index = ((kept.c.minute - start_minute) // bucket_minutes).label("bucket")
+    rest = (
+        select(index, kept.c.status, func.sum(kept.c.n), func.sum(kept.c.chunks))
+        .where(kept.c.minute > start_minute)
+        .group_by(index, kept.c.status)
     )
     if dataset_id is not None:
-        stmt = stmt.where(Job.dataset_id == dataset_id)
-    return {(ErrorKind(k).value if k else "unknown"): n for k, n in session.exec(stmt).all()}
+        first = first.where(Job.dataset_id == dataset_id)
+        rest = rest.where(kept.c.dataset_id == dataset_id)
+    return [*session.execute(first).all(), *session.execute(rest).all()]
+
+
+def failures_by_kind(*, session: Session, dataset_id: int | None = None) -> dict[str, int]:
+    kept = tallies.counted("job")
+    stmt = (
+        select(kept.c.error_kind, func.sum(kept.c.n))
+        .where(kept.c.status == JobStatus.failed.value)
+        .group_by(kept.c.error_kind)
+    )
+    if dataset_id is not None:
+        stmt = stmt.where(kept.c.dataset_id == dataset_id)
+    return {
+        (ErrorKind(k).value if k else "unknown"): int(n)
+        for k, n in session.execute(stmt).all()
+        if n
+    }
 
 
 def job_row(job: Job) -> dict:
@@ -358,11 +446,16 @@ def unsent_messages(*, session: Session, job_id: int) -> list:
     )
 
 
+RECENT_ATTEMPTS = 1000
+
+
 def recent_attempts(
     *, session: Session, since: datetime, dataset_id: int | None = None
 ) -> list[tuple]:
     """(last attempt's start, finish, chunks, document bytes) of jobs that succeeded since
-    ``since``: the work the fleet did while it was busy (the drain estimate's rate)."""
+    ``since``, the newest ``RECENT_ATTEMPTS`` of them: the work the fleet did while it was busy
+    (the drain estimate's rate). A busy fleet's hour is thousands of jobs; the newest thousand
+    measure its rate as well, and read in a fixed time (the index's newest end)."""
     # The last claim of each of these jobs, looked up by job id (a handful of events per job), not
     # by grouping every claim of a day.
     last_claim = (
@@ -383,7 +476,8 @@ def recent_attempts(
     )
     if dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == dataset_id)
-    return [tuple(r) for r in session.exec(stmt.limit(5000)).all()]
+    stmt = stmt.order_by(col(Job.finished_at).desc()).limit(RECENT_ATTEMPTS)
+    return [tuple(r) for r in session.exec(stmt).all()]
 
 
 def remaining_work(
@@ -392,28 +486,21 @@ def remaining_work(
     dataset_id: int | None = None,
     statuses: Sequence[JobStatus] = JobStatus.active(),
 ) -> tuple[int, int, int, int]:
-    """What every active job (of ``statuses``) has left, summed by the database: (jobs, chunks left
-    of jobs already embedding or indexing, jobs whose chunk count is not known yet, their document
-    bytes). The rule per job is ``sluice.ops.drain.WorkLeft.of``."""
-    known = and_(col(Job.stage).in_([Stage.embedding, Stage.indexing]), col(Job.total) > 0)
-    left = case(
-        (and_(col(Job.stage) == Stage.embedding, col(Job.total) > Job.done), Job.total - Job.done),
-        else_=0,
-    )
-    stmt = (
-        select(
-            func.count(),
-            func.sum(case((known, left), else_=0)),
-            func.sum(case((known, 0), else_=1)),
-            func.sum(case((known, 0), else_=func.coalesce(Document.size, 0))),
-        )
-        .join(Document, col(Document.id) == Job.document_id)
-        .where(col(Job.status).in_(list(statuses)))
-    )
+    """What every active job (of ``statuses``) has left, summed: (jobs, chunks left of jobs already
+    embedding or indexing, jobs whose chunk count is not known yet, their document bytes), from the
+    counts the database keeps as jobs change (``sluice.storage.tallies``). The rule per job is
+    ``sluice.ops.drain.WorkLeft.of``."""
+    kept = tallies.counted("work")
+    stmt = select(
+        func.sum(kept.c.n),
+        func.sum(kept.c.chunks),
+        func.sum(case((kept.c.error_kind == "", kept.c.n), else_=0)),
+        func.sum(kept.c.size),
+    ).where(kept.c.status.in_([JobStatus(s).value for s in statuses]))
     if dataset_id is not None:
-        stmt = stmt.where(Job.dataset_id == dataset_id)
-    jobs, chunks, unknown_jobs, unknown_bytes = session.exec(stmt).one()
-    return int(jobs), int(chunks or 0), int(unknown_jobs or 0), int(unknown_bytes or 0)
+        stmt = stmt.where(kept.c.dataset_id == dataset_id)
+    jobs, chunks, unknown_jobs, unknown_bytes = (int(v or 0) for v in session.execute(stmt).one())
+    return jobs, chunks, unknown_jobs, unknown_bytes
 
 
 def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dict[str, list[Job]]:
@@ -431,12 +518,17 @@ def running_by_worker(*, session: Session, dataset_id: int | None = None) -> dic
 
 
 def jobs_by_dataset_and_status(*, session: Session) -> dict[tuple[str, str], int]:
+    kept = tallies.counted("job")
     stmt = (
-        select(Dataset.name, Job.status, func.count())
-        .join(Dataset, col(Dataset.id) == Job.dataset_id)
-        .group_by(Dataset.name, Job.status)
+        select(Dataset.name, kept.c.status, func.sum(kept.c.n))
+        .join(Dataset, col(Dataset.id) == kept.c.dataset_id)
+        .group_by(Dataset.name, kept.c.status)
     )
-    return {(name, JobStatus(status).value): n for name, status, n in session.exec(stmt).all()}
+    return {
+        (name, JobStatus(status).value): int(n)
+        for name, status, n in session.execute(stmt).all()
+        if n
+    }
 
 
 def embedding_totals(*, session: Session) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from sluice.pipeline.queueing import webhook_delivery
 from sluice.pipeline.running import dataset_deletion
 from sluice.pipeline.running.cleanup import remove_partial
 from sluice.pipeline.running.context import Context
-from sluice.storage import jobs, outbox
+from sluice.storage import jobs, outbox, tallies
 from sluice.storage.clock import as_utc, db_now
 from sluice.storage.models import Job, JobStatus, Outbox
 
@@ -106,6 +106,7 @@ def run_once(
                 )
     publish_due()
     sweep_blob_leftovers(ctx)
+    fold_tallies(ctx)
     report.datasets_deleted = finish_dataset_deletes(ctx)
     report.rounds = run_extra_rounds(ctx, rounds)
     return report
@@ -158,6 +159,15 @@ def finish_dataset_deletes(ctx: Context) -> list[str]:
     for result in done:
         log.info("recovery: %s", result.message)
     return [r.message for r in done if r.ok]
+
+
+def fold_tallies(ctx: Context) -> None:
+    """The counts the console reads, their deltas since the last round summed (a read sums what is
+    not folded yet itself, so a failure here costs only time); never holds the recovery of jobs."""
+    try:
+        tallies.fold(ctx.engine)
+    except Exception as exc:
+        log.warning("recovery: counts not folded: %s: %s", type(exc).__name__, exc)
 
 
 def run_extra_rounds(ctx: Context, rounds: Sequence[Round]) -> list[str]:
