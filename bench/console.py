@@ -102,6 +102,7 @@ def time_queries(engine, groups: dict[str, Callable], *, repeats: int) -> dict[s
 
 
 def sqlite_figures(workdir: Path, *, jobs: int, repeats: int) -> dict:
+    from sluice.storage import tallies
     from sluice.storage.db import get_engine
 
     url = f"sqlite:///{(workdir / f'console-{uuid.uuid4().hex[:6]}.db').resolve()}"
@@ -109,6 +110,7 @@ def sqlite_figures(workdir: Path, *, jobs: int, repeats: int) -> dict:
     t0 = time.perf_counter()
     datasets = seed(engine, jobs)
     seeded = time.perf_counter() - t0
+    tallies.fold(engine)  # the worker's recovery round sums the counts' deltas every few seconds
     return {
         "seed_seconds": seeded,
         "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats),
@@ -120,6 +122,7 @@ def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
     import psycopg
     from sqlalchemy.engine import make_url
 
+    from sluice.storage import tallies
     from sluice.storage.db import get_engine, normalise_url
 
     url = make_url(normalise_url(base_url))
@@ -133,8 +136,11 @@ def postgres_figures(base_url: str, *, jobs: int, repeats: int) -> dict:
         t0 = time.perf_counter()
         datasets = seed(engine, jobs)
         seeded = time.perf_counter() - t0
-        with engine.connect() as conn:  # autovacuum would analyse soon after a bulk load; do it now
-            conn.exec_driver_sql("ANALYZE")
+        tallies.fold(engine)  # as the worker's recovery round does every few seconds
+        # autovacuum would vacuum and analyse soon after a bulk load (and after the fold's delete
+        # of every delta); do it now
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM ANALYZE")
         return {
             "seed_seconds": seeded,
             "queries": time_queries(engine, query_groups(datasets, jobs), repeats=repeats),
