@@ -42,7 +42,10 @@ sync or preview listed its source, before it reads what its syncs recorded),
 purge found the sources with expired tombstones, before it takes their leases), ``query_export``
 (the query encoder's export holds its lock and found no export, before it loads the model),
 ``before_document_switch`` (a document switch read the live document, before its UPDATE),
-``search_between_rankers`` (a hybrid search ran its lexical ranker, before its dense one),
+``search_between_rankers`` (a hybrid search's two rankers run at once: hit by the lexical one
+once it has read, ``ranker="lexical"``, and by the dense one before it reads,
+``ranker="dense"``; a hook holding the dense one until the lexical one has come lands a write
+between the two reads),
 ``after_chunk_edit_recorded`` (a chunk's edit committed, before it is written into the chunks the
 document serves).
 

@@ -6,6 +6,7 @@ external id, and a search sees a document whole or not at all while it flips."""
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import pytest
@@ -174,11 +175,18 @@ def test_a_search_sees_a_flipping_document_whole_or_not_at_all(database_url, mak
     ctx = make_ctx()
     done = upload(ctx, "glacier", None, 6)
     flips = []
+    flipped = threading.Semaphore(0)
 
-    def flip(**_) -> None:  # between hybrid's two rankers: the document goes off, then on
+    def flip(ranker: str, **_) -> None:
+        # Hybrid's rankers run at once: the dense one waits until the lexical one has read and the
+        # document has gone off (then on), so the two read on either side of the flip.
+        if ranker == "dense":
+            assert flipped.acquire(timeout=60)
+            return
         on = len(flips) % 2 == 1
         flips.append(on)
         document_switch.set_document_enabled(ctx, done.document_id, on, actor="op")
+        flipped.release()
 
     with faults.hook("search_between_rankers", flip):
         for _ in range(4):

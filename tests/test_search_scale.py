@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy import event, text
 
+from sluice.ops import dense
 from sluice.ops import search as search_ops
 from sluice.ops.ingest import ingest_bytes
 from sluice.ops.search import search
@@ -179,18 +180,26 @@ def test_a_dense_search_never_counts_the_store(database_url, ctx, monkeypatch):
     assert len({h.chunk_id for h in many}) == len(many) == served  # all of it, once each
 
 
-@pytest.mark.parametrize("path", ["exact", "chroma"])
-def test_a_filtered_dense_search_answers_the_best_allowed_chunks_on_both_paths(
+@pytest.mark.parametrize("path", ["exact", "screened", "too-few-screened", "chroma"])
+def test_a_filtered_dense_search_answers_the_best_allowed_chunks_on_every_path(
     database_url, ctx, monkeypatch, path
 ):
-    """A filter of a few documents is applied by Sluice, their stored vectors compared exactly:
-    the graph is not queried (Chroma's filtered query walks nearly all of it to find a few allowed
-    chunks). A broader one goes to Chroma as a ``where``. Both answer the best allowed chunks, as
-    exact search over every stored vector ranks them."""
+    """A filter of a few chunks is applied by Sluice, their stored vectors compared exactly: the
+    graph is not queried (Chroma's filtered query walks nearly all of it to find a few allowed
+    chunks). A filter allowing a broad share of the dataset's chunks asks the graph unfiltered for
+    ids alone, deep enough, and keeps the allowed ones (Chroma's filtered query reads every allowed
+    id first); when fewer than asked are among them, Chroma's filtered query answers after all.
+    Any other goes to Chroma as a ``where``. Each answers the best allowed chunks, as exact search
+    over every stored vector ranks them."""
     docs = _dataset(ctx)
     allowed = {docs[t] for t in ALLOWED}
-    if path == "chroma":  # as a filter allowing more chunks than are compared exactly
-        monkeypatch.setattr(search_ops, "EXACT_MAX", 0, raising=False)
+    if path != "exact":  # as a filter allowing more chunks than are compared exactly
+        monkeypatch.setattr(dense, "EXACT_MAX", 0)
+    if path == "chroma":  # as a share too small to screen
+        monkeypatch.setattr(dense, "SCREEN_MAX", 0)
+    if path == "too-few-screened":  # the nearest chunk alone: fewer allowed than asked
+        monkeypatch.setattr(dense, "SCREEN_MIN", 1)
+        monkeypatch.setattr(dense, "SCREEN_FACTOR", 0.001)
     seen = _calls(monkeypatch)
     query = "pelican shore walk orchard canyon"
     where = {"team": "a"}
@@ -198,10 +207,16 @@ def test_a_filtered_dense_search_answers_the_best_allowed_chunks_on_both_paths(
     vector = search_ops.query_vector(ctx, query)
     assert [h.chunk_id for h in hits] == _exact_best(ctx, vector, allowed, 6)
     names = [name for name, _ in seen]
+    filtered = [name for name, w in seen if name == "query" and _filtered(w)]
     if path == "exact":
         assert "query" not in names and names.count("vectors_where") == 1, names
+    elif path == "screened":
+        assert names.count("nearest") == 1 and "query" not in names, names
+        assert names.count("get") == 1, names  # the kept chunks read once, in full
+    elif path == "too-few-screened":
+        assert names.count("nearest") == 1 and filtered == ["query"], names
     else:
-        assert [name for name, w in seen if name == "query" and _filtered(w)] == ["query"]
+        assert filtered == ["query"] and "nearest" not in names, names
 
 
 def test_new_and_existing_collections_search_with_hnsw_ef_search(ctx, services):
@@ -239,3 +254,81 @@ def test_an_exact_read_that_selects_no_chunk_answers_empty(ctx):
     ids, rows = ctx.vectors.vectors_where(name, {"document_id": {"$in": [10**9]}}, limit=10)
     assert ids == [] and rows.shape[0] == 0
     assert np.linalg.norm(rows, axis=1).shape == (0,)  # what the exact ranker computes next
+
+
+SQLITE_DEFAULT_VARIABLES = 32_766  # what SQLite binds per statement in its default build
+PSYCOPG_MAX_PARAMETERS = 65_535
+
+
+def _bound_like_default_sqlite(engine) -> None:
+    """Cap this engine's SQLite connections at the default build's bound parameters (this
+    machine's Python may be built with more: Debian's binds 250,000)."""
+    import sqlite3
+
+    if engine.dialect.name != "sqlite":
+        return
+
+    def cap(dbapi_connection, _record) -> None:
+        dbapi_connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, SQLITE_DEFAULT_VARIABLES)
+
+    event.listen(engine, "connect", cap)
+    engine.dispose()  # connections made before the cap go
+
+
+@pytest.mark.parametrize("mode", ["lexical", "dense", "hybrid"])
+def test_a_filter_allowing_more_documents_than_a_statement_binds_still_searches(
+    database_url, ctx, mode
+):
+    """A metadata filter may allow more documents than the job database binds parameters in one
+    statement (SQLite 32,766, psycopg 65,535): the allowed ids are never bound one parameter
+    each, so the search answers (before: too many SQL variables)."""
+    from sqlalchemy import insert
+
+    from sluice.storage.models import Document
+
+    docs = _dataset(ctx, 3)
+    ds_id = job(ctx, 1).dataset_id
+    many = PSYCOPG_MAX_PARAMETERS + 100  # above both limits
+    rows = [
+        {
+            "dataset_id": ds_id,
+            "sha256": f"{i:064x}",
+            "size": 1,
+            "media_type": "text/plain",
+            "filename": f"unindexed-{i}.txt",
+            "blob_key": f"{i:064x}",
+            "metadata": {"team": "a"},
+        }
+        for i in range(many)
+    ]
+    with ctx.engine.begin() as conn:  # documents without a served job: allowed, answering nothing
+        conn.execute(insert(Document), rows)
+    _bound_like_default_sqlite(ctx.engine)
+    hits = search(
+        ctx, query="pelican orchard shore", dataset="default", k=5, mode=mode, where={"team": "a"}
+    )
+    assert hits and {h.document_id for h in hits} == {docs["orchard"]}
+
+
+def test_hybrid_runs_its_two_rankers_at_once(ctx):
+    """The dense ranker starts before the lexical one has answered (they are independent: a
+    hybrid search costs the slower of the two, not both): the lexical ranker, held at its fault
+    point until the dense one has begun, is let go (before: one after the other, so it waited
+    for a dense ranker that never began)."""
+    import threading
+
+    from sluice import faults
+
+    _dataset(ctx, 3)
+    dense_began = threading.Event()
+    waited = []
+
+    def hold(ranker: str | None = None, **_) -> None:
+        if ranker == "dense":
+            dense_began.set()
+        else:  # the lexical ranker has read: has the dense one begun meanwhile?
+            waited.append(dense_began.wait(timeout=10))
+
+    with faults.hook("search_between_rankers", hold):
+        hits = search(ctx, query="pelican glacier shore", dataset="default", k=5, mode="hybrid")
+    assert hits and waited == [True]

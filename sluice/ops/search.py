@@ -10,13 +10,14 @@ versions of one document and never loses a document while its new version is bei
 
 A metadata filter (``where``, sluice.ops.metadata) is decided on the document rows of the job
 database, never on the chunks' copies: the documents it allows are read at one moment and both
-rankers are restricted to them (lexical: in its SQL; dense: a Chroma ``where`` on ``document_id``),
-and the read that checks the active jobs checks the filter again. A metadata change is one UPDATE of
-one document row, so a search sees all of a document's chunks under the old metadata or all under
-the new, never half. Chunks switched off (sluice.ops.chunks) are left out by every ranker, the
-rankers asking for more until ``k`` enabled ones are found or none are left. A document switched off
-(sluice.ops.document_switch) is one UPDATE of its row, read by the same statement as its active job:
-a search answers all of its chunks or none.
+rankers are restricted to them (lexical: in its SQL; dense: by exact comparison for a few chunks,
+by screening an unfiltered query's ids for a broad share, else a Chroma ``where`` on
+``document_id``), and the read that checks the active jobs checks the filter again. A metadata
+change is one UPDATE of one document row, so a search sees all of a document's chunks under the
+old metadata or all under the new, never half. Chunks switched off (sluice.ops.chunks) are left
+out by every ranker, the rankers asking for more until ``k`` enabled ones are found or none are
+left. A document switched off (sluice.ops.document_switch) is one UPDATE of its row, read by the
+same statement as its active job: a search answers all of its chunks or none.
 
 Scores are on one 0..1 scale in every mode (larger is better; docs/api.md, Search scores): dense,
 the cosine similarity (below 0 shown as 0); lexical, the raw score (BM25 on SQLite, ts_rank on
@@ -28,25 +29,25 @@ document, the rankers asked deeper until ``k`` come or none are left.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import re
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import JSON, bindparam, column, text
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from sluice import faults
-from sluice.errors import OperationError, VectorStoreUnavailable
+from sluice.errors import OperationError
+from sluice.ops import dense, sections
 from sluice.ops import metadata as meta
-from sluice.ops import sections
 from sluice.pipeline.running.chunk import heading_of
 from sluice.storage import lexical
 from sluice.storage.lexical import Filters
-from sluice.storage.vectors import Hit, read_failure
+from sluice.storage.vectors import Hit
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -55,10 +56,8 @@ if TYPE_CHECKING:
     from sluice.pipeline.running.rerank import Reranker
     from sluice.settings import Settings
     from sluice.storage.models import Dataset
-    from sluice.storage.vectors import VectorStore
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MODES = ("hybrid", "dense", "lexical")
 # reciprocal rank fusion: score = sum of weight / (RRF_K + rank) over the rankers that found it,
@@ -77,20 +76,12 @@ STRICT_WEIGHT = (
 LEXICAL_DEPTH = (
     50  # candidates the lexical ranker gives the fusion, at least (cheap: one indexed query)
 )
-DENSE_DEPTH = (
-    20  # candidates the dense ranker gives it, at least (Chroma returns texts and metadata)
-)
 
 
-class Reader(Protocol):
+class Reader(dense.Reader, Protocol):
     """What a search reads through: a process's Context (sluice.pipeline.running.context), or the
-    lighter one of a cold ``sluice search`` (sluice.cli.search_command)."""
-
-    @property
-    def engine(self) -> Engine: ...
-
-    @property
-    def vectors(self) -> VectorStore: ...
+    lighter one of a cold ``sluice search`` (sluice.cli.search_command); the job database and the
+    vector store as the dense ranker reads them, and these."""
 
     @property
     def query_encoder(self) -> Embedder: ...
@@ -387,31 +378,18 @@ class Ranking:
     dense_weight: float
 
     def __call__(self, depth: int) -> tuple[list[SearchHit], bool]:
-        ctx, ds, mode = self.ctx, self.ds, self.mode
+        ctx, mode = self.ctx, self.mode
         lexical_n = max(LEXICAL_DEPTH, depth * 4)
-        dense_n = max(DENSE_DEPTH, depth * 2) if mode == "hybrid" else depth
+        dense_n = max(dense.DENSE_DEPTH, depth * 2) if mode == "hybrid" else depth
         for again in (False, True):
-            lexical_hits: list[lexical.LexicalHit] = []
-            dense_hits: list[SearchHit] = []
-            if mode in ("hybrid", "lexical"):
-                lexical_hits = lexical.search(
-                    ctx.engine,
-                    dataset_id=ds.id,
-                    query=self.parsed,
-                    n=lexical_n,
-                    filters=self.filters,
-                )
-            if mode == "hybrid":
-                faults.hit("search_between_rankers", dataset=ds.name)
-            if mode in ("hybrid", "dense"):
-                dense_hits = _dense(ctx, ds, self.vector, dense_n, self.filters, self.conditions)
+            lexical_hits, dense_hits = self._rank(lexical_n, dense_n)
             if mode != "hybrid":
                 break
             # Each ranker read the active jobs at its own moment: a document whose new version
             # became active in between would be answered in both versions. One read decides for
             # both; after a switch the new version is complete in both stores, so one more round
             # finds it there.
-            active = _active_jobs(
+            active = dense.active_jobs(
                 ctx,
                 {h.document_id for h in lexical_hits} | {h.document_id for h in dense_hits},
                 self.conditions,
@@ -437,6 +415,46 @@ class Ranking:
             weight=self.dense_weight,
         )
         return fused, more
+
+    def _rank(
+        self, lexical_n: int, dense_n: int
+    ) -> tuple[list[lexical.LexicalHit], list[SearchHit]]:
+        """The rankers the mode asks; hybrid's two at once, the dense one on a thread of
+        ``_RANKERS`` (they are independent: a search costs the slower one, not both).
+
+        ``search_between_rankers`` is hit by each of hybrid's two: by the lexical one once it has
+        read (``ranker="lexical"``), by the dense one before it reads (``ranker="dense"``). A hook
+        holding the dense one until the lexical one has come lands a write between the two reads,
+        as when they ran one after the other."""
+        if self.mode == "lexical":
+            return self._words(lexical_n), []
+        if self.mode == "dense":
+            return [], self._vectors(dense_n)
+        pending = _RANKERS.submit(contextvars.copy_context().run, self._vectors, dense_n, True)
+        try:
+            words = self._words(lexical_n)
+            faults.hit("search_between_rankers", dataset=self.ds.name, ranker="lexical")
+        except BaseException:
+            pending.cancel()  # one already running ends on its own; its answer is dropped
+            raise
+        return words, pending.result()
+
+    def _words(self, n: int) -> list[lexical.LexicalHit]:
+        return lexical.search(
+            self.ctx.engine, dataset_id=self.ds.id, query=self.parsed, n=n, filters=self.filters
+        )
+
+    def _vectors(self, n: int, hybrid: bool = False) -> list[SearchHit]:
+        if hybrid:
+            faults.hit("search_between_rankers", dataset=self.ds.name, ranker="dense")
+        hits = dense.best(self.ctx, self.ds, self.vector, n, self.filters, self.conditions)
+        return _dense_hits(hits)
+
+
+# Hybrid's dense rankers, beside their lexical ones (each search's caller thread): a few, since a
+# search waits on the store or the database most of the time; more searches at once than this
+# queue for it, each then costing what its two rankers one after the other did.
+_RANKERS = ThreadPoolExecutor(8, thread_name_prefix="search-dense")
 
 
 def lexical_half(engine: Engine) -> float:
@@ -547,165 +565,11 @@ def _fuse(
     return out
 
 
-def _active_jobs(
-    ctx: Reader, document_ids: set[int], conditions: meta.Where = ()
-) -> dict[int, int | None]:
-    """document id -> the job whose chunks search serves, for the live, switched-on documents among
-    these that the metadata filter allows (read with the active job, in one statement)."""
-    if not document_ids:
-        return {}
-    with ctx.engine.connect() as conn:
-        rows = conn.execute(_ACTIVE_JOBS, {"ids": sorted(document_ids)}).all()
-    return {did: job for did, job, m in rows if meta.matches(conditions, m)}
-
-
-_ACTIVE_JOBS = (
-    text(
-        "SELECT id, active_job_id, metadata FROM document WHERE id IN :ids AND deleted_at IS NULL "
-        "AND disabled_at IS NULL"
-    )
-    .bindparams(bindparam("ids", expanding=True))
-    .columns(column("id"), column("active_job_id"), column("metadata", JSON))
-)
-
-
-def _document_ids(ctx: Reader, ds: Searched, filters: Filters) -> list[int] | None:
-    """Documents the file name, media type and metadata filters allow (None: no such filter)."""
-    if filters.document_ids is not None and not (filters.filename or filters.media_type):
-        return list(filters.document_ids)
-    if not (filters.filename or filters.media_type):
-        return None
-    sql = "SELECT id FROM document WHERE dataset_id = :d AND deleted_at IS NULL"
-    params: dict[str, Any] = {"d": ds.id}
-    if filters.filename:  # as ILIKE: the same lower-case match on both databases
-        sql += " AND LOWER(filename) LIKE :fn"
-        params["fn"] = f"%{filters.filename.lower()}%"
-    if filters.media_type:
-        sql += " AND media_type = :mt"
-        params["mt"] = filters.media_type
-    stmt = text(sql)
-    if filters.document_ids is not None:
-        stmt = text(sql + " AND id IN :ids").bindparams(bindparam("ids", expanding=True))
-        params["ids"] = list(filters.document_ids)
-    with ctx.engine.connect() as conn:
-        return [row[0] for row in conn.execute(stmt, params)]
-
-
 def query_vector(ctx: Reader, query: str):
     """The query as dense search encodes it (None when nothing is left to encode): a search of
     several datasets encodes it once and passes it to each (``search(..., vector=)``)."""
     text = query.replace('"', " ").strip()
     return ctx.query_encoder.encode([text])[0] if text else None
-
-
-def _job_of(hit) -> int | None:
-    """The job a vector belongs to (None for a vector no Sluice job wrote)."""
-    job = hit.metadata.get("job_id")
-    return int(job) if job is not None else None
-
-
-def _vector_read(ds: Searched, read: Callable[[], T]) -> T:
-    """``read()`` of the vector store; a failure on the way there (``read_failure``) is
-    ``VectorStoreUnavailable`` (503 with Retry-After in the API), in the same words for every front
-    end, and the log says what failed."""
-    try:
-        return read()
-    except Exception as exc:
-        why = read_failure(exc)
-        if why is None:
-            raise
-        log.warning("search of %r: the vector store failed (%s): %r", ds.name, why, exc)
-        raise VectorStoreUnavailable(
-            f"the vector store did not answer the search ({why}); nothing is wrong with the request"
-        ) from exc
-
-
-# A filter of a few documents is cheaper applied here than by Chroma: its filtered query reads
-# every allowed id from its metadata store and walks its graph until enough of them turn up, which
-# for one document's 100 chunks among 100,000 is nearly the whole graph (122 ms), while reading
-# their stored vectors to compare them here exactly takes 32 ms (300: 98 ms, their JSON the cost).
-# A broad filter stays with Chroma: an unfiltered query asked deep enough and screened here was no
-# cheaper at the same recall (a tenth of 100,000 chunks allowed: recall@10 0.74 at depth 400, 0.92
-# at 2,000 in 77 ms, 0.96 at 4,000 in 110 ms; Chroma's filter 0.96 in 125 ms; BENCHMARKS.md).
-EXACT_MAX = 200  # at most this many allowed chunks are compared exactly here
-
-
-def _dense(
-    ctx: Reader, ds: Searched, vector, k: int, filters: Filters, conditions: meta.Where = ()
-) -> list[SearchHit]:
-    """The dense ranker's best ``k`` chunks of active jobs that the filters allow: a few
-    documents' chunks compared exactly here, any other filter handed to Chroma (a ``where``)."""
-    if vector is None:
-        return []
-    disabled = lexical.disabled_ids(ctx.engine, ds.id)
-    clauses: list[dict] = []
-    doc_ids = _document_ids(ctx, ds, filters)
-    if doc_ids is not None:
-        if not doc_ids:
-            return []
-        clauses.append({"document_id": {"$in": doc_ids}})
-    if filters.page_from is not None:
-        clauses.append({"page": {"$gte": filters.page_from}})
-    if filters.page_to is not None:
-        clauses.append({"page": {"$lte": filters.page_to}})
-    where = None if not clauses else clauses[0] if len(clauses) == 1 else {"$and": clauses}
-    if doc_ids is not None and _served_chunks(ctx, doc_ids) <= EXACT_MAX:
-        found = _exact(ctx, ds, vector, k, set(doc_ids), where or {}, filters, conditions, disabled)
-        if found is not None:
-            return found
-    n = max(DENSE_DEPTH, k * 2)  # room for chunks of inactive jobs; asks for more when they crowd
-    requeried = False
-    while True:
-        answered = _vector_read(
-            ds, partial(ctx.vectors.query, ds.collection, vector, n=n, where=where)
-        )
-        hits = [h for h in answered if _job_of(h) is not None and h.id not in disabled]
-        kept, switched = _served(ctx, hits, conditions)
-        if (switched or answered.vanished > 0) and not requeried:
-            requeried = True
-            continue
-        # enough, or all the store holds (a query deeper than the collection answers all of it:
-        # the store is never counted, which cost more than the query, 15 ms at 100,000 chunks)
-        if len(kept) >= k or len(answered) + answered.vanished < n:
-            return _dense_hits(kept[:k])
-        n *= 4
-
-
-def _served(ctx: Reader, hits: list[Hit], conditions: meta.Where) -> tuple[list[Hit], bool]:
-    """The hits of each document's active job, and whether a document's active job is another
-    than its hits' (it switched between the query and this read)."""
-    active = _active_jobs(ctx, {_document_of(h) for h in hits}, conditions)
-    kept = [h for h in hits if active.get(_document_of(h)) == _job_of(h)]
-    # A document whose active job switched between the query and this read lost all its hits; its
-    # new chunks were complete before the switch, so one more query finds them. Chunks deleted
-    # while the query ran (a superseded version) left holes: the same one more query.
-    switched = any(active.get(_document_of(h)) not in (None, _job_of(h)) for h in hits)
-    return kept, switched
-
-
-def _document_of(hit: Hit) -> int:
-    return int(hit.metadata.get("document_id", -1))
-
-
-_SERVED_CHUNKS = text(
-    "SELECT SUM(j.chunk_count) FROM document d JOIN job j ON j.id = d.active_job_id "
-    "WHERE d.id IN :ids"
-).bindparams(bindparam("ids", expanding=True))
-
-
-def _served_chunks(ctx: Reader, doc_ids: list[int]) -> int:
-    """How many chunks these documents' active jobs serve (the job database's count)."""
-    if len(doc_ids) > EXACT_MAX:  # a document serves one chunk at least: no need to ask
-        return EXACT_MAX + 1
-    with ctx.engine.connect() as conn:
-        return int(conn.execute(_SERVED_CHUNKS, {"ids": list(doc_ids)}).scalar() or 0)
-
-
-def _in_pages(m: dict, filters: Filters) -> bool:
-    page = int(m.get("page", 0))
-    return (filters.page_from is None or page >= filters.page_from) and (
-        filters.page_to is None or page <= filters.page_to
-    )
 
 
 def _dense_hits(hits: list[Hit]) -> list[SearchHit]:
@@ -726,79 +590,3 @@ def _dense_hits(hits: list[Hit]) -> list[SearchHit]:
         )
         for h in hits
     ]
-
-
-def _read_hits(ctx: Reader, ds: Searched, scored: list[tuple[str, float]]) -> tuple[list[Hit], int]:
-    """The chunks of these (id, similarity) pairs read in full, in their order, and how many were
-    deleted since their ids were found (left out)."""
-    if not scored:
-        return [], 0
-    ids = [c for c, _ in scored]
-    got = _vector_read(ds, partial(ctx.vectors.get, ds.collection, ids, ["metadatas", "documents"]))
-    read = {
-        cid: (m, doc)
-        for cid, m, doc in zip(
-            got.get("ids") or [],
-            got.get("metadatas") or [],
-            got.get("documents") or [],
-            strict=False,
-        )
-        if m is not None
-    }
-    hits = [
-        Hit(id=cid, score=sim, text=read[cid][1] or "", metadata=dict(read[cid][0]))
-        for cid, sim in scored
-        if cid in read
-    ]
-    return hits, len(scored) - len(hits)
-
-
-def _exact(
-    ctx: Reader,
-    ds: Searched,
-    vector,
-    k: int,
-    documents: set[int],
-    where: dict,
-    filters: Filters,
-    conditions: meta.Where,
-    disabled: set[str],
-) -> list[SearchHit] | None:
-    """The best ``k`` chunks of a few documents (``where`` selects them, pages too), their stored
-    vectors compared with the query exactly (cosine, as the index ranks); None when the store
-    holds many more of their chunks than they serve (old versions not yet removed: the caller
-    then has Chroma filter)."""
-    import numpy as np
-
-    for again in (False, True):
-        ids, rows = _vector_read(
-            ds, partial(ctx.vectors.vectors_where, ds.collection, where, limit=2 * EXACT_MAX)
-        )
-        if len(ids) >= 2 * EXACT_MAX:
-            return None
-        q = np.asarray(vector, dtype=np.float32)
-        norms = np.linalg.norm(rows, axis=1) * max(float(np.linalg.norm(q)), 1e-12)
-        sims = (rows @ q) / np.clip(norms, 1e-12, None) if len(ids) else np.zeros(0)
-        order = [i for i in np.argsort(-sims, kind="stable") if ids[i] not in disabled]
-        kept: list[Hit] = []
-        switched = vanished = 0
-        step = max(DENSE_DEPTH, k * 2)
-        for start in range(0, len(order), step):  # best first, until k are kept
-            part = [(ids[i], float(sims[i])) for i in order[start : start + step]]
-            hits, gone = _read_hits(ctx, ds, part)
-            hits = [
-                h
-                for h in hits
-                if _job_of(h) is not None
-                and _document_of(h) in documents
-                and _in_pages(h.metadata, filters)
-            ]
-            more, moved = _served(ctx, hits, conditions)
-            kept += more
-            vanished += gone
-            switched += moved
-            if len(kept) >= k:
-                break
-        if again or not (switched or vanished):
-            return _dense_hits(kept[:k])
-    return None

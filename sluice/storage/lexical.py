@@ -20,6 +20,7 @@ prefix, finds every run holding it.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -390,6 +391,19 @@ def _expanding(name: str):
     return bindparam(name, expanding=True)
 
 
+def in_ids(column: str, name: str, ids: Iterable[int], params: dict, *, pg: bool) -> str:
+    """``column`` among these integer ids, the ids bound as one parameter (a JSON array on SQLite,
+    an array on PostgreSQL) and put in ``params``: a list of one parameter per id stops at the
+    drivers' limits (SQLite's default build binds 32,766, psycopg 65,535), and a metadata filter
+    may allow more documents than that."""
+    values = [int(i) for i in ids]
+    if pg:
+        params[name] = values
+        return f"{column} = ANY(CAST(:{name} AS BIGINT[]))"
+    params[name] = json.dumps(values)
+    return f"{column} IN (SELECT value FROM json_each(:{name}))"
+
+
 def delete_job(engine: Engine, job_id: int) -> int:
     """Remove every row a job wrote (cancel, supersede, delete). Returns how many went."""
     with engine.begin() as conn:
@@ -700,8 +714,7 @@ def _ranking(pg: bool, dataset_id: int, query: Query, f: Filters, *, loose: bool
     params: dict = {"d": dataset_id}
     scope = []
     if f.document_ids is not None:
-        scope.append("document_id IN :docs")
-        params["docs"] = list(f.document_ids)
+        scope.append(in_ids("document_id", "docs", f.document_ids, params, pg=pg))
     named = []
     if f.filename:
         named.append("LOWER(filename) LIKE :fn")
@@ -737,8 +750,7 @@ def _ranking(pg: bool, dataset_id: int, query: Query, f: Filters, *, loose: bool
             f"SELECT rowid AS id, -bm25({fts}) AS score FROM {fts} WHERE {fts} MATCH :q"
             f"{narrowed} ORDER BY score DESC LIMIT :m"
         )
-    stmt = text(ranked)
-    return (stmt.bindparams(_expanding("docs")) if "docs" in params else stmt), params
+    return text(ranked), params
 
 
 def _hit(r, score: float) -> LexicalHit:
