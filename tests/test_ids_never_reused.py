@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import create_engine, text
 
+from sluice.storage import tallies
 from sluice.storage.db import dispose_engines, get_engine, id_tables, init_schema
 
 TABLES = ("dataset", "document", "job", "job_event", "api_key", "webhook_delivery", "source")
@@ -61,6 +62,7 @@ def _make_plain(engine, table: str) -> None:
             )
         )
         conn.exec_driver_sql(f"INSERT INTO {table}__old SELECT * FROM {table}")
+        tallies.drop_triggers(conn)  # an older Sluice had no counting triggers
         conn.exec_driver_sql(f"DROP TABLE {table}")
         conn.exec_driver_sql(f"ALTER TABLE {table}__old RENAME TO {table}")
         conn.commit()

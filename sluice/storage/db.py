@@ -21,7 +21,7 @@ from sqlalchemy.sql import Executable
 
 from sluice.errors import UserActionError
 from sluice.files import private_dir, private_file
-from sluice.storage import lexical, tallies
+from sluice.storage import lexical
 
 if TYPE_CHECKING:
     from sqlmodel import Session, SQLModel
@@ -217,6 +217,8 @@ def init_schema(engine: Engine) -> None:
     separate_source_events(engine)
     make_ids_never_reused(engine)
     add_missing_indexes(engine)
+    from sluice.storage import tallies  # sqlmodel: not on a cold search's path
+
     tallies.install(engine)  # after any remake of a table: its triggers go with it
     add_name_search_index(engine)
     fill_outbox_datasets(engine)
@@ -315,6 +317,9 @@ def remake_table(engine: Engine, table_name: str, *, needed: Callable[[Any], boo
             conn.exec_driver_sql(
                 f'INSERT INTO "{copy_name}" ({names}) SELECT {names} FROM "{table_name}"'
             )
+            from sluice.storage import tallies
+
+            tallies.drop_triggers(conn)  # they name other tables; install makes them again
             conn.exec_driver_sql(f'DROP TABLE "{table_name}"')
             conn.exec_driver_sql(f'ALTER TABLE "{copy_name}" RENAME TO "{table_name}"')
             broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()

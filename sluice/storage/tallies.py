@@ -288,7 +288,8 @@ def _present(conn: Connection) -> bool:
     return names <= {row[0] for row in found}
 
 
-def _drop_triggers(conn: Connection) -> None:
+def drop_triggers(conn: Connection) -> None:
+    """Drop the counting triggers (a table remade by SQLite would break them meanwhile)."""
     for table, operation in _TRIGGERS:
         on = f" ON {table}" if _pg(conn) else ""
         conn.execute(text(f"DROP TRIGGER IF EXISTS {_trigger_name(table, operation)}{on}"))
@@ -332,7 +333,7 @@ def install(engine: Engine) -> bool:
         _lock(conn)
         if _present(conn):
             return False
-        _drop_triggers(conn)
+        drop_triggers(conn)
         for statement in _postgres_triggers() if _pg(conn) else _sqlite_triggers():
             conn.execute(text(statement))
         _count_again(conn)
