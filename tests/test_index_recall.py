@@ -97,3 +97,56 @@ def _metric(name: str) -> float:
         if line.startswith(f'{name}{{dataset="default"}} '):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in the scrape")
+
+
+class ShallowMiss:
+    """The session's store, whose answers of fewer than ``recall.DEEP`` chunks leave out ``hidden``
+    (a chunk a shallow walk of the graph misses, as 1 in 1,000 sampled at 300,000 chunks)."""
+
+    def __init__(self, store, hidden: str) -> None:
+        self.store, self.hidden, self.deep = store, hidden, 0
+
+    def query_ids(self, name, embeddings, *, n):
+        rows = self.store.query_ids(name, embeddings, n=n)
+        if n >= recall.DEEP or n >= self.store.count(name):
+            self.deep += 1
+            return rows
+        return [[hit for hit in row if hit[0] != self.hidden] for row in rows]
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("graph", ["as_built_now", "chroma_defaults"])
+def test_a_chunk_only_a_deep_walk_finds_is_hard_to_reach_and_rebuilt_only_for_a_weaker_graph(
+    ctx, graph
+):
+    """A graph as good as a rebuild would make is not rebuilt for a chunk a shallow walk misses (a
+    rebuild copied 300,000 chunks for one such and made the same kind of graph); one built with
+    Chroma's defaults is. A chunk not found even deep stays unreachable (the test above)."""
+    make_job(ctx.engine, "default", 7759)
+    name = collection(ctx)
+    if graph == "chroma_defaults":
+        ctx.vectors.client.get_or_create_collection(
+            name, embedding_function=None, metadata={"hnsw:space": "cosine"}
+        )
+    rng = np.random.default_rng(7759)
+    vectors = _clustered(rng)[:1500]
+    ids = [chunk_id(f"{7759:064x}", "v1", i) for i in range(len(vectors))]
+    _add(ctx, name, ids, vectors, np.arange(len(vectors)))
+    store = ctx.vectors
+    shallow = ctx.__dict__["vectors"] = ShallowMiss(store, ids[42])
+    try:
+        found = recall.audit_recall(ctx, name, sample=len(ids), queries=0)
+        assert (found.unreachable, found.hard_to_reach, shallow.deep) == (0, 1, 1)
+        assert "1 found only 1,000 deep" in found.describe()
+        fixed = reconcile(ctx, repair=True, index_sample=len(ids))
+    finally:
+        ctx.__dict__["vectors"] = store
+    rebuilt = any("rebuilt the vector index" in a for a in fixed.actions)
+    if graph == "as_built_now":
+        assert found.healthy and not found.weaker_graph and "would not help" in found.describe()
+        assert not rebuilt and collection(ctx) == name and not fixed.datasets[0].index_unhealthy
+    else:
+        assert not found.healthy and found.weaker_graph and "a rebuild makes" in found.describe()
+        assert rebuilt and collection(ctx) != name

@@ -453,7 +453,7 @@ class VectorStore:
     def get(
         self, name: str, ids: Sequence[str], include: list[str] | None = None
     ) -> dict[str, Any]:
-        include = include or ["metadatas"]
+        include = ["metadatas"] if include is None else include  # [] asks for the ids alone
         if self._client is None:  # a search's few chunks: over HTTP, as count and query
             got = self._read(name, "get", {"ids": list(ids), "include": include})
             return got or {"ids": [], **{key: [] for key in include}}
@@ -561,6 +561,15 @@ class VectorStore:
             return None if status == 404 else got  # 404: dropped in between
         finally:
             conn.close()
+
+    def weaker_graph(self, name: str) -> bool:
+        """Whether the collection's graph was built with fewer neighbours or a shallower
+        construction than ``HNSW`` (or tells no settings): a rebuild would make a better one."""
+        coll = self._on(name, lambda coll: coll, missing=lambda: None)
+        hnsw = (getattr(coll, "configuration", None) or {}).get("hnsw") or {}
+        return any(
+            int(hnsw.get(key) or 0) < HNSW[key] for key in ("max_neighbors", "ef_construction")
+        )
 
     def count(self, name: str) -> int:
         if self._client is None:

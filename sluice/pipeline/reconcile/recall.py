@@ -11,6 +11,12 @@ graph settings). So the audit also asks the index:
   and by exact search over every stored vector; recall@k is the share of the exact top ``k`` the
   index returned (a tie with the k-th exact similarity counts as found).
 
+A chunk its own ``k`` nearest miss is probed once more, ``DEEP`` deep (a walk of at least that many
+candidates): found there, it is *hard to reach*, the approximation every HNSW graph makes (1 in
+1,000 sampled at 300,000 chunks, found first at 1,000); a rebuild makes a graph of the same kind,
+so only a graph built with weaker settings than ``vectors.HNSW`` is rebuilt for it. Not found even
+there, it is unreachable: the graph is damaged.
+
 Below the threshold (any unreachable chunk, or recall under ``RECALL_THRESHOLD``), repair rebuilds
 the collection without a gap for search: a new collection is built beside the old one with the
 same ids, vectors, texts and metadata (and ``vectors.HNSW``'s graph settings), the dataset is
@@ -47,6 +53,8 @@ QUERY_BATCH = 100
 WINDOW = 100  # ids per sampled window of a large collection
 COPY_PAGE = 1000
 TIE = 1e-5
+DEEP = 1000  # a chunk its own vector finds among this many is reachable, if hard to reach
+PROBES = 100  # chunks probed that deep in one audit (beyond them a miss counts as unreachable)
 
 
 @dataclass
@@ -56,6 +64,10 @@ class RecallAudit:
     sampled: int = 0
     unreachable: int = 0
     unreachable_ids: list[str] = field(default_factory=list)
+    hard_to_reach: int = 0  # missed by the k nearest, found by the deep probe
+    # The graph was built with fewer neighbours or a shallower construction than vectors.HNSW: a
+    # rebuild would make a better one (known only when a chunk was hard to reach).
+    weaker_graph: bool = False
     queries: int = 0
     k: int = K
     recall: float | None = None  # None: not measured (empty, or too large for exact search)
@@ -64,7 +76,11 @@ class RecallAudit:
 
     @property
     def healthy(self) -> bool:
-        return self.unreachable == 0 and (self.recall is None or self.recall >= self.threshold)
+        return (
+            self.unreachable == 0
+            and not (self.hard_to_reach and self.weaker_graph)
+            and (self.recall is None or self.recall >= self.threshold)
+        )
 
     def to_dict(self) -> dict:
         return {**asdict(self), "healthy": self.healthy}
@@ -79,6 +95,12 @@ class RecallAudit:
         if self.unreachable:
             text += (
                 f" ({self.unreachable:,} unreachable, e.g. {', '.join(self.unreachable_ids[:3])})"
+            )
+        if self.hard_to_reach:
+            text += f"; {self.hard_to_reach:,} found only {DEEP:,} deep" + (
+                " (a graph built with weaker settings: a rebuild makes a better one)"
+                if self.weaker_graph
+                else " (hard to reach: a rebuild would not help)"
             )
         if self.recall is not None:
             text += (
@@ -135,6 +157,19 @@ def _reached(cid: str, row: list[tuple[str, float]]) -> bool:
     return any(i == cid for i, _ in row) or (bool(row) and all(d <= TIE for _, d in row))
 
 
+def _found_deep(
+    ctx: Context, collection: str, ids: list[str], vectors: np.ndarray, total: int
+) -> set[str]:
+    """Of chunks their own ``k`` nearest missed, those a walk ``DEEP`` deep finds."""
+    if not ids:
+        return set()
+    rows = []
+    for start in range(0, len(ids), QUERY_BATCH // 10):  # 10 answers of 1,000 ids a request
+        part = vectors[start : start + QUERY_BATCH // 10]
+        rows.extend(ctx.vectors.query_ids(collection, part, n=min(DEEP, total)))
+    return {cid for cid, row in zip(ids, rows, strict=True) if _reached(cid, row)}
+
+
 def _exact(ctx: Context, collection: str, queries: np.ndarray, k: int):
     """Exact top-k over every stored vector: per query, a dict id -> similarity, and the k-th
     similarity (walked in pages: memory bounded by the queries, not the collection)."""
@@ -170,9 +205,17 @@ def audit_recall(
         return result
     n = min(k, total)
     answers = _answers(ctx, collection, vectors, n)
-    unreachable = [cid for cid, row in zip(ids, answers, strict=True) if not _reached(cid, row)]
+    missed = [
+        i for i, (cid, row) in enumerate(zip(ids, answers, strict=True)) if not _reached(cid, row)
+    ]
+    deep = _found_deep(
+        ctx, collection, [ids[i] for i in missed[:PROBES]], vectors[missed[:PROBES]], total
+    )
+    unreachable = [ids[i] for i in missed if ids[i] not in deep]
     result.sampled, result.unreachable = len(ids), len(unreachable)
     result.unreachable_ids = unreachable[:20]
+    result.hard_to_reach = len(deep)
+    result.weaker_graph = bool(deep) and ctx.vectors.weaker_graph(collection)
     if queries and len(ids) >= 2 and total <= EXACT_LIMIT:
         pairs = rng.integers(0, len(ids), size=(queries, 2))
         q = _normalised(vectors[pairs[:, 0]] + vectors[pairs[:, 1]])
