@@ -196,16 +196,57 @@ def recall(ctx, queries_n: int) -> dict:
     from sluice.pipeline.reconcile import recall as audit
 
     collection = get_dataset(ctx, DATASET).collection
-    with mock.patch.object(audit, "EXACT_LIMIT", 10**9):
+    exact = _Remembered(audit._exact)
+    with mock.patch.object(audit, "EXACT_LIMIT", 10**9), mock.patch.object(audit, "_exact", exact):
         found = audit.audit_recall(ctx, collection, sample=200, queries=queries_n)
+        deeper = {str(depth): _deeper(ctx, collection, queries_n, depth) for depth in DEPTHS}
     return {
         "recall": found.recall,
         "queries": found.queries,
         "sampled": found.sampled,
         "unreachable": found.unreachable,
+        "hard_to_reach": found.hard_to_reach,
         "chunks": found.chunks,
         "seconds": found.seconds,
+        "deeper": deeper,
     }
+
+
+DEPTHS = (800, 1600)  # walks deeper than vectors.HNSW's ef_search: what a larger one would buy
+
+
+class _Remembered:
+    """The audit's exact search, done once for the same queries (a walk of every vector)."""
+
+    def __init__(self, exact) -> None:
+        self.exact, self.seen = exact, {}
+
+    def __call__(self, ctx, collection, queries, k):
+        key = (collection, queries.tobytes(), k)
+        if key not in self.seen:
+            self.seen[key] = self.exact(ctx, collection, queries, k)
+        return self.seen[key]
+
+
+def _deeper(ctx, collection: str, queries_n: int, depth: int) -> dict:
+    """The same audit with each query walking ``depth`` candidates (Chroma's walk is at least as
+    deep as the answer is long: the first 10 of ``depth`` answers are what ef_search ``depth``
+    would return), and a query's time at that depth (an upper bound: the answer is longer)."""
+    import numpy as np
+
+    from sluice.pipeline.reconcile import recall as audit
+
+    answers = audit._answers
+
+    def deep(ctx_, name, queries, n):
+        return [row[:n] for row in answers(ctx_, name, queries, max(n, depth))]
+
+    with mock.patch.object(audit, "_answers", deep):
+        found = audit.audit_recall(ctx, collection, sample=200, queries=queries_n)
+    rng = np.random.default_rng(5)
+    probes = rng.normal(size=(20, ctx.embedder.dim)).astype(np.float32)
+    spent = timed(list(probes), lambda q: ctx.vectors.query_ids(collection, q[None, :], n=depth))
+    return {"recall": found.recall, "query_ms": spent}
 
 
 def timed(calls: list, fn) -> dict[str, float]:
@@ -277,14 +318,20 @@ def reconcile_at_size(ctx) -> dict:
         docs = session.exec(
             select(Document.id).where(Document.dataset_id == dataset_id).limit(5)
         ).all()
-    for doc in docs:
-        set_document_metadata(ctx, doc, {"bench": "changed"}, actor="bench")
+    for doc in docs:  # a value of this size's own: the same one again would change nothing
+        set_document_metadata(ctx, doc, {"bench": f"changed at {full.chunks}"}, actor="bench")
     started = time.perf_counter()
     changed = reconcile(ctx, dataset=DATASET, save=False, changed_only=True)
     incremental_s = time.perf_counter() - started
     [summary] = changed.datasets
+    index = full.datasets[0].index or {} if full.datasets else {}
     return {
         "full_s": full_s,
+        # the recall audit's share of the full pass, and what its repair did (a rebuild copies
+        # every chunk into a new collection)
+        "index_s": index.get("seconds"),
+        "index_healthy": index.get("healthy"),
+        "actions": list(full.actions),
         "full_found": [full.missing, full.orphans, full.mismatched],
         "full_errors": len(full.errors),
         "peak_mb": traced.peak / 1024 / 1024,
@@ -501,10 +548,19 @@ def search_table(points: list[dict]) -> list[str]:
         lines.append(
             f"| {p['indexed']:,} | {cells} | {_met(worst < HYBRID_P95_MS)} "
             f"| {rec['recall'] if rec['recall'] is not None else 'n/a'} ({rec['queries']}; "
-            f"{rec['sampled'] - rec['unreachable']}/{rec['sampled']} reached) "
+            f"{rec['sampled'] - rec['unreachable']}/{rec['sampled']} reached){_deeper_cell(rec)} "
             f"| {_met(ok)} |"
         )
     return lines
+
+
+def _deeper_cell(rec: dict) -> str:
+    """What deeper walks returned: '; walking 800: 0.97 (p95 12 ms a query), ...'."""
+    parts = [
+        f"{depth}: {got['recall']} (p95 {got['query_ms']['p95']:.0f} ms a query)"
+        for depth, got in (rec.get("deeper") or {}).items()
+    ]
+    return f"; walking {', '.join(parts)}" if parts else ""
 
 
 READ_TARGETS = {"api_job": 10.0, "job_detail": 100.0, "document_page": 100.0}
@@ -528,9 +584,16 @@ def reads_table(points: list[dict]) -> list[str]:
         ]
         walk = p.get("reconcile")
         if walk:
+            index = (
+                f"; its recall check {walk['index_s']:.1f} s"
+                + ("" if walk.get("index_healthy", True) else ", unhealthy")
+                + (f", {len(walk['actions'])} repair(s)" if walk.get("actions") else "")
+                if walk.get("index_s") is not None
+                else ""
+            )
             cells += [
                 f"{walk['full_s']:.1f} (missing, orphans, mismatched: "
-                f"{', '.join(str(n) for n in walk['full_found'])})",
+                f"{', '.join(str(n) for n in walk['full_found'])}{index})",
                 f"{walk['peak_mb']:.1f} MB",
                 f"{walk['incremental_s']:.2f} ({walk['incremental_kind']}, "
                 f"{walk['incremental_jobs']} jobs, {walk['ids_asked']:,} ids asked)",

@@ -58,6 +58,11 @@ def test_bench_scale_on_its_smallest_input_fills_every_figure(tmp_path):
         assert set(p["latency"]) == set(LABELS)
         assert all(v["p95"] >= v["p50"] > 0 for v in p["latency"].values())
         assert p["recall"]["recall"] is not None and p["recall"]["queries"] == 3
+        deeper = p["recall"]["deeper"]  # what a deeper walk would return, and cost
+        assert set(deeper) == {"800", "1600"} and all(
+            d["recall"] is not None for d in deeper.values()
+        )
+        assert all(d["query_ms"]["p95"] > 0 for d in deeper.values())
     text = out.read_text().strip()
     assert text.startswith("## Cost against index size") and "vCPUs, flags" in text
     assert "| 1.00 |" in text  # the empty dataset's own ratio
