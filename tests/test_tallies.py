@@ -170,6 +170,47 @@ def test_the_recovery_round_folds_the_counts(make_ctx, database_url):
         }
 
 
+def test_the_pages_fold_deltas_that_pile_up_when_no_worker_runs(make_ctx, monkeypatch):
+    """No worker, no recovery round: the overview, the jobs page and the datasets' summaries fold
+    the deltas themselves once more than ``PILE`` wait, so their reads stay a few rows; below
+    that they read the deltas as they are."""
+    from sluice.ops import reads
+    from sluice.pipeline.running.context import set_context
+    from sluice.storage import tallies
+
+    ctx = make_ctx()
+    set_context(ctx)
+    monkeypatch.setattr(tallies, "PILE", 40)
+    seed_jobs(ctx.engine, 8, dataset="piled", seed=5)
+
+    def waiting() -> int:
+        with Session(ctx.engine) as session:
+            return session.execute(text("SELECT COUNT(*) FROM tally_delta")).scalar_one()
+
+    few = waiting()
+    assert 0 < few <= 40
+    reads.overview(None)
+    assert waiting() == few  # under the pile: left for the recovery round
+    seed_jobs(ctx.engine, 30, dataset="piled", seed=6)
+    for seed, read in enumerate(
+        (
+            lambda: reads.overview(None),
+            lambda: reads.jobs_page(
+                queries.JobFilter(), sort="created_at", descending=True, page=1, page_size=50
+            ),
+            reads.dataset_summaries,
+        ),
+        start=7,
+    ):
+        assert waiting() > 40
+        read()
+        assert waiting() == 0
+        with Session(ctx.engine) as session:
+            assert queries.status_counts(session=session) == _status_over_rows(session)
+            assert not tallies.drift(session)
+        seed_jobs(ctx.engine, 30, dataset="piled", seed=seed)
+
+
 def _status_over_rows(session: Session) -> dict[str, int]:
     counts = {s.value: 0 for s in JobStatus}
     for s, n in session.execute(text("SELECT status, COUNT(*) FROM job GROUP BY status")).all():

@@ -384,6 +384,20 @@ def fold(engine: Engine) -> int:
     return len(done)
 
 
+PILE = 20_000  # unfolded deltas beyond which a reader folds them itself
+
+
+def fold_if_piled(engine: Engine) -> int:
+    """Fold when more than ``PILE`` deltas wait: no recovery round has folded them (no worker is
+    up while uploads go on), and every read of the counts sums them. Asking costs a walk of at most
+    ``PILE`` index entries; returns what ``fold`` did (0 when nothing was piled)."""
+    with engine.connect() as conn:
+        piled = conn.execute(
+            text("SELECT id FROM tally_delta ORDER BY id LIMIT 1 OFFSET :n"), {"n": PILE}
+        ).first()
+    return fold(engine) if piled is not None else 0
+
+
 # --- read -----------------------------------------------------------------------------------------
 
 
