@@ -310,6 +310,52 @@ def test_a_filter_allowing_more_documents_than_a_statement_binds_still_searches(
     assert hits and {h.document_id for h in hits} == {docs["orchard"]}
 
 
+def _many_documents(ctx, ds_id: int, n: int, metadata: dict) -> None:
+    from sqlalchemy import insert
+
+    from sluice.storage.models import Document
+
+    rows = [
+        {
+            "dataset_id": ds_id,
+            "sha256": f"{i:064x}",
+            "size": 1,
+            "media_type": "text/plain",
+            "filename": f"unindexed-{i}.txt",
+            "blob_key": f"{i:064x}",
+            "metadata": metadata,
+        }
+        for i in range(n)
+    ]
+    with ctx.engine.begin() as conn:  # documents without a job: allowed, listing nothing
+        conn.execute(insert(Document), rows)
+
+
+def test_the_api_jobs_list_filtered_by_metadata_allowing_more_documents_than_a_statement_binds(
+    database_url, ctx
+):
+    """``GET /v1/jobs?where=...`` lists the jobs of the documents a filter allows; a broad filter
+    in a large dataset allows more than a statement binds (before: too many SQL variables: 500)."""
+    from sluice.api import scoped
+    from sluice.ops.keys import ApiPrincipal
+    from sluice.pipeline.running.context import set_context
+
+    set_context(ctx)
+    docs = _dataset(ctx, 3)
+    ds_id = job(ctx, 1).dataset_id
+    _many_documents(ctx, ds_id, PSYCOPG_MAX_PARAMETERS + 100, {"team": "a"})
+    _bound_like_default_sqlite(ctx.engine)
+    key = ApiPrincipal(0, "test", "read", False, frozenset({ds_id}))
+    page = scoped.jobs(
+        key, dataset="default", statuses=[], limit=10, cursor=None, where={"team": "a"}
+    )
+    assert [r["document_id"] for r in page.jobs] == [docs["orchard"]]
+    team_b = scoped.jobs(
+        key, dataset="default", statuses=[], limit=10, cursor=None, where={"team": "b"}
+    )
+    assert sorted(r["document_id"] for r in team_b.jobs) == [docs["harbour"], docs["glacier"]]
+
+
 def test_hybrid_runs_its_two_rankers_at_once(ctx):
     """The dense ranker starts before the lexical one has answered (they are independent: a
     hybrid search costs the slower of the two, not both): the lexical ranker, held at its fault
