@@ -282,27 +282,8 @@ def test_a_filter_allowing_more_documents_than_a_statement_binds_still_searches(
     """A metadata filter may allow more documents than the job database binds parameters in one
     statement (SQLite 32,766, psycopg 65,535): the allowed ids are never bound one parameter
     each, so the search answers (before: too many SQL variables)."""
-    from sqlalchemy import insert
-
-    from sluice.storage.models import Document
-
     docs = _dataset(ctx, 3)
-    ds_id = job(ctx, 1).dataset_id
-    many = PSYCOPG_MAX_PARAMETERS + 100  # above both limits
-    rows = [
-        {
-            "dataset_id": ds_id,
-            "sha256": f"{i:064x}",
-            "size": 1,
-            "media_type": "text/plain",
-            "filename": f"unindexed-{i}.txt",
-            "blob_key": f"{i:064x}",
-            "metadata": {"team": "a"},
-        }
-        for i in range(many)
-    ]
-    with ctx.engine.begin() as conn:  # documents without a served job: allowed, answering nothing
-        conn.execute(insert(Document), rows)
+    _many_documents(ctx, job(ctx, 1).dataset_id, PSYCOPG_MAX_PARAMETERS + 100, {"team": "a"})
     _bound_like_default_sqlite(ctx.engine)
     hits = search(
         ctx, query="pelican orchard shore", dataset="default", k=5, mode=mode, where={"team": "a"}
