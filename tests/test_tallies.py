@@ -371,3 +371,27 @@ def test_the_drain_rate_reads_the_newest_successes_only(engine, monkeypatch):
         finished = sorted(session.exec(succeeded).all(), reverse=True)
     assert len(finished) > 7
     assert [r[1] for r in got] == finished[:7]
+
+
+def test_the_trigram_index_is_built_concurrently_and_a_dead_build_is_redone(database_url):
+    """Built ``CONCURRENTLY`` (writes to a large job table go on meanwhile); a build that died
+    leaves an invalid index, which serves no read: the next schema check drops and builds it."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("the trigram index is PostgreSQL's")
+    from sluice.storage.db import NAME_SEARCH_INDEX, add_name_search_index
+
+    engine = get_engine(database_url)
+    which = f"indexrelid = '{NAME_SEARCH_INDEX}'::regclass"
+    valid = f"SELECT indisvalid FROM pg_index WHERE {which}"
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql(valid).scalar() is True
+        # what a build that died leaves (only a superuser can write pg_index: the test's role)
+        conn.exec_driver_sql(f"UPDATE pg_index SET indisvalid = false WHERE {which}")
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    assert add_name_search_index(engine) is True
+    assert any(s.startswith(f"DROP INDEX CONCURRENTLY IF EXISTS {NAME_SEARCH_INDEX}") for s in seen)
+    assert any(s.startswith("CREATE INDEX CONCURRENTLY") for s in seen), seen
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql(valid).scalar() is True
+    assert add_name_search_index(engine) is False  # nothing left to make

@@ -470,32 +470,49 @@ def add_name_search_index(engine: Engine) -> bool:
     """On PostgreSQL, the trigram index the jobs page's name search (ILIKE '%...%') walks instead of
     every row, when the server has pg_trgm (contrib) and the role may enable it; without, the
     search still works, by a scan, and the log says why. False when there was nothing to make.
-    SQLite has no such index: its search scans the file name index (``queries.name_like``)."""
+    SQLite has no such index: its search scans the file name index (``queries.name_like``).
+
+    Built ``CONCURRENTLY`` (jobs go on being written while an existing table of millions of jobs
+    is indexed), by one process at a time (an advisory lock; the others leave it to that one); a
+    build that died left an invalid index, which the next check drops and builds again."""
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
     if engine.dialect.name != "postgresql":
         return False
-    with engine.connect() as conn:
-        if conn.execute(
-            text("SELECT 1 FROM pg_indexes WHERE indexname = :n"), {"n": NAME_SEARCH_INDEX}
-        ).first():
+    valid = text(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE c.relname = :n"
+    )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if conn.execute(valid, {"n": NAME_SEARCH_INDEX}).scalar():
             return False
-    try:
-        with engine.begin() as conn:
+        if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _TRIGRAM_LOCK}).scalar():
+            return False  # another process is building it
+        try:
+            state = conn.execute(valid, {"n": NAME_SEARCH_INDEX}).first()
+            if state is not None and state[0]:
+                return False
+            if state is not None:  # a build that died: its index takes writes, serves no read
+                conn.execute(text(f"DROP INDEX CONCURRENTLY IF EXISTS {NAME_SEARCH_INDEX}"))
             conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_trgm"))
             conn.execute(
                 text(
-                    f"CREATE INDEX IF NOT EXISTS {NAME_SEARCH_INDEX} ON job "
+                    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {NAME_SEARCH_INDEX} ON job "
                     "USING gin (filename gin_trgm_ops)"
                 )
             )
-    except DBAPIError as exc:
-        if _made_by_another(exc):
+        except DBAPIError as exc:
+            if _made_by_another(exc):
+                return False
+            log.warning("no trigram index for the job name search: %s", exc.orig or exc)
             return False
-        log.warning("no trigram index for the job name search: %s", exc.orig or exc)
-        return False
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _TRIGRAM_LOCK})
     return True
+
+
+_TRIGRAM_LOCK = 7_305_432  # PostgreSQL advisory lock: one build of the trigram index at a time
 
 
 def refuse_if_deleting(dataset: Dataset) -> None:
