@@ -395,3 +395,30 @@ def test_the_trigram_index_is_built_concurrently_and_a_dead_build_is_redone(data
     with engine.connect() as conn:
         assert conn.exec_driver_sql(valid).scalar() is True
     assert add_name_search_index(engine) is False  # nothing left to make
+
+
+def test_delta_ids_are_64_bit_on_postgresql_and_an_older_database_is_widened(database_url):
+    """Each job change writes several deltas: a 32-bit serial would run out within months on a
+    busy database, and every job write with it. A database made with one is widened in place."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite's rowid is 64-bit")
+    from sluice.storage import tallies
+
+    engine = get_engine(database_url)
+    kind = text(
+        "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = 'tally_delta' AND column_name = 'id'"
+    )
+    top = text("SELECT max_value FROM pg_sequences WHERE sequencename = 'tally_delta_id_seq'")
+    with engine.begin() as conn:
+        assert conn.execute(kind).scalar() == "bigint" and conn.execute(top).scalar() == 2**63 - 1
+        conn.execute(text("ALTER TABLE tally_delta ALTER COLUMN id TYPE INTEGER"))  # as made before
+        conn.execute(text("ALTER SEQUENCE tally_delta_id_seq AS INTEGER"))
+    seed_jobs(engine, 5, dataset="wide", seed=9)
+    tallies.install(engine)  # the schema check's
+    with engine.begin() as conn:
+        assert conn.execute(kind).scalar() == "bigint" and conn.execute(top).scalar() == 2**63 - 1
+    seed_jobs(engine, 5, dataset="wide", seed=10)
+    tallies.fold(engine)
+    with Session(engine) as session:
+        assert not tallies.drift(session)

@@ -29,7 +29,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Column, Index, literal_column, select, text, union_all
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Index,
+    Integer,
+    literal_column,
+    select,
+    text,
+    union_all,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Field, Session, SQLModel
@@ -65,7 +74,12 @@ class TallyDelta(SQLModel, table=True):
 
     __tablename__ = "tally_delta"
 
-    id: int = Field(default=None, primary_key=True)
+    # Every change of a job writes several deltas: a 32-bit id would run out within months on a
+    # busy PostgreSQL database, and every job write with it (SQLite's rowid is 64-bit already).
+    id: int = Field(
+        default=None,
+        sa_column=Column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True),
+    )
     what: str = Field(max_length=10)
     dataset_id: int
     status: str = Field(default="", max_length=20)
@@ -326,6 +340,7 @@ def install(engine: Engine) -> bool:
     """Make the triggers when the database lacks them, and count everything from the rows in the
     same transaction (no change slips between). False when they were there. Safe when several
     processes start at once: the second finds them made under the lock."""
+    _widen_delta_ids(engine)
     with engine.connect() as conn:
         if _present(conn):
             return False
@@ -338,6 +353,25 @@ def install(engine: Engine) -> bool:
             conn.execute(text(statement))
         _count_again(conn)
     return True
+
+
+def _widen_delta_ids(engine: Engine) -> None:
+    """A PostgreSQL database made when ``tally_delta.id`` was a 32-bit serial gets a 64-bit one
+    (the table holds only the deltas not folded yet: rewriting it is quick)."""
+    if engine.dialect.name != "postgresql":
+        return
+    ask = text(
+        "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = 'tally_delta' AND column_name = 'id'"
+    )
+    with engine.connect() as conn:
+        if conn.execute(ask).scalar() != "integer":
+            return
+    with engine.begin() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _FOLD_LOCK})
+        if conn.execute(ask).scalar() == "integer":  # not widened by another process meanwhile
+            conn.execute(text("ALTER TABLE tally_delta ALTER COLUMN id TYPE BIGINT"))
+            conn.execute(text("ALTER SEQUENCE IF EXISTS tally_delta_id_seq AS BIGINT"))
 
 
 def rebuild(engine: Engine) -> None:
