@@ -359,3 +359,41 @@ def test_hybrid_runs_its_two_rankers_at_once(ctx):
     with faults.hook("search_between_rankers", hold):
         hits = search(ctx, query="pelican glacier shore", dataset="default", k=5, mode="hybrid")
     assert hits and waited == [True]
+
+
+def test_a_hybrid_search_is_never_queued_behind_other_searches_dense_rankers(ctx):
+    """Hybrid's dense rankers share a few threads. With every one of them held by another
+    dataset's slow searches, a search runs its two rankers on its own thread and answers (before:
+    it waited in the pool's queue until one of the slow searches let go)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sluice import faults
+
+    _dataset(ctx, 3)
+    slow = ingest_bytes(ctx, _body("lagoon", 1), dataset="slow", filename="lagoon.txt")
+    assert run_job(slow.job_id, ctx=ctx).result == "succeeded"
+    held, arrived, let_go = search_ops.RANKER_THREADS, threading.Semaphore(0), threading.Event()
+
+    def hold(dataset: str | None = None, ranker: str | None = None, **_) -> None:
+        if dataset == "slow" and ranker == "dense":
+            arrived.release()
+            assert let_go.wait(timeout=60), "never let go"
+
+    def slow_search() -> list:
+        return search(ctx, query="pelican lagoon", dataset="slow", k=3, mode="hybrid")
+
+    with faults.hook("search_between_rankers", hold), ThreadPoolExecutor(held) as callers:
+        slows = [callers.submit(slow_search) for _ in range(held)]
+        try:
+            for _ in range(held):  # every dense thread is now held by a slow search
+                assert arrived.acquire(timeout=30), "the slow searches did not all begin"
+            with ThreadPoolExecutor(1) as mine:
+                answered = mine.submit(
+                    search, ctx, query="pelican glacier", dataset="default", k=5, mode="hybrid"
+                )
+                hits = answered.result(timeout=30)
+        finally:
+            let_go.set()
+        assert all(s.result(timeout=60) for s in slows)
+    assert hits and hits[0].filename == "glacier.txt"

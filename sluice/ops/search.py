@@ -33,6 +33,7 @@ import contextvars
 import json
 import logging
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -430,7 +431,16 @@ class Ranking:
             return self._words(lexical_n), []
         if self.mode == "dense":
             return [], self._vectors(dense_n)
-        pending = _RANKERS.submit(contextvars.copy_context().run, self._vectors, dense_n, True)
+        if not _RANKER_SLOTS.acquire(blocking=False):  # every thread busy: one after the other,
+            words = self._words(lexical_n)  # never queued behind other searches
+            faults.hit("search_between_rankers", dataset=self.ds.name, ranker="lexical")
+            return words, self._vectors(dense_n, True)
+        try:
+            pending = _RANKERS.submit(contextvars.copy_context().run, self._vectors, dense_n, True)
+        except BaseException:
+            _RANKER_SLOTS.release()
+            raise
+        pending.add_done_callback(lambda _done: _RANKER_SLOTS.release())
         try:
             words = self._words(lexical_n)
             faults.hit("search_between_rankers", dataset=self.ds.name, ranker="lexical")
@@ -452,9 +462,12 @@ class Ranking:
 
 
 # Hybrid's dense rankers, beside their lexical ones (each search's caller thread): a few, since a
-# search waits on the store or the database most of the time; more searches at once than this
-# queue for it, each then costing what its two rankers one after the other did.
-_RANKERS = ThreadPoolExecutor(8, thread_name_prefix="search-dense")
+# search waits on the store or the database most of the time. A search that finds every thread
+# taken runs its two rankers one after the other on its own thread: one dataset's slow searches
+# never hold another's in a queue.
+RANKER_THREADS = 8
+_RANKERS = ThreadPoolExecutor(RANKER_THREADS, thread_name_prefix="search-dense")
+_RANKER_SLOTS = threading.BoundedSemaphore(RANKER_THREADS)
 
 
 def lexical_half(engine: Engine) -> float:
