@@ -564,9 +564,13 @@ class VectorStore:
 
     def weaker_graph(self, name: str) -> bool:
         """Whether the collection's graph was built with fewer neighbours or a shallower
-        construction than ``HNSW`` (or tells no settings): a rebuild would make a better one."""
+        construction than ``HNSW``: a rebuild would make a better one. A collection that tells no
+        graph settings (another index kind) is not: a rebuild would make the same again."""
         coll = self._on(name, lambda coll: coll, missing=lambda: None)
         hnsw = (getattr(coll, "configuration", None) or {}).get("hnsw") or {}
+        if not hnsw:
+            log.info("collection %s tells no HNSW settings: not rebuilt for a hard chunk", name)
+            return False
         return any(
             int(hnsw.get(key) or 0) < HNSW[key] for key in ("max_neighbors", "ef_construction")
         )
