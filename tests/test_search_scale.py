@@ -203,9 +203,13 @@ def test_a_filtered_dense_search_answers_the_best_allowed_chunks_on_every_path(
     seen = _calls(monkeypatch)
     query = "pelican shore walk orchard canyon"
     where = {"team": "a"}
-    hits = search(ctx, query=query, dataset="default", k=6, mode="dense", where=where)
+    with Statements(ctx.engine) as statements:
+        hits = search(ctx, query=query, dataset="default", k=6, mode="dense", where=where)
     vector = search_ops.query_vector(ctx, query)
     assert [h.chunk_id for h in hits] == _exact_best(ctx, vector, allowed, 6)
+    if path != "exact":  # the dataset's served total, for the allowed share: its kept count,
+        totals = [q for q, _ in statements.seen if "SUM(" in q]  # not a sum over its documents
+        assert totals and all("FROM tally" in q and "job" not in q for q in totals), totals
     names = [name for name, _ in seen]
     filtered = [name for name, w in seen if name == "query" and _filtered(w)]
     if path == "exact":

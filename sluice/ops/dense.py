@@ -186,9 +186,11 @@ _SERVING = (
     "JOIN job j ON j.id = d.active_job_id WHERE {among} AND d.dataset_id = :d "
     "AND d.deleted_at IS NULL AND d.disabled_at IS NULL"
 )
+# The dataset's served chunks, as the job database keeps them (sluice.storage.tallies: folded and
+# not yet), for the allowed share: a row or a few, where a sum over the documents grows with them.
 _SERVED_TOTAL = text(
-    "SELECT SUM(j.chunk_count) FROM document d JOIN job j ON j.id = d.active_job_id "
-    "WHERE d.dataset_id = :d AND d.deleted_at IS NULL AND d.disabled_at IS NULL"
+    "SELECT SUM(chunks) FROM (SELECT chunks FROM tally WHERE what = 'dataset' AND dataset_id = :d "
+    "UNION ALL SELECT chunks FROM tally_delta WHERE what = 'dataset' AND dataset_id = :d) AS kept"
 )
 
 
