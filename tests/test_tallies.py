@@ -422,3 +422,32 @@ def test_delta_ids_are_64_bit_on_postgresql_and_an_older_database_is_widened(dat
     tallies.fold(engine)
     with Session(engine) as session:
         assert not tallies.drift(session)
+
+
+def test_a_trigger_of_another_version_is_dropped_not_counted_beside(engine):
+    """A database holding a counting trigger of an older version (its name names it) gets the
+    current set alone: the two would count every change twice."""
+    from sluice.storage import tallies
+
+    pg = engine.dialect.name == "postgresql"
+    current = tallies._trigger_name("job", "INSERT")
+    older = current.replace(f"tally_{tallies.VERSION}_", "tally_v0_")
+    with engine.begin() as conn:
+        if pg:
+            function = f"tally_{tallies.VERSION}_job"
+            conn.execute(
+                text(
+                    f"CREATE TRIGGER {older} AFTER INSERT ON job FOR EACH ROW "
+                    f"EXECUTE FUNCTION {function}()"
+                )
+            )
+        else:
+            made = conn.execute(
+                text("SELECT sql FROM sqlite_master WHERE name = :n"), {"n": current}
+            ).scalar_one()
+            conn.execute(text(made.replace(current, older, 1)))
+    assert tallies.install(engine) is True  # the schema check's: the set was not this version's
+    assert tallies.install(engine) is False
+    seed_jobs(engine, 20, dataset="versions", seed=11)
+    with Session(engine) as session:
+        assert not tallies.drift(session)

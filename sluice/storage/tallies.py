@@ -288,25 +288,38 @@ def _pg(conn: Connection | Engine) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def _present(conn: Connection) -> bool:
-    """Every trigger is there (an SQLite table made again lost its own, the other table's stay)."""
-    names = {_trigger_name(t, op) for t, op in _TRIGGERS}
+def _found(conn: Connection) -> set[tuple[str, str]]:
+    """(table, name) of every counting trigger on ``job`` and ``document``, of any version."""
     if _pg(conn):
         found = conn.execute(
-            text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal AND tgname LIKE 'tally_%'")
+            text(
+                "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "WHERE NOT t.tgisinternal AND c.oid IN ('job'::regclass, 'document'::regclass) "
+                "AND starts_with(t.tgname, 'tally_')"
+            )
         )
     else:
         found = conn.execute(
-            text("SELECT name FROM sqlite_master WHERE type = 'trigger' AND name LIKE 'tally_%'")
+            text(
+                "SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger' "
+                "AND tbl_name IN ('job', 'document') AND substr(name, 1, 6) = 'tally_'"
+            )
         )
-    return names <= {row[0] for row in found}
+    return {(row[0], row[1]) for row in found}
+
+
+def _present(conn: Connection) -> bool:
+    """Every trigger of this version is there and no other (an SQLite table made again lost its
+    own; a trigger of another version would count every change twice)."""
+    return _found(conn) == {(t, _trigger_name(t, op)) for t, op in _TRIGGERS}
 
 
 def drop_triggers(conn: Connection) -> None:
-    """Drop the counting triggers (a table remade by SQLite would break them meanwhile)."""
-    for table, operation in _TRIGGERS:
+    """Drop the counting triggers, of any version (a table remade by SQLite would break them
+    meanwhile; an older version's would count beside the new)."""
+    for table, name in sorted(_found(conn)):
         on = f" ON {table}" if _pg(conn) else ""
-        conn.execute(text(f"DROP TRIGGER IF EXISTS {_trigger_name(table, operation)}{on}"))
+        conn.execute(text(f'DROP TRIGGER IF EXISTS "{name}"{on}'))
 
 
 def _lock(conn: Connection) -> None:
