@@ -170,7 +170,9 @@ def test_the_recovery_round_folds_the_counts(make_ctx, database_url):
         }
 
 
-def test_the_pages_fold_deltas_that_pile_up_when_no_worker_runs(make_ctx, monkeypatch):
+def test_the_pages_fold_deltas_that_pile_up_when_no_worker_runs(
+    database_url, make_ctx, monkeypatch
+):
     """No worker, no recovery round: the overview, the jobs page and the datasets' summaries fold
     the deltas themselves once more than ``PILE`` wait, so their reads stay a few rows; below
     that they read the deltas as they are."""
@@ -209,6 +211,41 @@ def test_the_pages_fold_deltas_that_pile_up_when_no_worker_runs(make_ctx, monkey
             assert queries.status_counts(session=session) == _status_over_rows(session)
             assert not tallies.drift(session)
         seed_jobs(ctx.engine, 30, dataset="piled", seed=seed)
+
+
+def test_a_drift_past_the_triggers_is_counted_again_by_the_recovery_round(
+    database_url, make_ctx, monkeypatch
+):
+    """A change no trigger saw (a trigger dropped by hand, or a PostgreSQL race of a job and its
+    document, each changed unseen by the other's trigger) leaves a count wrong for good; the
+    recovery round compares the counts with the rows hourly, in one statement, and counts again
+    when any differs."""
+    from sluice.pipeline.queueing import recovery
+    from sluice.storage import tallies
+
+    ctx = make_ctx()
+    seed_jobs(ctx.engine, 30, dataset="drifted", seed=12)
+    monkeypatch.setattr(recovery, "_last_heal", {})
+    recovery.run_once(ctx, publish=lambda _id: None)  # the first round of a process compares
+    assert tallies.heal(ctx.engine) == 0
+    with ctx.engine.begin() as conn:  # seven pending jobs no row holds: a count gone wrong
+        conn.execute(
+            text(
+                "INSERT INTO tally_delta (what, dataset_id, status, error_kind, minute, n, chunks, "
+                "size) VALUES ('job', 1, 'pending', '', 0, 7, 0, 0)"
+            )
+        )
+    with Session(ctx.engine) as session:
+        assert tallies.drift(session)
+    recovery.run_once(ctx, publish=lambda _id: None)  # within the hour: not compared
+    with Session(ctx.engine) as session:
+        assert tallies.drift(session)
+    monkeypatch.setattr(recovery, "_last_heal", {})  # an hour later
+    recovery.run_once(ctx, publish=lambda _id: None)
+    with Session(ctx.engine) as session:
+        assert not tallies.drift(session)
+        assert queries.status_counts(session=session) == _status_over_rows(session)
+    assert tallies.heal(ctx.engine) == 0
 
 
 def _status_over_rows(session: Session) -> dict[str, int]:

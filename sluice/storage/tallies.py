@@ -459,6 +459,33 @@ def counted(what: str) -> Any:
     return union_all(*parts).subquery(f"counted_{what}")
 
 
+def heal(engine: Engine) -> int:
+    """How many counts differ from a count over the rows, asked in one statement (one snapshot:
+    no change between the two sides); when any does, everything is counted again. The triggers
+    keep the counts exact unless something wrote past them (a trigger dropped, two PostgreSQL
+    transactions each changing a job and its document unseen by the other's trigger): this puts
+    such a drift right (the recovery round's, hourly)."""
+    keys = ", ".join(_KEY)
+    kept = (
+        f"SELECT {keys}, {_SUMS} FROM (SELECT {keys}, {_VALUES} FROM tally UNION ALL "
+        f"SELECT {keys}, {_VALUES} FROM tally_delta) AS k GROUP BY {keys}"
+    )
+    nonzero = "WHERE n <> 0 OR chunks <> 0 OR size <> 0"
+    with engine.connect() as conn:
+        fresh = _counted_over_rows(_pg(conn))
+        differ = conn.execute(
+            text(
+                f"WITH k AS (SELECT * FROM ({kept}) AS a {nonzero}), "
+                f"f AS (SELECT * FROM ({fresh}) AS b {nonzero}) "
+                "SELECT (SELECT COUNT(*) FROM (SELECT * FROM k EXCEPT SELECT * FROM f) AS x) + "
+                "(SELECT COUNT(*) FROM (SELECT * FROM f EXCEPT SELECT * FROM k) AS y)"
+            )
+        ).scalar_one()
+    if differ:
+        rebuild(engine)
+    return int(differ)
+
+
 def drift(session: Session) -> dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Counts where the kept ones and a count over the rows differ: key -> (kept, counted), each
     (n, chunks, size). Empty unless something wrote past the triggers."""

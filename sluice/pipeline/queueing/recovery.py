@@ -161,11 +161,25 @@ def finish_dataset_deletes(ctx: Context) -> list[str]:
     return [r.message for r in done if r.ok]
 
 
+TALLY_HEAL_EVERY_SECONDS = 3600.0
+_last_heal: dict[str, float] = {}
+
+
 def fold_tallies(ctx: Context) -> None:
     """The counts the console reads, their deltas since the last round summed (a read sums what is
-    not folded yet itself, so a failure here costs only time); never holds the recovery of jobs."""
+    not folded yet itself, so a failure here costs only time), and hourly (per process) compared
+    with a count over the rows, counted again on any difference (``tallies.heal``); never holds
+    the recovery of jobs."""
     try:
         tallies.fold(ctx.engine)
+        now = _monotonic()
+        if now - _last_heal.get("at", -TALLY_HEAL_EVERY_SECONDS) >= TALLY_HEAL_EVERY_SECONDS:
+            _last_heal["at"] = now
+            differed = tallies.heal(ctx.engine)
+            if differed:
+                log.warning(
+                    "recovery: %d kept count(s) differed from the rows: counted again", differed
+                )
     except Exception as exc:
         log.warning("recovery: counts not folded: %s: %s", type(exc).__name__, exc)
 
