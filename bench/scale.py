@@ -522,7 +522,9 @@ def model_lines(points: list[dict]) -> list[str]:
         )
     return [
         "",
-        "The shipped model into an empty dataset of its own (same documents, same worker): "
+        "The shipped model into an empty dataset of its own (the same mix of documents with "
+        f"texts of their own, the same worker threads), beside the hash embedder's rate at the "
+        f"first point ({base['indexed']:,} chunks): "
         + "; ".join(cells)
         + ". The model's cost per chunk does not depend on the index, so with the model the "
         "index's growth is a smaller share of each chunk's cost than in the ratios above.",
