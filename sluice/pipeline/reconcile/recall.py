@@ -11,11 +11,13 @@ graph settings). So the audit also asks the index:
   and by exact search over every stored vector; recall@k is the share of the exact top ``k`` the
   index returned (a tie with the k-th exact similarity counts as found).
 
-A chunk its own ``k`` nearest miss is probed once more, ``DEEP`` deep (a walk of at least that many
-candidates): found there, it is *hard to reach*, the approximation every HNSW graph makes (1 in
-1,000 sampled at 300,000 chunks, found first at 1,000); a rebuild makes a graph of the same kind,
-so only a graph built with weaker settings than ``vectors.HNSW`` is rebuilt for it. Not found even
-there, it is unreachable: the graph is damaged.
+A chunk its own ``k`` nearest miss is probed deeper, walks of ``DEEP`` candidates one after the
+other: found by one, it is *hard to reach*, the approximation every HNSW graph makes (1 in 1,000
+sampled at 300,000 chunks, found first at 1,000 in one store and at 3,000 in another); a rebuild
+makes a graph of the same kind, so only a graph built with weaker settings than ``vectors.HNSW`` is
+rebuilt for it. Not found even by the deepest (or by a walk of the whole collection), it is
+unreachable: no path of the graph leads to it, the graph is damaged (chroma#7758's chunk was not
+found among 3,999 of 4,000).
 
 Below the threshold (any unreachable chunk, or recall under ``RECALL_THRESHOLD``), repair rebuilds
 the collection without a gap for search: a new collection is built beside the old one with the
@@ -53,7 +55,7 @@ QUERY_BATCH = 100
 WINDOW = 100  # ids per sampled window of a large collection
 COPY_PAGE = 1000
 TIE = 1e-5
-DEEP = 1000  # a chunk its own vector finds among this many is reachable, if hard to reach
+DEEP = (1_000, 10_000, 100_000)  # walks that find a hard chunk (each only for those still missed)
 PROBES = 100  # chunks probed that deep in one audit (beyond them a miss counts as unreachable)
 
 
@@ -64,7 +66,7 @@ class RecallAudit:
     sampled: int = 0
     unreachable: int = 0
     unreachable_ids: list[str] = field(default_factory=list)
-    hard_to_reach: int = 0  # missed by the k nearest, found by the deep probe
+    hard_to_reach: int = 0  # missed by the k nearest, found by a deeper walk
     # The graph was built with fewer neighbours or a shallower construction than vectors.HNSW: a
     # rebuild would make a better one (known only when a chunk was hard to reach).
     weaker_graph: bool = False
@@ -97,7 +99,7 @@ class RecallAudit:
                 f" ({self.unreachable:,} unreachable, e.g. {', '.join(self.unreachable_ids[:3])})"
             )
         if self.hard_to_reach:
-            text += f"; {self.hard_to_reach:,} found only {DEEP:,} deep" + (
+            text += f"; {self.hard_to_reach:,} found only by a deeper walk" + (
                 " (a graph built with weaker settings: a rebuild makes a better one)"
                 if self.weaker_graph
                 else " (hard to reach: a rebuild would not help)"
@@ -160,14 +162,21 @@ def _reached(cid: str, row: list[tuple[str, float]]) -> bool:
 def _found_deep(
     ctx: Context, collection: str, ids: list[str], vectors: np.ndarray, total: int
 ) -> set[str]:
-    """Of chunks their own ``k`` nearest missed, those a walk ``DEEP`` deep finds."""
-    if not ids:
-        return set()
-    rows = []
-    for start in range(0, len(ids), QUERY_BATCH // 10):  # 10 answers of 1,000 ids a request
-        part = vectors[start : start + QUERY_BATCH // 10]
-        rows.extend(ctx.vectors.query_ids(collection, part, n=min(DEEP, total)))
-    return {cid for cid, row in zip(ids, rows, strict=True) if _reached(cid, row)}
+    """Of chunks their own ``k`` nearest missed, those a deeper walk finds (``DEEP``, each walk
+    for those the one before missed; none deeper than the collection)."""
+    found: set[str] = set()
+    left = list(range(len(ids)))
+    for depth in DEEP:
+        n = min(depth, total)
+        batch = max(1, 10_000 // n)  # answers of at most about 10,000 ids a request
+        for start in range(0, len(left), batch):
+            part = left[start : start + batch]
+            rows = ctx.vectors.query_ids(collection, vectors[part], n=n)
+            found.update(ids[i] for i, row in zip(part, rows, strict=True) if _reached(ids[i], row))
+        left = [i for i in left if ids[i] not in found]
+        if not left or n >= total:
+            break
+    return found
 
 
 def _exact(ctx: Context, collection: str, queries: np.ndarray, k: int):
