@@ -6,7 +6,7 @@ chunks' copies true."""
 from __future__ import annotations
 
 import pytest
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from sluice import faults
 from sluice.ops import metadata as meta
@@ -266,3 +266,81 @@ def test_reconcile_finds_and_repairs_a_copy_left_behind(database_url, make_ctx):
     reconcile(ctx, repair=True, save=False)
     assert copies(ctx, done.id)[first] == {"meta_lang": "en", "meta_team": ["a"]}
     assert reconcile(ctx, save=False).clean
+
+
+EXTRA = {  # values the database's JSON functions could take for the filter's strings
+    "e": {"lang": 1, "team": "1"},
+    "f": {"lang": ["en", "de"], "year": "2021"},
+    "g": {"lang": 'd"e', "team": [1, "red"]},
+    "h": {"lang": True, "draft": "true"},
+    "i": None,
+}
+NARROWED = [
+    {"lang": "de"},
+    {"lang": {"$in": ["de", "fr", 'd"e']}},
+    {"team": "red"},
+    {"team": "1"},
+    {"year": "2021"},
+    {"draft": "true"},
+    {"lang": "en", "team": "blue"},
+    {"lang": {"$in": ["en"]}, "year": {"$gt": 2020}},
+    {"$or": [{"lang": "de"}, {"team": "blue"}]},
+    {"lang": {"$ne": "en"}},
+]
+
+
+@pytest.mark.parametrize("where", NARROWED)
+def test_the_database_narrows_the_documents_as_the_filter_would(database_url, make_ctx, where):
+    """``matching_documents`` lets the job database keep only documents whose value (or a list)
+    can pass a string equality or membership, and checks those in Python: it answers what the
+    filter alone does over every document, on SQLite's JSON functions and PostgreSQL's alike, and
+    decodes only the documents it kept (before: every document of the dataset, 15 ms a search at
+    1,000 documents)."""
+    from sqlalchemy import insert
+
+    ctx = make_ctx()
+    every = {**DOCS, **EXTRA}
+    with Session(ctx.engine) as session:
+        ds = meta_dataset(session)
+    with ctx.engine.begin() as conn:
+        for n, (name, m) in enumerate(every.items()):
+            conn.execute(
+                insert(Document).values(
+                    dataset_id=ds,
+                    sha256=f"{n:064x}",
+                    size=1,
+                    media_type="text/plain",
+                    filename=f"{name}.txt",
+                    blob_key=f"{n:064x}",
+                    metadata=m,
+                )
+            )
+    conditions = meta.parse_where(where)
+    checked = []
+    original = meta.matches
+
+    def counting(where_, metadata):
+        checked.append(metadata)
+        return original(where_, metadata)
+
+    with Session(ctx.engine) as session:
+        names = {d.id: d.filename[0] for d in session.exec(select(Document)).all()}
+        meta.matches = counting
+        try:
+            got = meta.matching_documents(session, ds, conditions)
+        finally:
+            meta.matches = original
+    want = "".join(n for n, m in every.items() if meta.matches(conditions, m))
+    assert "".join(sorted(names[d] for d in got)) == want
+    simple = all(isinstance(c, meta.Condition) and c.op in ("$eq", "$in") for c in conditions)
+    if simple:  # only candidates decoded: those it keeps, lists, and what a string may equal
+        assert len(checked) <= len(want) + 4, (want, checked)
+
+
+def meta_dataset(session: Session) -> int:
+    from sluice.storage.models import Dataset
+
+    ds = Dataset(name="narrowed", collection="sluice-narrowed")
+    session.add(ds)
+    session.commit()
+    return int(ds.id)

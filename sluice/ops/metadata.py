@@ -390,11 +390,42 @@ def matching_documents(session: Session, dataset_id: int | None, where: Where) -
     from sluice.storage.models import Document
 
     stmt = select(col(Document.id), col(Document.metadata_)).where(
-        col(Document.deleted_at).is_(None)
+        col(Document.deleted_at).is_(None),
+        *_narrowed(where, session.get_bind().dialect.name == "postgresql"),
     )
     if dataset_id is not None:
         stmt = stmt.where(Document.dataset_id == dataset_id)
     return [did for did, meta in session.exec(stmt).all() if matches(where, meta)]
+
+
+def _narrowed(where: Where, pg: bool) -> list[Any]:
+    """SQL conditions every document ``where`` allows passes, so that only those (and a few more,
+    which ``matches`` then leaves out) are read and decoded: a top-level equality to strings, or
+    membership among them, by the key's value, or any list (whose members ``matches`` checks).
+    Decoding every document in Python cost 15 ms a search at 1,000 documents."""
+    from sqlalchemy import String, func, or_
+    from sqlmodel import col
+
+    from sluice.storage.models import Document
+
+    column = col(Document.metadata_)
+    out: list[Any] = []
+    for c in where:
+        if not isinstance(c, Condition) or c.op not in ("$eq", "$in"):
+            continue
+        values = list(c.operand) if c.op == "$in" else [c.operand]
+        if not values or not all(isinstance(v, str) for v in values):
+            continue  # numbers, booleans, dates: left to ``matches`` (1 is not True, 2.0 is 2)
+        value: Any
+        kind: Any
+        if pg:
+            value = column.op("->>", return_type=String)(c.key)
+            kind = func.json_typeof(column.op("->")(c.key))
+        else:
+            path = f'$."{c.key}"'  # a key is [a-z][a-z0-9_]*
+            value, kind = func.json_extract(column, path), func.json_type(column, path)
+        out.append(or_(value.in_(values), kind == "array"))
+    return out
 
 
 # --- changing a document's metadata ---------------------------------------------------------------
