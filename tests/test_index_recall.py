@@ -151,3 +151,34 @@ def test_a_chunk_only_a_deep_walk_finds_is_hard_to_reach_and_rebuilt_only_for_a_
     else:
         assert not found.healthy and found.weaker_graph and "a rebuild makes" in found.describe()
         assert rebuilt and collection(ctx) != name
+
+
+class StaleCount:
+    """The session's store, whose count is the one taken before a job wrote its chunks."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def count(self, name):
+        return 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_chunks_written_after_the_audit_counted_are_sampled_not_a_crash(ctx):
+    """A repair beside running jobs counted an empty collection, then listed the chunks a job had
+    written since: the deeper walk divided by the stale count of 0 (a reconcile error in CI)."""
+    make_job(ctx.engine, "default", 7760)
+    name = collection(ctx)
+    vectors = _clustered(np.random.default_rng(7760))[:50]
+    ids = [chunk_id(f"{7760:064x}", "v1", i) for i in range(len(vectors))]
+    _add(ctx, name, ids, vectors, np.arange(len(vectors)))
+    store = ctx.vectors
+    ctx.__dict__["vectors"] = StaleCount(store)
+    try:
+        found = recall.audit_recall(ctx, name, sample=100, queries=0)
+    finally:
+        ctx.__dict__["vectors"] = store
+    assert (found.chunks, found.sampled, found.unreachable) == (50, 50, 0)
+    assert found.healthy

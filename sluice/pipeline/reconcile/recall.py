@@ -127,7 +127,7 @@ def _sample_ids(ctx: Context, collection: str, n: int, rng: np.random.Generator)
         ids = [
             cid for page in ctx.vectors.iter_pages(collection, include=[]) for cid in page["ids"]
         ]
-        return ids, total
+        return ids, max(total, len(ids))  # jobs may have written since the count
     starts = sorted({int(x) for x in rng.integers(0, total - WINDOW + 1, size=-(-n // WINDOW))})
     chosen: list[str] = []
     for start in starts:
@@ -166,7 +166,7 @@ def _found_deep(
     for those the one before missed; none deeper than the collection)."""
     found: set[str] = set()
     left = list(range(len(ids)))
-    for depth in DEEP:
+    for depth in DEEP if left else ():
         n = min(depth, total)
         batch = max(1, 10_000 // n)  # answers of at most about 10,000 ids a request
         for start in range(0, len(left), batch):
