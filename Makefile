@@ -115,11 +115,12 @@ bench-retrieval: setup
 	$(BIN)/python -m bench.retrieval
 	$(BIN)/python -m bench.beir
 
-## bench-scale: ingest rate, search latency and ANN recall at 0, 100,000, 300,000 and 1,000,000 chunks, and the console at 300,000 jobs (hours on 2 cores; SCALE_SIZES=0,30000,100000 for fewer)
+## bench-scale: ingest rate, search latency and ANN recall at 0, 100,000, 300,000 and 1,000,000 chunks, the console at 300,000 jobs and the word index by vocabulary (hours on 2 cores; SCALE_SIZES=0,30000,100000 for fewer)
 bench-scale: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.scale --sizes $(SCALE_SIZES) --model --out BENCHMARKS.md --json benchmarks/scale.json --plots benchmarks
 	$(BIN)/python -m bench.console --jobs 300000 --out BENCHMARKS.md
+	$(BIN)/python -m bench.lexical_scale --out BENCHMARKS.md
 
 ## bench-cpu: where the CPU goes, per chunk and per document: the model against everything else
 bench-cpu: setup
