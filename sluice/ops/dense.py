@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from sluice.errors import VectorStoreUnavailable
 from sluice.ops import metadata as meta
-from sluice.storage import lexical
+from sluice.storage import id_lists, lexical
 from sluice.storage.lexical import Filters
 from sluice.storage.vectors import Hit, chunk_prefix, read_failure
 
@@ -99,7 +99,7 @@ def document_ids(ctx: Reader, ds: Searched, filters: Filters) -> list[int] | Non
         params["mt"] = filters.media_type
     if filters.document_ids is not None:
         pg = ctx.engine.dialect.name == "postgresql"
-        sql += " AND " + lexical.in_ids("id", "ids", filters.document_ids, params, pg=pg)
+        sql += " AND " + id_lists.sql("id", "ids", filters.document_ids, params, pg=pg)
     with ctx.engine.connect() as conn:
         return [row[0] for row in conn.execute(text(sql), params)]
 
@@ -172,7 +172,7 @@ def _allowed(ctx: Reader, ds: Searched, doc_ids: list[int]) -> Allowed:
     they serve more than EXACT_MAX)."""
     pg = ctx.engine.dialect.name == "postgresql"
     params: dict[str, Any] = {"d": ds.id}
-    among = lexical.in_ids("d.id", "ids", doc_ids, params, pg=pg)
+    among = id_lists.sql("d.id", "ids", doc_ids, params, pg=pg)
     with ctx.engine.connect() as conn:
         rows = conn.execute(text(_SERVING.format(among=among)), params).all()
         chunks = sum(int(n or 0) for *_, n in rows)

@@ -3,13 +3,11 @@ both limited to a set of datasets (an API key's)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from sqlalchemy import BigInteger, any_, bindparam
-from sqlalchemy.dialects.postgresql import ARRAY
 from sqlmodel import Session, col, func, select
 
+from sluice.storage import id_lists
 from sluice.storage.models import Job, JobEvent, JobStatus
 
 
@@ -27,7 +25,7 @@ def jobs_before(
     stmt = select(Job).order_by(col(Job.id).desc()).limit(limit)
     if document_ids is not None:
         pg = session.get_bind().dialect.name == "postgresql"
-        stmt = stmt.where(among(col(Job.document_id), document_ids, pg=pg))
+        stmt = stmt.where(id_lists.clause(col(Job.document_id), document_ids, pg=pg))
     if dataset_ids is not None:
         stmt = stmt.where(col(Job.dataset_id).in_(list(dataset_ids)))
     if statuses:
@@ -60,14 +58,3 @@ def events_between(
 
 def last_event_id(*, session: Session) -> int:
     return int(session.exec(select(func.coalesce(func.max(JobEvent.id), 0))).one())
-
-
-def among(column, ids: Sequence[int], *, pg: bool):
-    """``column`` among these ids, bound as one parameter (an array on PostgreSQL, a JSON array on
-    SQLite): a metadata filter may allow more documents than a statement binds parameters (SQLite's
-    default build 32,766, psycopg 65,535). ``lexical.in_ids`` is the same for text statements."""
-    values = [int(i) for i in ids]
-    if pg:
-        return column == any_(bindparam("among_ids", values, type_=ARRAY(BigInteger)))
-    each = func.json_each(bindparam("among_ids", json.dumps(values))).table_valued("value")
-    return column.in_(select(each.c.value))

@@ -20,7 +20,6 @@ prefix, finds every run holding it.
 
 from __future__ import annotations
 
-import json
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -30,6 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 
 from sluice.errors import LeaseLost
+from sluice.storage import id_lists
 
 _THAI_MARKS = "\u0e31\u0e34-\u0e3a\u0e47-\u0e4e"  # Thai vowel and tone marks (Mn): part of a word
 _WORD = re.compile(f"(?:[^\\W_]|[{_THAI_MARKS}])+")
@@ -390,19 +390,6 @@ def _expanding(name: str):
     from sqlalchemy import bindparam
 
     return bindparam(name, expanding=True)
-
-
-def in_ids(column: str, name: str, ids: Iterable[int], params: dict, *, pg: bool) -> str:
-    """``column`` among these integer ids, the ids bound as one parameter (a JSON array on SQLite,
-    an array on PostgreSQL) and put in ``params``: a list of one parameter per id stops at the
-    drivers' limits (SQLite's default build binds 32,766, psycopg 65,535), and a metadata filter
-    may allow more documents than that."""
-    values = [int(i) for i in ids]
-    if pg:
-        params[name] = values
-        return f"{column} = ANY(CAST(:{name} AS BIGINT[]))"
-    params[name] = json.dumps(values)
-    return f"{column} IN (SELECT value FROM json_each(:{name}))"
 
 
 def delete_job(engine: Engine, job_id: int) -> int:
@@ -772,7 +759,7 @@ def _ranking(pg: bool, dataset_id: int, query: Query, f: Filters, *, loose: bool
     params: dict = {"d": dataset_id}
     scope = []
     if f.document_ids is not None:
-        scope.append(in_ids("document_id", "docs", f.document_ids, params, pg=pg))
+        scope.append(id_lists.sql("document_id", "docs", f.document_ids, params, pg=pg))
     named = []
     if f.filename:
         named.append("LOWER(filename) LIKE :fn")
