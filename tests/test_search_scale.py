@@ -432,3 +432,31 @@ def test_the_loose_match_of_a_large_dataset_leaves_out_words_most_chunks_hold(
     assert {h.document_id for h in hits} == {docs["glacier"]} and len(hits) == glacier
     assert not any(h.strict for h in hits)
     assert loose(lexical.parse_query("pelican zebra")) == []  # only a word most chunks hold
+
+
+def test_sluice_jobs_filtered_by_metadata_allowing_more_documents_than_a_statement_binds(
+    database_url, ctx, capsys
+):
+    """``sluice jobs --where`` (and the jobs page's count) filter by the documents a metadata
+    filter allows; a broad filter in a large dataset allows more than a statement binds (before:
+    too many SQL variables)."""
+    import argparse
+    import json
+
+    from sluice.cli import commands
+    from sluice.ops import reads
+    from sluice.pipeline.running.context import set_context
+    from sluice.storage.queries import JobFilter
+
+    set_context(ctx)
+    docs = _dataset(ctx, 3)
+    ds_id = job(ctx, 1).dataset_id
+    _many_documents(ctx, ds_id, PSYCOPG_MAX_PARAMETERS + 100, {"team": "a"})
+    _bound_like_default_sqlite(ctx.engine)
+    args = argparse.Namespace(dataset="default", status=None, where=["team=a"], limit=10, json=True)
+    assert commands.jobs(args) == 0
+    assert [r["document_id"] for r in json.loads(capsys.readouterr().out)] == [docs["orchard"]]
+    allowed = reads.documents_matching(ds_id, {"team": "b"})
+    f = JobFilter(dataset_id=ds_id, document_ids=allowed)
+    page = reads.jobs_page(f, sort="created", descending=True, page=1, page_size=9)
+    assert sorted(r["document_id"] for r in page.rows) == [docs["harbour"], docs["glacier"]]

@@ -24,8 +24,7 @@ def jobs_before(
     these documents (None: any)."""
     stmt = select(Job).order_by(col(Job.id).desc()).limit(limit)
     if document_ids is not None:
-        pg = session.get_bind().dialect.name == "postgresql"
-        stmt = stmt.where(id_lists.clause(col(Job.document_id), document_ids, pg=pg))
+        stmt = stmt.where(id_lists.clause(col(Job.document_id), document_ids))
     if dataset_ids is not None:
         stmt = stmt.where(col(Job.dataset_id).in_(list(dataset_ids)))
     if statuses:

@@ -8,8 +8,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import BigInteger, any_, bindparam, func, select
+from sqlalchemy import BigInteger, Boolean, any_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnElement
 
 
 def sql(column: str, name: str, ids: Iterable[int], params: dict, *, pg: bool) -> str:
@@ -22,10 +24,28 @@ def sql(column: str, name: str, ids: Iterable[int], params: dict, *, pg: bool) -
     return f"{column} IN (SELECT value FROM json_each(:{name}))"
 
 
-def clause(column: Any, ids: Iterable[int], *, pg: bool) -> Any:
-    """For a Core statement: the condition on ``column``."""
-    values = [int(i) for i in ids]
-    if pg:
-        return column == any_(bindparam("among_ids", values, type_=ARRAY(BigInteger)))
-    each = func.json_each(bindparam("among_ids", json.dumps(values))).table_valued("value")
-    return column.in_(select(each.c.value))
+class _Among(ColumnElement[bool]):
+    """``column`` among ``values``, written for the dialect it is compiled for."""
+
+    type = Boolean()
+    inherit_cache = False  # the values are the statement's: nothing to share between calls
+
+    def __init__(self, column: Any, values: list[int]) -> None:
+        self.column, self.values = column, values
+
+
+@compiles(_Among)
+def _in_json(element: _Among, compiler: Any, **kw: Any) -> str:
+    each = func.json_each(bindparam(None, json.dumps(element.values))).table_valued("value")
+    return compiler.process(element.column.in_(select(each.c.value)), **kw)
+
+
+@compiles(_Among, "postgresql")
+def _any_array(element: _Among, compiler: Any, **kw: Any) -> str:
+    values = bindparam(None, element.values, type_=ARRAY(BigInteger))
+    return compiler.process(element.column == any_(values), **kw)
+
+
+def clause(column: Any, ids: Iterable[int]) -> Any:
+    """For a Core statement: the condition on ``column``, whichever database runs it."""
+    return _Among(column, [int(i) for i in ids])

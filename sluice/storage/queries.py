@@ -14,7 +14,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col, select
 
 from sluice.errors import ErrorKind
-from sluice.storage import tallies
+from sluice.storage import id_lists, tallies
 from sluice.storage.jobs import describe_progress
 from sluice.storage.models import Dataset, Document, Job, JobEvent, JobStatus, Outbox, Stage, utcnow
 
@@ -36,14 +36,15 @@ class JobFilter:
     error_kinds: list[str] = field(default_factory=list)
     name_contains: str = ""
     include_dismissed: bool = True
-    document_ids: list[int] | None = None  # only jobs of these documents (a metadata filter's)
+    # only jobs of these documents (a metadata filter's): one bound parameter however many
+    document_ids: list[int] | None = None
 
 
 def _apply(stmt, f: JobFilter, *, ids_first: bool = False):
     if f.dataset_id is not None:
         stmt = stmt.where(Job.dataset_id == f.dataset_id)
     if f.document_ids is not None:
-        stmt = stmt.where(col(Job.document_id).in_(f.document_ids))
+        stmt = stmt.where(id_lists.clause(col(Job.document_id), f.document_ids))
     if f.statuses:
         stmt = stmt.where(col(Job.status).in_([JobStatus(s) for s in f.statuses]))
     if f.stages:
