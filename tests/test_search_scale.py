@@ -407,10 +407,12 @@ def test_the_loose_match_of_a_large_dataset_leaves_out_words_most_chunks_hold(
     database_url, ctx, monkeypatch
 ):
     """A question no chunk holds every word of is matched loosely; a word every chunk holds made
-    that rank the whole dataset (0.5 s p95 at 300,000 chunks: bench.lexical_scale). Past
-    ``COMMON_FLOOR`` the tokens at least half the chunks hold are left out (FTS5's BM25 weighs them
-    1e-6): the chunks holding the other words answer, no chunk holding only them."""
+    that rank the whole dataset (1 s p95 at 1,000,000 chunks: bench.lexical_scale). On SQLite,
+    past ``COMMON_FLOOR``, the tokens at least half the chunks hold are left out (FTS5's BM25
+    weighs them 1e-6): the chunks holding the other words answer, no chunk holding only them.
+    PostgreSQL (no such weight, no row count short of a walk) keeps every token."""
     docs = _dataset(ctx, 4)  # "pelican" in every chunk, "glacier" in its own document's only
+    pg = "postgres" in database_url
     with ctx.engine.connect() as conn:
         ds_id, rows = conn.execute(
             text("SELECT dataset_id, count(*) FROM lexical_chunk GROUP BY dataset_id")
@@ -419,7 +421,8 @@ def test_the_loose_match_of_a_large_dataset_leaves_out_words_most_chunks_hold(
             text("SELECT count(*) FROM lexical_chunk WHERE document_id = :d"),
             {"d": docs["glacier"]},
         ).scalar()
-        assert lexical._indexed(conn, ds_id, "postgres" in database_url) == rows
+        if not pg:
+            assert lexical._indexed(conn, ds_id) == rows
     question = lexical.parse_query("pelican glacier zebra")  # "zebra": in no chunk
 
     def loose(query):
@@ -429,8 +432,11 @@ def test_the_loose_match_of_a_large_dataset_leaves_out_words_most_chunks_hold(
     assert {h.document_id for h in small} == set(docs.values())
     monkeypatch.setattr(lexical, "COMMON_FLOOR", 1)
     hits = loose(question)
-    assert {h.document_id for h in hits} == {docs["glacier"]} and len(hits) == glacier
     assert not any(h.strict for h in hits)
+    if pg:
+        assert [h.chunk_id for h in hits] == [h.chunk_id for h in small]
+        return
+    assert {h.document_id for h in hits} == {docs["glacier"]} and len(hits) == glacier
     assert loose(lexical.parse_query("pelican zebra")) == []  # only a word most chunks hold
 
 
