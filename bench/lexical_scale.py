@@ -148,7 +148,7 @@ class Grower:
         rng = random.Random(3)
         out = []
         for i in range(n):
-            if i % 3 == 0:
+            if i % 3 == 0 and self.codes:
                 out.append(rng.choice(self.codes))
             elif i % 3 == 1:
                 out.append('"' + " ".join(rng.choice(self.frequent) for _ in "ab") + '"')
