@@ -631,7 +631,12 @@ def test_a_real_worker_posts_the_events_of_its_jobs(make_ctx, start_worker, rece
     events = {b["job"]["id"]: b["type"] for b in (check_signed(r) for r in receiver.requests)}
     assert events == {good.job_id: "job.succeeded", bad.job_id: "job.failed"}
     assert len(receiver.requests) == 2
-    assert all(r.delivered_at is not None for r in deliveries(ctx.engine))
+    # the worker records a delivery once the receiver has answered: after the POST arrived
+    until(
+        lambda: [r.delivered_at is not None for r in deliveries(ctx.engine)] == [True, True],
+        timeout=30,
+        what="both deliveries recorded as delivered",
+    )
 
 
 def test_system_page_shows_the_delivery_log_per_endpoint(one_delivered_one_waiting):
